@@ -1,0 +1,45 @@
+# acc_add_library(<layer> SOURCES ... [PUBLIC ...] [PRIVATE ...])
+# One static library per layer, named acc_<layer> with the alias acc::<layer>. Public headers live
+# in include/acc/<layer>/; the PUBLIC/PRIVATE link lists are where the layering in DESIGN.md is
+# enforced by the build.
+function(acc_add_library layer)
+  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC;PRIVATE" ${ARGN})
+  add_library(acc_${layer} STATIC ${ARG_SOURCES})
+  add_library(acc::${layer} ALIAS acc_${layer})
+  target_include_directories(acc_${layer}
+    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+    PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  target_link_libraries(acc_${layer} PUBLIC ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE})
+endfunction()
+
+# acc_add_test(<name> SOURCES ... [LIBS ...] [MPI_RANKS n ...] [LABELS ...])
+# One GoogleTest binary. Without MPI_RANKS it runs as a plain CTest test; with MPI_RANKS it is run
+# once per rank count under mpirun (oversubscribed, as root allowed), one thread per rank so that
+# ranks x threads never exceeds the cores.
+function(acc_add_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;MPI_RANKS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_compile_definitions(${name} PRIVATE
+    ACC_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
+    ACC_GOLDEN_DIR="${PROJECT_SOURCE_DIR}/tests/golden")
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  if(ARG_MPI_RANKS)
+    foreach(np IN LISTS ARG_MPI_RANKS)
+      add_test(NAME ${name}_np${np}
+        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+                --bind-to none -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 -x ACC_NUM_THREADS=1
+                $<TARGET_FILE:${name}>)
+      set_tests_properties(${name}_np${np} PROPERTIES TIMEOUT ${ARG_TIMEOUT}
+        LABELS "mpi;${ARG_LABELS}" PROCESSORS ${np}
+        ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+    endforeach()
+  else()
+    add_test(NAME ${name} COMMAND ${name})
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}"
+      ENVIRONMENT "OPENBLAS_NUM_THREADS=1;ACC_NUM_THREADS=1")
+  endif()
+endfunction()

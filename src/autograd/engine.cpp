@@ -1,0 +1,118 @@
+#include "acc/autograd/engine.hpp"
+
+#include <map>
+#include <queue>
+#include <unordered_map>
+
+#include "acc/tensor/kernels.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc {
+namespace autograd {
+namespace {
+
+// Per-node bookkeeping of one backward pass, keyed by the node's sequence number (unique and
+// stable), never by its address.
+struct NodeTask {
+  std::shared_ptr<Node> node;
+  int dependencies = 0;
+  std::vector<Tensor> inputs;  // summed gradients of the node's forward outputs
+};
+
+void accumulate(Tensor& slot, Tensor g) {
+  if (!slot.defined()) {
+    slot = std::move(g);
+  } else {
+    slot = kernels::binary(kernels::BinaryOp::kAdd, slot, g);
+  }
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              bool retain_graph) {
+  ACC_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(),
+            " gradients");
+  NoGradGuard no_grad;
+  std::unordered_map<uint64_t, NodeTask> tasks;
+
+  // Count, for every node reachable from the roots, how many edges lead into it.
+  std::vector<std::shared_ptr<Node>> stack;
+  auto visit = [&](const std::shared_ptr<Node>& n) {
+    auto [it, fresh] = tasks.try_emplace(n->sequence_nr());
+    if (fresh) {
+      it->second.node = n;
+      it->second.inputs.resize(n->num_outputs());
+      stack.push_back(n);
+    }
+  };
+  std::vector<Edge> root_edges;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    ACC_CHECK(r.defined(), "backward: root ", i, " is undefined");
+    Edge e = gradient_edge(r);
+    ACC_CHECK(e.valid(), "backward: tensor of shape ", r.shape(),
+              " does not require grad and has no grad_fn");
+    Tensor g = grads[i];
+    if (!g.defined()) {
+      ACC_CHECK(r.numel() == 1, "backward: grad can be implicitly created only for a ",
+                "one-element tensor, got shape ", r.shape());
+      g = ones_like(r);
+    } else {
+      ACC_CHECK_SHAPE(g.shape() == r.shape(), "backward: gradient shape ", g.shape(),
+                      " does not match root shape ", r.shape());
+    }
+    visit(e.fn);
+    root_edges.push_back(e);
+    accumulate(tasks[e.fn->sequence_nr()].inputs[e.input_nr], g);
+  }
+  while (!stack.empty()) {
+    auto n = std::move(stack.back());
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) {
+      if (!e.valid()) continue;
+      visit(e.fn);
+      tasks[e.fn->sequence_nr()].dependencies++;
+    }
+  }
+
+  // Run ready nodes, latest-created first.
+  std::priority_queue<uint64_t> ready;
+  for (const Edge& e : root_edges) {
+    if (tasks[e.fn->sequence_nr()].dependencies == 0) ready.push(e.fn->sequence_nr());
+  }
+  uint64_t last = UINT64_MAX;
+  while (!ready.empty()) {
+    const uint64_t id = ready.top();
+    ready.pop();
+    if (id == last) continue;  // the same root listed twice
+    last = id;
+    NodeTask& task = tasks[id];
+    std::shared_ptr<Node> node = task.node;
+    std::vector<Tensor> in = std::move(task.inputs);
+    bool any = false;
+    for (const Tensor& t : in) any = any || t.defined();
+    std::vector<Tensor> out;
+    if (any) {
+      for (const auto& hook : node->pre_hooks()) hook(in);
+      out = node->apply(std::move(in));
+    }
+    if (!retain_graph) node->release();
+    const auto& edges = node->next_edges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (!e.valid()) continue;
+      NodeTask& next = tasks[e.fn->sequence_nr()];
+      if (i < out.size() && out[i].defined()) accumulate(next.inputs[e.input_nr], out[i]);
+      if (--next.dependencies == 0) ready.push(e.fn->sequence_nr());
+    }
+  }
+}
+
+}  // namespace autograd
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+  autograd::backward({*this}, {grad}, retain_graph);
+}
+
+}  // namespace acc

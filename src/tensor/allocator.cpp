@@ -1,0 +1,107 @@
+#include "acc/tensor/allocator.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "acc/util/env.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc::memory {
+namespace {
+
+constexpr size_t kAlign = 64;
+
+// Sizes are rounded up to a bin so that blocks of nearly equal size are shared: below 1 MiB to a
+// multiple of 4 KiB, above it to one of four steps per power of two (at most 25% slack).
+size_t bin_size(size_t n) {
+  if (n == 0) return kAlign;
+  if (n < (1u << 20)) return (n + 4095) & ~size_t{4095};
+  size_t p = size_t{1} << (63 - __builtin_clzll(n));  // largest power of two <= n
+  size_t step = p / 4;
+  return (n + step - 1) / step * step;
+}
+
+struct State {
+  std::mutex mu;
+  std::multimap<size_t, void*> cache;  // bin size -> free block
+  std::atomic<int64_t> current{0};
+  std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> reserved{0};
+  bool caching = env::get_string("ACC_ALLOCATOR", "caching") != "malloc";
+};
+
+State& state() {
+  static State* s = new State();  // never destroyed: tensors may outlive static destruction
+  return *s;
+}
+
+void* system_alloc(size_t bytes) {
+  void* p = std::aligned_alloc(kAlign, bytes);
+  if (p == nullptr) {
+    // Give the cache back and try once more before reporting.
+    empty_cache();
+    p = std::aligned_alloc(kAlign, bytes);
+  }
+  ACC_CHECK_AS(Error, p != nullptr, "out of memory allocating ", bytes, " bytes (in use ",
+               state().current.load(), ", reserved ", state().reserved.load(), ")");
+  return p;
+}
+
+}  // namespace
+
+void* allocate(size_t nbytes) {
+  State& s = state();
+  size_t bin = bin_size(nbytes);
+  void* p = nullptr;
+  if (s.caching) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.cache.find(bin);
+    if (it != s.cache.end()) {
+      p = it->second;
+      s.cache.erase(it);
+    }
+  }
+  if (p == nullptr) {
+    p = system_alloc(bin);
+    s.reserved += static_cast<int64_t>(bin);
+  }
+  int64_t cur = s.current.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
+  int64_t pk = s.peak.load();
+  while (cur > pk && !s.peak.compare_exchange_weak(pk, cur)) {
+  }
+  return p;
+}
+
+void deallocate(void* ptr, size_t nbytes) {
+  if (ptr == nullptr) return;
+  State& s = state();
+  s.current -= static_cast<int64_t>(nbytes);
+  size_t bin = bin_size(nbytes);
+  if (s.caching) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.cache.emplace(bin, ptr);
+    return;
+  }
+  s.reserved -= static_cast<int64_t>(bin);
+  std::free(ptr);
+}
+
+int64_t current_bytes() { return state().current.load(); }
+int64_t peak_bytes() { return state().peak.load(); }
+void reset_peak() { state().peak.store(state().current.load()); }
+int64_t reserved_bytes() { return state().reserved.load(); }
+
+void empty_cache() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (auto& [bin, p] : s.cache) {
+    std::free(p);
+    s.reserved -= static_cast<int64_t>(bin);
+  }
+  s.cache.clear();
+}
+
+}  // namespace acc::memory

@@ -1,0 +1,116 @@
+#include <cmath>
+
+#include "acc/tensor/kernels.hpp"
+#include "acc/tensor/threading.hpp"
+
+namespace acc::kernels {
+
+template <class Index>
+void embedding_forward(float* out, const Index* idx, const float* w, int64_t N, int64_t C) {
+  parallel_for(N, std::max<int64_t>(1, 8192 / std::max<int64_t>(C, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      const float* src = w + static_cast<int64_t>(idx[n]) * C;
+      float* dst = out + n * C;
+      for (int64_t i = 0; i < C; ++i) dst[i] = src[i];
+    }
+  });
+}
+
+template <class Index>
+void embedding_backward(float* dw, const Index* idx, const float* dout, int64_t N, int64_t C,
+                        int64_t V) {
+  // Partition the vocabulary rows among threads: each thread scans all tokens and adds only the
+  // rows it owns, so there are no races and the summation order is fixed.
+  const int64_t threads = get_num_threads();
+  if (threads <= 1 || N * C < (1 << 16)) {
+    for (int64_t n = 0; n < N; ++n) {
+      float* dst = dw + static_cast<int64_t>(idx[n]) * C;
+      const float* src = dout + n * C;
+      for (int64_t i = 0; i < C; ++i) dst[i] += src[i];
+    }
+    return;
+  }
+  parallel_for(threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t lo = V * t / threads, hi = V * (t + 1) / threads;
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t row = static_cast<int64_t>(idx[n]);
+        if (row < lo || row >= hi) continue;
+        float* dst = dw + row * C;
+        const float* src = dout + n * C;
+        for (int64_t i = 0; i < C; ++i) dst[i] += src[i];
+      }
+    }
+  });
+}
+
+template <class Index>
+void cross_entropy_forward(float* losses, float* lse, const float* logits, const Index* targets,
+                           int64_t N, int64_t V, int64_t ignore_index) {
+  parallel_for(N, std::max<int64_t>(1, 16384 / std::max<int64_t>(V, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      const float* x = logits + n * V;
+      float mx = -INFINITY;
+      for (int64_t i = 0; i < V; ++i) mx = std::max(mx, x[i]);
+      float s = 0.f;
+      for (int64_t i = 0; i < V; ++i) s += std::exp(x[i] - mx);
+      const float l = mx + std::log(s);
+      lse[n] = l;
+      const int64_t t = static_cast<int64_t>(targets[n]);
+      losses[n] = t == ignore_index ? 0.f : l - x[t];
+    }
+  });
+}
+
+template <class Index>
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                            const Index* targets, const float* dloss, int64_t N, int64_t V,
+                            int64_t ignore_index) {
+  parallel_for(N, std::max<int64_t>(1, 16384 / std::max<int64_t>(V, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      const float* x = logits + n * V;
+      float* d = dlogits + n * V;
+      const int64_t t = static_cast<int64_t>(targets[n]);
+      if (t == ignore_index) {
+        for (int64_t i = 0; i < V; ++i) d[i] = 0.f;
+        continue;
+      }
+      const float g = dloss[n], l = lse[n];
+      for (int64_t i = 0; i < V; ++i) d[i] = std::exp(x[i] - l) * g;
+      d[t] -= g;
+    }
+  });
+}
+
+void rope_forward(float* out, const float* x, const float* cos, const float* sin, int64_t R,
+                  int64_t T, int64_t HS, bool inverse) {
+  const int64_t half = HS / 2;
+  const float sgn = inverse ? -1.f : 1.f;
+  parallel_for(R * T, std::max<int64_t>(1, 4096 / std::max<int64_t>(HS, 1)), [&](int64_t b,
+                                                                                 int64_t e) {
+    for (int64_t rt = b; rt < e; ++rt) {
+      const int64_t t = rt % T;
+      const float* xr = x + rt * HS;
+      const float* c = cos + t * HS;
+      const float* s = sin + t * HS;
+      float* o = out + rt * HS;
+      // rotate_half(x)[i] = -x[i + half] for i < half, x[i - half] otherwise.
+      for (int64_t i = 0; i < half; ++i) o[i] = xr[i] * c[i] - sgn * xr[i + half] * s[i];
+      for (int64_t i = half; i < HS; ++i) o[i] = xr[i] * c[i] + sgn * xr[i - half] * s[i];
+    }
+  });
+}
+
+#define ACC_INSTANTIATE(Index)                                                                  \
+  template void embedding_forward<Index>(float*, const Index*, const float*, int64_t, int64_t); \
+  template void embedding_backward<Index>(float*, const Index*, const float*, int64_t, int64_t, \
+                                          int64_t);                                             \
+  template void cross_entropy_forward<Index>(float*, float*, const float*, const Index*,        \
+                                             int64_t, int64_t, int64_t);                        \
+  template void cross_entropy_backward<Index>(float*, const float*, const float*, const Index*, \
+                                              const float*, int64_t, int64_t, int64_t);
+ACC_INSTANTIATE(int32_t)
+ACC_INSTANTIATE(int64_t)
+#undef ACC_INSTANTIATE
+
+}  // namespace acc::kernels

@@ -1,0 +1,187 @@
+#include <cmath>
+#include <vector>
+
+#include "acc/tensor/kernels.hpp"
+#include "acc/tensor/threading.hpp"
+
+namespace acc::kernels {
+namespace {
+int64_t row_grain(int64_t C) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)); }
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C, float eps) {
+  parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t n = r0; n < r1; ++n) {
+      const float* xr = x + n * C;
+      float m = 0.f;
+      for (int64_t i = 0; i < C; ++i) m += xr[i];
+      m /= static_cast<float>(C);
+      float v = 0.f;
+      for (int64_t i = 0; i < C; ++i) {
+        float d = xr[i] - m;
+        v += d * d;
+      }
+      v /= static_cast<float>(C);
+      float s = 1.f / std::sqrt(v + eps);
+      float* o = out + n * C;
+      if (b) {
+        for (int64_t i = 0; i < C; ++i) o[i] = (xr[i] - m) * s * w[i] + b[i];
+      } else {
+        for (int64_t i = 0; i < C; ++i) o[i] = (xr[i] - m) * s * w[i];
+      }
+      mean[n] = m;
+      rstd[n] = s;
+    }
+  });
+}
+
+void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N,
+                        int64_t C) {
+  // dx rows are independent; dw/db are reductions over rows, done per thread chunk in private
+  // buffers and summed in chunk order so the result does not depend on scheduling.
+  const int64_t grain = row_grain(C);
+  const int64_t nchunks = (N + grain - 1) / grain;
+  std::vector<float> part_dw(dw ? static_cast<size_t>(nchunks * C) : 0, 0.f);
+  std::vector<float> part_db(db ? static_cast<size_t>(nchunks * C) : 0, 0.f);
+  parallel_for(nchunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      float* pdw = dw ? part_dw.data() + c * C : nullptr;
+      float* pdb = db ? part_db.data() + c * C : nullptr;
+      for (int64_t n = c * grain; n < std::min(N, (c + 1) * grain); ++n) {
+        const float* xr = x + n * C;
+        const float* g = dout + n * C;
+        const float m = mean[n], s = rstd[n];
+        float sum_g = 0.f, sum_gx = 0.f;
+        for (int64_t i = 0; i < C; ++i) {
+          float xhat = (xr[i] - m) * s;
+          float gw = g[i] * w[i];
+          sum_g += gw;
+          sum_gx += gw * xhat;
+        }
+        sum_g /= static_cast<float>(C);
+        sum_gx /= static_cast<float>(C);
+        float* d = dx + n * C;
+        for (int64_t i = 0; i < C; ++i) {
+          float xhat = (xr[i] - m) * s;
+          d[i] = (g[i] * w[i] - sum_g - xhat * sum_gx) * s;
+          if (pdw) pdw[i] += g[i] * xhat;
+          if (pdb) pdb[i] += g[i];
+        }
+      }
+    }
+  });
+  for (int64_t c = 0; c < nchunks; ++c) {
+    for (int64_t i = 0; i < C; ++i) {
+      if (dw) dw[i] += part_dw[c * C + i];
+      if (db) db[i] += part_db[c * C + i];
+    }
+  }
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N,
+                     int64_t C, float eps) {
+  parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t n = r0; n < r1; ++n) {
+      const float* xr = x + n * C;
+      float ss = 0.f;
+      for (int64_t i = 0; i < C; ++i) ss += xr[i] * xr[i];
+      float s = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
+      float* o = out + n * C;
+      for (int64_t i = 0; i < C; ++i) o[i] = xr[i] * s * w[i];
+      rstd[n] = s;
+    }
+  });
+}
+
+void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                      const float* rstd, int64_t N, int64_t C) {
+  const int64_t grain = row_grain(C);
+  const int64_t nchunks = (N + grain - 1) / grain;
+  std::vector<float> part_dw(dw ? static_cast<size_t>(nchunks * C) : 0, 0.f);
+  parallel_for(nchunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      float* pdw = dw ? part_dw.data() + c * C : nullptr;
+      for (int64_t n = c * grain; n < std::min(N, (c + 1) * grain); ++n) {
+        const float* xr = x + n * C;
+        const float* g = dout + n * C;
+        const float s = rstd[n];
+        float dot = 0.f;
+        for (int64_t i = 0; i < C; ++i) dot += g[i] * w[i] * xr[i];
+        const float k = dot * s * s / static_cast<float>(C);
+        float* d = dx + n * C;
+        for (int64_t i = 0; i < C; ++i) {
+          d[i] = s * (g[i] * w[i] - xr[i] * k);
+          if (pdw) pdw[i] += g[i] * xr[i] * s;
+        }
+      }
+    }
+  });
+  if (dw) {
+    for (int64_t c = 0; c < nchunks; ++c) {
+      for (int64_t i = 0; i < C; ++i) dw[i] += part_dw[c * C + i];
+    }
+  }
+}
+
+void softmax_forward(float* out, const float* x, int64_t N, int64_t C) {
+  parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t n = r0; n < r1; ++n) {
+      const float* xr = x + n * C;
+      float* o = out + n * C;
+      float mx = -INFINITY;
+      for (int64_t i = 0; i < C; ++i) mx = std::max(mx, xr[i]);
+      float s = 0.f;
+      for (int64_t i = 0; i < C; ++i) {
+        o[i] = std::exp(xr[i] - mx);
+        s += o[i];
+      }
+      float inv = 1.f / s;
+      for (int64_t i = 0; i < C; ++i) o[i] *= inv;
+    }
+  });
+}
+
+void softmax_backward(float* dx, const float* y, const float* dy, int64_t N, int64_t C) {
+  parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t n = r0; n < r1; ++n) {
+      const float* yr = y + n * C;
+      const float* g = dy + n * C;
+      float dot = 0.f;
+      for (int64_t i = 0; i < C; ++i) dot += yr[i] * g[i];
+      float* d = dx + n * C;
+      for (int64_t i = 0; i < C; ++i) d[i] = yr[i] * (g[i] - dot);
+    }
+  });
+}
+
+void log_softmax_forward(float* out, const float* x, int64_t N, int64_t C) {
+  parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t n = r0; n < r1; ++n) {
+      const float* xr = x + n * C;
+      float mx = -INFINITY;
+      for (int64_t i = 0; i < C; ++i) mx = std::max(mx, xr[i]);
+      float s = 0.f;
+      for (int64_t i = 0; i < C; ++i) s += std::exp(xr[i] - mx);
+      const float lse = mx + std::log(s);
+      float* o = out + n * C;
+      for (int64_t i = 0; i < C; ++i) o[i] = xr[i] - lse;
+    }
+  });
+}
+
+void log_softmax_backward(float* dx, const float* y, const float* dy, int64_t N, int64_t C) {
+  parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t n = r0; n < r1; ++n) {
+      const float* yr = y + n * C;
+      const float* g = dy + n * C;
+      float s = 0.f;
+      for (int64_t i = 0; i < C; ++i) s += g[i];
+      float* d = dx + n * C;
+      for (int64_t i = 0; i < C; ++i) d[i] = g[i] - std::exp(yr[i]) * s;
+    }
+  });
+}
+
+}  // namespace acc::kernels

@@ -1,0 +1,188 @@
+#include <gtest/gtest.h>
+
+#include "acc/autograd/ops.hpp"
+#include "acc/tensor/allocator.hpp"
+#include "acc/tensor/random.hpp"
+#include "acc/tensor/tensor.hpp"
+#include "acc/tensor/threading.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc {
+namespace {
+
+Tensor iota(Shape shape) {
+  int64_t n = numel_of(shape);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i);
+  return from_vector(v, shape);
+}
+
+TEST(Tensor, FactoriesHaveShapeDtypeAndValues) {
+  Tensor z = zeros({2, 3});
+  EXPECT_EQ(z.shape(), (Shape{2, 3}));
+  EXPECT_EQ(z.strides(), (Shape{3, 1}));
+  EXPECT_EQ(z.dtype(), DType::kFloat32);
+  EXPECT_EQ(z.numel(), 6);
+  for (float v : z.to_vector<float>()) EXPECT_EQ(v, 0.f);
+  Tensor f = full({4}, 2.5, {DType::kBFloat16});
+  EXPECT_EQ(f.dtype(), DType::kBFloat16);
+  for (float v : f.to_vector<float>()) EXPECT_EQ(v, 2.5f);
+  Tensor a = arange(5, {DType::kInt64});
+  EXPECT_EQ(a.to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(scalar_tensor(3.0).item(), 3.0);
+}
+
+TEST(Tensor, CopiesAreShallowAndCloneIsDeep) {
+  Tensor a = zeros({3});
+  Tensor b = a;
+  b.fill_(1.0);
+  EXPECT_EQ(a.to_vector<float>()[0], 1.f);
+  Tensor c = a.clone();
+  c.fill_(2.0);
+  EXPECT_EQ(a.to_vector<float>()[0], 1.f);
+}
+
+TEST(Tensor, TransposeAndPermuteShareStorage) {
+  Tensor x = iota({2, 3});
+  Tensor t = x.transpose(0, 1);
+  EXPECT_EQ(t.shape(), (Shape{3, 2}));
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+  EXPECT_EQ(t.storage(), x.storage());
+  Tensor p = iota({2, 3, 4}).permute({2, 0, 1});
+  EXPECT_EQ(p.shape(), (Shape{4, 2, 3}));
+  EXPECT_EQ(p.contiguous().to_vector<float>()[1], 4.f);  // p[0,0,1] = x[0,1,0]
+}
+
+TEST(Tensor, SliceNarrowExpand) {
+  Tensor x = iota({4, 3});
+  Tensor s = x.slice(0, 1, 4, 2);
+  EXPECT_EQ(s.shape(), (Shape{2, 3}));
+  EXPECT_EQ(s.to_vector<float>(), (std::vector<float>{3, 4, 5, 9, 10, 11}));
+  Tensor n = x.narrow(1, 1, 2);
+  EXPECT_EQ(n.to_vector<float>(), (std::vector<float>{1, 2, 4, 5, 7, 8, 10, 11}));
+  Tensor e = from_vector({1.f, 2.f}, {2, 1}).expand({2, 3});
+  EXPECT_EQ(e.to_vector<float>(), (std::vector<float>{1, 1, 1, 2, 2, 2}));
+  EXPECT_EQ(e.strides()[1], 0);
+}
+
+TEST(Tensor, ViewNeedsCompatibleStridesReshapeCopies) {
+  Tensor x = iota({2, 3, 4});
+  EXPECT_EQ(x.view({6, 4}).shape(), (Shape{6, 4}));
+  EXPECT_EQ(x.view({-1}).shape(), (Shape{24}));
+  Tensor t = x.transpose(1, 2);
+  EXPECT_THROW(t.view({24}), ShapeError);
+  Tensor r = t.reshape({24});
+  EXPECT_TRUE(r.is_contiguous());
+  EXPECT_EQ(r.to_vector<float>()[1], 4.f);
+  EXPECT_THROW(x.view({5, -1}), ShapeError);
+  EXPECT_THROW(x.view({-1, -1}), ShapeError);
+}
+
+TEST(Tensor, CopyConvertsDtypesAndBroadcasts) {
+  Tensor x = from_vector({1.5f, -2.25f, 3.f}, {3});
+  Tensor b = x.to(DType::kBFloat16);
+  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{1.5f, -2.25f, 3.f}));
+  Tensor i = x.to(DType::kInt64);
+  EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{1, -2, 3}));
+  Tensor m = zeros({2, 3});
+  m.copy_(x);
+  EXPECT_EQ(m.to_vector<float>(), (std::vector<float>{1.5f, -2.25f, 3.f, 1.5f, -2.25f, 3.f}));
+  EXPECT_THROW(m.copy_(zeros({2})), ShapeError);
+}
+
+TEST(Tensor, BFloat16RoundsToNearestEven) {
+  // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to even (1).
+  EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 1.0f / 256)), 1.0f);
+  EXPECT_EQ(static_cast<float>(BFloat16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
+}
+
+TEST(Tensor, MetaTensorsHaveShapesAndNoMemory) {
+  int64_t before = memory::current_bytes();
+  Tensor m = empty({1 << 20, 1 << 10}, {DType::kFloat32, Device::kMeta});
+  EXPECT_EQ(memory::current_bytes(), before);
+  EXPECT_TRUE(m.is_meta());
+  EXPECT_EQ(m.numel(), int64_t{1} << 30);
+  EXPECT_THROW(m.data<float>(), TypeError);
+  Tensor v = m.view({1024, 1024, 1024}).transpose(0, 2);
+  EXPECT_TRUE(v.is_meta());
+  Tensor w = empty({16, 1 << 10}, {DType::kFloat32, Device::kMeta});
+  Tensor y = matmul(v.slice(0, 0, 16).reshape({-1, 1024}), w.transpose(0, 1));
+  EXPECT_TRUE(y.is_meta());
+  EXPECT_EQ(y.shape(), (Shape{16 * 1024, 16}));
+  EXPECT_EQ(memory::current_bytes(), before);
+}
+
+TEST(Allocator, TracksCurrentAndPeakBytes) {
+  memory::reset_peak();
+  const int64_t base = memory::current_bytes();
+  {
+    Tensor a = empty({1000});  // 4000 bytes
+    EXPECT_EQ(memory::current_bytes(), base + 4000);
+    {
+      Tensor b = empty({500}, {DType::kInt64});  // 4000 bytes
+      EXPECT_EQ(memory::current_bytes(), base + 8000);
+    }
+    EXPECT_EQ(memory::current_bytes(), base + 4000);
+  }
+  EXPECT_EQ(memory::current_bytes(), base);
+  EXPECT_EQ(memory::peak_bytes(), base + 8000);
+  Tensor v = empty({10, 10});
+  Tensor view = v.transpose(0, 1);  // views allocate nothing
+  EXPECT_EQ(memory::current_bytes(), base + 400);
+}
+
+TEST(Random, SameSeedSameNumbersAnyThreadCount) {
+  Generator g1(42), g2(42);
+  set_num_threads(1);
+  Tensor a = randn({10000}, g1);
+  set_num_threads(2);
+  Tensor b = randn({10000}, g2);
+  set_num_threads(1);
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  Tensor c = randn({10000}, g1);  // the stream moves on
+  EXPECT_NE(a.to_vector<float>(), c.to_vector<float>());
+  // Mean ~0, std ~1.
+  auto v = a.to_vector<double>();
+  double m = 0, s = 0;
+  for (double x : v) m += x;
+  m /= v.size();
+  for (double x : v) s += (x - m) * (x - m);
+  s = std::sqrt(s / v.size());
+  EXPECT_NEAR(m, 0.0, 0.05);
+  EXPECT_NEAR(s, 1.0, 0.05);
+}
+
+TEST(Random, RanksGetDifferentReproducibleStreams) {
+  Generator base(7);
+  Generator r0 = base.for_rank(0), r1 = base.for_rank(1), r1b = base.for_rank(1);
+  Tensor a = rand({100}, r0), b = rand({100}, r1), c = rand({100}, r1b);
+  EXPECT_NE(a.to_vector<float>(), b.to_vector<float>());
+  EXPECT_EQ(b.to_vector<float>(), c.to_vector<float>());
+  for (float x : a.to_vector<float>()) {
+    EXPECT_GE(x, 0.f);
+    EXPECT_LT(x, 1.f);
+  }
+}
+
+TEST(Tensor, BadInputsGetErrors) {
+  EXPECT_THROW(empty({2, -1}), ShapeError);
+  EXPECT_THROW(zeros({2, 3}).transpose(0, 2), ShapeError);
+  EXPECT_THROW(zeros({2, 3}).permute({0, 0}), ShapeError);
+  EXPECT_THROW(zeros({2, 3}).expand({3, 3}), ShapeError);
+  EXPECT_THROW(zeros({2, 3}).narrow(1, 2, 2), ShapeError);
+  EXPECT_THROW(zeros({2}).data<int64_t>(), TypeError);
+  EXPECT_THROW(zeros({2}).item(), ShapeError);
+  EXPECT_THROW(from_vector(std::vector<float>{1, 2, 3}, {2}), ShapeError);
+  EXPECT_THROW(Tensor().shape(), ValueError);
+  EXPECT_THROW(zeros({2}, {DType::kInt64}).set_requires_grad(true), TypeError);
+  try {
+    zeros({2, 3}).view({4, 2});
+    FAIL() << "view should throw";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("[4, 2]"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace acc
