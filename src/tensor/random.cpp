@@ -46,7 +46,7 @@ Tensor& fill_with(Tensor& t, const char* what, Generator& gen,
   if (t.is_meta() || t.numel() == 0) return t;
   const int64_t n = t.numel();
   const uint64_t base = gen.advance(static_cast<uint64_t>((n + 3) / 4));
-  Tensor buf = t.dtype() == DType::kFloat32 && t.is_contiguous() ? t : empty(t.shape());
+  Tensor buf = t.dtype() == DType::kFloat32 && t.is_contiguous() ? t : empty(t.shape(), {DType::kFloat32, Device::kCPU, false});
   fill(buf.data<float>(), n, gen.seed(), base);
   if (!buf.is_same(t)) {
     NoGradGuard ng;

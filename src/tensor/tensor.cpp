@@ -65,6 +65,18 @@ Shape broadcast_strides(const Tensor& t, const Shape& out) {
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
+// default device
+
+namespace {
+thread_local Device tls_default_device = Device::kCPU;
+}
+Device default_device() { return tls_default_device; }
+DefaultDeviceGuard::DefaultDeviceGuard(Device d) : prev_(tls_default_device) {
+  tls_default_device = d;
+}
+DefaultDeviceGuard::~DefaultDeviceGuard() { tls_default_device = prev_; }
+
+// ---------------------------------------------------------------------------------------------
 // storage
 
 Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
@@ -220,7 +232,11 @@ Tensor from_values(const std::vector<T>& values, Shape shape, DType dtype) {
 }  // namespace
 
 Tensor from_vector(const std::vector<float>& values, Shape shape, TensorOptions options) {
-  ACC_CHECK_TYPE(options.device == Device::kCPU, "from_vector: device must be cpu");
+  if (options.device == Device::kMeta) {
+    ACC_CHECK_SHAPE(numel_of(shape) == static_cast<int64_t>(values.size()), "from_vector: ",
+                    values.size(), " values do not fill shape ", shape);
+    return empty(std::move(shape), options);
+  }
   Tensor t = from_values(values, std::move(shape), options.dtype);
   if (options.requires_grad) t.set_requires_grad(true);
   return t;

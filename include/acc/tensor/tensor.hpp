@@ -84,9 +84,24 @@ struct TensorImpl {
   std::unique_ptr<AutogradMeta> autograd;
 };
 
+/// The device new tensors get when the caller does not name one: kCPU unless a
+/// DefaultDeviceGuard in this thread says otherwise (e.g. kMeta to build a model without memory).
+Device default_device();
+
+class DefaultDeviceGuard {
+ public:
+  explicit DefaultDeviceGuard(Device d);
+  ~DefaultDeviceGuard();
+  DefaultDeviceGuard(const DefaultDeviceGuard&) = delete;
+  DefaultDeviceGuard& operator=(const DefaultDeviceGuard&) = delete;
+
+ private:
+  Device prev_;
+};
+
 struct TensorOptions {
   DType dtype = DType::kFloat32;
-  Device device = Device::kCPU;
+  Device device = default_device();
   bool requires_grad = false;
 };
 

@@ -1,0 +1,5 @@
+#pragma once
+// Umbrella header of the nn layer.
+#include "acc/nn/layers.hpp"
+#include "acc/nn/module.hpp"
+#include "acc/nn/transformer.hpp"

@@ -1,0 +1,102 @@
+#pragma once
+// Transformer building blocks: GPT-2 style (LayerNorm, fused qkv, GELU MLP) and Llama style
+// (RMSNorm, rotary q/k, grouped-query attention, SwiGLU MLP). Parameter names follow nanoGPT and
+// Hugging Face Llama respectively. Every block maps (B, T, C) -> (B, T, C), so strategies can wrap
+// any of them through Module::operator().
+
+#include "acc/nn/layers.hpp"
+
+namespace acc::nn {
+
+enum class Activation { kGeluTanh, kGelu, kRelu, kSilu };
+/// "gelu_tanh" | "gelu" | "relu" | "silu"; throws acc::ValueError naming anything else.
+Activation parse_activation(const std::string& name);
+Tensor activate(const Tensor& x, Activation a);
+
+/// GPT-2 causal self-attention: c_attn (3C x C, q|k|v) then fused attention then c_proj.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias, double dropout = 0.0,
+                      Generator& gen = default_generator());
+  Tensor forward(const Tensor& x) override;
+  void set_fused(bool fused) { fused_ = fused; }
+
+ private:
+  int64_t n_embd_, n_head_;
+  bool fused_ = true;
+  std::shared_ptr<Linear> c_attn_, c_proj_;
+  std::shared_ptr<Dropout> resid_drop_;
+};
+
+/// c_fc (F x C) -> activation -> c_proj (C x F).
+class MLP : public Module {
+ public:
+  MLP(int64_t n_embd, int64_t hidden, bool bias, Activation act, double dropout = 0.0,
+      Generator& gen = default_generator());
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  Activation act_;
+  std::shared_ptr<Linear> c_fc_, c_proj_;
+  std::shared_ptr<Dropout> drop_;
+};
+
+/// down_proj(silu(gate_proj(x)) * up_proj(x)), no biases (Llama).
+class SwiGLUMLP : public Module {
+ public:
+  SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  std::shared_ptr<Linear> gate_proj_, up_proj_, down_proj_;
+};
+
+/// Pre-norm GPT block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
+class GPTBlock : public Module {
+ public:
+  GPTBlock(int64_t n_embd, int64_t n_head, bool bias, Activation act, double dropout = 0.0,
+           Generator& gen = default_generator());
+  Tensor forward(const Tensor& x) override;
+  CausalSelfAttention& attn() { return *attn_; }
+
+ private:
+  std::shared_ptr<LayerNorm> ln_1_, ln_2_;
+  std::shared_ptr<CausalSelfAttention> attn_;
+  std::shared_ptr<MLP> mlp_;
+};
+
+/// Llama attention: q/k/v/o projections without bias, rotary embeddings on q and k,
+/// num_key_value_heads <= num_heads (grouped-query attention).
+class LlamaAttention : public Module {
+ public:
+  /// `rope` holds the (max_positions, head_dim) cos/sin tables from acc::rope_cache, shared by all
+  /// layers of a model.
+  LlamaAttention(int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                 std::pair<Tensor, Tensor> rope, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x) override;
+  void set_fused(bool fused) { fused_ = fused; }
+
+ private:
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+  bool fused_ = true;
+  Tensor rope_cos_, rope_sin_;
+  std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
+};
+
+/// Pre-norm Llama decoder layer: x + self_attn(input_layernorm(x)), then
+/// + mlp(post_attention_layernorm(x)).
+class LlamaBlock : public Module {
+ public:
+  LlamaBlock(int64_t hidden_size, int64_t intermediate_size, int64_t num_heads,
+             int64_t num_kv_heads, int64_t head_dim, std::pair<Tensor, Tensor> rope,
+             double rms_norm_eps, Generator& gen = default_generator());
+  Tensor forward(const Tensor& x) override;
+  LlamaAttention& self_attn() { return *self_attn_; }
+
+ private:
+  std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
+  std::shared_ptr<LlamaAttention> self_attn_;
+  std::shared_ptr<SwiGLUMLP> mlp_;
+};
+
+}  // namespace acc::nn

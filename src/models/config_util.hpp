@@ -1,0 +1,42 @@
+#pragma once
+// Typed, checked reads of JSON config fields: a wrong type is an acc::ValueError naming the field.
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "acc/util/error.hpp"
+
+namespace acc::models::detail {
+
+template <class T>
+void read_field(const nlohmann::json& j, const char* owner, const char* name, T& out) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return;
+  try {
+    if constexpr (std::is_same_v<T, bool>) {
+      ACC_CHECK(it->is_boolean(), owner, " config: field '", name, "' must be a boolean, got ",
+                it->dump());
+    } else if constexpr (std::is_integral_v<T>) {
+      ACC_CHECK(it->is_number_integer() ||
+                    (it->is_number_float() && it->get<double>() == static_cast<double>(
+                                                                      static_cast<int64_t>(it->get<double>()))),
+                owner, " config: field '", name, "' must be an integer, got ", it->dump());
+    } else if constexpr (std::is_floating_point_v<T>) {
+      ACC_CHECK(it->is_number(), owner, " config: field '", name, "' must be a number, got ",
+                it->dump());
+    } else {
+      ACC_CHECK(it->is_string(), owner, " config: field '", name, "' must be a string, got ",
+                it->dump());
+    }
+    out = it->get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    ACC_THROW(ValueError, owner, " config: field '", name, "': ", e.what());
+  }
+}
+
+inline void require_object(const nlohmann::json& j, const char* owner) {
+  ACC_CHECK(j.is_object(), owner, " config must be a JSON object, got ", j.dump());
+}
+
+}  // namespace acc::models::detail

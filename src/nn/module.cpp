@@ -1,0 +1,308 @@
+#include "acc/nn/module.hpp"
+
+#include <algorithm>
+
+#include "acc/tensor/node.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc::nn {
+namespace {
+
+thread_local std::vector<std::string> scope_stack;
+
+std::string join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+bool contains_same(const NamedTensors& list, const Tensor& t) {
+  return std::any_of(list.begin(), list.end(), [&](const auto& p) { return p.second.is_same(t); });
+}
+
+}  // namespace
+
+Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+
+Module::~Module() {
+  for (auto& [name, child] : children_) {
+    if (child && child->parent_ == this) child->parent_ = nullptr;
+  }
+}
+
+void Module::check_new_name(const std::string& name, const char* what) const {
+  ACC_CHECK(!name.empty(), type_name_, ": ", what, " name must not be empty");
+  ACC_CHECK(name.find('.') == std::string::npos, type_name_, ": ", what, " name '", name,
+            "' must not contain '.'");
+  auto taken = [&](const auto& list) {
+    return std::any_of(list.begin(), list.end(), [&](const auto& p) { return p.first == name; });
+  };
+  ACC_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name_, ": ", what,
+            " name '", name, "' is already registered");
+}
+
+Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
+  check_new_name(name, "parameter");
+  ACC_CHECK(t.defined(), type_name_, ": parameter '", name, "' is undefined");
+  if (requires_grad && !t.requires_grad()) t.set_requires_grad(true);
+  parameters_.emplace_back(name, std::move(t));
+  return parameters_.back().second;
+}
+
+Tensor& Module::register_buffer(const std::string& name, Tensor t, bool persistent) {
+  check_new_name(name, "buffer");
+  ACC_CHECK(t.defined(), type_name_, ": buffer '", name, "' is undefined");
+  buffers_.emplace_back(name, std::move(t));
+  buffer_persistent_.push_back(persistent);
+  return buffers_.back().second;
+}
+
+void Module::register_child(const std::string& name, ModulePtr m) {
+  check_new_name(name, "module");
+  ACC_CHECK(m != nullptr, type_name_, ": module '", name, "' is null");
+  if (m->parent_ == nullptr) {
+    m->parent_ = this;
+    m->local_name_ = name;
+  }
+  children_.emplace_back(name, std::move(m));
+}
+
+void Module::collect_parameters(const std::string& prefix, NamedTensors& out) const {
+  for (const auto& [name, t] : parameters_) {
+    if (!contains_same(out, t)) out.emplace_back(join(prefix, name), t);
+  }
+}
+
+void Module::collect_buffers(const std::string& prefix, bool persistent_only,
+                             NamedTensors& out) const {
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (persistent_only && !buffer_persistent_[i]) continue;
+    out.emplace_back(join(prefix, buffers_[i].first), buffers_[i].second);
+  }
+}
+
+void Module::collect_modules(const std::string& prefix, NamedModules& out) const {
+  for (const auto& [name, child] : children_) {
+    std::string full = join(prefix, name);
+    out.emplace_back(full, child);
+    child->collect_modules(full, out);
+  }
+}
+
+namespace {
+// A handle to `m`: shared when m is owned by a shared_ptr, else non-owning (a module on the stack).
+ModulePtr handle(const Module* m) {
+  ModulePtr p = std::const_pointer_cast<Module>(m->weak_from_this().lock());
+  return p ? p : ModulePtr(ModulePtr(), const_cast<Module*>(m));
+}
+}  // namespace
+
+NamedModules Module::named_modules() const {
+  NamedModules out;
+  out.emplace_back("", handle(this));
+  collect_modules("", out);
+  return out;
+}
+
+NamedModules Module::named_children() const { return children_; }
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  NamedTensors out;
+  collect_parameters("", out);
+  if (recurse) {
+    NamedModules mods;
+    collect_modules("", mods);
+    for (const auto& [name, m] : mods) m->collect_parameters(name, out);
+  }
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+NamedTensors Module::named_buffers(bool recurse) const {
+  NamedTensors out;
+  collect_buffers("", false, out);
+  if (recurse) {
+    NamedModules mods;
+    collect_modules("", mods);
+    for (const auto& [name, m] : mods) m->collect_buffers(name, false, out);
+  }
+  return out;
+}
+
+ModulePtr Module::submodule(const std::string& path) const {
+  ModulePtr cur = handle(this);
+  size_t start = 0;
+  while (start <= path.size() && !path.empty()) {
+    size_t dot = path.find('.', start);
+    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    auto it = std::find_if(cur->children_.begin(), cur->children_.end(),
+                           [&](const auto& p) { return p.first == part; });
+    ACC_CHECK(it != cur->children_.end(), type_name_, ": no submodule '", part, "' in path '",
+              path, "'");
+    cur = it->second;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return cur;
+}
+
+Tensor Module::find_tensor(const std::string& path) const {
+  const size_t dot = path.rfind('.');
+  const Module* owner = this;
+  ModulePtr holder;
+  std::string leaf = path;
+  if (dot != std::string::npos) {
+    holder = submodule(path.substr(0, dot));
+    owner = holder.get();
+    leaf = path.substr(dot + 1);
+  }
+  for (const auto& list : {&owner->parameters_, &owner->buffers_}) {
+    for (const auto& [name, t] : *list) {
+      if (name == leaf) return t;
+    }
+  }
+  ACC_THROW(ValueError, type_name_, ": no parameter or buffer '", path, "'");
+}
+
+Tensor& Module::local_tensor(const std::string& name) {
+  for (auto* list : {&parameters_, &buffers_}) {
+    for (auto& [n, t] : *list) {
+      if (n == name) return t;
+    }
+  }
+  ACC_THROW(ValueError, type_name_, ": no parameter or buffer '", name, "'");
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+std::string Module::qualified_name() const {
+  std::string name;
+  for (const Module* m = this; m->parent_ != nullptr; m = m->parent_) {
+    name = name.empty() ? m->local_name_ : m->local_name_ + "." + name;
+  }
+  return name;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out;
+  collect_parameters("", out);
+  collect_buffers("", true, out);
+  NamedModules mods;
+  collect_modules("", mods);
+  for (const auto& [name, m] : mods) {
+    m->collect_parameters(name, out);
+    m->collect_buffers(name, true, out);
+  }
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensors& state, bool strict) {
+  NamedTensors own = state_dict();
+  std::vector<std::string> missing, unexpected;
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
+  for (const auto& [name, dst] : own) {
+    auto it = std::find_if(state.begin(), state.end(),
+                           [&](const auto& p) { return p.first == name; });
+    if (it == state.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    const Tensor& src = it->second;
+    ACC_CHECK(src.defined(), "load_state_dict: entry '", name, "' is undefined");
+    ACC_CHECK_SHAPE(src.shape() == dst.shape(), "load_state_dict: '", name, "' has shape ",
+                    src.shape(), " in the state dict but ", dst.shape(), " in the model");
+    ACC_CHECK_TYPE(src.dtype() == dst.dtype() || (is_floating(src.dtype()) && is_floating(dst.dtype())),
+                   "load_state_dict: '", name, "' has dtype ", src.dtype(),
+                   " in the state dict but ", dst.dtype(), " in the model");
+    copies.emplace_back(dst, src);
+  }
+  for (const auto& [name, src] : state) {
+    bool known = std::any_of(own.begin(), own.end(), [&](const auto& p) { return p.first == name; });
+    if (!known) unexpected.push_back(name);
+  }
+  if (strict && (!missing.empty() || !unexpected.empty())) {
+    std::string msg = "load_state_dict: ";
+    auto list = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? ", " : "") + v[i];
+      if (v.size() > 8) s += ", ... (" + std::to_string(v.size()) + " in all)";
+      return s;
+    };
+    if (!missing.empty()) msg += "missing keys: " + list(missing);
+    if (!unexpected.empty()) msg += std::string(missing.empty() ? "" : "; ") + "unexpected keys: " + list(unexpected);
+    throw ValueError(msg);
+  }
+  NoGradGuard ng;
+  for (auto& [dst, src] : copies) dst.copy_(src);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  NoGradGuard ng;
+  for (auto& [name, p] : named_parameters()) {
+    if (set_to_none) {
+      p.set_grad(Tensor());
+    } else if (p.grad().defined()) {
+      p.grad().zero_();
+    }
+  }
+}
+
+Tensor Module::forward(const Tensor&) {
+  ACC_THROW(ValueError, type_name_, " '", qualified_name(),
+            "' does not implement forward(Tensor); call its own methods");
+}
+
+Tensor Module::operator()(const Tensor& x) {
+  Scope s(*this);
+  for (auto& [id, hook] : pre_hooks_) hook(*this, x);
+  Tensor out = wrapper_ ? wrapper_(*this, x, [this](const Tensor& in) { return forward(in); })
+                        : forward(x);
+  for (auto& [id, hook] : hooks_) hook(*this, x, out);
+  return out;
+}
+
+int Module::register_forward_pre_hook(ForwardPreHook hook) {
+  pre_hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+int Module::register_forward_hook(ForwardHook hook) {
+  hooks_.emplace_back(next_hook_id_, std::move(hook));
+  return next_hook_id_++;
+}
+
+void Module::remove_hook(int id) {
+  std::erase_if(pre_hooks_, [id](const auto& p) { return p.first == id; });
+  std::erase_if(hooks_, [id](const auto& p) { return p.first == id; });
+}
+
+Module::Scope::Scope(const Module& m) { scope_stack.push_back(m.qualified_name()); }
+Module::Scope::~Scope() { scope_stack.pop_back(); }
+
+std::string Module::current_scope() { return scope_stack.empty() ? "" : scope_stack.back(); }
+
+const ModulePtr& ModuleList::operator[](size_t i) const {
+  ACC_CHECK(i < modules_.size(), "ModuleList: index ", i, " out of range for ", modules_.size(),
+            " modules");
+  return modules_[i];
+}
+
+Tensor ModuleList::forward(const Tensor& x) {
+  Tensor h = x;
+  for (auto& m : modules_) h = (*m)(h);
+  return h;
+}
+
+}  // namespace acc::nn

@@ -1,0 +1,158 @@
+#include "acc/nn/transformer.hpp"
+
+#include "acc/util/error.hpp"
+
+namespace acc::nn {
+
+Activation parse_activation(const std::string& name) {
+  if (name == "gelu_tanh" || name == "gelu_new" || name == "gelu_pytorch_tanh") {
+    return Activation::kGeluTanh;
+  }
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "relu") return Activation::kRelu;
+  if (name == "silu" || name == "swish") return Activation::kSilu;
+  ACC_THROW(ValueError, "unknown activation '", name,
+            "' (expected gelu_tanh, gelu, relu or silu)");
+}
+
+Tensor activate(const Tensor& x, Activation a) {
+  switch (a) {
+    case Activation::kGeluTanh: return gelu(x, GeluApprox::kTanh);
+    case Activation::kGelu: return gelu(x, GeluApprox::kNone);
+    case Activation::kRelu: return relu(x);
+    case Activation::kSilu: return silu(x);
+  }
+  return x;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias,
+                                         double dropout, Generator& gen)
+    : Module("CausalSelfAttention"), n_embd_(n_embd), n_head_(n_head) {
+  ACC_CHECK(n_head > 0 && n_embd % n_head == 0, "CausalSelfAttention: n_embd ", n_embd,
+            " is not a multiple of n_head ", n_head);
+  c_attn_ = register_module("c_attn", std::make_shared<Linear>(n_embd, 3 * n_embd, bias, gen));
+  c_proj_ = register_module("c_proj", std::make_shared<Linear>(n_embd, n_embd, bias, gen));
+  if (dropout > 0) resid_drop_ = register_module("resid_dropout", std::make_shared<Dropout>(dropout, gen));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  ACC_CHECK_SHAPE(x.dim() == 3 && x.size(2) == n_embd_, "CausalSelfAttention: expects (B, T, ",
+                  n_embd_, "), got ", x.shape());
+  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, NH = n_head_, HS = C / NH;
+  Tensor qkv = (*c_attn_)(x);  // (B, T, 3C)
+  auto parts = split(qkv, {C, C, C}, 2);
+  // (B, T, C) -> (B, NH, T, HS): views only, the attention kernel reads the strides.
+  Tensor q = parts[0].view({B, T, NH, HS}).transpose(1, 2);
+  Tensor k = parts[1].view({B, T, NH, HS}).transpose(1, 2);
+  Tensor v = parts[2].view({B, T, NH, HS}).transpose(1, 2);
+  Tensor y = fused_ ? scaled_dot_product_attention(q, k, v, /*causal=*/true)
+                    : attention_reference(q, k, v, /*causal=*/true);
+  y = y.transpose(1, 2).reshape({B, T, C});
+  y = (*c_proj_)(y);
+  return resid_drop_ ? (*resid_drop_)(y) : y;
+}
+
+MLP::MLP(int64_t n_embd, int64_t hidden, bool bias, Activation act, double dropout,
+         Generator& gen)
+    : Module("MLP"), act_(act) {
+  c_fc_ = register_module("c_fc", std::make_shared<Linear>(n_embd, hidden, bias, gen));
+  c_proj_ = register_module("c_proj", std::make_shared<Linear>(hidden, n_embd, bias, gen));
+  if (dropout > 0) drop_ = register_module("dropout", std::make_shared<Dropout>(dropout, gen));
+}
+
+Tensor MLP::forward(const Tensor& x) {
+  Tensor h = activate((*c_fc_)(x), act_);
+  h = (*c_proj_)(h);
+  return drop_ ? (*drop_)(h) : h;
+}
+
+SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, Generator& gen)
+    : Module("SwiGLUMLP") {
+  gate_proj_ = register_module("gate_proj",
+                               std::make_shared<Linear>(hidden_size, intermediate_size, false, gen));
+  up_proj_ = register_module("up_proj",
+                             std::make_shared<Linear>(hidden_size, intermediate_size, false, gen));
+  down_proj_ = register_module("down_proj",
+                               std::make_shared<Linear>(intermediate_size, hidden_size, false, gen));
+}
+
+Tensor SwiGLUMLP::forward(const Tensor& x) {
+  return (*down_proj_)(swiglu((*gate_proj_)(x), (*up_proj_)(x)));
+}
+
+GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, bool bias, Activation act, double dropout,
+                   Generator& gen)
+    : Module("GPTBlock") {
+  ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(n_embd, 1e-5, bias));
+  attn_ = register_module("attn",
+                          std::make_shared<CausalSelfAttention>(n_embd, n_head, bias, dropout, gen));
+  ln_2_ = register_module("ln_2", std::make_shared<LayerNorm>(n_embd, 1e-5, bias));
+  mlp_ = register_module("mlp", std::make_shared<MLP>(n_embd, 4 * n_embd, bias, act, dropout, gen));
+}
+
+Tensor GPTBlock::forward(const Tensor& x) {
+  Tensor h = add(x, (*attn_)((*ln_1_)(x)));
+  return add(h, (*mlp_)((*ln_2_)(h)));
+}
+
+LlamaAttention::LlamaAttention(int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads,
+                               int64_t head_dim, std::pair<Tensor, Tensor> rope, Generator& gen)
+    : Module("LlamaAttention"),
+      num_heads_(num_heads),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim),
+      rope_cos_(std::move(rope.first)),
+      rope_sin_(std::move(rope.second)) {
+  ACC_CHECK(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+            "LlamaAttention: num_attention_heads ", num_heads,
+            " is not a multiple of num_key_value_heads ", num_kv_heads);
+  ACC_CHECK(head_dim > 0 && head_dim % 2 == 0, "LlamaAttention: head_dim must be even, got ",
+            head_dim);
+  q_proj_ = register_module("q_proj",
+                            std::make_shared<Linear>(hidden_size, num_heads * head_dim, false, gen));
+  k_proj_ = register_module(
+      "k_proj", std::make_shared<Linear>(hidden_size, num_kv_heads * head_dim, false, gen));
+  v_proj_ = register_module(
+      "v_proj", std::make_shared<Linear>(hidden_size, num_kv_heads * head_dim, false, gen));
+  o_proj_ = register_module("o_proj",
+                            std::make_shared<Linear>(num_heads * head_dim, hidden_size, false, gen));
+}
+
+Tensor LlamaAttention::forward(const Tensor& x) {
+  ACC_CHECK_SHAPE(x.dim() == 3, "LlamaAttention: expects (B, T, C), got ", x.shape());
+  const int64_t B = x.size(0), T = x.size(1), HS = head_dim_;
+  ACC_CHECK(T <= rope_cos_.size(0), "LlamaAttention: sequence length ", T,
+            " exceeds max_position_embeddings ", rope_cos_.size(0));
+  Tensor q = (*q_proj_)(x).view({B, T, num_heads_, HS}).transpose(1, 2);
+  Tensor k = (*k_proj_)(x).view({B, T, num_kv_heads_, HS}).transpose(1, 2);
+  Tensor v = (*v_proj_)(x).view({B, T, num_kv_heads_, HS}).transpose(1, 2);
+  q = rotary_embedding(q, rope_cos_, rope_sin_);
+  k = rotary_embedding(k, rope_cos_, rope_sin_);
+  Tensor y = fused_ ? scaled_dot_product_attention(q, k, v, /*causal=*/true)
+                    : attention_reference(q, k, v, /*causal=*/true);
+  y = y.transpose(1, 2).reshape({B, T, num_heads_ * HS});
+  return (*o_proj_)(y);
+}
+
+LlamaBlock::LlamaBlock(int64_t hidden_size, int64_t intermediate_size, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, std::pair<Tensor, Tensor> rope,
+                       double rms_norm_eps, Generator& gen)
+    : Module("LlamaBlock") {
+  input_layernorm_ =
+      register_module("input_layernorm", std::make_shared<RMSNorm>(hidden_size, rms_norm_eps));
+  self_attn_ = register_module(
+      "self_attn", std::make_shared<LlamaAttention>(hidden_size, num_heads, num_kv_heads,
+                                                    head_dim, std::move(rope), gen));
+  post_attention_layernorm_ = register_module(
+      "post_attention_layernorm", std::make_shared<RMSNorm>(hidden_size, rms_norm_eps));
+  mlp_ = register_module("mlp", std::make_shared<SwiGLUMLP>(hidden_size, intermediate_size, gen));
+}
+
+Tensor LlamaBlock::forward(const Tensor& x) {
+  Tensor h = add(x, (*self_attn_)((*input_layernorm_)(x)));
+  return add(h, (*mlp_)((*post_attention_layernorm_)(h)));
+}
+
+}  // namespace acc::nn
