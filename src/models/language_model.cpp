@@ -28,6 +28,37 @@ Tensor LanguageModel::loss(const Tensor& idx, const Tensor& targets) {
   return loss_from_logits(forward(idx), targets);
 }
 
+namespace {
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+void LanguageModel::load_pretrained(const nn::NamedTensors& tensors) {
+  nn::NamedTensors own = state_dict();
+  nn::NamedTensors picked;
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : tensors) {
+    bool known = false;
+    for (const auto& [n, p] : own) known = known || n == name;
+    if (known) {
+      picked.emplace_back(name, t);
+      continue;
+    }
+    const bool harmless = name == "lm_head.weight" || ends_with(name, ".attn.bias") ||
+                          ends_with(name, ".attn.masked_bias") ||
+                          ends_with(name, ".rotary_emb.inv_freq");
+    if (!harmless) unexpected.push_back(name);
+  }
+  if (!unexpected.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unexpected.size() && i < 8; ++i) list += (i ? ", " : "") + unexpected[i];
+    ACC_THROW(ValueError, model_type(), ": pretrained weights hold ", unexpected.size(),
+              " entries the model does not have: ", list);
+  }
+  load_state_dict(picked, /*strict=*/true);
+}
+
 void LanguageModel::check_tokens(const Tensor& idx) const {
   ACC_CHECK_TYPE(idx.dtype() == DType::kInt64 || idx.dtype() == DType::kInt32, model_type(),
                  ": token ids must be i32 or i64, got ", idx.dtype());

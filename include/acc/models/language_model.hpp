@@ -38,6 +38,14 @@ class LanguageModel : public nn::Module {
   /// Cross-entropy of logits against targets (B, T), used by loss() and by pipeline stages.
   Tensor loss_from_logits(const Tensor& logits, const Tensor& targets) const;
 
+  /// Loads weights by name from a pretrained state (e.g. a safetensors file written by PyTorch).
+  /// Every parameter of the model must be present with its shape. Entries PyTorch models carry
+  /// but AutoAcc does not need are skipped: a tied "lm_head.weight" equal in shape to the input
+  /// embedding, causal-mask buffers ("*.attn.bias" of shape (1,1,T,T), "*.attn.masked_bias") and
+  /// rotary "*.rotary_emb.inv_freq". Anything else unexpected is an acc::ValueError listing the
+  /// names.
+  void load_pretrained(const nn::NamedTensors& tensors);
+
   /// Chooses the fused flash attention (default) or the reference matmul/softmax path.
   virtual void set_fused_attention(bool fused) = 0;
 

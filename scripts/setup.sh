@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Shared by scripts/demo and scripts/test: installs the Debian packages AutoAcc needs (only the
+# missing ones), then configures and builds into build/ (Release, ccache, -j2).
+set -euo pipefail
+
+ACC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ACC_BUILD="${ACC_BUILD:-$ACC_ROOT/build}"
+ACC_JOBS="${ACC_JOBS:-2}"
+
+acc_packages=(
+  g++ cmake make pkg-config ccache
+  openmpi-bin libopenmpi-dev libopenblas-dev libboost-graph-dev libtbb-dev
+  nlohmann-json3-dev libspdlog-dev libzstd-dev libcli11-dev libxxhash-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+
+acc_install() {
+  local want=("$@") missing=()
+  for p in "${want[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "[setup] installing: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+}
+
+acc_build() {
+  export CCACHE_DIR="${CCACHE_DIR:-$ACC_ROOT/.cache/ccache}"
+  cmake -S "$ACC_ROOT" -B "$ACC_BUILD" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  cmake --build "$ACC_BUILD" -j "$ACC_JOBS"
+}
+
+# MPI as root needs these; every multi-process run in this repository goes through mpirun.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
