@@ -111,10 +111,16 @@ Device Tensor::device() const {
   return impl_->storage->device();
 }
 
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim())]; }
+int64_t Tensor::size(int64_t d) const {
+  // wrap_dim accepts 0 and -1 for a 0-d tensor (reductions over its only "dimension"), but a 0-d
+  // tensor has no size to read.
+  ACC_CHECK_SHAPE(dim() > 0, "size: dimension ", d, " out of range for a 0-d tensor");
+  return shape()[wrap_dim(d, dim())];
+}
 
 bool Tensor::is_contiguous() const {
   const Shape& sh = shape();
+  if (numel_of(sh) == 0) return true;
   int64_t expect = 1;
   for (int64_t d = dim() - 1; d >= 0; --d) {
     if (sh[d] == 1) continue;
@@ -137,10 +143,6 @@ void* Tensor::raw_data() const {
 }
 
 namespace {
-template <class T>
-double load_as_double(const void* p) {
-  return static_cast<double>(static_cast<float>(*static_cast<const T*>(p)));
-}
 double load_element(DType t, const void* p) {
   switch (t) {
     case DType::kFloat32: return *static_cast<const float*>(p);
@@ -157,6 +159,19 @@ double Tensor::item() const {
   return load_element(dtype(), raw_data());
 }
 
+namespace {
+template <class T>
+T load_as(DType t, const void* p) {
+  switch (t) {
+    case DType::kFloat32: return static_cast<T>(*static_cast<const float*>(p));
+    case DType::kBFloat16: return static_cast<T>(static_cast<float>(*static_cast<const BFloat16*>(p)));
+    case DType::kInt32: return static_cast<T>(*static_cast<const int32_t*>(p));
+    case DType::kInt64: return static_cast<T>(*static_cast<const int64_t*>(p));
+  }
+  return T{};
+}
+}  // namespace
+
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   Tensor c = contiguous();
@@ -164,9 +179,7 @@ std::vector<T> Tensor::to_vector() const {
   if (out.empty()) return out;
   const char* p = static_cast<const char*>(c.raw_data());
   const size_t es = element_size(c.dtype());
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = static_cast<T>(load_element(c.dtype(), p + i * es));
-  }
+  for (size_t i = 0; i < out.size(); ++i) out[i] = load_as<T>(c.dtype(), p + i * es);
   return out;
 }
 template std::vector<float> Tensor::to_vector<float>() const;
@@ -367,7 +380,9 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   std::vector<int64_t> perm(static_cast<size_t>(dim()));
   std::iota(perm.begin(), perm.end(), 0);
-  std::swap(perm[wrap_dim(d0, dim())], perm[wrap_dim(d1, dim())]);
+  const int64_t a = wrap_dim(d0, dim()), b = wrap_dim(d1, dim());
+  if (dim() == 0) return permute(perm);  // 0 and -1 name no real dimension of a 0-d tensor
+  std::swap(perm[a], perm[b]);
   return permute(perm);
 }
 
