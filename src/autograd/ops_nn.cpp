@@ -366,6 +366,7 @@ Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   detail::check_f32(x, "rotary_embedding", "x");
   detail::check_f32(cos, "rotary_embedding", "cos");
   detail::check_f32(sin, "rotary_embedding", "sin");
+  detail::check_same_device("rotary_embedding", {&x, &cos, &sin});
   ACC_CHECK_SHAPE(x.dim() == 4, "rotary_embedding: expects x of shape (B, H, T, HS), got ",
                   x.shape());
   const int64_t T = x.size(2), HS = x.size(3);

@@ -22,6 +22,7 @@ Tensor sum(const Tensor& x) {
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
   detail::check_f32(x, "sum", "x");
   dim = wrap_dim(dim, x.dim());
+  if (x.dim() == 0) return sum(x);  // as in PyTorch: a 0-d tensor reduces to itself
   Tensor xc = x.contiguous();
   const Shape& sh = x.shape();
   int64_t outer = 1, inner = 1;
@@ -55,13 +56,16 @@ Tensor mean(const Tensor& x) {
 }
 
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
-  const int64_t n = x.size(dim);
+  const int64_t n = x.dim() == 0 ? 1 : x.size(dim);
   return scale(sum(x, dim, keepdim), 1.0 / static_cast<double>(std::max<int64_t>(n, 1)));
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   ACC_CHECK(!tensors.empty(), "cat: expects at least one tensor");
   const Tensor& first = tensors[0];
+  ACC_CHECK(first.defined(), "cat: tensor 0 is undefined");
+  ACC_CHECK_SHAPE(first.dim() > 0, "cat: 0-d tensors cannot be concatenated, got shape ",
+                  first.shape());
   dim = wrap_dim(dim, first.dim());
   Shape out_shape = first.shape();
   out_shape[dim] = 0;

@@ -86,6 +86,10 @@ void rope_forward(float* out, const float* x, const float* cos, const float* sin
                   int64_t T, int64_t HS, bool inverse) {
   const int64_t half = HS / 2;
   const float sgn = inverse ? -1.f : 1.f;
+  // The backward is the transpose of the forward: x[i] reaches out[i -/+ half] through the sin
+  // of that partner position, so the inverse reads sin there (the same value when the two halves
+  // of the table are equal, as rope_cache makes them, but not for arbitrary tables).
+  const int64_t so = inverse ? half : 0;
   parallel_for(R * T, std::max<int64_t>(1, 4096 / std::max<int64_t>(HS, 1)), [&](int64_t b,
                                                                                  int64_t e) {
     for (int64_t rt = b; rt < e; ++rt) {
@@ -95,8 +99,8 @@ void rope_forward(float* out, const float* x, const float* cos, const float* sin
       const float* s = sin + t * HS;
       float* o = out + rt * HS;
       // rotate_half(x)[i] = -x[i + half] for i < half, x[i - half] otherwise.
-      for (int64_t i = 0; i < half; ++i) o[i] = xr[i] * c[i] - sgn * xr[i + half] * s[i];
-      for (int64_t i = half; i < HS; ++i) o[i] = xr[i] * c[i] + sgn * xr[i - half] * s[i];
+      for (int64_t i = 0; i < half; ++i) o[i] = xr[i] * c[i] - sgn * xr[i + half] * s[i + so];
+      for (int64_t i = half; i < HS; ++i) o[i] = xr[i] * c[i] + sgn * xr[i - half] * s[i - so];
     }
   });
 }
