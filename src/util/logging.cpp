@@ -7,7 +7,7 @@
 #include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 
-namespace acc::log {
+namespace acc::logging {
 namespace {
 
 spdlog::level::level_enum parse_level(const std::string& level) {
@@ -44,4 +44,4 @@ void set_rank(int rank, int world) {
 
 void set_level(const std::string& level) { logger().set_level(parse_level(level)); }
 
-}  // namespace acc::log
+}  // namespace acc::logging

@@ -1,13 +1,13 @@
 #pragma once
 // Logging through spdlog. One line per event, with the rank in every line ("[r3/8]") once
-// acc::log::set_rank has been called (acc::dist::init does it). The level comes from ACC_LOG_LEVEL
+// acc::logging::set_rank has been called (acc::dist::init does it). The level comes from ACC_LOG_LEVEL
 // (trace, debug, info, warn, error, off; default info).
 
 #include <spdlog/spdlog.h>
 
 #include <string>
 
-namespace acc::log {
+namespace acc::logging {
 
 /// The process-wide AutoAcc logger (created on first use, writes to stderr).
 spdlog::logger& logger();
@@ -39,4 +39,4 @@ void error(spdlog::format_string_t<Args...> fmt, Args&&... args) {
   logger().error(fmt, std::forward<Args>(args)...);
 }
 
-}  // namespace acc::log
+}  // namespace acc::logging

@@ -1,0 +1,290 @@
+// train_gpt: trains a GPT or Llama language model on a token file, the program a new user starts
+// from. One process for now; later issues run it under mpirun with --strategy.
+//
+//   build/examples/train_gpt --model gpt --config examples/configs/gpt_small.json
+//       --data input.txt --data-format text --steps 300 --batch-size 16 --seq-len 128
+//
+// Defaults follow torch.optim.AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01,
+// every parameter decayed), constant learning rate, no gradient clipping, no dropout.
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "acc/acc.hpp"
+#include "acc/data/token_data.hpp"
+#include "acc/io/safetensors.hpp"
+
+namespace {
+
+struct Args {
+  std::string model = "gpt";
+  std::string config;
+  std::string data;
+  std::string data_format = "u16";
+  std::string data_order = "random";
+  std::string init_from;
+  std::string save;
+  std::string save_checkpoint;
+  std::string resume;
+  std::string log_json;
+  int64_t steps = 100;
+  int64_t batch_size = 8;
+  int64_t seq_len = 256;
+  double lr = 1e-3;
+  double min_lr = 0.0;
+  int64_t warmup_steps = 0;
+  std::string lr_schedule = "constant";
+  double weight_decay = 0.01;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double grad_clip = 0.0;
+  uint64_t seed = 1337;
+  int threads = 1;
+  int64_t log_every = 10;
+  int64_t sample = 0;
+  bool reference_attention = false;
+};
+
+// Built-in configs for a quick start without --config: small byte-level models.
+nlohmann::json default_config(const std::string& model) {
+  if (model == "gpt") {
+    return {{"n_layer", 4}, {"n_head", 4}, {"n_embd", 128}, {"vocab_size", 256},
+            {"block_size", 256}, {"bias", true}, {"activation", "gelu_tanh"}};
+  }
+  return {{"hidden_size", 128},       {"intermediate_size", 352}, {"num_hidden_layers", 4},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
+          {"rms_norm_eps", 1e-5},     {"rope_theta", 10000.0},    {"max_position_embeddings", 256}};
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Continues `prompt` by sampling `n` tokens at temperature 1 (byte-level text models).
+std::string sample_text(acc::models::LanguageModel& model, int64_t n, uint64_t seed,
+                        int64_t context) {
+  acc::NoGradGuard ng;
+  model.eval();
+  acc::Generator gen(seed);
+  std::vector<int64_t> tokens = {'\n'};
+  std::string out;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - context);
+    std::vector<int64_t> window(tokens.begin() + start, tokens.end());
+    const int64_t T = static_cast<int64_t>(window.size());
+    acc::Tensor logits = model.forward(acc::from_vector(window, {1, T}));
+    acc::Tensor probs = acc::softmax(logits.slice(1, T - 1, T).reshape({-1}));
+    auto p = probs.to_vector<double>();
+    double r = gen.next_double(), acc_p = 0;
+    int64_t tok = static_cast<int64_t>(p.size()) - 1;
+    for (size_t v = 0; v < p.size(); ++v) {
+      acc_p += p[v];
+      if (r < acc_p) {
+        tok = static_cast<int64_t>(v);
+        break;
+      }
+    }
+    tokens.push_back(tok);
+    out.push_back(static_cast<char>(tok));
+  }
+  model.train();
+  return out;
+}
+
+int run(const Args& a) {
+  using namespace acc;
+  set_num_threads(a.threads);
+  ACC_CHECK(a.model == "gpt" || a.model == "llama", "--model must be gpt or llama, got '",
+            a.model, "'");
+  ACC_CHECK(a.steps > 0, "--steps must be > 0, got ", a.steps);
+  ACC_CHECK(a.batch_size > 0, "--batch-size must be > 0, got ", a.batch_size);
+  ACC_CHECK(a.seq_len > 0, "--seq-len must be > 0, got ", a.seq_len);
+  ACC_CHECK(a.grad_clip >= 0, "--grad-clip must be >= 0 (0 = off), got ", a.grad_clip);
+  ACC_CHECK(a.log_every > 0, "--log-every must be > 0, got ", a.log_every);
+  ACC_CHECK(a.lr_schedule == "constant" || a.lr_schedule == "cosine",
+            "--lr-schedule must be constant or cosine, got '", a.lr_schedule, "'");
+  ACC_CHECK(!a.data.empty(), "--data is required (a token file or, with --data-format text, "
+            "any text file)");
+
+  // Model.
+  nlohmann::json config = a.config.empty() ? default_config(a.model)
+                                           : models::read_json_file(a.config);
+  manual_seed(a.seed);
+  models::LanguageModelPtr model = models::create_model(a.model, config);
+  model->set_fused_attention(!a.reference_attention);
+  ACC_CHECK(a.seq_len <= model->max_seq_len(), "--seq-len ", a.seq_len,
+            " exceeds the model's maximum sequence length ", model->max_seq_len());
+  if (!a.init_from.empty()) {
+    model->load_pretrained(io::load_safetensors(a.init_from).tensors);
+    logging::info("loaded weights from {}", a.init_from);
+  }
+
+  // Data.
+  auto tokens = std::make_shared<data::TokenFile>(
+      data::TokenFile::load(a.data, data::parse_token_format(a.data_format), model->vocab_size()));
+  data::BatchLoader loader(tokens, {.batch_size = a.batch_size,
+                                    .seq_len = a.seq_len,
+                                    .order = data::parse_sample_order(a.data_order),
+                                    .seed = a.seed});
+
+  // Optimizer and schedule.
+  optim::AdamW opt(model->named_parameters(), {.lr = a.lr,
+                                               .betas = {a.beta1, a.beta2},
+                                               .eps = a.eps,
+                                               .weight_decay = a.weight_decay});
+  std::unique_ptr<optim::LRScheduler> schedule;
+  if (a.lr_schedule == "cosine") {
+    schedule = std::make_unique<optim::WarmupCosineLR>(a.lr, a.warmup_steps, a.steps, a.min_lr);
+  } else if (a.warmup_steps > 0) {
+    schedule = std::make_unique<optim::WarmupCosineLR>(a.lr, a.warmup_steps,
+                                                       std::numeric_limits<int64_t>::max(), a.lr);
+  } else {
+    schedule = std::make_unique<optim::ConstantLR>(a.lr);
+  }
+
+  int64_t start_step = 0;
+  if (!a.resume.empty()) {
+    io::SafetensorsFile ck = io::load_safetensors(a.resume);
+    nn::NamedTensors weights;
+    optim::StateDict ostate;
+    for (const auto& [name, t] : ck.tensors) {
+      if (name.rfind("model.", 0) == 0) weights.emplace_back(name.substr(6), t);
+      if (name.rfind("optim.", 0) == 0) ostate.emplace_back(name.substr(6), t);
+    }
+    model->load_state_dict(weights);
+    opt.load_state_dict(ostate);
+    ACC_CHECK(ck.metadata.count("loader") && ck.metadata.count("step"), "--resume: '", a.resume,
+              "' is not a train_gpt checkpoint (no loader/step metadata)");
+    loader.load_state(nlohmann::json::parse(ck.metadata.at("loader")));
+    start_step = std::stoll(ck.metadata.at("step"));
+    logging::info("resumed from {} at step {}", a.resume, start_step);
+  }
+
+  std::ofstream json_log;
+  if (!a.log_json.empty()) {
+    json_log.open(a.log_json);
+    ACC_CHECK_AS(IoError, json_log.good(), "cannot write --log-json file '", a.log_json, "'");
+  }
+  logging::info("{} with {:.2f}M parameters, {} tokens in {}, batch {}x{}, {} steps, {} thread(s)",
+            a.model, model->num_parameters() / 1e6, tokens->size(), a.data, a.batch_size,
+            a.seq_len, a.steps, a.threads);
+
+  const double tokens_per_step = static_cast<double>(a.batch_size * a.seq_len);
+  std::vector<double> step_ms;
+  double first_loss = NAN, last_loss = NAN;
+  memory::reset_peak();
+  for (int64_t step = start_step; step < a.steps; ++step) {
+    data::Batch batch = loader.next();
+    Timer timer;
+    const double lr = schedule->apply(opt, step);
+    opt.zero_grad();
+    Tensor loss = model->loss(batch.idx, batch.targets);
+    loss.backward();
+    double grad_norm = NAN;
+    if (a.grad_clip > 0) grad_norm = optim::clip_grad_norm_(model->named_parameters(), a.grad_clip);
+    opt.step();
+    const double ms = timer.elapsed_ms();
+    const double loss_v = loss.item();
+    ACC_CHECK(std::isfinite(loss_v), "loss became ", loss_v, " at step ", step,
+              "; lower --lr or set --grad-clip");
+    if (std::isnan(first_loss)) first_loss = loss_v;
+    last_loss = loss_v;
+    if (step > start_step) step_ms.push_back(ms);  // the first step warms caches up
+    const double tps = tokens_per_step / (ms / 1000.0);
+    if (json_log.is_open()) {
+      nlohmann::json line = {{"step", step},       {"loss", loss_v},   {"lr", lr},
+                             {"step_ms", ms},      {"tokens_per_s", tps}};
+      if (!std::isnan(grad_norm)) line["grad_norm"] = grad_norm;
+      json_log << line.dump() << "\n";
+      json_log.flush();
+    }
+    if (step % a.log_every == 0 || step + 1 == a.steps) {
+      logging::info("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:7.1f} ms | {:8.0f} tok/s", step,
+                a.steps, loss_v, lr, ms, tps);
+    }
+  }
+  const double med = median(step_ms);
+  logging::info("done: loss {:.4f} -> {:.4f}, median step {:.1f} ms, {:.0f} tokens/s, peak memory "
+            "{:.1f} MB",
+            first_loss, last_loss, med, med > 0 ? tokens_per_step / (med / 1000.0) : 0.0,
+            memory::peak_bytes() / 1e6);
+
+  const io::Metadata meta = {{"model_type", a.model}, {"config", model->config_json().dump()}};
+  if (!a.save.empty()) {
+    io::save_safetensors(a.save, model->state_dict(), meta);
+    logging::info("saved weights to {}", a.save);
+  }
+  if (!a.save_checkpoint.empty()) {
+    io::NamedTensors all;
+    for (auto& [n, t] : model->state_dict()) all.emplace_back("model." + n, t);
+    for (auto& [n, t] : opt.state_dict()) all.emplace_back("optim." + n, t);
+    io::Metadata ck_meta = meta;
+    ck_meta["loader"] = loader.state().dump();
+    ck_meta["step"] = std::to_string(a.steps);
+    io::save_safetensors(a.save_checkpoint, all, ck_meta);
+    logging::info("saved checkpoint to {}", a.save_checkpoint);
+  }
+  if (a.sample > 0) {
+    std::string text = sample_text(*model, a.sample, a.seed, a.seq_len);
+    std::cout << "----- sample -----\n" << text << "\n------------------\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{"Train a GPT or Llama language model with AutoAcc"};
+  app.add_option("--model", a.model, "gpt | llama")->capture_default_str();
+  app.add_option("--config", a.config, "model config JSON (default: a small byte-level model)");
+  app.add_option("--data", a.data, "token file (u16/u32) or text file")->required();
+  app.add_option("--data-format", a.data_format, "u16 | u32 | text")->capture_default_str();
+  app.add_option("--data-order", a.data_order, "random | sequential")->capture_default_str();
+  app.add_option("--init-from", a.init_from, "initial weights (safetensors, model names)");
+  app.add_option("--save", a.save, "write the final weights (safetensors)");
+  app.add_option("--save-checkpoint", a.save_checkpoint,
+                 "write weights, optimizer state and data position to resume from");
+  app.add_option("--resume", a.resume, "continue from a --save-checkpoint file");
+  app.add_option("--steps", a.steps, "total optimizer steps")->capture_default_str();
+  app.add_option("--batch-size", a.batch_size, "sequences per step")->capture_default_str();
+  app.add_option("--seq-len", a.seq_len, "tokens per sequence")->capture_default_str();
+  app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--lr-schedule", a.lr_schedule, "constant | cosine")->capture_default_str();
+  app.add_option("--warmup-steps", a.warmup_steps, "linear warmup steps")->capture_default_str();
+  app.add_option("--min-lr", a.min_lr, "final lr of the cosine schedule")->capture_default_str();
+  app.add_option("--weight-decay", a.weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str();
+  app.add_option("--beta1", a.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", a.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--eps", a.eps, "AdamW eps")->capture_default_str();
+  app.add_option("--grad-clip", a.grad_clip, "max global gradient norm (0 = off)")
+      ->capture_default_str();
+  app.add_option("--seed", a.seed, "seed for init and data order")->capture_default_str();
+  app.add_option("--threads", a.threads, "threads for OpenBLAS and TBB together")
+      ->capture_default_str();
+  app.add_option("--log-json", a.log_json, "one JSON line per step");
+  app.add_option("--log-every", a.log_every, "console log interval")->capture_default_str();
+  app.add_option("--sample", a.sample, "print this many sampled bytes at the end (text models)");
+  app.add_flag("--reference-attention", a.reference_attention,
+               "use the unfused matmul/softmax attention (to find regressions)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    return 1;
+  }
+}

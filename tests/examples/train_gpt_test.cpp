@@ -1,0 +1,127 @@
+// End-to-end tests of examples/train_gpt: the PyTorch training reference
+// (tests/golden/make_train_reference.py), exact resume, and clear errors for bad flags.
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ProcessResult {
+  int exit_code;
+  std::string output;  // stdout + stderr
+};
+
+ProcessResult run(const std::string& args) {
+  std::string cmd = std::string(TRAIN_GPT_BIN) + " " + args + " 2>&1";
+  ProcessResult r{0, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  char buf[4096];
+  while (fgets(buf, sizeof(buf), p)) r.output += buf;
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<double> losses_from_log(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<double> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return out;
+}
+
+fs::path temp_dir() {
+  fs::path d = fs::temp_directory_path() /
+               ("acc_train_gpt_test_" + std::to_string(::getpid()) + "_" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::create_directories(d);
+  return d;
+}
+
+class TrainMatchesPyTorch : public testing::TestWithParam<std::string> {};
+
+// A model loaded from a PyTorch-written safetensors file, trained with --data-order sequential,
+// gives PyTorch's per-step losses on the same tokens (AdamW, clipping at 1.0). Tolerance: 1e-4
+// relative per step (fp32 against fp32; rounding differences grow slowly over 20 steps).
+TEST_P(TrainMatchesPyTorch, TwentyStepsSameLosses) {
+  const std::string model = GetParam();
+  const std::string ref = std::string(ACC_GOLDEN_DIR) + "/train_ref/";
+  auto expect = nlohmann::json::parse(std::ifstream(ref + model + ".losses.json"));
+  fs::path log = temp_dir() / "log.jsonl";
+  std::string args = "--model " + model + " --config " + ref + model + ".config.json" +
+                     " --init-from " + ref + model + ".init.safetensors" + " --data " + ref +
+                     "tokens.u16.bin --data-format u16 --data-order sequential" +
+                     " --steps " + std::to_string(expect["steps"].get<int>()) +
+                     " --batch-size " + std::to_string(expect["batch_size"].get<int>()) +
+                     " --seq-len " + std::to_string(expect["seq_len"].get<int>()) +
+                     " --lr " + std::to_string(expect["lr"].get<double>()) +
+                     " --beta1 0.9 --beta2 0.95 --eps 1e-8 --weight-decay 0.1 --grad-clip 1.0" +
+                     " --threads 1 --log-json " + log.string();
+  ProcessResult r = run(args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto got = losses_from_log(log.string());
+  auto want = expect["losses"].get<std::vector<double>>();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < want.size(); ++s) {
+    EXPECT_NEAR(got[s], want[s], 1e-4 * std::abs(want[s])) << model << " step " << s;
+  }
+  fs::remove_all(log.parent_path());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TrainMatchesPyTorch, testing::Values("gpt", "llama"));
+
+// Training 6 steps, checkpointing, and resuming to 12 gives the same losses as 12 straight steps.
+TEST(TrainGpt, ResumeFromCheckpointIsExact) {
+  fs::path dir = temp_dir();
+  const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
+  const std::string common = "--model gpt --data " + data +
+                             " --data-format u16 --batch-size 2 --seq-len 16 --lr 3e-3"
+                             " --grad-clip 1.0 --seed 5 --threads 1";
+  ASSERT_EQ(run(common + " --steps 12 --log-json " + (dir / "full.jsonl").string()).exit_code, 0);
+  ProcessResult first = run(common + " --steps 6 --save-checkpoint " + (dir / "ck.safetensors").string() +
+                  " --log-json " + (dir / "a.jsonl").string());
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  ProcessResult second = run(common + " --steps 12 --resume " + (dir / "ck.safetensors").string() +
+                   " --log-json " + (dir / "b.jsonl").string());
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  auto full = losses_from_log((dir / "full.jsonl").string());
+  auto a = losses_from_log((dir / "a.jsonl").string());
+  auto b = losses_from_log((dir / "b.jsonl").string());
+  a.insert(a.end(), b.begin(), b.end());
+  ASSERT_EQ(a.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(a[i], full[i]) << "step " << i;
+  fs::remove_all(dir);
+}
+
+TEST(TrainGpt, BadFlagsGetClearErrors) {
+  const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
+  struct Case {
+    std::string args, needle;
+  };
+  std::vector<Case> cases = {
+      {"--model bert --data " + data, "--model must be gpt or llama, got 'bert'"},
+      {"--data " + data + " --data-format u8", "u8"},
+      {"--data " + data + " --data-order shuffled", "shuffled"},
+      {"--data /nonexistent/tokens.bin", "/nonexistent/tokens.bin"},
+      {"--data " + data + " --steps 0", "--steps must be > 0, got 0"},
+      {"--data " + data + " --seq-len 100000", "--seq-len 100000 exceeds"},
+      {"--data " + data + " --config /nonexistent.json", "/nonexistent.json"},
+      {"--data " + data + " --init-from /nonexistent.safetensors", "/nonexistent.safetensors"},
+      {"--data " + data + " --grad-clip -1", "--grad-clip must be >= 0"},
+  };
+  for (const auto& c : cases) {
+    ProcessResult r = run(c.args + " --threads 1");
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+}  // namespace
