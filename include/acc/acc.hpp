@@ -12,9 +12,5 @@
 #include "acc/util/error.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/timer.hpp"
-#if __has_include("acc/io/safetensors.hpp")
-#include "acc/io/safetensors.hpp"
-#endif
-#if __has_include("acc/data/token_data.hpp")
 #include "acc/data/token_data.hpp"
-#endif
+#include "acc/io/safetensors.hpp"
