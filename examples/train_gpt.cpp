@@ -54,8 +54,13 @@ struct Args {
 // Built-in configs for a quick start without --config: small byte-level models.
 nlohmann::json default_config(const std::string& model) {
   if (model == "gpt") {
-    return {{"n_layer", 4}, {"n_head", 4}, {"n_embd", 128}, {"vocab_size", 256},
-            {"block_size", 256}, {"bias", true}, {"activation", "gelu_tanh"}};
+    return {{"n_layer", 4},
+            {"n_head", 4},
+            {"n_embd", 128},
+            {"vocab_size", 256},
+            {"block_size", 256},
+            {"bias", true},
+            {"activation", "gelu_tanh"}};
   }
   return {{"hidden_size", 128},       {"intermediate_size", 352}, {"num_hidden_layers", 4},
           {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
@@ -102,8 +107,8 @@ std::string sample_text(acc::models::LanguageModel& model, int64_t n, uint64_t s
 int run(const Args& a) {
   using namespace acc;
   set_num_threads(a.threads);
-  ACC_CHECK(a.model == "gpt" || a.model == "llama", "--model must be gpt or llama, got '",
-            a.model, "'");
+  ACC_CHECK(a.model == "gpt" || a.model == "llama", "--model must be gpt or llama, got '", a.model,
+            "'");
   ACC_CHECK(a.steps > 0, "--steps must be > 0, got ", a.steps);
   ACC_CHECK(a.batch_size > 0, "--batch-size must be > 0, got ", a.batch_size);
   ACC_CHECK(a.seq_len > 0, "--seq-len must be > 0, got ", a.seq_len);
@@ -111,12 +116,13 @@ int run(const Args& a) {
   ACC_CHECK(a.log_every > 0, "--log-every must be > 0, got ", a.log_every);
   ACC_CHECK(a.lr_schedule == "constant" || a.lr_schedule == "cosine",
             "--lr-schedule must be constant or cosine, got '", a.lr_schedule, "'");
-  ACC_CHECK(!a.data.empty(), "--data is required (a token file or, with --data-format text, "
+  ACC_CHECK(!a.data.empty(),
+            "--data is required (a token file or, with --data-format text, "
             "any text file)");
 
   // Model.
-  nlohmann::json config = a.config.empty() ? default_config(a.model)
-                                           : models::read_json_file(a.config);
+  nlohmann::json config =
+      a.config.empty() ? default_config(a.model) : models::read_json_file(a.config);
   manual_seed(a.seed);
   models::LanguageModelPtr model = models::create_model(a.model, config);
   model->set_fused_attention(!a.reference_attention);
@@ -136,10 +142,9 @@ int run(const Args& a) {
                                     .seed = a.seed});
 
   // Optimizer and schedule.
-  optim::AdamW opt(model->named_parameters(), {.lr = a.lr,
-                                               .betas = {a.beta1, a.beta2},
-                                               .eps = a.eps,
-                                               .weight_decay = a.weight_decay});
+  optim::AdamW opt(
+      model->named_parameters(),
+      {.lr = a.lr, .betas = {a.beta1, a.beta2}, .eps = a.eps, .weight_decay = a.weight_decay});
   std::unique_ptr<optim::LRScheduler> schedule;
   if (a.lr_schedule == "cosine") {
     schedule = std::make_unique<optim::WarmupCosineLR>(a.lr, a.warmup_steps, a.steps, a.min_lr);
@@ -174,8 +179,8 @@ int run(const Args& a) {
     ACC_CHECK_AS(IoError, json_log.good(), "cannot write --log-json file '", a.log_json, "'");
   }
   logging::info("{} with {:.2f}M parameters, {} tokens in {}, batch {}x{}, {} steps, {} thread(s)",
-            a.model, model->num_parameters() / 1e6, tokens->size(), a.data, a.batch_size,
-            a.seq_len, a.steps, a.threads);
+                a.model, model->num_parameters() / 1e6, tokens->size(), a.data, a.batch_size,
+                a.seq_len, a.steps, a.threads);
 
   const double tokens_per_step = static_cast<double>(a.batch_size * a.seq_len);
   std::vector<double> step_ms;
@@ -200,22 +205,23 @@ int run(const Args& a) {
     if (step > start_step) step_ms.push_back(ms);  // the first step warms caches up
     const double tps = tokens_per_step / (ms / 1000.0);
     if (json_log.is_open()) {
-      nlohmann::json line = {{"step", step},       {"loss", loss_v},   {"lr", lr},
-                             {"step_ms", ms},      {"tokens_per_s", tps}};
+      nlohmann::json line = {
+          {"step", step}, {"loss", loss_v}, {"lr", lr}, {"step_ms", ms}, {"tokens_per_s", tps}};
       if (!std::isnan(grad_norm)) line["grad_norm"] = grad_norm;
       json_log << line.dump() << "\n";
       json_log.flush();
     }
     if (step % a.log_every == 0 || step + 1 == a.steps) {
       logging::info("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:7.1f} ms | {:8.0f} tok/s", step,
-                a.steps, loss_v, lr, ms, tps);
+                    a.steps, loss_v, lr, ms, tps);
     }
   }
   const double med = median(step_ms);
-  logging::info("done: loss {:.4f} -> {:.4f}, median step {:.1f} ms, {:.0f} tokens/s, peak memory "
-            "{:.1f} MB",
-            first_loss, last_loss, med, med > 0 ? tokens_per_step / (med / 1000.0) : 0.0,
-            memory::peak_bytes() / 1e6);
+  logging::info(
+      "done: loss {:.4f} -> {:.4f}, median step {:.1f} ms, {:.0f} tokens/s, peak memory "
+      "{:.1f} MB",
+      first_loss, last_loss, med, med > 0 ? tokens_per_step / (med / 1000.0) : 0.0,
+      memory::peak_bytes() / 1e6);
 
   const io::Metadata meta = {{"model_type", a.model}, {"config", model->config_json().dump()}};
   if (!a.save.empty()) {

@@ -2,6 +2,8 @@
 // AutoAcc umbrella header.
 #include "acc/autograd/engine.hpp"
 #include "acc/autograd/ops.hpp"
+#include "acc/data/token_data.hpp"
+#include "acc/io/safetensors.hpp"
 #include "acc/models/models.hpp"
 #include "acc/nn/nn.hpp"
 #include "acc/optim/optim.hpp"
@@ -12,5 +14,3 @@
 #include "acc/util/error.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/timer.hpp"
-#include "acc/data/token_data.hpp"
-#include "acc/io/safetensors.hpp"

@@ -35,6 +35,8 @@ inline void check_same_device(const char* op, std::initializer_list<const Tensor
 
 /// The tensor to capture in a backward closure when it is an output of the op: same data, no
 /// autograd history (capturing the output itself would make a reference cycle through grad_fn).
-inline Tensor saved_output(const Tensor& t) { return t.detach(); }
+inline Tensor saved_output(const Tensor& t) {
+  return t.detach();
+}
 
 }  // namespace acc::detail

@@ -7,8 +7,8 @@
 
 namespace acc {
 
-using kernels::BinaryOp;
 using kernels::binary;
+using kernels::BinaryOp;
 using kernels::sum_to;
 
 namespace {
@@ -45,19 +45,18 @@ Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b
           });
       break;
     case BinaryOp::kDiv:
-      autograd::record_op(
-          "DivBackward", {a, b}, {out},
-          [a, b](const std::vector<Tensor>& g, const std::vector<bool>& need) {
-            Tensor ga, gb;
-            if (need[0]) ga = sum_to(binary(BinaryOp::kDiv, g[0], b), a.shape());
-            if (need[1]) {
-              // d(a/b)/db = -a / b^2
-              Tensor t = binary(BinaryOp::kDiv, binary(BinaryOp::kMul, g[0], a),
-                                binary(BinaryOp::kMul, b, b));
-              gb = sum_to(scale(t, -1.0), b.shape());
-            }
-            return std::vector<Tensor>{ga, gb};
-          });
+      autograd::record_op("DivBackward", {a, b}, {out},
+                          [a, b](const std::vector<Tensor>& g, const std::vector<bool>& need) {
+                            Tensor ga, gb;
+                            if (need[0]) ga = sum_to(binary(BinaryOp::kDiv, g[0], b), a.shape());
+                            if (need[1]) {
+                              // d(a/b)/db = -a / b^2
+                              Tensor t = binary(BinaryOp::kDiv, binary(BinaryOp::kMul, g[0], a),
+                                                binary(BinaryOp::kMul, b, b));
+                              gb = sum_to(scale(t, -1.0), b.shape());
+                            }
+                            return std::vector<Tensor>{ga, gb};
+                          });
       break;
   }
   return out;
@@ -97,10 +96,18 @@ Tensor unary_op(const char* name, const char* backward_name, const Tensor& x, Fw
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kAdd, "add", a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kSub, "sub", a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kMul, "mul", a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kDiv, "div", a, b); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::kAdd, "add", a, b);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::kSub, "sub", a, b);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::kMul, "mul", a, b);
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return binary_op(BinaryOp::kDiv, "div", a, b);
+}
 
 Tensor scale(const Tensor& a, double s) {
   const float f = static_cast<float>(s);
@@ -116,7 +123,9 @@ Tensor add_scalar(const Tensor& a, double s) {
       [](float, float, float g) { return g; });
 }
 
-Tensor neg(const Tensor& a) { return scale(a, -1.0); }
+Tensor neg(const Tensor& a) {
+  return scale(a, -1.0);
+}
 
 Tensor exp(const Tensor& a) {
   return unary_op(

@@ -36,7 +36,9 @@ void mm_into(float* C, int64_t ldc, const Mat& A, const Mat& B, float beta) {
   kernels::gemm(A.trans, B.trans, A.rows, B.cols, A.cols, 1.f, A.p, A.ld, B.p, B.ld, beta, C, ldc);
 }
 
-Mat contiguous_mat(const float* p, int64_t rows, int64_t cols) { return {p, rows, cols, false, cols}; }
+Mat contiguous_mat(const float* p, int64_t rows, int64_t cols) {
+  return {p, rows, cols, false, cols};
+}
 
 // Batched matmul over L = a.shape[0]: a (L,M,K), b (L,K,N) -> (L,M,N).
 Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
@@ -92,9 +94,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     Tensor a2 = a.dim() == 2 ? a : a.reshape({-1, a.size(-1)});
     return bmm(a2.unsqueeze(0), b.unsqueeze(0)).view(out_shape);
   }
-  ACC_CHECK_SHAPE(a.dim() == b.dim() &&
-                      std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin()),
-                  "matmul: batch dimensions must match, got ", a.shape(), " @ ", b.shape());
+  ACC_CHECK_SHAPE(
+      a.dim() == b.dim() && std::equal(a.shape().begin(), a.shape().end() - 2, b.shape().begin()),
+      "matmul: batch dimensions must match, got ", a.shape(), " @ ", b.shape());
   Shape out_shape(a.shape().begin(), a.shape().end() - 1);
   out_shape.push_back(b.size(-1));
   if (a.dim() == 2) return bmm(a.unsqueeze(0), b.unsqueeze(0)).view(out_shape);

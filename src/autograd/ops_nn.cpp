@@ -9,7 +9,9 @@ namespace acc {
 namespace {
 
 // Rows of the last dimension: (N, C) with N = numel / C.
-int64_t rows_of(const Tensor& x) { return x.numel() / std::max<int64_t>(x.size(-1), 1); }
+int64_t rows_of(const Tensor& x) {
+  return x.numel() / std::max<int64_t>(x.size(-1), 1);
+}
 
 }  // namespace
 
@@ -21,7 +23,8 @@ Tensor gelu(const Tensor& x, GeluApprox approximate) {
   const bool tanh_approx = approximate == GeluApprox::kTanh;
   Tensor xc = x.contiguous();
   Tensor out = empty(x.shape(), x.options());
-  if (!out.is_meta()) kernels::gelu_forward(out.data<float>(), xc.data<float>(), x.numel(), tanh_approx);
+  if (!out.is_meta())
+    kernels::gelu_forward(out.data<float>(), xc.data<float>(), x.numel(), tanh_approx);
   autograd::record_op("GeluBackward", {x}, {out},
                       [xc, tanh_approx](const std::vector<Tensor>& g, const std::vector<bool>&) {
                         Tensor gc = g[0].contiguous();
@@ -40,16 +43,15 @@ Tensor silu(const Tensor& x) {
   Tensor xc = x.contiguous();
   Tensor out = empty(x.shape(), x.options());
   if (!out.is_meta()) kernels::silu_forward(out.data<float>(), xc.data<float>(), x.numel());
-  autograd::record_op("SiluBackward", {x}, {out},
-                      [xc](const std::vector<Tensor>& g, const std::vector<bool>&) {
-                        Tensor gc = g[0].contiguous();
-                        Tensor dx = empty(xc.shape(), xc.options());
-                        if (!dx.is_meta()) {
-                          kernels::silu_backward(dx.data<float>(), xc.data<float>(),
-                                                 gc.data<float>(), xc.numel());
-                        }
-                        return std::vector<Tensor>{dx};
-                      });
+  autograd::record_op(
+      "SiluBackward", {x}, {out}, [xc](const std::vector<Tensor>& g, const std::vector<bool>&) {
+        Tensor gc = g[0].contiguous();
+        Tensor dx = empty(xc.shape(), xc.options());
+        if (!dx.is_meta()) {
+          kernels::silu_backward(dx.data<float>(), xc.data<float>(), gc.data<float>(), xc.numel());
+        }
+        return std::vector<Tensor>{dx};
+      });
   return out;
 }
 
@@ -58,16 +60,15 @@ Tensor relu(const Tensor& x) {
   Tensor xc = x.contiguous();
   Tensor out = empty(x.shape(), x.options());
   if (!out.is_meta()) kernels::relu_forward(out.data<float>(), xc.data<float>(), x.numel());
-  autograd::record_op("ReluBackward", {x}, {out},
-                      [xc](const std::vector<Tensor>& g, const std::vector<bool>&) {
-                        Tensor gc = g[0].contiguous();
-                        Tensor dx = empty(xc.shape(), xc.options());
-                        if (!dx.is_meta()) {
-                          kernels::relu_backward(dx.data<float>(), xc.data<float>(),
-                                                 gc.data<float>(), xc.numel());
-                        }
-                        return std::vector<Tensor>{dx};
-                      });
+  autograd::record_op(
+      "ReluBackward", {x}, {out}, [xc](const std::vector<Tensor>& g, const std::vector<bool>&) {
+        Tensor gc = g[0].contiguous();
+        Tensor dx = empty(xc.shape(), xc.options());
+        if (!dx.is_meta()) {
+          kernels::relu_backward(dx.data<float>(), xc.data<float>(), gc.data<float>(), xc.numel());
+        }
+        return std::vector<Tensor>{dx};
+      });
   return out;
 }
 
@@ -75,8 +76,8 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   detail::check_f32(gate, "swiglu", "gate");
   detail::check_f32(up, "swiglu", "up");
   detail::check_same_device("swiglu", {&gate, &up});
-  ACC_CHECK_SHAPE(gate.shape() == up.shape(), "swiglu: gate ", gate.shape(), " and up ",
-                  up.shape(), " differ");
+  ACC_CHECK_SHAPE(gate.shape() == up.shape(), "swiglu: gate ", gate.shape(), " and up ", up.shape(),
+                  " differ");
   Tensor gc = gate.contiguous(), uc = up.contiguous();
   Tensor out = empty(gate.shape(), gate.options());
   if (!out.is_meta()) {
@@ -110,11 +111,11 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
     for (int64_t i = 0; i < mask.numel(); ++i) m[i] = m[i] < pf ? 0.f : keep;
   }
   Tensor out = kernels::binary(kernels::BinaryOp::kMul, x, mask);
-  autograd::record_op("DropoutBackward", {x}, {out},
-                      [mask](const std::vector<Tensor>& g, const std::vector<bool>&) {
-                        return std::vector<Tensor>{
-                            kernels::binary(kernels::BinaryOp::kMul, g[0], mask)};
-                      });
+  autograd::record_op(
+      "DropoutBackward", {x}, {out},
+      [mask](const std::vector<Tensor>& g, const std::vector<bool>&) {
+        return std::vector<Tensor>{kernels::binary(kernels::BinaryOp::kMul, g[0], mask)};
+      });
   return out;
 }
 
@@ -147,24 +148,24 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   std::vector<Tensor> inputs{x, weight};
   if (has_bias) inputs.push_back(bias);
   Tensor w = weight.contiguous();
-  autograd::record_op(
-      "LayerNormBackward", inputs, {out},
-      [xc, w, mean, rstd, N, C, has_bias](const std::vector<Tensor>& g,
-                                          const std::vector<bool>& need) {
-        Tensor gc = g[0].contiguous();
-        Tensor dx = empty(xc.shape(), xc.options());
-        Tensor dw = need[1] ? zeros({C}, xc.options()) : Tensor();
-        Tensor db = has_bias && need[2] ? zeros({C}, xc.options()) : Tensor();
-        if (!dx.is_meta()) {
-          kernels::layernorm_backward(dx.data<float>(), dw.defined() ? dw.data<float>() : nullptr,
-                                      db.defined() ? db.data<float>() : nullptr, gc.data<float>(),
-                                      xc.data<float>(), w.data<float>(), mean.data<float>(),
-                                      rstd.data<float>(), N, C);
-        }
-        std::vector<Tensor> grads{need[0] ? dx : Tensor(), dw};
-        if (has_bias) grads.push_back(db);
-        return grads;
-      });
+  autograd::record_op("LayerNormBackward", inputs, {out},
+                      [xc, w, mean, rstd, N, C, has_bias](const std::vector<Tensor>& g,
+                                                          const std::vector<bool>& need) {
+                        Tensor gc = g[0].contiguous();
+                        Tensor dx = empty(xc.shape(), xc.options());
+                        Tensor dw = need[1] ? zeros({C}, xc.options()) : Tensor();
+                        Tensor db = has_bias && need[2] ? zeros({C}, xc.options()) : Tensor();
+                        if (!dx.is_meta()) {
+                          kernels::layernorm_backward(
+                              dx.data<float>(), dw.defined() ? dw.data<float>() : nullptr,
+                              db.defined() ? db.data<float>() : nullptr, gc.data<float>(),
+                              xc.data<float>(), w.data<float>(), mean.data<float>(),
+                              rstd.data<float>(), N, C);
+                        }
+                        std::vector<Tensor> grads{need[0] ? dx : Tensor(), dw};
+                        if (has_bias) grads.push_back(db);
+                        return grads;
+                      });
   return out;
 }
 
@@ -183,20 +184,19 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     kernels::rmsnorm_forward(out.data<float>(), rstd.data<float>(), xc.data<float>(),
                              w.data<float>(), N, C, static_cast<float>(eps));
   }
-  autograd::record_op("RmsNormBackward", {x, weight}, {out},
-                      [xc, w, rstd, N, C](const std::vector<Tensor>& g,
-                                          const std::vector<bool>& need) {
-                        Tensor gc = g[0].contiguous();
-                        Tensor dx = empty(xc.shape(), xc.options());
-                        Tensor dw = need[1] ? zeros({C}, xc.options()) : Tensor();
-                        if (!dx.is_meta()) {
-                          kernels::rmsnorm_backward(dx.data<float>(),
-                                                    dw.defined() ? dw.data<float>() : nullptr,
-                                                    gc.data<float>(), xc.data<float>(),
-                                                    w.data<float>(), rstd.data<float>(), N, C);
-                        }
-                        return std::vector<Tensor>{need[0] ? dx : Tensor(), dw};
-                      });
+  autograd::record_op(
+      "RmsNormBackward", {x, weight}, {out},
+      [xc, w, rstd, N, C](const std::vector<Tensor>& g, const std::vector<bool>& need) {
+        Tensor gc = g[0].contiguous();
+        Tensor dx = empty(xc.shape(), xc.options());
+        Tensor dw = need[1] ? zeros({C}, xc.options()) : Tensor();
+        if (!dx.is_meta()) {
+          kernels::rmsnorm_backward(dx.data<float>(), dw.defined() ? dw.data<float>() : nullptr,
+                                    gc.data<float>(), xc.data<float>(), w.data<float>(),
+                                    rstd.data<float>(), N, C);
+        }
+        return std::vector<Tensor>{need[0] ? dx : Tensor(), dw};
+      });
   return out;
 }
 
@@ -233,8 +233,12 @@ Tensor softmax_dim(const Tensor& x, int64_t dim, bool log) {
 }
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_dim(x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_dim(x, dim, true); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return softmax_dim(x, dim, false);
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  return softmax_dim(x, dim, true);
+}
 
 // ---------------------------------------------------------------------------------------------
 // attention
@@ -275,8 +279,8 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                   k_in.shape(), ", ", v_in.shape());
   const int64_t B = q_in.size(0), NH = q_in.size(1), T = q_in.size(2), HS = q_in.size(3);
   const int64_t NKV = k_in.size(1);
-  ACC_CHECK_SHAPE(k_in.shape() == v_in.shape(), op, ": k ", k_in.shape(), " and v ",
-                  v_in.shape(), " differ");
+  ACC_CHECK_SHAPE(k_in.shape() == v_in.shape(), op, ": k ", k_in.shape(), " and v ", v_in.shape(),
+                  " differ");
   ACC_CHECK_SHAPE(k_in.size(0) == B && k_in.size(2) == T && k_in.size(3) == HS, op, ": k ",
                   k_in.shape(), " does not match q ", q_in.shape());
   ACC_CHECK_SHAPE(NKV > 0 && NH % NKV == 0, op, ": query heads ", NH,
@@ -292,21 +296,21 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                                operand(v), B, NH, NKV, T, HS, sc, causal);
   }
   Tensor o = detail::saved_output(out);
-  autograd::record_op(
-      "AttentionBackward", {q_in, k_in, v_in}, {out},
-      [q, k, v, o, lse, B, NH, NKV, T, HS, sc, causal](const std::vector<Tensor>& g,
-                                                       const std::vector<bool>&) {
-        Tensor go = with_unit_inner_stride(g[0]);
-        Tensor dq = bthd_tensor(B, NH, T, HS, q.options());
-        Tensor dk = bthd_tensor(B, NKV, T, HS, q.options());
-        Tensor dv = bthd_tensor(B, NKV, T, HS, q.options());
-        if (!dq.is_meta() && dq.numel() > 0) {
-          kernels::attention_backward(grad_operand(dq), grad_operand(dk), grad_operand(dv),
-                                      operand(go), operand(q), operand(k), operand(v), operand(o),
-                                      lse.data<float>(), B, NH, NKV, T, HS, sc, causal);
-        }
-        return std::vector<Tensor>{dq, dk, dv};
-      });
+  autograd::record_op("AttentionBackward", {q_in, k_in, v_in}, {out},
+                      [q, k, v, o, lse, B, NH, NKV, T, HS, sc, causal](const std::vector<Tensor>& g,
+                                                                       const std::vector<bool>&) {
+                        Tensor go = with_unit_inner_stride(g[0]);
+                        Tensor dq = bthd_tensor(B, NH, T, HS, q.options());
+                        Tensor dk = bthd_tensor(B, NKV, T, HS, q.options());
+                        Tensor dv = bthd_tensor(B, NKV, T, HS, q.options());
+                        if (!dq.is_meta() && dq.numel() > 0) {
+                          kernels::attention_backward(
+                              grad_operand(dq), grad_operand(dk), grad_operand(dv), operand(go),
+                              operand(q), operand(k), operand(v), operand(o), lse.data<float>(), B,
+                              NH, NKV, T, HS, sc, causal);
+                        }
+                        return std::vector<Tensor>{dq, dk, dv};
+                      });
   return out;
 }
 
@@ -371,25 +375,24 @@ Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
                   x.shape());
   const int64_t T = x.size(2), HS = x.size(3);
   ACC_CHECK_SHAPE(HS % 2 == 0, "rotary_embedding: head size must be even, got ", HS);
-  ACC_CHECK_SHAPE(cos.dim() == 2 && cos.size(0) >= T && cos.size(1) == HS &&
-                      sin.shape() == cos.shape(),
-                  "rotary_embedding: tables ", cos.shape(), "/", sin.shape(),
-                  " do not cover x ", x.shape());
+  ACC_CHECK_SHAPE(
+      cos.dim() == 2 && cos.size(0) >= T && cos.size(1) == HS && sin.shape() == cos.shape(),
+      "rotary_embedding: tables ", cos.shape(), "/", sin.shape(), " do not cover x ", x.shape());
   Tensor c = cos.narrow(0, 0, T).contiguous(), s = sin.narrow(0, 0, T).contiguous();
   Tensor xc = x.contiguous();
   const int64_t R = x.size(0) * x.size(1);
   Tensor out = empty(x.shape(), x.options());
   if (!out.is_meta()) {
-    kernels::rope_forward(out.data<float>(), xc.data<float>(), c.data<float>(), s.data<float>(),
-                          R, T, HS, false);
+    kernels::rope_forward(out.data<float>(), xc.data<float>(), c.data<float>(), s.data<float>(), R,
+                          T, HS, false);
   }
   autograd::record_op("RotaryBackward", {x}, {out},
                       [c, s, R, T, HS](const std::vector<Tensor>& g, const std::vector<bool>&) {
                         Tensor gc = g[0].contiguous();
                         Tensor dx = empty(gc.shape(), gc.options());
                         if (!dx.is_meta()) {
-                          kernels::rope_forward(dx.data<float>(), gc.data<float>(),
-                                                c.data<float>(), s.data<float>(), R, T, HS, true);
+                          kernels::rope_forward(dx.data<float>(), gc.data<float>(), c.data<float>(),
+                                                s.data<float>(), R, T, HS, true);
                         }
                         return std::vector<Tensor>{dx};
                       });
@@ -407,8 +410,8 @@ void check_range(const Tensor& idx, int64_t V, const char* op, const char* what,
   for (int64_t i = 0; i < idx.numel(); ++i) {
     const int64_t v = static_cast<int64_t>(p[i]);
     if (allow_ignore && v == ignore_index) continue;
-    ACC_CHECK(v >= 0 && v < V, op, ": ", what, " ", v, " at position ", i,
-              " is out of range [0, ", V, ")");
+    ACC_CHECK(v >= 0 && v < V, op, ": ", what, " ", v, " at position ", i, " is out of range [0, ",
+              V, ")");
   }
 }
 void check_indices(const Tensor& idx, int64_t V, const char* op, const char* what,
@@ -466,8 +469,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets_in, int64_t ign
   ACC_CHECK_SHAPE(logits.dim() >= 1, "cross_entropy: logits need a class dimension, got ",
                   logits.shape());
   const int64_t V = logits.size(-1), N = rows_of(logits);
-  ACC_CHECK_SHAPE(targets_in.numel() == N, "cross_entropy: logits ", logits.shape(),
-                  " need ", N, " targets, got shape ", targets_in.shape());
+  ACC_CHECK_SHAPE(targets_in.numel() == N, "cross_entropy: logits ", logits.shape(), " need ", N,
+                  " targets, got shape ", targets_in.shape());
   Tensor x = logits.contiguous(), targets = targets_in.contiguous();
   check_indices(targets, V, "cross_entropy", "target", ignore_index, true);
   Tensor out = empty({}, logits.options());

@@ -80,8 +80,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                     ", tensor 0 has ", first.shape());
     for (int64_t d = 0; d < t.dim(); ++d) {
       ACC_CHECK_SHAPE(d == dim || t.size(d) == first.size(d), "cat: tensor ", i, " has shape ",
-                      t.shape(), ", which differs from ", first.shape(),
-                      " outside dimension ", dim);
+                      t.shape(), ", which differs from ", first.shape(), " outside dimension ",
+                      dim);
     }
     sizes.push_back(t.size(dim));
     out_shape[dim] += t.size(dim);

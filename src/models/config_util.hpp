@@ -18,10 +18,11 @@ void read_field(const nlohmann::json& j, const char* owner, const char* name, T&
       ACC_CHECK(it->is_boolean(), owner, " config: field '", name, "' must be a boolean, got ",
                 it->dump());
     } else if constexpr (std::is_integral_v<T>) {
-      ACC_CHECK(it->is_number_integer() ||
-                    (it->is_number_float() && it->get<double>() == static_cast<double>(
-                                                                      static_cast<int64_t>(it->get<double>()))),
-                owner, " config: field '", name, "' must be an integer, got ", it->dump());
+      ACC_CHECK(
+          it->is_number_integer() ||
+              (it->is_number_float() &&
+               it->get<double>() == static_cast<double>(static_cast<int64_t>(it->get<double>()))),
+          owner, " config: field '", name, "' must be an integer, got ", it->dump());
     } else if constexpr (std::is_floating_point_v<T>) {
       ACC_CHECK(it->is_number(), owner, " config: field '", name, "' must be a number, got ",
                 it->dump());

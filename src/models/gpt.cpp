@@ -31,10 +31,12 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
   return c;
 }
 
-GPTConfig GPTConfig::from_file(const std::string& path) { return from_json(read_json_file(path)); }
+GPTConfig GPTConfig::from_file(const std::string& path) {
+  return from_json(read_json_file(path));
+}
 
 nlohmann::json GPTConfig::to_json() const {
-  return {{"n_layer", n_layer},       {"n_head", n_head}, {"n_embd", n_embd},
+  return {{"n_layer", n_layer},       {"n_head", n_head},         {"n_embd", n_embd},
           {"vocab_size", vocab_size}, {"block_size", block_size}, {"bias", bias},
           {"activation", activation}, {"dropout", dropout}};
 }
@@ -57,8 +59,10 @@ GPT::GPT(GPTConfig config, Generator& gen) : LanguageModel("GPT"), config_(std::
   const auto& c = config_;
   const nn::Activation act = nn::parse_activation(c.activation);
   transformer_ = register_module("transformer", std::make_shared<nn::Module>("Transformer"));
-  wte_ = transformer_->register_module("wte", std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd, gen));
-  wpe_ = transformer_->register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd, gen));
+  wte_ = transformer_->register_module(
+      "wte", std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd, gen));
+  wpe_ = transformer_->register_module(
+      "wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd, gen));
   if (c.dropout > 0) {
     drop_ = transformer_->register_module("drop", std::make_shared<nn::Dropout>(c.dropout, gen));
   }
@@ -66,7 +70,8 @@ GPT::GPT(GPTConfig config, Generator& gen) : LanguageModel("GPT"), config_(std::
   for (int64_t i = 0; i < c.n_layer; ++i) {
     h_->push_back(std::make_shared<nn::GPTBlock>(c.n_embd, c.n_head, c.bias, act, c.dropout, gen));
   }
-  ln_f_ = transformer_->register_module("ln_f", std::make_shared<nn::LayerNorm>(c.n_embd, 1e-5, c.bias));
+  ln_f_ = transformer_->register_module("ln_f",
+                                        std::make_shared<nn::LayerNorm>(c.n_embd, 1e-5, c.bias));
 
   // nanoGPT initialisation.
   NoGradGuard ng;

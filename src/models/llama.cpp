@@ -78,7 +78,8 @@ void LlamaConfig::validate() const {
             max_position_embeddings);
 }
 
-Llama::Llama(LlamaConfig config, Generator& gen) : LanguageModel("Llama"), config_(std::move(config)) {
+Llama::Llama(LlamaConfig config, Generator& gen)
+    : LanguageModel("Llama"), config_(std::move(config)) {
   config_.validate();
   const auto& c = config_;
   const int64_t hd = c.resolved_head_dim();
@@ -91,15 +92,15 @@ Llama::Llama(LlamaConfig config, Generator& gen) : LanguageModel("Llama"), confi
   model_->register_buffer("rope_sin", rope.second, /*persistent=*/false);
   layers_ = model_->register_module("layers", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layers_->push_back(std::make_shared<nn::LlamaBlock>(c.hidden_size, c.intermediate_size,
-                                                        c.num_attention_heads,
-                                                        c.num_key_value_heads, hd, rope,
-                                                        c.rms_norm_eps, gen));
+    layers_->push_back(
+        std::make_shared<nn::LlamaBlock>(c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                                         c.num_key_value_heads, hd, rope, c.rms_norm_eps, gen));
   }
-  norm_ = model_->register_module("norm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps));
+  norm_ =
+      model_->register_module("norm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps));
   if (!c.tie_word_embeddings) {
-    lm_head_ = register_module("lm_head",
-                               std::make_shared<nn::Linear>(c.hidden_size, c.vocab_size, false, gen));
+    lm_head_ = register_module(
+        "lm_head", std::make_shared<nn::Linear>(c.hidden_size, c.vocab_size, false, gen));
   }
   NoGradGuard ng;
   for (auto& [name, p] : named_parameters()) {
@@ -121,7 +122,8 @@ Tensor Llama::head(const Tensor& x) {
 }
 
 void Llama::set_fused_attention(bool fused) {
-  for (const auto& block : *layers_) static_cast<nn::LlamaBlock&>(*block).self_attn().set_fused(fused);
+  for (const auto& block : *layers_)
+    static_cast<nn::LlamaBlock&>(*block).self_attn().set_fused(fused);
 }
 
 }  // namespace acc::models

@@ -27,6 +27,8 @@ Tensor MLP::forward(const Tensor& x) {
   return h;
 }
 
-Tensor MLP::loss(const Tensor& x, const Tensor& labels) { return cross_entropy(forward(x), labels); }
+Tensor MLP::loss(const Tensor& x, const Tensor& labels) {
+  return cross_entropy(forward(x), labels);
+}
 
 }  // namespace acc::models

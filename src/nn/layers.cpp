@@ -8,8 +8,8 @@ namespace acc::nn {
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Generator& gen)
     : Module("Linear"), in_(in_features), out_(out_features) {
-  ACC_CHECK(in_features > 0 && out_features > 0, "Linear: features must be > 0, got in=",
-            in_features, " out=", out_features);
+  ACC_CHECK(in_features > 0 && out_features > 0,
+            "Linear: features must be > 0, got in=", in_features, " out=", out_features);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   Tensor w = empty({out_features, in_features});
   uniform_(w, -bound, bound, gen);
@@ -21,7 +21,9 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Generator& 
   }
 }
 
-Tensor Linear::forward(const Tensor& x) { return linear(x, weight_, bias_); }
+Tensor Linear::forward(const Tensor& x) {
+  return linear(x, weight_, bias_);
+}
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen) : Module("Embedding") {
   ACC_CHECK(num_embeddings > 0 && dim > 0, "Embedding: sizes must be > 0, got ", num_embeddings,
@@ -31,7 +33,9 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen) : Modu
   weight_ = register_parameter("weight", w);
 }
 
-Tensor Embedding::forward(const Tensor& idx) { return embedding(idx, weight_); }
+Tensor Embedding::forward(const Tensor& idx) {
+  return embedding(idx, weight_);
+}
 
 LayerNorm::LayerNorm(int64_t dim, double eps, bool bias) : Module("LayerNorm"), eps_(eps) {
   ACC_CHECK(dim > 0, "LayerNorm: dim must be > 0, got ", dim);
@@ -40,7 +44,9 @@ LayerNorm::LayerNorm(int64_t dim, double eps, bool bias) : Module("LayerNorm"), 
   if (bias) bias_ = register_parameter("bias", zeros({dim}));
 }
 
-Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight_, bias_, eps_); }
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, weight_, bias_, eps_);
+}
 
 RMSNorm::RMSNorm(int64_t dim, double eps) : Module("RMSNorm"), eps_(eps) {
   ACC_CHECK(dim > 0, "RMSNorm: dim must be > 0, got ", dim);
@@ -48,12 +54,16 @@ RMSNorm::RMSNorm(int64_t dim, double eps) : Module("RMSNorm"), eps_(eps) {
   weight_ = register_parameter("weight", ones({dim}));
 }
 
-Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight_, eps_); }
+Tensor RMSNorm::forward(const Tensor& x) {
+  return rms_norm(x, weight_, eps_);
+}
 
 Dropout::Dropout(double p, Generator& gen) : Module("Dropout"), p_(p), gen_(&gen) {
   ACC_CHECK(p >= 0.0 && p < 1.0, "Dropout: p must be in [0, 1), got ", p);
 }
 
-Tensor Dropout::forward(const Tensor& x) { return dropout(x, p_, is_training(), *gen_); }
+Tensor Dropout::forward(const Tensor& x) {
+  return dropout(x, p_, is_training(), *gen_);
+}
 
 }  // namespace acc::nn

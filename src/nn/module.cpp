@@ -102,7 +102,9 @@ NamedModules Module::named_modules() const {
   return out;
 }
 
-NamedModules Module::named_children() const { return children_; }
+NamedModules Module::named_children() const {
+  return children_;
+}
 
 NamedTensors Module::named_parameters(bool recurse) const {
   NamedTensors out;
@@ -137,11 +139,12 @@ ModulePtr Module::submodule(const std::string& path) const {
   size_t start = 0;
   while (start <= path.size() && !path.empty()) {
     size_t dot = path.find('.', start);
-    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    std::string part =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     auto it = std::find_if(cur->children_.begin(), cur->children_.end(),
                            [&](const auto& p) { return p.first == part; });
-    ACC_CHECK(it != cur->children_.end(), type_name_, ": no submodule '", part, "' in path '",
-              path, "'");
+    ACC_CHECK(it != cur->children_.end(), type_name_, ": no submodule '", part, "' in path '", path,
+              "'");
     cur = it->second;
     if (dot == std::string::npos) break;
     start = dot + 1;
@@ -213,8 +216,8 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
   std::vector<std::string> missing, unexpected;
   std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
   for (const auto& [name, dst] : own) {
-    auto it = std::find_if(state.begin(), state.end(),
-                           [&](const auto& p) { return p.first == name; });
+    auto it =
+        std::find_if(state.begin(), state.end(), [&](const auto& p) { return p.first == name; });
     if (it == state.end()) {
       missing.push_back(name);
       continue;
@@ -223,13 +226,15 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
     ACC_CHECK(src.defined(), "load_state_dict: entry '", name, "' is undefined");
     ACC_CHECK_SHAPE(src.shape() == dst.shape(), "load_state_dict: '", name, "' has shape ",
                     src.shape(), " in the state dict but ", dst.shape(), " in the model");
-    ACC_CHECK_TYPE(src.dtype() == dst.dtype() || (is_floating(src.dtype()) && is_floating(dst.dtype())),
-                   "load_state_dict: '", name, "' has dtype ", src.dtype(),
-                   " in the state dict but ", dst.dtype(), " in the model");
+    ACC_CHECK_TYPE(
+        src.dtype() == dst.dtype() || (is_floating(src.dtype()) && is_floating(dst.dtype())),
+        "load_state_dict: '", name, "' has dtype ", src.dtype(), " in the state dict but ",
+        dst.dtype(), " in the model");
     copies.emplace_back(dst, src);
   }
   for (const auto& [name, src] : state) {
-    bool known = std::any_of(own.begin(), own.end(), [&](const auto& p) { return p.first == name; });
+    bool known =
+        std::any_of(own.begin(), own.end(), [&](const auto& p) { return p.first == name; });
     if (!known) unexpected.push_back(name);
   }
   if (strict && (!missing.empty() || !unexpected.empty())) {
@@ -241,7 +246,8 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
       return s;
     };
     if (!missing.empty()) msg += "missing keys: " + list(missing);
-    if (!unexpected.empty()) msg += std::string(missing.empty() ? "" : "; ") + "unexpected keys: " + list(unexpected);
+    if (!unexpected.empty())
+      msg += std::string(missing.empty() ? "" : "; ") + "unexpected keys: " + list(unexpected);
     throw ValueError(msg);
   }
   NoGradGuard ng;
@@ -267,8 +273,8 @@ Tensor Module::forward(const Tensor&) {
 Tensor Module::operator()(const Tensor& x) {
   Scope s(*this);
   for (auto& [id, hook] : pre_hooks_) hook(*this, x);
-  Tensor out = wrapper_ ? wrapper_(*this, x, [this](const Tensor& in) { return forward(in); })
-                        : forward(x);
+  Tensor out =
+      wrapper_ ? wrapper_(*this, x, [this](const Tensor& in) { return forward(in); }) : forward(x);
   for (auto& [id, hook] : hooks_) hook(*this, x, out);
   return out;
 }
@@ -288,10 +294,16 @@ void Module::remove_hook(int id) {
   std::erase_if(hooks_, [id](const auto& p) { return p.first == id; });
 }
 
-Module::Scope::Scope(const Module& m) { scope_stack.push_back(m.qualified_name()); }
-Module::Scope::~Scope() { scope_stack.pop_back(); }
+Module::Scope::Scope(const Module& m) {
+  scope_stack.push_back(m.qualified_name());
+}
+Module::Scope::~Scope() {
+  scope_stack.pop_back();
+}
 
-std::string Module::current_scope() { return scope_stack.empty() ? "" : scope_stack.back(); }
+std::string Module::current_scope() {
+  return scope_stack.empty() ? "" : scope_stack.back();
+}
 
 const ModulePtr& ModuleList::operator[](size_t i) const {
   ACC_CHECK(i < modules_.size(), "ModuleList: index ", i, " out of range for ", modules_.size(),

@@ -11,30 +11,34 @@ Activation parse_activation(const std::string& name) {
   if (name == "gelu") return Activation::kGelu;
   if (name == "relu") return Activation::kRelu;
   if (name == "silu" || name == "swish") return Activation::kSilu;
-  ACC_THROW(ValueError, "unknown activation '", name,
-            "' (expected gelu_tanh, gelu, relu or silu)");
+  ACC_THROW(ValueError, "unknown activation '", name, "' (expected gelu_tanh, gelu, relu or silu)");
 }
 
 Tensor activate(const Tensor& x, Activation a) {
   switch (a) {
-    case Activation::kGeluTanh: return gelu(x, GeluApprox::kTanh);
-    case Activation::kGelu: return gelu(x, GeluApprox::kNone);
-    case Activation::kRelu: return relu(x);
-    case Activation::kSilu: return silu(x);
+    case Activation::kGeluTanh:
+      return gelu(x, GeluApprox::kTanh);
+    case Activation::kGelu:
+      return gelu(x, GeluApprox::kNone);
+    case Activation::kRelu:
+      return relu(x);
+    case Activation::kSilu:
+      return silu(x);
   }
   return x;
 }
 
 // ---------------------------------------------------------------------------------------------
 
-CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias,
-                                         double dropout, Generator& gen)
+CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias, double dropout,
+                                         Generator& gen)
     : Module("CausalSelfAttention"), n_embd_(n_embd), n_head_(n_head) {
   ACC_CHECK(n_head > 0 && n_embd % n_head == 0, "CausalSelfAttention: n_embd ", n_embd,
             " is not a multiple of n_head ", n_head);
   c_attn_ = register_module("c_attn", std::make_shared<Linear>(n_embd, 3 * n_embd, bias, gen));
   c_proj_ = register_module("c_proj", std::make_shared<Linear>(n_embd, n_embd, bias, gen));
-  if (dropout > 0) resid_drop_ = register_module("resid_dropout", std::make_shared<Dropout>(dropout, gen));
+  if (dropout > 0)
+    resid_drop_ = register_module("resid_dropout", std::make_shared<Dropout>(dropout, gen));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
@@ -54,8 +58,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   return resid_drop_ ? (*resid_drop_)(y) : y;
 }
 
-MLP::MLP(int64_t n_embd, int64_t hidden, bool bias, Activation act, double dropout,
-         Generator& gen)
+MLP::MLP(int64_t n_embd, int64_t hidden, bool bias, Activation act, double dropout, Generator& gen)
     : Module("MLP"), act_(act) {
   c_fc_ = register_module("c_fc", std::make_shared<Linear>(n_embd, hidden, bias, gen));
   c_proj_ = register_module("c_proj", std::make_shared<Linear>(hidden, n_embd, bias, gen));
@@ -70,12 +73,12 @@ Tensor MLP::forward(const Tensor& x) {
 
 SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, Generator& gen)
     : Module("SwiGLUMLP") {
-  gate_proj_ = register_module("gate_proj",
-                               std::make_shared<Linear>(hidden_size, intermediate_size, false, gen));
+  gate_proj_ = register_module(
+      "gate_proj", std::make_shared<Linear>(hidden_size, intermediate_size, false, gen));
   up_proj_ = register_module("up_proj",
                              std::make_shared<Linear>(hidden_size, intermediate_size, false, gen));
-  down_proj_ = register_module("down_proj",
-                               std::make_shared<Linear>(intermediate_size, hidden_size, false, gen));
+  down_proj_ = register_module(
+      "down_proj", std::make_shared<Linear>(intermediate_size, hidden_size, false, gen));
 }
 
 Tensor SwiGLUMLP::forward(const Tensor& x) {
@@ -86,8 +89,8 @@ GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, bool bias, Activation act, do
                    Generator& gen)
     : Module("GPTBlock") {
   ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(n_embd, 1e-5, bias));
-  attn_ = register_module("attn",
-                          std::make_shared<CausalSelfAttention>(n_embd, n_head, bias, dropout, gen));
+  attn_ = register_module(
+      "attn", std::make_shared<CausalSelfAttention>(n_embd, n_head, bias, dropout, gen));
   ln_2_ = register_module("ln_2", std::make_shared<LayerNorm>(n_embd, 1e-5, bias));
   mlp_ = register_module("mlp", std::make_shared<MLP>(n_embd, 4 * n_embd, bias, act, dropout, gen));
 }
@@ -110,14 +113,14 @@ LlamaAttention::LlamaAttention(int64_t hidden_size, int64_t num_heads, int64_t n
             " is not a multiple of num_key_value_heads ", num_kv_heads);
   ACC_CHECK(head_dim > 0 && head_dim % 2 == 0, "LlamaAttention: head_dim must be even, got ",
             head_dim);
-  q_proj_ = register_module("q_proj",
-                            std::make_shared<Linear>(hidden_size, num_heads * head_dim, false, gen));
+  q_proj_ = register_module(
+      "q_proj", std::make_shared<Linear>(hidden_size, num_heads * head_dim, false, gen));
   k_proj_ = register_module(
       "k_proj", std::make_shared<Linear>(hidden_size, num_kv_heads * head_dim, false, gen));
   v_proj_ = register_module(
       "v_proj", std::make_shared<Linear>(hidden_size, num_kv_heads * head_dim, false, gen));
-  o_proj_ = register_module("o_proj",
-                            std::make_shared<Linear>(num_heads * head_dim, hidden_size, false, gen));
+  o_proj_ = register_module(
+      "o_proj", std::make_shared<Linear>(num_heads * head_dim, hidden_size, false, gen));
 }
 
 Tensor LlamaAttention::forward(const Tensor& x) {
@@ -143,10 +146,10 @@ LlamaBlock::LlamaBlock(int64_t hidden_size, int64_t intermediate_size, int64_t n
   input_layernorm_ =
       register_module("input_layernorm", std::make_shared<RMSNorm>(hidden_size, rms_norm_eps));
   self_attn_ = register_module(
-      "self_attn", std::make_shared<LlamaAttention>(hidden_size, num_heads, num_kv_heads,
-                                                    head_dim, std::move(rope), gen));
-  post_attention_layernorm_ = register_module(
-      "post_attention_layernorm", std::make_shared<RMSNorm>(hidden_size, rms_norm_eps));
+      "self_attn", std::make_shared<LlamaAttention>(hidden_size, num_heads, num_kv_heads, head_dim,
+                                                    std::move(rope), gen));
+  post_attention_layernorm_ = register_module("post_attention_layernorm",
+                                              std::make_shared<RMSNorm>(hidden_size, rms_norm_eps));
   mlp_ = register_module("mlp", std::make_shared<SwiGLUMLP>(hidden_size, intermediate_size, gen));
 }
 

@@ -89,10 +89,18 @@ void deallocate(void* ptr, size_t nbytes) {
   std::free(ptr);
 }
 
-int64_t current_bytes() { return state().current.load(); }
-int64_t peak_bytes() { return state().peak.load(); }
-void reset_peak() { state().peak.store(state().current.load()); }
-int64_t reserved_bytes() { return state().reserved.load(); }
+int64_t current_bytes() {
+  return state().current.load();
+}
+int64_t peak_bytes() {
+  return state().peak.load();
+}
+void reset_peak() {
+  state().peak.store(state().current.load());
+}
+int64_t reserved_bytes() {
+  return state().reserved.load();
+}
 
 void empty_cache() {
   State& s = state();

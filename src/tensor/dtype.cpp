@@ -6,15 +6,21 @@ namespace acc {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kFloat32: return "f32";
-    case DType::kBFloat16: return "bf16";
-    case DType::kInt32: return "i32";
-    case DType::kInt64: return "i64";
+    case DType::kFloat32:
+      return "f32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kInt32:
+      return "i32";
+    case DType::kInt64:
+      return "i64";
   }
   return "?";
 }
 
-const char* device_name(Device d) { return d == Device::kCPU ? "cpu" : "meta"; }
+const char* device_name(Device d) {
+  return d == Device::kCPU ? "cpu" : "meta";
+}
 
 DType parse_dtype(const std::string& name) {
   if (name == "f32" || name == "float32" || name == "float") return DType::kFloat32;
@@ -24,6 +30,8 @@ DType parse_dtype(const std::string& name) {
   ACC_THROW(ValueError, "unknown dtype '", name, "' (expected f32, bf16, i32 or i64)");
 }
 
-bool is_floating(DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; }
+bool is_floating(DType t) {
+  return t == DType::kFloat32 || t == DType::kBFloat16;
+}
 
 }  // namespace acc

@@ -8,8 +8,12 @@ thread_local bool grad_mode_enabled = true;
 std::atomic<uint64_t> next_sequence_nr{0};
 }  // namespace
 
-bool GradMode::is_enabled() { return grad_mode_enabled; }
-void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
+bool GradMode::is_enabled() {
+  return grad_mode_enabled;
+}
+void GradMode::set_enabled(bool enabled) {
+  grad_mode_enabled = enabled;
+}
 
 namespace autograd {
 
@@ -41,8 +45,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
     // Take the incoming buffer when nobody else can see it; otherwise copy it, so that later
     // in-place accumulation never writes into another tensor's memory.
     const bool owned = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
-                       g.is_contiguous() && g.offset() == 0 &&
-                       g.nbytes() == g.storage()->nbytes();
+                       g.is_contiguous() && g.offset() == 0 && g.nbytes() == g.storage()->nbytes();
     meta.grad = owned ? g.impl_ptr() : g.clone().impl_ptr();
     if (meta.grad->autograd) meta.grad->autograd.reset();
   } else {

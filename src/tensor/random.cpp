@@ -46,7 +46,9 @@ Tensor& fill_with(Tensor& t, const char* what, Generator& gen,
   if (t.is_meta() || t.numel() == 0) return t;
   const int64_t n = t.numel();
   const uint64_t base = gen.advance(static_cast<uint64_t>((n + 3) / 4));
-  Tensor buf = t.dtype() == DType::kFloat32 && t.is_contiguous() ? t : empty(t.shape(), {DType::kFloat32, Device::kCPU, false});
+  Tensor buf = t.dtype() == DType::kFloat32 && t.is_contiguous()
+                   ? t
+                   : empty(t.shape(), {DType::kFloat32, Device::kCPU, false});
   fill(buf.data<float>(), n, gen.seed(), base);
   if (!buf.is_same(t)) {
     NoGradGuard ng;
@@ -92,14 +94,18 @@ uint64_t Generator::next_u64() {
   return (static_cast<uint64_t>(w[0]) << 32) | w[1];
 }
 
-double Generator::next_double() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+double Generator::next_double() {
+  return static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
+}
 
 Generator& default_generator() {
   static Generator gen(0);
   return gen;
 }
 
-void manual_seed(uint64_t seed) { default_generator().set_state(seed, 0); }
+void manual_seed(uint64_t seed) {
+  default_generator().set_state(seed, 0);
+}
 
 Tensor& uniform_(Tensor& t, double low, double high, Generator& gen) {
   ACC_CHECK(low <= high, "uniform_: low ", low, " > high ", high);

@@ -13,8 +13,8 @@ namespace acc::detail {
 
 template <size_t K>
 struct RowLoop {
-  Shape shape;                        // coalesced
-  std::array<Shape, K> strides;       // in elements, coalesced
+  Shape shape;                   // coalesced
+  std::array<Shape, K> strides;  // in elements, coalesced
 };
 
 template <size_t K>

@@ -34,7 +34,9 @@ std::string to_string(const Shape& shape) {
   return s + "]";
 }
 
-std::ostream& operator<<(std::ostream& os, const Shape& shape) { return os << to_string(shape); }
+std::ostream& operator<<(std::ostream& os, const Shape& shape) {
+  return os << to_string(shape);
+}
 
 Shape contiguous_strides(const Shape& shape) {
   Shape st(shape.size());
@@ -70,11 +72,15 @@ Shape broadcast_strides(const Tensor& t, const Shape& out) {
 namespace {
 thread_local Device tls_default_device = Device::kCPU;
 }
-Device default_device() { return tls_default_device; }
+Device default_device() {
+  return tls_default_device;
+}
 DefaultDeviceGuard::DefaultDeviceGuard(Device d) : prev_(tls_default_device) {
   tls_default_device = d;
 }
-DefaultDeviceGuard::~DefaultDeviceGuard() { tls_default_device = prev_; }
+DefaultDeviceGuard::~DefaultDeviceGuard() {
+  tls_default_device = prev_;
+}
 
 // ---------------------------------------------------------------------------------------------
 // storage
@@ -145,10 +151,14 @@ void* Tensor::raw_data() const {
 namespace {
 double load_element(DType t, const void* p) {
   switch (t) {
-    case DType::kFloat32: return *static_cast<const float*>(p);
-    case DType::kBFloat16: return static_cast<float>(*static_cast<const BFloat16*>(p));
-    case DType::kInt32: return static_cast<double>(*static_cast<const int32_t*>(p));
-    case DType::kInt64: return static_cast<double>(*static_cast<const int64_t*>(p));
+    case DType::kFloat32:
+      return *static_cast<const float*>(p);
+    case DType::kBFloat16:
+      return static_cast<float>(*static_cast<const BFloat16*>(p));
+    case DType::kInt32:
+      return static_cast<double>(*static_cast<const int32_t*>(p));
+    case DType::kInt64:
+      return static_cast<double>(*static_cast<const int64_t*>(p));
   }
   return 0;
 }
@@ -163,10 +173,14 @@ namespace {
 template <class T>
 T load_as(DType t, const void* p) {
   switch (t) {
-    case DType::kFloat32: return static_cast<T>(*static_cast<const float*>(p));
-    case DType::kBFloat16: return static_cast<T>(static_cast<float>(*static_cast<const BFloat16*>(p)));
-    case DType::kInt32: return static_cast<T>(*static_cast<const int32_t*>(p));
-    case DType::kInt64: return static_cast<T>(*static_cast<const int64_t*>(p));
+    case DType::kFloat32:
+      return static_cast<T>(*static_cast<const float*>(p));
+    case DType::kBFloat16:
+      return static_cast<T>(static_cast<float>(*static_cast<const BFloat16*>(p)));
+    case DType::kInt32:
+      return static_cast<T>(*static_cast<const int32_t*>(p));
+    case DType::kInt64:
+      return static_cast<T>(*static_cast<const int64_t*>(p));
   }
   return T{};
 }
@@ -194,8 +208,8 @@ Tensor empty(Shape shape, TensorOptions options) {
   for (int64_t s : shape) ACC_CHECK_SHAPE(s >= 0, "negative size in shape ", shape);
   auto impl = std::make_shared<TensorImpl>();
   const int64_t n = numel_of(shape);
-  impl->storage =
-      std::make_shared<Storage>(static_cast<size_t>(n) * element_size(options.dtype), options.device);
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(options.dtype),
+                                            options.device);
   impl->strides = contiguous_strides(shape);
   impl->shape = std::move(shape);
   impl->dtype = options.dtype;
@@ -212,20 +226,36 @@ Tensor full(Shape shape, double value, TensorOptions options) {
   if (rg) t.set_requires_grad(true);
   return t;
 }
-Tensor zeros(Shape shape, TensorOptions options) { return full(std::move(shape), 0.0, options); }
-Tensor ones(Shape shape, TensorOptions options) { return full(std::move(shape), 1.0, options); }
-Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.options()); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.options()); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.options()); }
+Tensor zeros(Shape shape, TensorOptions options) {
+  return full(std::move(shape), 0.0, options);
+}
+Tensor ones(Shape shape, TensorOptions options) {
+  return full(std::move(shape), 1.0, options);
+}
+Tensor empty_like(const Tensor& t) {
+  return empty(t.shape(), t.options());
+}
+Tensor zeros_like(const Tensor& t) {
+  return zeros(t.shape(), t.options());
+}
+Tensor ones_like(const Tensor& t) {
+  return ones(t.shape(), t.options());
+}
 
 Tensor arange(int64_t n, TensorOptions options) {
   ACC_CHECK(n >= 0, "arange: n must be >= 0, got ", n);
   Tensor t = empty({n}, {options.dtype, options.device, false});
   if (t.is_meta()) return t;
   switch (options.dtype) {
-    case DType::kFloat32: std::iota(t.data<float>(), t.data<float>() + n, 0.0f); break;
-    case DType::kInt32: std::iota(t.data<int32_t>(), t.data<int32_t>() + n, 0); break;
-    case DType::kInt64: std::iota(t.data<int64_t>(), t.data<int64_t>() + n, int64_t{0}); break;
+    case DType::kFloat32:
+      std::iota(t.data<float>(), t.data<float>() + n, 0.0f);
+      break;
+    case DType::kInt32:
+      std::iota(t.data<int32_t>(), t.data<int32_t>() + n, 0);
+      break;
+    case DType::kInt64:
+      std::iota(t.data<int64_t>(), t.data<int64_t>() + n, int64_t{0});
+      break;
     case DType::kBFloat16:
       for (int64_t i = 0; i < n; ++i) t.data<BFloat16>()[i] = BFloat16(static_cast<float>(i));
       break;
@@ -236,8 +266,8 @@ Tensor arange(int64_t n, TensorOptions options) {
 namespace {
 template <class T>
 Tensor from_values(const std::vector<T>& values, Shape shape, DType dtype) {
-  ACC_CHECK_SHAPE(numel_of(shape) == static_cast<int64_t>(values.size()), "from_vector: ",
-                  values.size(), " values do not fill shape ", shape);
+  ACC_CHECK_SHAPE(numel_of(shape) == static_cast<int64_t>(values.size()),
+                  "from_vector: ", values.size(), " values do not fill shape ", shape);
   Tensor t = empty(std::move(shape), {dtype_of<T>::value, Device::kCPU, false});
   if (!values.empty()) std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(T));
   return dtype == dtype_of<T>::value ? t : t.to(dtype);
@@ -246,8 +276,8 @@ Tensor from_values(const std::vector<T>& values, Shape shape, DType dtype) {
 
 Tensor from_vector(const std::vector<float>& values, Shape shape, TensorOptions options) {
   if (options.device == Device::kMeta) {
-    ACC_CHECK_SHAPE(numel_of(shape) == static_cast<int64_t>(values.size()), "from_vector: ",
-                    values.size(), " values do not fill shape ", shape);
+    ACC_CHECK_SHAPE(numel_of(shape) == static_cast<int64_t>(values.size()),
+                    "from_vector: ", values.size(), " values do not fill shape ", shape);
     return empty(std::move(shape), options);
   }
   Tensor t = from_values(values, std::move(shape), options.dtype);
@@ -260,7 +290,9 @@ Tensor from_vector(const std::vector<int64_t>& values, Shape shape) {
 Tensor from_vector(const std::vector<int32_t>& values, Shape shape) {
   return from_values(values, std::move(shape), DType::kInt32);
 }
-Tensor scalar_tensor(double value, TensorOptions options) { return full({}, value, options); }
+Tensor scalar_tensor(double value, TensorOptions options) {
+  return full({}, value, options);
+}
 
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
   auto impl = std::make_shared<TensorImpl>();
@@ -310,9 +342,8 @@ std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strid
   int64_t tensor_numel = 1, view_numel = 1;
   for (int64_t tensor_d = static_cast<int64_t>(old_shape.size()) - 1; tensor_d >= 0; --tensor_d) {
     tensor_numel *= old_shape[tensor_d];
-    if (tensor_d == 0 ||
-        (old_shape[tensor_d - 1] != 1 &&
-         old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+    if (tensor_d == 0 || (old_shape[tensor_d - 1] != 1 &&
+                          old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
       while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
         new_strides[view_d] = view_numel * chunk_base_stride;
         view_numel *= new_shape[view_d];
@@ -338,11 +369,11 @@ std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strid
 
 void record_view(const char* name, const Tensor& in, const Tensor& out,
                  std::function<Tensor(const Tensor&)> backward) {
-  autograd::record_op(name, {in}, {out},
-                      [bw = std::move(backward)](const std::vector<Tensor>& g,
-                                                 const std::vector<bool>&) {
-                        return std::vector<Tensor>{bw(g[0])};
-                      });
+  autograd::record_op(
+      name, {in}, {out},
+      [bw = std::move(backward)](const std::vector<Tensor>& g, const std::vector<bool>&) {
+        return std::vector<Tensor>{bw(g[0])};
+      });
 }
 
 }  // namespace
@@ -525,38 +556,46 @@ void copy_rows(const Tensor& dst, const Tensor& src) {
   Dst* d = static_cast<Dst*>(dst.raw_data());
   const Src* s = static_cast<const Src*>(src.raw_data());
   std::array<Shape, 2> st{dst.strides(), detail::broadcast_strides(src, dst.shape())};
-  detail::for_each_row<2>(dst.shape(), st,
-                          [&](const std::array<int64_t, 2>& off, int64_t n,
-                              const std::array<int64_t, 2>& inc) {
-                            Dst* dp = d + off[0];
-                            const Src* sp = s + off[1];
-                            if (inc[0] == 1 && inc[1] == 1) {
-                              for (int64_t i = 0; i < n; ++i) {
-                                if constexpr (std::is_same_v<Dst, BFloat16>) {
-                                  dp[i] = BFloat16(static_cast<float>(sp[i]));
-                                } else {
-                                  dp[i] = static_cast<Dst>(sp[i]);
-                                }
-                              }
-                            } else {
-                              for (int64_t i = 0; i < n; ++i) {
-                                if constexpr (std::is_same_v<Dst, BFloat16>) {
-                                  dp[i * inc[0]] = BFloat16(static_cast<float>(sp[i * inc[1]]));
-                                } else {
-                                  dp[i * inc[0]] = static_cast<Dst>(sp[i * inc[1]]);
-                                }
-                              }
-                            }
-                          });
+  detail::for_each_row<2>(
+      dst.shape(), st,
+      [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& inc) {
+        Dst* dp = d + off[0];
+        const Src* sp = s + off[1];
+        if (inc[0] == 1 && inc[1] == 1) {
+          for (int64_t i = 0; i < n; ++i) {
+            if constexpr (std::is_same_v<Dst, BFloat16>) {
+              dp[i] = BFloat16(static_cast<float>(sp[i]));
+            } else {
+              dp[i] = static_cast<Dst>(sp[i]);
+            }
+          }
+        } else {
+          for (int64_t i = 0; i < n; ++i) {
+            if constexpr (std::is_same_v<Dst, BFloat16>) {
+              dp[i * inc[0]] = BFloat16(static_cast<float>(sp[i * inc[1]]));
+            } else {
+              dp[i * inc[0]] = static_cast<Dst>(sp[i * inc[1]]);
+            }
+          }
+        }
+      });
 }
 
 template <class Dst>
 void copy_from(const Tensor& dst, const Tensor& src) {
   switch (src.dtype()) {
-    case DType::kFloat32: copy_rows<Dst, float>(dst, src); break;
-    case DType::kBFloat16: copy_rows<Dst, BFloat16>(dst, src); break;
-    case DType::kInt32: copy_rows<Dst, int32_t>(dst, src); break;
-    case DType::kInt64: copy_rows<Dst, int64_t>(dst, src); break;
+    case DType::kFloat32:
+      copy_rows<Dst, float>(dst, src);
+      break;
+    case DType::kBFloat16:
+      copy_rows<Dst, BFloat16>(dst, src);
+      break;
+    case DType::kInt32:
+      copy_rows<Dst, int32_t>(dst, src);
+      break;
+    case DType::kInt64:
+      copy_rows<Dst, int64_t>(dst, src);
+      break;
   }
 }
 }  // namespace
@@ -572,10 +611,18 @@ Tensor& Tensor::copy_(const Tensor& src) {
                  device());
   if (is_meta() || numel() == 0) return *this;
   switch (dtype()) {
-    case DType::kFloat32: copy_from<float>(*this, src); break;
-    case DType::kBFloat16: copy_from<BFloat16>(*this, src); break;
-    case DType::kInt32: copy_from<int32_t>(*this, src); break;
-    case DType::kInt64: copy_from<int64_t>(*this, src); break;
+    case DType::kFloat32:
+      copy_from<float>(*this, src);
+      break;
+    case DType::kBFloat16:
+      copy_from<BFloat16>(*this, src);
+      break;
+    case DType::kInt32:
+      copy_from<int32_t>(*this, src);
+      break;
+    case DType::kInt64:
+      copy_from<int64_t>(*this, src);
+      break;
   }
   return *this;
 }
@@ -585,10 +632,18 @@ Tensor& Tensor::fill_(double value) {
   if (is_meta() || numel() == 0) return *this;
   Tensor v = empty({}, {dtype(), Device::kCPU, false});
   switch (dtype()) {
-    case DType::kFloat32: *v.data<float>() = static_cast<float>(value); break;
-    case DType::kBFloat16: *v.data<BFloat16>() = BFloat16(static_cast<float>(value)); break;
-    case DType::kInt32: *v.data<int32_t>() = static_cast<int32_t>(value); break;
-    case DType::kInt64: *v.data<int64_t>() = static_cast<int64_t>(value); break;
+    case DType::kFloat32:
+      *v.data<float>() = static_cast<float>(value);
+      break;
+    case DType::kBFloat16:
+      *v.data<BFloat16>() = BFloat16(static_cast<float>(value));
+      break;
+    case DType::kInt32:
+      *v.data<int32_t>() = static_cast<int32_t>(value);
+      break;
+    case DType::kInt64:
+      *v.data<int64_t>() = static_cast<int64_t>(value);
+      break;
   }
   if (is_contiguous() && dtype() == DType::kFloat32) {
     float* p = data<float>();
@@ -600,7 +655,9 @@ Tensor& Tensor::fill_(double value) {
   return copy_(v);
 }
 
-Tensor& Tensor::zero_() { return fill_(0.0); }
+Tensor& Tensor::zero_() {
+  return fill_(0.0);
+}
 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_inplace(*this, "add_");
@@ -652,7 +709,9 @@ Tensor& Tensor::set_requires_grad(bool rg) {
   return *this;
 }
 
-bool Tensor::is_leaf() const { return !(impl_ && impl_->autograd && impl_->autograd->grad_fn); }
+bool Tensor::is_leaf() const {
+  return !(impl_ && impl_->autograd && impl_->autograd->grad_fn);
+}
 
 Tensor Tensor::grad() const {
   if (!has_autograd_meta() || !impl_->autograd->grad) return Tensor();
@@ -690,7 +749,9 @@ const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
   return impl_->autograd->grad_fn;
 }
 
-uint32_t Tensor::output_nr() const { return has_autograd_meta() ? impl_->autograd->output_nr : 0; }
+uint32_t Tensor::output_nr() const {
+  return has_autograd_meta() ? impl_->autograd->output_nr : 0;
+}
 
 void Tensor::register_post_accumulate_grad_hook(std::function<void(Tensor&)> fn) {
   ACC_CHECK(is_leaf() && requires_grad(),
@@ -715,7 +776,9 @@ std::string Tensor::to_string() const {
   return os.str() + ")";
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.to_string(); }
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  return os << t.to_string();
+}
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   ACC_CHECK_SHAPE(a.shape() == b.shape(), "max_abs_diff: shapes ", a.shape(), " and ", b.shape(),

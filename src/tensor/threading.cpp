@@ -52,7 +52,9 @@ void init_threads_from_env() {
 }
 
 namespace detail {
-bool use_parallel(int64_t n, int64_t grain) { return n > grain && get_num_threads() > 1; }
+bool use_parallel(int64_t n, int64_t grain) {
+  return n > grain && get_num_threads() > 1;
+}
 }  // namespace detail
 
 }  // namespace acc

@@ -42,6 +42,8 @@ void set_rank(int rank, int world) {
                        "] [%l] %v");
 }
 
-void set_level(const std::string& level) { logger().set_level(parse_level(level)); }
+void set_level(const std::string& level) {
+  logger().set_level(parse_level(level));
+}
 
 }  // namespace acc::logging

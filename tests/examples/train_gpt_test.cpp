@@ -34,14 +34,15 @@ std::vector<double> losses_from_log(const std::string& path) {
   std::ifstream in(path);
   std::vector<double> out;
   std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  while (std::getline(in, line))
+    out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
   return out;
 }
 
 fs::path temp_dir() {
-  fs::path d = fs::temp_directory_path() /
-               ("acc_train_gpt_test_" + std::to_string(::getpid()) + "_" +
-                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::path d =
+      fs::temp_directory_path() / ("acc_train_gpt_test_" + std::to_string(::getpid()) + "_" +
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
   fs::create_directories(d);
   return d;
 }
@@ -58,11 +59,11 @@ TEST_P(TrainMatchesPyTorch, TwentyStepsSameLosses) {
   fs::path log = temp_dir() / "log.jsonl";
   std::string args = "--model " + model + " --config " + ref + model + ".config.json" +
                      " --init-from " + ref + model + ".init.safetensors" + " --data " + ref +
-                     "tokens.u16.bin --data-format u16 --data-order sequential" +
-                     " --steps " + std::to_string(expect["steps"].get<int>()) +
-                     " --batch-size " + std::to_string(expect["batch_size"].get<int>()) +
-                     " --seq-len " + std::to_string(expect["seq_len"].get<int>()) +
-                     " --lr " + std::to_string(expect["lr"].get<double>()) +
+                     "tokens.u16.bin --data-format u16 --data-order sequential" + " --steps " +
+                     std::to_string(expect["steps"].get<int>()) + " --batch-size " +
+                     std::to_string(expect["batch_size"].get<int>()) + " --seq-len " +
+                     std::to_string(expect["seq_len"].get<int>()) + " --lr " +
+                     std::to_string(expect["lr"].get<double>()) +
                      " --beta1 0.9 --beta2 0.95 --eps 1e-8 --weight-decay 0.1 --grad-clip 1.0" +
                      " --threads 1 --log-json " + log.string();
   ProcessResult r = run(args);
@@ -86,11 +87,12 @@ TEST(TrainGpt, ResumeFromCheckpointIsExact) {
                              " --data-format u16 --batch-size 2 --seq-len 16 --lr 3e-3"
                              " --grad-clip 1.0 --seed 5 --threads 1";
   ASSERT_EQ(run(common + " --steps 12 --log-json " + (dir / "full.jsonl").string()).exit_code, 0);
-  ProcessResult first = run(common + " --steps 6 --save-checkpoint " + (dir / "ck.safetensors").string() +
-                  " --log-json " + (dir / "a.jsonl").string());
+  ProcessResult first =
+      run(common + " --steps 6 --save-checkpoint " + (dir / "ck.safetensors").string() +
+          " --log-json " + (dir / "a.jsonl").string());
   ASSERT_EQ(first.exit_code, 0) << first.output;
   ProcessResult second = run(common + " --steps 12 --resume " + (dir / "ck.safetensors").string() +
-                   " --log-json " + (dir / "b.jsonl").string());
+                             " --log-json " + (dir / "b.jsonl").string());
   ASSERT_EQ(second.exit_code, 0) << second.output;
   auto full = losses_from_log((dir / "full.jsonl").string());
   auto a = losses_from_log((dir / "a.jsonl").string());

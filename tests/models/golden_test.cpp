@@ -33,9 +33,8 @@ class Golden : public testing::TestWithParam<Case> {
   void SetUp() override {
     const std::string dir = ACC_GOLDEN_DIR;
     file_ = io::load_safetensors(dir + "/" + GetParam().name + ".safetensors");
-    model_ = models::create_model(GetParam().type,
-                                  models::read_json_file(dir + "/" + GetParam().name +
-                                                         ".config.json"));
+    model_ = models::create_model(
+        GetParam().type, models::read_json_file(dir + "/" + GetParam().name + ".config.json"));
     model_->set_fused_attention(GetParam().fused);
     nn::NamedTensors weights;
     for (auto& [name, t] : model_->state_dict()) weights.emplace_back(name, file_.at(name));

@@ -163,10 +163,10 @@ TEST(Models, GptHasNanoGptNamesAndTiedEmbeddings) {
   std::vector<std::string> expect = {"transformer.wte.weight", "transformer.wpe.weight"};
   for (int i = 0; i < 2; ++i) {
     std::string p = "transformer.h." + std::to_string(i) + ".";
-    for (const char* s : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                          "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
-                          "mlp.c_proj.bias"}) {
+    for (const char* s :
+         {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",
+          "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
       expect.push_back(p + s);
     }
   }
@@ -184,10 +184,14 @@ TEST(Models, GptHasNanoGptNamesAndTiedEmbeddings) {
 }
 
 TEST(Models, LlamaHasHuggingFaceNames) {
-  auto cfg = nlohmann::json{{"hidden_size", 16},     {"intermediate_size", 24},
-                            {"num_hidden_layers", 1}, {"num_attention_heads", 4},
-                            {"num_key_value_heads", 2}, {"vocab_size", 32},
-                            {"max_position_embeddings", 8}, {"architectures", {"LlamaForCausalLM"}},
+  auto cfg = nlohmann::json{{"hidden_size", 16},
+                            {"intermediate_size", 24},
+                            {"num_hidden_layers", 1},
+                            {"num_attention_heads", 4},
+                            {"num_key_value_heads", 2},
+                            {"vocab_size", 32},
+                            {"max_position_embeddings", 8},
+                            {"architectures", {"LlamaForCausalLM"}},
                             {"torch_dtype", "float32"}};
   auto model = models::create_model("llama", cfg);
   EXPECT_EQ(names(model->named_parameters()),
@@ -204,7 +208,8 @@ TEST(Models, LlamaHasHuggingFaceNames) {
 }
 
 TEST(Models, BadConfigsNameTheField) {
-  auto expect_error = [](const std::string& type, const nlohmann::json& j, const std::string& needle) {
+  auto expect_error = [](const std::string& type, const nlohmann::json& j,
+                         const std::string& needle) {
     try {
       models::create_model(type, j);
       FAIL() << "no error for " << j.dump();
@@ -217,7 +222,8 @@ TEST(Models, BadConfigsNameTheField) {
   expect_error("gpt", {{"n_layer", "two"}}, "'n_layer' must be an integer");
   expect_error("gpt", {{"activation", "swish2"}}, "swish2");
   expect_error("gpt", nlohmann::json::array(), "must be a JSON object");
-  expect_error("llama", {{"num_attention_heads", 6}, {"num_key_value_heads", 4}, {"hidden_size", 48}},
+  expect_error("llama",
+               {{"num_attention_heads", 6}, {"num_key_value_heads", 4}, {"hidden_size", 48}},
                "num_key_value_heads 4");
   expect_error("llama", {{"hidden_act", "gelu"}}, "hidden_act 'gelu'");
   expect_error("llama", {{"rope_scaling", {{"type", "linear"}}}}, "rope_scaling");

@@ -32,16 +32,36 @@ Tensor log(const Tensor& a);
 Tensor tanh(const Tensor& a);
 Tensor square(const Tensor& a);
 
-inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-inline Tensor operator*(const Tensor& a, double s) { return scale(a, s); }
-inline Tensor operator*(double s, const Tensor& a) { return scale(a, s); }
-inline Tensor operator/(const Tensor& a, double s) { return scale(a, 1.0 / s); }
-inline Tensor operator+(const Tensor& a, double s) { return add_scalar(a, s); }
-inline Tensor operator-(const Tensor& a, double s) { return add_scalar(a, -s); }
-inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+inline Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+inline Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+inline Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+inline Tensor operator*(const Tensor& a, double s) {
+  return scale(a, s);
+}
+inline Tensor operator*(double s, const Tensor& a) {
+  return scale(a, s);
+}
+inline Tensor operator/(const Tensor& a, double s) {
+  return scale(a, 1.0 / s);
+}
+inline Tensor operator+(const Tensor& a, double s) {
+  return add_scalar(a, s);
+}
+inline Tensor operator-(const Tensor& a, double s) {
+  return add_scalar(a, -s);
+}
+inline Tensor operator-(const Tensor& a) {
+  return neg(a);
+}
 
 // ---- linear algebra ----
 /// (..., M, K) @ (..., K, N): 2-D @ 2-D, N-D @ 2-D (batch dims folded into M), and batched N-D @
@@ -57,7 +77,8 @@ Tensor silu(const Tensor& x);
 Tensor relu(const Tensor& x);
 /// silu(gate) * up, fused.
 Tensor swiglu(const Tensor& gate, const Tensor& up);
-/// Elementwise x * (mask / (1 - p)) with mask ~ Bernoulli(1 - p); identity when !training or p == 0.
+/// Elementwise x * (mask / (1 - p)) with mask ~ Bernoulli(1 - p); identity when !training or p ==
+/// 0.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
 
 // ---- normalisation (over the last dimension) ----

@@ -27,7 +27,9 @@ struct LlamaConfig {
   static LlamaConfig from_file(const std::string& path);
   nlohmann::json to_json() const;
   void validate() const;
-  int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
+  int64_t resolved_head_dim() const {
+    return head_dim > 0 ? head_dim : hidden_size / num_attention_heads;
+  }
 };
 
 class Llama : public LanguageModel {

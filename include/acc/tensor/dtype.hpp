@@ -16,10 +16,14 @@ enum class Device : uint8_t { kCPU, kMeta };
 
 constexpr size_t element_size(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kBFloat16: return 2;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   return 0;
 }
@@ -27,12 +31,17 @@ constexpr size_t element_size(DType t) {
 /// Short lower-case names used in messages and files: f32, bf16, i32, i64.
 const char* dtype_name(DType t);
 const char* device_name(Device d);
-/// Parses "f32", "float32", "bf16", "bfloat16", "i32", "int32", "i64", "int64"; throws acc::ValueError.
+/// Parses "f32", "float32", "bf16", "bfloat16", "i32", "int32", "i64", "int64"; throws
+/// acc::ValueError.
 DType parse_dtype(const std::string& name);
 bool is_floating(DType t);
 
-inline std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
-inline std::ostream& operator<<(std::ostream& os, Device d) { return os << device_name(d); }
+inline std::ostream& operator<<(std::ostream& os, DType t) {
+  return os << dtype_name(t);
+}
+inline std::ostream& operator<<(std::ostream& os, Device d) {
+  return os << device_name(d);
+}
 
 /// bfloat16 storage: the upper 16 bits of an IEEE float. Conversion from float rounds to nearest
 /// even (as PyTorch does); NaN stays NaN.

@@ -54,11 +54,10 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
                        const float* b, int64_t N, int64_t C, float eps);
 // dx (N,C) =; dw (C), db (C) accumulate (+=) when not null
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t N,
-                        int64_t C);
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
 // out (N,C), rstd (N)
-void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N,
-                     int64_t C, float eps);
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
+                     float eps);
 // dx (N,C) =; dw (C) accumulates (+=) when not null
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
                       const float* rstd, int64_t N, int64_t C);
@@ -90,9 +89,8 @@ void attention_forward(AttnGrad out, float* lse, AttnOperand q, AttnOperand k, A
                        bool causal);
 // Recomputes the probabilities tile by tile from q, k and lse. dq/dk/dv are written (=).
 void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout, AttnOperand q,
-                        AttnOperand k, AttnOperand v, AttnOperand out, const float* lse,
-                        int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t HS, float scale,
-                        bool causal);
+                        AttnOperand k, AttnOperand v, AttnOperand out, const float* lse, int64_t B,
+                        int64_t NH, int64_t NKV, int64_t T, int64_t HS, float scale, bool causal);
 
 // ---- rotary embeddings (Hugging Face rotate_half convention) ----
 // out[..., i] = x[..., i] * cos[t, i] + rotate_half(x)[..., i] * sin[t, i], where rotate_half(x) =

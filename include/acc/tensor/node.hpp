@@ -79,9 +79,8 @@ class Node {
 
 /// Gradient of an op's inputs from its outputs' gradients. `needs[i]` says whether input i needs a
 /// gradient; entries of the result where it does not may be left undefined.
-using BackwardFn =
-    std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs,
-                                      const std::vector<bool>& needs)>;
+using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs,
+                                                     const std::vector<bool>& needs)>;
 
 /// A Node whose backward is a closure that captures only what it needs.
 class FunctionNode : public Node {

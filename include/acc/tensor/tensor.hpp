@@ -66,9 +66,9 @@ class Storage {
 struct AutogradMeta {
   bool requires_grad = false;
   bool retains_grad = false;
-  std::shared_ptr<TensorImpl> grad;  // accumulated gradient (a leaf, or retains_grad)
-  std::shared_ptr<autograd::Node> grad_fn;  // the op that produced this tensor (non-leaf)
-  uint32_t output_nr = 0;                   // which output of grad_fn this tensor is
+  std::shared_ptr<TensorImpl> grad;                // accumulated gradient (a leaf, or retains_grad)
+  std::shared_ptr<autograd::Node> grad_fn;         // the op that produced this tensor (non-leaf)
+  uint32_t output_nr = 0;                          // which output of grad_fn this tensor is
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves only
   /// Called after this leaf's gradient for the current backward pass has been fully accumulated
   /// into grad(): the data-parallel reducer attaches here.
@@ -130,7 +130,8 @@ class Tensor {
   /// True when both handles refer to the same tensor (not merely equal values).
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
-  /// Typed pointer to the first element. Throws acc::TypeError on a dtype mismatch or a meta tensor.
+  /// Typed pointer to the first element. Throws acc::TypeError on a dtype mismatch or a meta
+  /// tensor.
   template <class T>
   T* data() const {
     check_data_access(dtype_of<T>::value);

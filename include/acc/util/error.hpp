@@ -61,11 +61,11 @@ std::string str_cat(Args&&... args) {
 }  // namespace acc
 
 /// ACC_CHECK_AS(ExcType, cond, msg...): throw ExcType(msg...) unless cond holds.
-#define ACC_CHECK_AS(Exc, cond, ...)                          \
-  do {                                                        \
-    if (!(cond)) [[unlikely]] {                               \
-      throw Exc(::acc::detail::str_cat(__VA_ARGS__));         \
-    }                                                         \
+#define ACC_CHECK_AS(Exc, cond, ...)                  \
+  do {                                                \
+    if (!(cond)) [[unlikely]] {                       \
+      throw Exc(::acc::detail::str_cat(__VA_ARGS__)); \
+    }                                                 \
   } while (0)
 
 #define ACC_CHECK(cond, ...) ACC_CHECK_AS(::acc::ValueError, cond, __VA_ARGS__)

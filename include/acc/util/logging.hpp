@@ -1,7 +1,7 @@
 #pragma once
 // Logging through spdlog. One line per event, with the rank in every line ("[r3/8]") once
-// acc::logging::set_rank has been called (acc::dist::init does it). The level comes from ACC_LOG_LEVEL
-// (trace, debug, info, warn, error, off; default info).
+// acc::logging::set_rank has been called (acc::dist::init does it). The level comes from
+// ACC_LOG_LEVEL (trace, debug, info, warn, error, off; default info).
 
 #include <spdlog/spdlog.h>
 

@@ -115,9 +115,8 @@ void attention_forward(AttnGrad out, float* lse, AttnOperand q, AttnOperand k, A
 }
 
 void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout, AttnOperand q,
-                        AttnOperand k, AttnOperand v, AttnOperand out, const float* lse,
-                        int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t HS, float scale,
-                        bool causal) {
+                        AttnOperand k, AttnOperand v, AttnOperand out, const float* lse, int64_t B,
+                        int64_t NH, int64_t NKV, int64_t T, int64_t HS, float scale, bool causal) {
   const int64_t group = NH / NKV;
   parallel_for(B * NKV, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> kT(static_cast<size_t>(HS * kTileK));

@@ -77,31 +77,40 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const float* pb = b.data<float>();
   std::array<Shape, 3> st{out.strides(), detail::broadcast_strides(a, shape),
                           detail::broadcast_strides(b, shape)};
-  detail::for_each_row<3>(shape, st, [&](const std::array<int64_t, 3>& off, int64_t n,
-                                         const std::array<int64_t, 3>& inc) {
-    float* y = o + off[0];
-    const float* x1 = pa + off[1];
-    const float* x2 = pb + off[2];
-    auto run = [&](auto f) {
-      if (inc[1] == 1 && inc[2] == 1) {
-        for (int64_t i = 0; i < n; ++i) y[i] = f(x1[i], x2[i]);
-      } else if (inc[1] == 1 && inc[2] == 0) {
-        const float s = x2[0];
-        for (int64_t i = 0; i < n; ++i) y[i] = f(x1[i], s);
-      } else if (inc[1] == 0 && inc[2] == 1) {
-        const float s = x1[0];
-        for (int64_t i = 0; i < n; ++i) y[i] = f(s, x2[i]);
-      } else {
-        for (int64_t i = 0; i < n; ++i) y[i] = f(x1[i * inc[1]], x2[i * inc[2]]);
-      }
-    };
-    switch (op) {
-      case BinaryOp::kAdd: run([](float u, float v) { return u + v; }); break;
-      case BinaryOp::kSub: run([](float u, float v) { return u - v; }); break;
-      case BinaryOp::kMul: run([](float u, float v) { return u * v; }); break;
-      case BinaryOp::kDiv: run([](float u, float v) { return u / v; }); break;
-    }
-  });
+  detail::for_each_row<3>(
+      shape, st,
+      [&](const std::array<int64_t, 3>& off, int64_t n, const std::array<int64_t, 3>& inc) {
+        float* y = o + off[0];
+        const float* x1 = pa + off[1];
+        const float* x2 = pb + off[2];
+        auto run = [&](auto f) {
+          if (inc[1] == 1 && inc[2] == 1) {
+            for (int64_t i = 0; i < n; ++i) y[i] = f(x1[i], x2[i]);
+          } else if (inc[1] == 1 && inc[2] == 0) {
+            const float s = x2[0];
+            for (int64_t i = 0; i < n; ++i) y[i] = f(x1[i], s);
+          } else if (inc[1] == 0 && inc[2] == 1) {
+            const float s = x1[0];
+            for (int64_t i = 0; i < n; ++i) y[i] = f(s, x2[i]);
+          } else {
+            for (int64_t i = 0; i < n; ++i) y[i] = f(x1[i * inc[1]], x2[i * inc[2]]);
+          }
+        };
+        switch (op) {
+          case BinaryOp::kAdd:
+            run([](float u, float v) { return u + v; });
+            break;
+          case BinaryOp::kSub:
+            run([](float u, float v) { return u - v; });
+            break;
+          case BinaryOp::kMul:
+            run([](float u, float v) { return u * v; });
+            break;
+          case BinaryOp::kDiv:
+            run([](float u, float v) { return u / v; });
+            break;
+        }
+      });
   return out;
 }
 

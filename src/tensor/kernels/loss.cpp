@@ -90,28 +90,30 @@ void rope_forward(float* out, const float* x, const float* cos, const float* sin
   // of that partner position, so the inverse reads sin there (the same value when the two halves
   // of the table are equal, as rope_cache makes them, but not for arbitrary tables).
   const int64_t so = inverse ? half : 0;
-  parallel_for(R * T, std::max<int64_t>(1, 4096 / std::max<int64_t>(HS, 1)), [&](int64_t b,
-                                                                                 int64_t e) {
-    for (int64_t rt = b; rt < e; ++rt) {
-      const int64_t t = rt % T;
-      const float* xr = x + rt * HS;
-      const float* c = cos + t * HS;
-      const float* s = sin + t * HS;
-      float* o = out + rt * HS;
-      // rotate_half(x)[i] = -x[i + half] for i < half, x[i - half] otherwise.
-      for (int64_t i = 0; i < half; ++i) o[i] = xr[i] * c[i] - sgn * xr[i + half] * s[i + so];
-      for (int64_t i = half; i < HS; ++i) o[i] = xr[i] * c[i] + sgn * xr[i - half] * s[i - so];
-    }
-  });
+  parallel_for(R * T, std::max<int64_t>(1, 4096 / std::max<int64_t>(HS, 1)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t rt = b; rt < e; ++rt) {
+                   const int64_t t = rt % T;
+                   const float* xr = x + rt * HS;
+                   const float* c = cos + t * HS;
+                   const float* s = sin + t * HS;
+                   float* o = out + rt * HS;
+                   // rotate_half(x)[i] = -x[i + half] for i < half, x[i - half] otherwise.
+                   for (int64_t i = 0; i < half; ++i)
+                     o[i] = xr[i] * c[i] - sgn * xr[i + half] * s[i + so];
+                   for (int64_t i = half; i < HS; ++i)
+                     o[i] = xr[i] * c[i] + sgn * xr[i - half] * s[i - so];
+                 }
+               });
 }
 
-#define ACC_INSTANTIATE(Index)                                                                  \
-  template void embedding_forward<Index>(float*, const Index*, const float*, int64_t, int64_t); \
-  template void embedding_backward<Index>(float*, const Index*, const float*, int64_t, int64_t, \
-                                          int64_t);                                             \
-  template void cross_entropy_forward<Index>(float*, float*, const float*, const Index*,        \
-                                             int64_t, int64_t, int64_t);                        \
-  template void cross_entropy_backward<Index>(float*, const float*, const float*, const Index*, \
+#define ACC_INSTANTIATE(Index)                                                                    \
+  template void embedding_forward<Index>(float*, const Index*, const float*, int64_t, int64_t);   \
+  template void embedding_backward<Index>(float*, const Index*, const float*, int64_t, int64_t,   \
+                                          int64_t);                                               \
+  template void cross_entropy_forward<Index>(float*, float*, const float*, const Index*, int64_t, \
+                                             int64_t, int64_t);                                   \
+  template void cross_entropy_backward<Index>(float*, const float*, const float*, const Index*,   \
                                               const float*, int64_t, int64_t, int64_t);
 ACC_INSTANTIATE(int32_t)
 ACC_INSTANTIATE(int64_t)

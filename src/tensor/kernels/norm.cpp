@@ -6,7 +6,9 @@
 
 namespace acc::kernels {
 namespace {
-int64_t row_grain(int64_t C) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)); }
+int64_t row_grain(int64_t C) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1));
+}
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
@@ -80,8 +82,8 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dout, cons
   }
 }
 
-void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N,
-                     int64_t C, float eps) {
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
+                     float eps) {
   parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t n = r0; n < r1; ++n) {
       const float* xr = x + n * C;
