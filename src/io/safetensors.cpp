@@ -330,9 +330,11 @@ void check_utf8(const std::string& s, const char* what) {
 struct Prepared {
   std::string header;              // padded JSON
   std::vector<Tensor> contiguous;  // in data order
+  std::vector<std::string> half;   // F16 bytes of contiguous[i] when stored as F16, else empty
 };
 
-Prepared prepare(const NamedTensors& tensors, const Metadata& metadata) {
+Prepared prepare(const NamedTensors& tensors, const Metadata& metadata,
+                 const SaveOptions& options) {
   Prepared p;
   ojson h = ojson::object();
   if (!metadata.empty()) {
@@ -357,14 +359,26 @@ Prepared prepare(const NamedTensors& tensors, const Metadata& metadata) {
     ACC_CHECK_TYPE(!t.is_meta(), "save_safetensors: tensor '", name, "' (shape ", t.shape(),
                    ") is a meta tensor and has no data");
     Tensor c = t.detach().contiguous();
-    const uint64_t nbytes = c.nbytes();
+    const bool as_half = options.f32_as_f16 && c.dtype() == DType::kFloat32;
+    std::string half;
+    if (as_half) {
+      half.resize(static_cast<size_t>(c.numel()) * 2);
+      const float* src = c.numel() > 0 ? c.data<float>() : nullptr;
+      for (int64_t k = 0; k < c.numel(); ++k) {
+        const uint16_t b = f32_to_f16(src[k]);
+        half[2 * k] = static_cast<char>(b & 0xff);
+        half[2 * k + 1] = static_cast<char>(b >> 8);
+      }
+    }
+    const uint64_t nbytes = as_half ? half.size() : c.nbytes();
     ojson shape = ojson::array();
     for (int64_t d : c.shape()) shape.push_back(d);
-    h[name] = ojson{{"dtype", safetensors_dtype_name(c.dtype())},
+    h[name] = ojson{{"dtype", as_half ? "F16" : safetensors_dtype_name(c.dtype())},
                     {"shape", std::move(shape)},
                     {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
     p.contiguous.push_back(std::move(c));
+    p.half.push_back(std::move(half));
   }
   p.header = h.dump();
   p.header.append((8 - p.header.size() % 8) % 8, ' ');
@@ -378,8 +392,13 @@ void write_to(const Prepared& p, const std::function<void(const void*, size_t)>&
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
   sink(len, 8);
   sink(p.header.data(), p.header.size());
-  for (const Tensor& t : p.contiguous) {
-    if (t.nbytes() > 0) sink(t.raw_data(), t.nbytes());
+  for (size_t i = 0; i < p.contiguous.size(); ++i) {
+    const Tensor& t = p.contiguous[i];
+    if (!p.half[i].empty()) {
+      sink(p.half[i].data(), p.half[i].size());
+    } else if (t.nbytes() > 0) {
+      sink(t.raw_data(), t.nbytes());
+    }
   }
 }
 
@@ -419,6 +438,30 @@ float f16_to_f32(uint16_t h) {
   return std::bit_cast<float>(bits);
 }
 
+uint16_t f32_to_f16(float value) {
+  const uint32_t x = std::bit_cast<uint32_t>(value);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
+  if (abs < 0x38800000u) {
+    // Subnormal or zero in half: value = m * 2^-24 with m rounded to nearest even.
+    if (abs < 0x33000000u) return sign;  // below half the smallest subnormal
+    const uint32_t exp = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exp;  // 113 - exp + 13
+    uint32_t m = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (m & 1u))) ++m;
+    return static_cast<uint16_t>(sign | m);
+  }
+  // Normal: rebias 127 -> 15 and round the 13 dropped bits to nearest even.
+  uint32_t h = ((abs - 0x38000000u) >> 13);
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
 const Tensor& SafetensorsFile::at(const std::string& name) const {
   for (const auto& [n, t] : tensors) {
     if (n == name) return t;
@@ -439,16 +482,17 @@ std::vector<std::string> SafetensorsFile::names() const {
   return out;
 }
 
-std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& metadata) {
-  const Prepared p = prepare(tensors, metadata);
+std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& metadata,
+                                  const SaveOptions& options) {
+  const Prepared p = prepare(tensors, metadata, options);
   std::string out;
   write_to(p, [&](const void* data, size_t n) { out.append(static_cast<const char*>(data), n); });
   return out;
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const Metadata& metadata) {
-  const Prepared p = prepare(tensors, metadata);  // validate before touching the disk
+                      const Metadata& metadata, const SaveOptions& options) {
+  const Prepared p = prepare(tensors, metadata, options);  // validate before touching the disk
 
   static std::atomic<uint64_t> counter{0};
   const std::string tmp =

@@ -303,6 +303,42 @@ TEST_F(Safetensors, HeaderOnlyInspection) {
 // ---------------------------------------------------------------------------------------------
 // F16 and PyTorch interop
 
+TEST(F16, EncodingRoundTripsEveryHalfAndRoundsToNearestEven) {
+  for (uint32_t h = 0; h <= 0xffff; ++h) {
+    const bool nan = (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0;
+    if (nan) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))))));
+      continue;
+    }
+    ASSERT_EQ(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))), h) << std::hex << h;
+  }
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie -> even (1.0)
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // tie -> even (up)
+  EXPECT_EQ(f32_to_f16(65519.0f), 0x7bff);
+  EXPECT_EQ(f32_to_f16(65520.0f), 0x7c00);  // overflow -> inf
+  EXPECT_EQ(f32_to_f16(-1e9f), 0xfc00);
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // tie below min subnormal
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.5f, -25)), 0x0001);
+}
+
+TEST(F16, SavingF32AsF16LoadsBackRounded) {
+  fs::path p = fs::temp_directory_path() / ("acc_f16_" + std::to_string(::getpid()) + ".st");
+  Tensor x = from_vector({0.1f, -2.5f, 70000.f, 1e-8f}, {2, 2});
+  Tensor ids = from_vector(std::vector<int64_t>{1, 2}, {2});
+  save_safetensors(p.string(), {{"x", x}, {"ids", ids}}, {}, {.f32_as_f16 = true});
+  SafetensorsHeader h = read_safetensors_header(p.string());
+  EXPECT_EQ(h.entries[0].dtype, "F16");
+  EXPECT_EQ(h.entries[1].dtype, "I64");
+  SafetensorsFile f = load_safetensors(p.string());
+  auto v = f.at("x").to_vector<float>();
+  EXPECT_EQ(v[0], f16_to_f32(0x2e66));
+  EXPECT_EQ(v[1], -2.5f);
+  EXPECT_TRUE(std::isinf(v[2]));
+  EXPECT_EQ(v[3], 0.0f);
+  EXPECT_EQ(f.at("ids").to_vector<int64_t>(), (std::vector<int64_t>{1, 2}));
+  fs::remove(p);
+}
+
 TEST(F16, DecodesNormalsSubnormalsInfinitiesAndNan) {
   EXPECT_EQ(f16_to_f32(0x0000), 0.0f);
   EXPECT_TRUE(std::signbit(f16_to_f32(0x8000)));

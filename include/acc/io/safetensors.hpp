@@ -78,12 +78,19 @@ struct SafetensorsFile {
 /// Throws acc::ValueError on an empty, duplicate or non-UTF-8 name (or the reserved
 /// "__metadata__"), an undefined tensor or non-UTF-8 metadata; acc::TypeError on a meta tensor;
 /// acc::IoError naming the path and the system error when writing fails.
+struct SaveOptions {
+  /// Store f32 tensors as F16 (round to nearest even; overflow becomes inf), halving the file,
+  /// e.g. for weights handed to tools that want half precision. Other dtypes are unaffected.
+  bool f32_as_f16 = false;
+};
+
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const Metadata& metadata = {});
+                      const Metadata& metadata = {}, const SaveOptions& options = {});
 
 /// The bytes save_safetensors() would write. Throws what save_safetensors() throws for bad
 /// arguments.
-std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& metadata = {});
+std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& metadata = {},
+                                  const SaveOptions& options = {});
 
 /// Loads every tensor of a file. Throws acc::IoError naming the path and the problem when the
 /// file is missing or unreadable (with the system error) or malformed: shorter than 8 bytes, a
@@ -110,5 +117,7 @@ const char* safetensors_dtype_name(DType dtype);
 /// IEEE 754 binary16 to float, exact for every input (subnormals, infinities; NaN stays NaN with
 /// its payload).
 float f16_to_f32(uint16_t bits);
+/// float to IEEE 754 binary16, rounding to nearest even; overflow gives inf, NaN stays NaN.
+uint16_t f32_to_f16(float value);
 
 }  // namespace acc::io
