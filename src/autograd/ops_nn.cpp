@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "acc/autograd/flops.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/threading.hpp"
@@ -291,18 +292,22 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
          v = with_unit_inner_stride(v_in);
   Tensor out = bthd_tensor(B, NH, T, HS, q.options());
   Tensor lse = empty({B, NH, T}, q.options());
+  // Scores and values: 2 products of 2 * T * T * HS per head, half of them under a causal mask.
+  const int64_t attn_flops = (causal ? 2 : 4) * B * NH * T * T * HS;
+  autograd::detail::add_flops(attn_flops, false);
   if (!out.is_meta() && out.numel() > 0) {
     kernels::attention_forward(grad_operand(out), lse.data<float>(), operand(q), operand(k),
                                operand(v), B, NH, NKV, T, HS, sc, causal);
   }
   Tensor o = detail::saved_output(out);
   autograd::record_op("AttentionBackward", {q_in, k_in, v_in}, {out},
-                      [q, k, v, o, lse, B, NH, NKV, T, HS, sc, causal](const std::vector<Tensor>& g,
-                                                                       const std::vector<bool>&) {
+                      [q, k, v, o, lse, B, NH, NKV, T, HS, sc, causal, attn_flops](
+                          const std::vector<Tensor>& g, const std::vector<bool>&) {
                         Tensor go = with_unit_inner_stride(g[0]);
                         Tensor dq = bthd_tensor(B, NH, T, HS, q.options());
                         Tensor dk = bthd_tensor(B, NKV, T, HS, q.options());
                         Tensor dv = bthd_tensor(B, NKV, T, HS, q.options());
+                        autograd::detail::add_flops(2 * attn_flops, true);
                         if (!dq.is_meta() && dq.numel() > 0) {
                           kernels::attention_backward(
                               grad_operand(dq), grad_operand(dk), grad_operand(dv), operand(go),

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "acc/autograd/flops.hpp"
 #include "acc/models/models.hpp"
 #include "acc/nn/nn.hpp"
 #include "acc/tensor/allocator.hpp"
@@ -228,6 +229,29 @@ TEST(Models, BadConfigsNameTheField) {
   expect_error("llama", {{"hidden_act", "gelu"}}, "hidden_act 'gelu'");
   expect_error("llama", {{"rope_scaling", {{"type", "linear"}}}}, "rope_scaling");
   expect_error("bert", nlohmann::json::object(), "unknown model type 'bert'");
+}
+
+TEST(Models, FlopCounterMatchesGptClosedForm) {
+  models::GPTConfig c;
+  c.n_layer = 3;
+  c.n_head = 4;
+  c.n_embd = 64;
+  c.vocab_size = 100;
+  c.block_size = 32;
+  DefaultDeviceGuard meta(Device::kMeta);  // counting needs shapes only
+  models::GPT gpt(c);
+  const int64_t B = 2, T = 32, C = 64, L = 3, V = 100, NH = 4, HS = 16;
+  Tensor idx = empty({B, T}, {DType::kInt64, Device::kMeta});
+  autograd::FlopCounter counter;
+  Tensor loss = gpt.loss(idx, idx);
+  const int64_t fwd = counter.count().forward;
+  loss.backward();
+  // Linear weights per block: 3C^2 + C^2 + 4C^2 + 4C^2 = 12 C^2, plus the tied lm_head V*C.
+  const int64_t gemm = 2 * B * T * (L * 12 * C * C + V * C);
+  const int64_t attention = 2 * B * NH * T * T * HS * L;  // causal
+  EXPECT_EQ(fwd, gemm + attention);
+  // Backward: dx and dw for every linear (the embedding lookup has no GEMM), 2x attention.
+  EXPECT_EQ(counter.count().backward, 2 * gemm + 2 * attention);
 }
 
 TEST(Models, MetaDeviceBuildsWithoutMemory) {

@@ -1,0 +1,23 @@
+#include "acc/autograd/flops.hpp"
+
+namespace acc::autograd {
+namespace {
+thread_local FlopCounter* current = nullptr;
+}
+
+FlopCounter::FlopCounter() : prev_(current) {
+  current = this;
+}
+FlopCounter::~FlopCounter() {
+  current = prev_;
+}
+
+namespace detail {
+void add_flops(int64_t flops, bool backward) {
+  for (FlopCounter* c = current; c != nullptr; c = c->prev_) {
+    (backward ? c->count_.backward : c->count_.forward) += flops;
+  }
+}
+}  // namespace detail
+
+}  // namespace acc::autograd
