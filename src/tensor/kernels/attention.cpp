@@ -3,9 +3,13 @@
 // Forward: for each (batch, head, query tile) the key tiles are visited once; scores for a tile
 // are computed into a small buffer, folded into a running max / running sum (online softmax) and
 // the output accumulator is rescaled. Only the output and the log-sum-exp per row are stored.
-// Backward: for each (batch, kv head) the probabilities are recomputed tile by tile from q, k and
-// the saved log-sum-exp; dk/dv for that kv head are owned by one task, so there are no races and
-// the result does not depend on the thread count.
+// Backward (FlashAttention-2 order): for each (batch, kv head) the key tiles are the outer loop;
+// for every query tile that sees a key tile, the probabilities are recomputed from q, k and the
+// saved log-sum-exp, dk/dv for the key tile accumulate in registers-sized buffers, and dq
+// accumulates in place. One task owns a kv head (and the query heads that share it), so there
+// are no races and the result does not depend on the thread count.
+//
+// Every product inside a tile goes through tile::gemm_acc (register-blocked FMA micro-kernel).
 
 #include <algorithm>
 #include <cmath>
@@ -13,12 +17,13 @@
 
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/threading.hpp"
+#include "tile_gemm.hpp"
+#include "vec_math.hpp"
 
 namespace acc::kernels {
 namespace {
 
-constexpr int64_t kTileQ = 64;
-constexpr int64_t kTileK = 64;
+constexpr int64_t kTile = 64;  // query and key tile size
 
 inline const float* row(const AttnOperand& a, int64_t b, int64_t h, int64_t t) {
   return a.ptr + b * a.sb + h * a.sh + t * a.st;
@@ -27,28 +32,28 @@ inline float* row(const AttnGrad& a, int64_t b, int64_t h, int64_t t) {
   return a.ptr + b * a.sb + h * a.sh + t * a.st;
 }
 
-// s[i][j] = scale * q_i . k_j for a (nq x nk) tile, via kT (HS x kTileK) so the inner loop runs
-// over j with unit stride.
-inline void tile_scores(float* s, const float* const* qrows, int64_t nq, const float* kT,
-                        int64_t nk, int64_t HS, float scale) {
-  for (int64_t i = 0; i < nq; ++i) {
-    float* srow = s + i * kTileK;
-    for (int64_t j = 0; j < nk; ++j) srow[j] = 0.f;
-    const float* q = qrows[i];
-    for (int64_t d = 0; d < HS; ++d) {
-      const float qd = q[d] * scale;
-      const float* kd = kT + d * kTileK;
-      for (int64_t j = 0; j < nk; ++j) srow[j] += qd * kd[j];
-    }
+// dst (HS x kTile) = rows [t0, t0 + n) of `a` transposed, zero-padded to kTile columns.
+void load_transposed(float* dst, const AttnOperand& a, int64_t b, int64_t h, int64_t t0, int64_t n,
+                     int64_t HS) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* r = row(a, b, h, t0 + j);
+    for (int64_t d = 0; d < HS; ++d) dst[d * kTile + j] = r[d];
+  }
+  for (int64_t d = 0; d < HS; ++d) {
+    for (int64_t j = n; j < kTile; ++j) dst[d * kTile + j] = 0.f;
   }
 }
 
-inline void load_transposed(float* dst, const AttnOperand& a, int64_t b, int64_t h, int64_t t0,
-                            int64_t n, int64_t HS) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float* r = row(a, b, h, t0 + j);
-    for (int64_t d = 0; d < HS; ++d) dst[d * kTileK + j] = r[d];
+// dst (cols x rows, stride kTile) = src (rows x cols, stride kTile) transposed.
+void transpose_tile(float* dst, const float* src, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) dst[j * kTile + i] = src[i * kTile + j];
   }
+}
+
+// Number of keys of tile [k0, k0 + nk) that query t may attend to.
+inline int64_t visible(int64_t t, int64_t k0, int64_t nk, bool causal) {
+  return causal ? std::clamp<int64_t>(t - k0 + 1, 0, nk) : nk;
 }
 
 }  // namespace
@@ -57,51 +62,47 @@ void attention_forward(AttnGrad out, float* lse, AttnOperand q, AttnOperand k, A
                        int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t HS, float scale,
                        bool causal) {
   const int64_t group = NH / NKV;
-  const int64_t ntiles = (T + kTileQ - 1) / kTileQ;
+  const int64_t ntiles = (T + kTile - 1) / kTile;
   parallel_for(B * NH * ntiles, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> kT(static_cast<size_t>(HS * kTileK));
-    std::vector<float> s(static_cast<size_t>(kTileQ * kTileK));
-    std::vector<float> acc(static_cast<size_t>(kTileQ * HS));
-    float m[kTileQ], l[kTileQ];
-    const float* qrows[kTileQ];
+    std::vector<float> kT(static_cast<size_t>(HS * kTile));
+    std::vector<float> s(static_cast<size_t>(kTile * kTile));
+    std::vector<float> acc(static_cast<size_t>(kTile * HS));
+    float m[kTile], l[kTile];
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t qt = w % ntiles, h = (w / ntiles) % NH, b = w / (ntiles * NH);
       const int64_t kvh = h / group;
-      const int64_t q0 = qt * kTileQ, nq = std::min(kTileQ, T - q0);
+      const int64_t q0 = qt * kTile, nq = std::min(kTile, T - q0);
       for (int64_t i = 0; i < nq; ++i) {
         m[i] = -INFINITY;
         l[i] = 0.f;
-        qrows[i] = row(q, b, h, q0 + i);
       }
       std::fill(acc.begin(), acc.begin() + nq * HS, 0.f);
       const int64_t kend = causal ? q0 + nq : T;
-      for (int64_t k0 = 0; k0 < kend; k0 += kTileK) {
-        const int64_t nk = std::min(kTileK, kend - k0);
+      for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+        const int64_t nk = std::min(kTile, kend - k0);
         load_transposed(kT.data(), k, b, kvh, k0, nk, HS);
-        tile_scores(s.data(), qrows, nq, kT.data(), nk, HS, scale);
+        // s (nq x kTile) = q (nq x HS) @ kT (HS x kTile)
+        std::fill(s.begin(), s.begin() + nq * kTile, 0.f);
+        tile::gemm_acc(s.data(), kTile, row(q, b, h, q0), q.st, kT.data(), kTile, nq, kTile, HS);
         for (int64_t i = 0; i < nq; ++i) {
-          float* srow = s.data() + i * kTileK;
-          // Causal: query q0+i sees keys up to and including its own position.
-          const int64_t jmax = causal ? std::min(nk, q0 + i - k0 + 1) : nk;
-          if (jmax <= 0) continue;
-          float mx = m[i];
-          for (int64_t j = 0; j < jmax; ++j) mx = std::max(mx, srow[j]);
-          const float alpha = std::exp(m[i] - mx);
-          float sum = 0.f;
-          for (int64_t j = 0; j < jmax; ++j) {
-            srow[j] = std::exp(srow[j] - mx);
-            sum += srow[j];
+          float* srow = s.data() + i * kTile;
+          const int64_t jmax = visible(q0 + i, k0, nk, causal);
+          if (jmax == 0) {
+            std::fill(srow, srow + nk, 0.f);
+            continue;
           }
-          l[i] = l[i] * alpha + sum;
+          for (int64_t j = 0; j < jmax; ++j) srow[j] *= scale;
+          const float mx = std::max(m[i], vec::max(srow, jmax));
+          const float alpha = vec::exp(m[i] - mx);
+          for (int64_t j = 0; j < jmax; ++j) srow[j] = vec::exp(srow[j] - mx);
+          for (int64_t j = jmax; j < nk; ++j) srow[j] = 0.f;
+          l[i] = l[i] * alpha + vec::sum(srow, jmax);
           m[i] = mx;
           float* a = acc.data() + i * HS;
           for (int64_t d = 0; d < HS; ++d) a[d] *= alpha;
-          for (int64_t j = 0; j < jmax; ++j) {
-            const float p = srow[j];
-            const float* vr = row(v, b, kvh, k0 + j);
-            for (int64_t d = 0; d < HS; ++d) a[d] += p * vr[d];
-          }
         }
+        // acc (nq x HS) += p (nq x nk) @ v (nk x HS)
+        tile::gemm_acc(acc.data(), HS, s.data(), kTile, row(v, b, kvh, k0), v.st, nq, HS, nk);
       }
       for (int64_t i = 0; i < nq; ++i) {
         float* o = row(out, b, h, q0 + i);
@@ -119,76 +120,64 @@ void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout,
                         int64_t NH, int64_t NKV, int64_t T, int64_t HS, float scale, bool causal) {
   const int64_t group = NH / NKV;
   parallel_for(B * NKV, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> kT(static_cast<size_t>(HS * kTileK));
-    std::vector<float> vT(static_cast<size_t>(HS * kTileK));
-    std::vector<float> p(static_cast<size_t>(kTileQ * kTileK));
-    std::vector<float> dp(static_cast<size_t>(kTileQ * kTileK));
-    std::vector<float> dqacc(static_cast<size_t>(kTileQ * HS));
-    std::vector<float> D(static_cast<size_t>(T));
-    const float* qrows[kTileQ];
-    const float* dorows[kTileQ];
+    const size_t tile_sq = static_cast<size_t>(kTile * kTile);
+    std::vector<float> kT(static_cast<size_t>(HS * kTile)), vT(kT.size());
+    std::vector<float> p(tile_sq), ds(tile_sq), pT(tile_sq), dsT(tile_sq);
+    std::vector<float> dk_acc(static_cast<size_t>(kTile * HS)), dv_acc(dk_acc.size());
+    std::vector<float> D(static_cast<size_t>(group * T));
     for (int64_t w = w0; w < w1; ++w) {
-      const int64_t kvh = w % NKV, b = w / NKV;
-      for (int64_t t = 0; t < T; ++t) {
-        float* dkr = row(dk, b, kvh, t);
-        float* dvr = row(dv, b, kvh, t);
-        for (int64_t d = 0; d < HS; ++d) dkr[d] = dvr[d] = 0.f;
-      }
-      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+      const int64_t kvh = w % NKV, b = w / NKV, h0 = kvh * group;
+      // D[h][t] = dout . out (the row term of the softmax backward); dq starts at zero.
+      for (int64_t g = 0; g < group; ++g) {
         for (int64_t t = 0; t < T; ++t) {
-          const float* o = row(out, b, h, t);
-          const float* g = row(dout, b, h, t);
-          float s = 0.f;
-          for (int64_t d = 0; d < HS; ++d) s += o[d] * g[d];
-          D[t] = s;
+          D[g * T + t] = vec::dot(row(out, b, h0 + g, t), row(dout, b, h0 + g, t), HS);
+          std::fill(row(dq, b, h0 + g, t), row(dq, b, h0 + g, t) + HS, 0.f);
         }
-        const float* lse_bh = lse + (b * NH + h) * T;
-        for (int64_t q0 = 0; q0 < T; q0 += kTileQ) {
-          const int64_t nq = std::min(kTileQ, T - q0);
-          for (int64_t i = 0; i < nq; ++i) {
-            qrows[i] = row(q, b, h, q0 + i);
-            dorows[i] = row(dout, b, h, q0 + i);
-          }
-          std::fill(dqacc.begin(), dqacc.begin() + nq * HS, 0.f);
-          const int64_t kend = causal ? q0 + nq : T;
-          for (int64_t k0 = 0; k0 < kend; k0 += kTileK) {
-            const int64_t nk = std::min(kTileK, kend - k0);
-            load_transposed(kT.data(), k, b, kvh, k0, nk, HS);
-            load_transposed(vT.data(), v, b, kvh, k0, nk, HS);
-            tile_scores(p.data(), qrows, nq, kT.data(), nk, HS, scale);
-            tile_scores(dp.data(), dorows, nq, vT.data(), nk, HS, 1.f);
+      }
+      for (int64_t k0 = 0; k0 < T; k0 += kTile) {
+        const int64_t nk = std::min(kTile, T - k0);
+        load_transposed(kT.data(), k, b, kvh, k0, nk, HS);
+        load_transposed(vT.data(), v, b, kvh, k0, nk, HS);
+        std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
+        std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
+        const int64_t qstart = causal ? (k0 / kTile) * kTile : 0;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = h0 + g;
+          const float* lse_bh = lse + (b * NH + h) * T;
+          for (int64_t q0 = qstart; q0 < T; q0 += kTile) {
+            const int64_t nq = std::min(kTile, T - q0);
+            const float* qi = row(q, b, h, q0);
+            const float* doi = row(dout, b, h, q0);
+            // p = q kT (scores), ds = dout vT (dp), both (nq x kTile).
+            std::fill(p.begin(), p.begin() + nq * kTile, 0.f);
+            std::fill(ds.begin(), ds.begin() + nq * kTile, 0.f);
+            tile::gemm_acc(p.data(), kTile, qi, q.st, kT.data(), kTile, nq, kTile, HS);
+            tile::gemm_acc(ds.data(), kTile, doi, dout.st, vT.data(), kTile, nq, kTile, HS);
             for (int64_t i = 0; i < nq; ++i) {
-              float* prow = p.data() + i * kTileK;
-              float* dprow = dp.data() + i * kTileK;
-              const int64_t jmax = causal ? std::min(nk, q0 + i - k0 + 1) : nk;
-              const float l = lse_bh[q0 + i], Di = D[q0 + i];
-              for (int64_t j = 0; j < nk; ++j) {
-                const float pij = j < jmax ? std::exp(prow[j] - l) : 0.f;
+              float* prow = p.data() + i * kTile;
+              float* dsrow = ds.data() + i * kTile;
+              const int64_t jmax = visible(q0 + i, k0, nk, causal);
+              const float l = lse_bh[q0 + i], Di = D[g * T + q0 + i];
+              for (int64_t j = 0; j < kTile; ++j) {
+                const float pij = j < jmax ? vec::exp(prow[j] * scale - l) : 0.f;
                 prow[j] = pij;
-                dprow[j] = pij * (dprow[j] - Di) * scale;  // dS, with the score scale folded in
-              }
-              // dv_j += p_ij dout_i ; dk_j += dS_ij q_i ; dq_i += dS_ij k_j
-              float* dqi = dqacc.data() + i * HS;
-              const float* qi = qrows[i];
-              const float* doi = dorows[i];
-              for (int64_t j = 0; j < jmax; ++j) {
-                const float pij = prow[j], dsij = dprow[j];
-                float* dvj = row(dv, b, kvh, k0 + j);
-                float* dkj = row(dk, b, kvh, k0 + j);
-                const float* kj = row(k, b, kvh, k0 + j);
-                for (int64_t d = 0; d < HS; ++d) {
-                  dvj[d] += pij * doi[d];
-                  dkj[d] += dsij * qi[d];
-                  dqi[d] += dsij * kj[d];
-                }
+                dsrow[j] = pij * (dsrow[j] - Di) * scale;  // dS with the score scale folded in
               }
             }
+            transpose_tile(pT.data(), p.data(), nq, nk);
+            transpose_tile(dsT.data(), ds.data(), nq, nk);
+            // dv (nk x HS) += pT (nk x nq) @ dout (nq x HS); dk += dsT @ q; dq (nq x HS) += ds @ k
+            tile::gemm_acc(dv_acc.data(), HS, pT.data(), kTile, doi, dout.st, nk, HS, nq);
+            tile::gemm_acc(dk_acc.data(), HS, dsT.data(), kTile, qi, q.st, nk, HS, nq);
+            tile::gemm_acc(row(dq, b, h, q0), dq.st, ds.data(), kTile, row(k, b, kvh, k0), k.st, nq,
+                           HS, nk);
           }
-          for (int64_t i = 0; i < nq; ++i) {
-            float* dqr = row(dq, b, h, q0 + i);
-            const float* a = dqacc.data() + i * HS;
-            for (int64_t d = 0; d < HS; ++d) dqr[d] = a[d];
-          }
+        }
+        for (int64_t j = 0; j < nk; ++j) {
+          std::copy(dk_acc.begin() + j * HS, dk_acc.begin() + (j + 1) * HS,
+                    row(dk, b, kvh, k0 + j));
+          std::copy(dv_acc.begin() + j * HS, dv_acc.begin() + (j + 1) * HS,
+                    row(dv, b, kvh, k0 + j));
         }
       }
     }

@@ -4,6 +4,7 @@
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/node.hpp"
 #include "acc/util/error.hpp"
+#include "vec_math.hpp"
 
 namespace acc::kernels {
 namespace {
@@ -117,10 +118,11 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 void gelu_forward(float* out, const float* x, int64_t n, bool tanh_approx) {
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
     if (tanh_approx) {
+      // 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
       for (int64_t i = b; i < e; ++i) {
-        float v = x[i];
-        float u = kSqrt2OverPi * (v + 0.044715f * v * v * v);
-        out[i] = 0.5f * v * (1.f + std::tanh(u));
+        const float v = x[i];
+        const float u = kSqrt2OverPi * (v + 0.044715f * v * v * v);
+        out[i] = v * vec::sigmoid(2.f * u);
       }
     } else {
       for (int64_t i = b; i < e; ++i) out[i] = 0.5f * x[i] * (1.f + std::erf(x[i] * kInvSqrt2));
@@ -131,19 +133,19 @@ void gelu_forward(float* out, const float* x, int64_t n, bool tanh_approx) {
 void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, bool tanh_approx) {
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
     if (tanh_approx) {
+      // d/dx [x s(2u)] = s + 2 x s (1 - s) u'
       for (int64_t i = b; i < e; ++i) {
-        float v = x[i];
-        float u = kSqrt2OverPi * (v + 0.044715f * v * v * v);
-        float th = std::tanh(u);
-        float sech2 = 1.f - th * th;
-        float du = kSqrt2OverPi * (1.f + 3.f * 0.044715f * v * v);
-        dx[i] = dout[i] * (0.5f * (1.f + th) + 0.5f * v * sech2 * du);
+        const float v = x[i];
+        const float u = kSqrt2OverPi * (v + 0.044715f * v * v * v);
+        const float s = vec::sigmoid(2.f * u);
+        const float du = kSqrt2OverPi * (1.f + 3.f * 0.044715f * v * v);
+        dx[i] = dout[i] * (s + 2.f * v * s * (1.f - s) * du);
       }
     } else {
       for (int64_t i = b; i < e; ++i) {
-        float v = x[i];
-        float cdf = 0.5f * (1.f + std::erf(v * kInvSqrt2));
-        float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+        const float v = x[i];
+        const float cdf = 0.5f * (1.f + std::erf(v * kInvSqrt2));
+        const float pdf = kInvSqrt2Pi * vec::exp(-0.5f * v * v);
         dx[i] = dout[i] * (cdf + v * pdf);
       }
     }
@@ -152,14 +154,14 @@ void gelu_backward(float* dx, const float* x, const float* dout, int64_t n, bool
 
 void silu_forward(float* out, const float* x, int64_t n) {
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) out[i] = x[i] / (1.f + std::exp(-x[i]));
+    for (int64_t i = b; i < e; ++i) out[i] = x[i] * vec::sigmoid(x[i]);
   });
 }
 
 void silu_backward(float* dx, const float* x, const float* dout, int64_t n) {
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      float s = 1.f / (1.f + std::exp(-x[i]));
+      const float s = vec::sigmoid(x[i]);
       dx[i] = dout[i] * s * (1.f + x[i] * (1.f - s));
     }
   });
@@ -179,19 +181,22 @@ void relu_backward(float* dx, const float* x, const float* dout, int64_t n) {
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+    for (int64_t i = b; i < e; ++i) out[i] = gate[i] * vec::sigmoid(gate[i]) * up[i];
   });
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* gate, const float* up,
                      const float* dout, int64_t n) {
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      float g = gate[i];
-      float s = 1.f / (1.f + std::exp(-g));
-      float silu = g * s;
-      if (dup) dup[i] = dout[i] * silu;
-      if (dgate) dgate[i] = dout[i] * up[i] * s * (1.f + g * (1.f - s));
+    if (dup) {
+      for (int64_t i = b; i < e; ++i) dup[i] = dout[i] * gate[i] * vec::sigmoid(gate[i]);
+    }
+    if (dgate) {
+      for (int64_t i = b; i < e; ++i) {
+        const float g = gate[i];
+        const float s = vec::sigmoid(g);
+        dgate[i] = dout[i] * up[i] * s * (1.f + g * (1.f - s));
+      }
     }
   });
 }

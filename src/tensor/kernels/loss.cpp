@@ -2,6 +2,7 @@
 
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/threading.hpp"
+#include "vec_math.hpp"
 
 namespace acc::kernels {
 
@@ -50,11 +51,8 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
   parallel_for(N, std::max<int64_t>(1, 16384 / std::max<int64_t>(V, 1)), [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
       const float* x = logits + n * V;
-      float mx = -INFINITY;
-      for (int64_t i = 0; i < V; ++i) mx = std::max(mx, x[i]);
-      float s = 0.f;
-      for (int64_t i = 0; i < V; ++i) s += std::exp(x[i] - mx);
-      const float l = mx + std::log(s);
+      const float mx = vec::max(x, V);
+      const float l = mx + std::log(vec::sum_exp(x, mx, V));
       lse[n] = l;
       const int64_t t = static_cast<int64_t>(targets[n]);
       losses[n] = t == ignore_index ? 0.f : l - x[t];
@@ -76,7 +74,7 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
         continue;
       }
       const float g = dloss[n], l = lse[n];
-      for (int64_t i = 0; i < V; ++i) d[i] = std::exp(x[i] - l) * g;
+      for (int64_t i = 0; i < V; ++i) d[i] = vec::exp(x[i] - l) * g;
       d[t] -= g;
     }
   });

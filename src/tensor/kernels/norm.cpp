@@ -3,6 +3,7 @@
 
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/threading.hpp"
+#include "vec_math.hpp"
 
 namespace acc::kernels {
 namespace {
@@ -16,15 +17,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
   parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t n = r0; n < r1; ++n) {
       const float* xr = x + n * C;
-      float m = 0.f;
-      for (int64_t i = 0; i < C; ++i) m += xr[i];
-      m /= static_cast<float>(C);
-      float v = 0.f;
-      for (int64_t i = 0; i < C; ++i) {
-        float d = xr[i] - m;
-        v += d * d;
-      }
-      v /= static_cast<float>(C);
+      const float m = vec::sum(xr, C) / static_cast<float>(C);
+      const float v = vec::sum_sq_dev(xr, m, C) / static_cast<float>(C);
       float s = 1.f / std::sqrt(v + eps);
       float* o = out + n * C;
       if (b) {
@@ -55,13 +49,26 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dout, cons
         const float* xr = x + n * C;
         const float* g = dout + n * C;
         const float m = mean[n], s = rstd[n];
-        float sum_g = 0.f, sum_gx = 0.f;
-        for (int64_t i = 0; i < C; ++i) {
-          float xhat = (xr[i] - m) * s;
-          float gw = g[i] * w[i];
-          sum_g += gw;
-          sum_gx += gw * xhat;
+        // sum(g w) and sum(g w xhat) = s * sum(g w (x - m)), in 16 lanes each.
+        float lane_g[16] = {0}, lane_gx[16] = {0};
+        int64_t i0 = 0;
+        for (; i0 + 16 <= C; i0 += 16) {
+          for (int j = 0; j < 16; ++j) {
+            const float gw = g[i0 + j] * w[i0 + j];
+            lane_g[j] += gw;
+            lane_gx[j] += gw * (xr[i0 + j] - m);
+          }
         }
+        float sum_g = 0.f, sum_gx_raw = 0.f;
+        for (int j = 0; j < 16; ++j) {
+          sum_g += lane_g[j];
+          sum_gx_raw += lane_gx[j];
+        }
+        for (; i0 < C; ++i0) {
+          sum_g += g[i0] * w[i0];
+          sum_gx_raw += g[i0] * w[i0] * (xr[i0] - m);
+        }
+        float sum_gx = sum_gx_raw * s;
         sum_g /= static_cast<float>(C);
         sum_gx /= static_cast<float>(C);
         float* d = dx + n * C;
@@ -87,9 +94,8 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
   parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t n = r0; n < r1; ++n) {
       const float* xr = x + n * C;
-      float ss = 0.f;
-      for (int64_t i = 0; i < C; ++i) ss += xr[i] * xr[i];
-      float s = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
+      const float ss = vec::dot(xr, xr, C);
+      const float s = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
       float* o = out + n * C;
       for (int64_t i = 0; i < C; ++i) o[i] = xr[i] * s * w[i];
       rstd[n] = s;
@@ -109,8 +115,14 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
         const float* xr = x + n * C;
         const float* g = dout + n * C;
         const float s = rstd[n];
+        float lane[16] = {0};
+        int64_t i0 = 0;
+        for (; i0 + 16 <= C; i0 += 16) {
+          for (int j = 0; j < 16; ++j) lane[j] += g[i0 + j] * w[i0 + j] * xr[i0 + j];
+        }
         float dot = 0.f;
-        for (int64_t i = 0; i < C; ++i) dot += g[i] * w[i] * xr[i];
+        for (int j = 0; j < 16; ++j) dot += lane[j];
+        for (; i0 < C; ++i0) dot += g[i0] * w[i0] * xr[i0];
         const float k = dot * s * s / static_cast<float>(C);
         float* d = dx + n * C;
         for (int64_t i = 0; i < C; ++i) {
@@ -132,14 +144,9 @@ void softmax_forward(float* out, const float* x, int64_t N, int64_t C) {
     for (int64_t n = r0; n < r1; ++n) {
       const float* xr = x + n * C;
       float* o = out + n * C;
-      float mx = -INFINITY;
-      for (int64_t i = 0; i < C; ++i) mx = std::max(mx, xr[i]);
-      float s = 0.f;
-      for (int64_t i = 0; i < C; ++i) {
-        o[i] = std::exp(xr[i] - mx);
-        s += o[i];
-      }
-      float inv = 1.f / s;
+      const float mx = vec::max(xr, C);
+      for (int64_t i = 0; i < C; ++i) o[i] = vec::exp(xr[i] - mx);
+      const float inv = 1.f / vec::sum(o, C);
       for (int64_t i = 0; i < C; ++i) o[i] *= inv;
     }
   });
@@ -150,8 +157,7 @@ void softmax_backward(float* dx, const float* y, const float* dy, int64_t N, int
     for (int64_t n = r0; n < r1; ++n) {
       const float* yr = y + n * C;
       const float* g = dy + n * C;
-      float dot = 0.f;
-      for (int64_t i = 0; i < C; ++i) dot += yr[i] * g[i];
+      const float dot = vec::dot(yr, g, C);
       float* d = dx + n * C;
       for (int64_t i = 0; i < C; ++i) d[i] = yr[i] * (g[i] - dot);
     }
@@ -162,11 +168,8 @@ void log_softmax_forward(float* out, const float* x, int64_t N, int64_t C) {
   parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t n = r0; n < r1; ++n) {
       const float* xr = x + n * C;
-      float mx = -INFINITY;
-      for (int64_t i = 0; i < C; ++i) mx = std::max(mx, xr[i]);
-      float s = 0.f;
-      for (int64_t i = 0; i < C; ++i) s += std::exp(xr[i] - mx);
-      const float lse = mx + std::log(s);
+      const float mx = vec::max(xr, C);
+      const float lse = mx + std::log(vec::sum_exp(xr, mx, C));
       float* o = out + n * C;
       for (int64_t i = 0; i < C; ++i) o[i] = xr[i] - lse;
     }
@@ -178,10 +181,9 @@ void log_softmax_backward(float* dx, const float* y, const float* dy, int64_t N,
     for (int64_t n = r0; n < r1; ++n) {
       const float* yr = y + n * C;
       const float* g = dy + n * C;
-      float s = 0.f;
-      for (int64_t i = 0; i < C; ++i) s += g[i];
+      const float s = vec::sum(g, C);
       float* d = dx + n * C;
-      for (int64_t i = 0; i < C; ++i) d[i] = g[i] - std::exp(yr[i]) * s;
+      for (int64_t i = 0; i < C; ++i) d[i] = g[i] - vec::exp(yr[i]) * s;
     }
   });
 }
