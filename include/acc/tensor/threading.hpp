@@ -11,6 +11,16 @@
 
 namespace acc {
 
+/// How GEMMs use the threads: kOpenBlas lets OpenBLAS run its own pthreads; kTbb keeps OpenBLAS
+/// single-threaded and splits each large GEMM into per-thread blocks run as TBB tasks, so that one
+/// pool serves everything (no OpenBLAS threads spinning while TBB works). ACC_GEMM_THREADING=
+/// openblas|tbb chooses; the default is the faster one measured on this machine
+/// (benchmarks/README.md).
+enum class GemmThreading { kOpenBlas, kTbb };
+/// Throws acc::ValueError when ACC_GEMM_THREADING holds anything else.
+GemmThreading gemm_threading();
+void set_gemm_threading(GemmThreading mode);
+
 /// Throws acc::ValueError unless n >= 1.
 void set_num_threads(int n);
 int get_num_threads();

@@ -3,7 +3,23 @@
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/threading.hpp"
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+
 namespace acc::kernels {
+
+namespace {
+
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
+              static_cast<blasint>(ldc));
+}
+
+}  // namespace
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -15,10 +31,32 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
     }
     return;
   }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
-              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
-              static_cast<blasint>(ldc));
+  const int threads = get_num_threads();
+  if (gemm_threading() == GemmThreading::kOpenBlas || threads == 1 || M * N * K < (1 << 21)) {
+    sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  // One thread pool: split the larger of M and N into one block per thread (multiples of 64) and
+  // run single-threaded sgemm calls as TBB tasks.
+  const bool split_m = M >= N;
+  const int64_t extent = split_m ? M : N;
+  const int64_t block = (extent / threads + 63) / 64 * 64;
+  const int64_t nblocks = (extent + block - 1) / block;
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, nblocks, 1),
+      [&](const tbb::blocked_range<int64_t>& r) {
+        for (int64_t bi = r.begin(); bi < r.end(); ++bi) {
+          const int64_t s0 = bi * block, n = std::min(block, extent - s0);
+          if (split_m) {
+            const float* a = ta ? A + s0 : A + s0 * lda;
+            sgemm(ta, tb, n, N, K, alpha, a, lda, B, ldb, beta, C + s0 * ldc, ldc);
+          } else {
+            const float* b = tb ? B + s0 * ldb : B + s0;
+            sgemm(ta, tb, M, n, K, alpha, A, lda, b, ldb, beta, C + s0, ldc);
+          }
+        }
+      },
+      tbb::simple_partitioner());
 }
 
 void axpy(int64_t n, float a, const float* x, float* y) {
