@@ -1,0 +1,213 @@
+// bench_kernels: micro-benchmarks of the kernels a training step of the 17M GPT spends its time
+// in (B8 T256 C512 NH8 V8192), so that a kernel regression shows up by name. Ops run through the
+// public differentiable API (forward, or forward + backward through autograd), which is what
+// training pays for.
+//
+//   ACC_NUM_THREADS=1 build-bench/benchmarks/bench_kernels --benchmark_filter=Attention
+//
+// Rates: "FLOP/s" counters are matrix-product FLOPs (as acc::autograd::FlopCounter counts them),
+// "bytes_per_second" for the bandwidth-bound ops is the bytes of their inputs and outputs.
+
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <vector>
+
+#include "acc/acc.hpp"
+
+namespace {
+
+constexpr int64_t kB = 8, kT = 256, kC = 512, kNH = 8, kHS = 64, kV = 8192;
+constexpr int64_t kN = kB * kT;  // rows of every activation
+
+acc::Tensor leaf(acc::Shape shape, double std = 1.0) {
+  acc::Tensor t = acc::randn(std::move(shape)) * std;
+  return t.detach().set_requires_grad(true);
+}
+
+void clear_grads(std::initializer_list<acc::Tensor*> ts) {
+  for (acc::Tensor* t : ts) t->set_grad(acc::Tensor());
+}
+
+void flops_counter(benchmark::State& state, double flops_per_iter) {
+  state.counters["FLOP/s"] =
+      benchmark::Counter(flops_per_iter, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- sgemm: the peak the MFU of bench_train is measured against.
+void BM_Sgemm(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.01f), b(a.size(), 0.02f), c(a.size());
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  flops_counter(state, 2.0 * n * n * n);
+}
+BENCHMARK(BM_Sgemm)->Arg(2048)->Unit(benchmark::kMillisecond);
+
+// ---- linear layers of the 17M GPT: x (N, IN) -> (N, OUT). Args: OUT, IN.
+void BM_LinearForward(benchmark::State& state) {
+  const int64_t out = state.range(0), in = state.range(1);
+  acc::NoGradGuard ng;
+  acc::Tensor x = acc::randn({kN, in}), w = acc::randn({out, in}) * 0.02, b = acc::zeros({out});
+  for (auto _ : state) benchmark::DoNotOptimize(acc::linear(x, w, b).raw_data());
+  flops_counter(state, 2.0 * kN * in * out);
+}
+void BM_LinearForwardBackward(benchmark::State& state) {
+  const int64_t out = state.range(0), in = state.range(1);
+  acc::Tensor x = leaf({kN, in}), w = leaf({out, in}, 0.02), b = leaf({out});
+  acc::Tensor dy = acc::randn({kN, out});
+  for (auto _ : state) {
+    clear_grads({&x, &w, &b});
+    acc::linear(x, w, b).backward(dy);
+  }
+  flops_counter(state, 6.0 * kN * in * out);
+}
+void linear_shapes(benchmark::internal::Benchmark* bm) {
+  bm->Args({3 * kC, kC})    // attn.c_attn
+      ->Args({kC, kC})      // attn.c_proj
+      ->Args({4 * kC, kC})  // mlp.c_fc
+      ->Args({kC, 4 * kC})  // mlp.c_proj
+      ->Args({kV, kC})      // tied lm head
+      ->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_LinearForward)->Apply(linear_shapes);
+BENCHMARK(BM_LinearForwardBackward)->Apply(linear_shapes);
+
+// ---- causal attention, q/k/v (B, NH, T, HS). Arg 1: fused flash kernel, 0: reference.
+void BM_AttentionForward(benchmark::State& state) {
+  const bool fused = state.range(0) != 0;
+  acc::NoGradGuard ng;
+  acc::Tensor q = acc::randn({kB, kNH, kT, kHS}), k = acc::randn({kB, kNH, kT, kHS}),
+              v = acc::randn({kB, kNH, kT, kHS});
+  for (auto _ : state) {
+    acc::Tensor y =
+        fused ? acc::scaled_dot_product_attention(q, k, v) : acc::attention_reference(q, k, v);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  flops_counter(state, 2.0 * kB * kNH * kT * kT * kHS);
+}
+void BM_AttentionForwardBackward(benchmark::State& state) {
+  const bool fused = state.range(0) != 0;
+  acc::Tensor q = leaf({kB, kNH, kT, kHS}), k = leaf({kB, kNH, kT, kHS}),
+              v = leaf({kB, kNH, kT, kHS});
+  acc::Tensor dy = acc::randn({kB, kNH, kT, kHS});
+  for (auto _ : state) {
+    clear_grads({&q, &k, &v});
+    acc::Tensor y =
+        fused ? acc::scaled_dot_product_attention(q, k, v) : acc::attention_reference(q, k, v);
+    y.backward(dy);
+  }
+  flops_counter(state, 6.0 * kB * kNH * kT * kT * kHS);
+}
+BENCHMARK(BM_AttentionForward)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
+
+// ---- bandwidth-bound ops on (N, C) activations.
+void BM_LayerNormForwardBackward(benchmark::State& state) {
+  acc::Tensor x = leaf({kN, kC}), w = leaf({kC}), b = leaf({kC});
+  acc::Tensor dy = acc::randn({kN, kC});
+  for (auto _ : state) {
+    clear_grads({&x, &w, &b});
+    acc::layer_norm(x, w, b).backward(dy);
+  }
+  state.SetBytesProcessed(state.iterations() * kN * kC * 4 * 4);  // x, y, dy, dx
+}
+BENCHMARK(BM_LayerNormForwardBackward)->Unit(benchmark::kMicrosecond);
+
+void BM_RmsNormForwardBackward(benchmark::State& state) {
+  acc::Tensor x = leaf({kN, kC}), w = leaf({kC});
+  acc::Tensor dy = acc::randn({kN, kC});
+  for (auto _ : state) {
+    clear_grads({&x, &w});
+    acc::rms_norm(x, w, 1e-5).backward(dy);
+  }
+  state.SetBytesProcessed(state.iterations() * kN * kC * 4 * 4);
+}
+BENCHMARK(BM_RmsNormForwardBackward)->Unit(benchmark::kMicrosecond);
+
+void BM_GeluForwardBackward(benchmark::State& state) {
+  acc::Tensor x = leaf({kN, 4 * kC});
+  acc::Tensor dy = acc::randn({kN, 4 * kC});
+  for (auto _ : state) {
+    clear_grads({&x});
+    acc::gelu(x, acc::GeluApprox::kTanh).backward(dy);
+  }
+  state.SetBytesProcessed(state.iterations() * kN * 4 * kC * 4 * 4);
+}
+BENCHMARK(BM_GeluForwardBackward)->Unit(benchmark::kMicrosecond);
+
+void BM_SwigluForwardBackward(benchmark::State& state) {
+  const int64_t H = 1376;  // the Llama config's intermediate size
+  acc::Tensor g = leaf({kN, H}), u = leaf({kN, H});
+  acc::Tensor dy = acc::randn({kN, H});
+  for (auto _ : state) {
+    clear_grads({&g, &u});
+    acc::swiglu(g, u).backward(dy);
+  }
+  state.SetBytesProcessed(state.iterations() * kN * H * 4 * 6);
+}
+BENCHMARK(BM_SwigluForwardBackward)->Unit(benchmark::kMicrosecond);
+
+void BM_ResidualAddForwardBackward(benchmark::State& state) {
+  acc::Tensor x = leaf({kN, kC}), y = leaf({kN, kC});
+  acc::Tensor dy = acc::randn({kN, kC});
+  for (auto _ : state) {
+    clear_grads({&x, &y});
+    (x + y).backward(dy);
+  }
+  state.SetBytesProcessed(state.iterations() * kN * kC * 4 * 6);
+}
+BENCHMARK(BM_ResidualAddForwardBackward)->Unit(benchmark::kMicrosecond);
+
+// ---- fused cross-entropy over logits (N, V).
+void BM_CrossEntropyForward(benchmark::State& state) {
+  acc::NoGradGuard ng;
+  acc::Tensor logits = acc::randn({kN, kV});
+  std::vector<int64_t> t(static_cast<size_t>(kN));
+  for (int64_t i = 0; i < kN; ++i) t[static_cast<size_t>(i)] = (i * 7919) % kV;
+  acc::Tensor targets = acc::from_vector(t, {kN});
+  for (auto _ : state) benchmark::DoNotOptimize(acc::cross_entropy(logits, targets).item());
+  state.SetBytesProcessed(state.iterations() * kN * kV * 4);
+}
+void BM_CrossEntropyForwardBackward(benchmark::State& state) {
+  acc::Tensor logits = leaf({kN, kV});
+  std::vector<int64_t> t(static_cast<size_t>(kN));
+  for (int64_t i = 0; i < kN; ++i) t[static_cast<size_t>(i)] = (i * 7919) % kV;
+  acc::Tensor targets = acc::from_vector(t, {kN});
+  for (auto _ : state) {
+    clear_grads({&logits});
+    acc::cross_entropy(logits, targets).backward();
+  }
+  state.SetBytesProcessed(state.iterations() * kN * kV * 4 * 3);
+}
+BENCHMARK(BM_CrossEntropyForward)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
+
+// ---- embedding lookup + backward scatter (tokens (N,), table (V, C)).
+void BM_EmbeddingForwardBackward(benchmark::State& state) {
+  acc::Tensor w = leaf({kV, kC});
+  std::vector<int64_t> t(static_cast<size_t>(kN));
+  for (int64_t i = 0; i < kN; ++i) t[static_cast<size_t>(i)] = (i * 7919) % kV;
+  acc::Tensor idx = acc::from_vector(t, {kN});
+  acc::Tensor dy = acc::randn({kN, kC});
+  for (auto _ : state) {
+    clear_grads({&w});
+    acc::embedding(idx, w).backward(dy);
+  }
+}
+BENCHMARK(BM_EmbeddingForwardBackward)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  acc::init_threads_from_env();
+  benchmark::AddCustomContext("acc_threads", std::to_string(acc::get_num_threads()));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
