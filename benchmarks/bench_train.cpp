@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -203,11 +204,15 @@ int64_t max_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// Best GFLOP/s of `reps` timed n^3 cblas_sgemm calls (after one untimed call), at the thread
-// count set by acc::set_num_threads. The buffers are freed on return so they do not stay in the
-// resident set measured for the training run. Returns 0 for reps == 0.
-double sgemm_gflops(int64_t n, int reps) {
+// Best GFLOP/s of `reps` timed n^3 cblas_sgemm calls (after one untimed call) with OpenBLAS's own
+// threading at `threads` threads, whatever the engine's GEMM threading mode (ACC_GEMM_THREADING
+// may keep OpenBLAS single-threaded and split GEMMs itself); OpenBLAS's setting is restored after.
+// The buffers are freed on return so they do not stay in the resident set measured for the
+// training run. Returns 0 for reps == 0.
+double sgemm_gflops(int64_t n, int reps, int threads) {
   if (reps == 0) return 0.0;  // skipped (profiling the training step alone)
+  const int saved_threads = openblas_get_num_threads();
+  openblas_set_num_threads(threads);
   std::vector<float> a(static_cast<size_t>(n * n)), b(a.size()), c(a.size());
   for (size_t i = 0; i < a.size(); ++i) {
     a[i] = static_cast<float>(i % 7) * 0.01f;
@@ -226,6 +231,7 @@ double sgemm_gflops(int64_t n, int reps) {
     best_s = std::min(best_s,
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  openblas_set_num_threads(saved_threads);
   return 2.0 * static_cast<double>(n) * n * n / best_s / 1e9;
 }
 
@@ -290,7 +296,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
   logging::info("{}: {} with {:.2f}M parameters, batch {}x{}, {} thread(s), {} warm-up + {} steps",
                 bc.name, bc.model, model->num_parameters() / 1e6, B, T, a.threads, a.warmup,
                 a.steps);
-  const double sgemm_before = sgemm_gflops(a.sgemm_n, a.sgemm_reps);
+  const double sgemm_before = sgemm_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
 
   std::vector<double> step_ms;
   autograd::FlopCount flops;
@@ -327,8 +333,10 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
   opt.reset();
   model.reset();
   memory::empty_cache();
-  const double sgemm_after = sgemm_gflops(a.sgemm_n, a.sgemm_reps);
+  const double sgemm_after = sgemm_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
 
+  const char* gemm_env = std::getenv("ACC_GEMM_THREADING");
+  const std::string gemm_mode = gemm_env ? gemm_env : "default";
   const double med_ms = median(step_ms);
   const double tokens_per_step = static_cast<double>(B * T);
   const double tokens_per_s = med_ms > 0 ? tokens_per_step / (med_ms / 1000.0) : 0.0;
@@ -343,6 +351,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
       {"seq_len", T},
       {"threads", a.threads},
       {"attention", a.reference_attention ? "reference" : "fused"},
+      {"gemm_threading", gemm_mode},
       {"warmup", a.warmup},
       {"steps", a.steps},
       {"median_step_ms", med_ms},

@@ -132,6 +132,7 @@ line = {
     "torch_max_rss": max(r["max_rss_bytes"] for r in torch),
     "acc_peak_tracked_bytes": acc[0]["peak_tracked_bytes"],
     "torch_setting": setting,
+    "acc_gemm_threading": acc[0].get("gemm_threading"),
     "rounds": rounds, "steps": acc[0]["steps"], "warmup": acc[0]["warmup"],
     "acc_runs_tokens_per_s": [round(r["tokens_per_s"], 1) for r in acc],
     "torch_runs_tokens_per_s": [round(r["tokens_per_s"], 1) for r in torch],
