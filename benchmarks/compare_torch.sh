@@ -62,7 +62,7 @@ echo "compare_torch.sh: results in $OUT" >&2
 steps_for() {  # config -> "warmup steps"
   if [[ $QUICK == 1 ]]; then echo "1 2"; return; fi
   case "$1" in
-    gpt90m) echo "1 3" ;;
+    gpt90m) echo "1 2" ;;
     *) echo "1 5" ;;
   esac
 }
