@@ -32,6 +32,20 @@ class NoGradGuard {
   bool prev_;
 };
 
+/// Sets grad mode to `enabled` for a scope (e.g. recomputation inside a backward).
+class GradModeGuard {
+ public:
+  explicit GradModeGuard(bool enabled) : prev_(GradMode::is_enabled()) {
+    GradMode::set_enabled(enabled);
+  }
+  ~GradModeGuard() { GradMode::set_enabled(prev_); }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 namespace autograd {
 
 class Node;
