@@ -71,20 +71,28 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dout, cons
         float sum_gx = sum_gx_raw * s;
         sum_g /= static_cast<float>(C);
         sum_gx /= static_cast<float>(C);
-        float* d = dx + n * C;
+        float* __restrict d = dx + n * C;
         for (int64_t i = 0; i < C; ++i) {
-          float xhat = (xr[i] - m) * s;
+          const float xhat = (xr[i] - m) * s;
           d[i] = (g[i] * w[i] - sum_g - xhat * sum_gx) * s;
-          if (pdw) pdw[i] += g[i] * xhat;
-          if (pdb) pdb[i] += g[i];
+        }
+        if (pdw) {
+          float* __restrict a = pdw;
+          for (int64_t i = 0; i < C; ++i) a[i] += g[i] * (xr[i] - m) * s;
+        }
+        if (pdb) {
+          float* __restrict a = pdb;
+          for (int64_t i = 0; i < C; ++i) a[i] += g[i];
         }
       }
     }
   });
   for (int64_t c = 0; c < nchunks; ++c) {
-    for (int64_t i = 0; i < C; ++i) {
-      if (dw) dw[i] += part_dw[c * C + i];
-      if (db) db[i] += part_db[c * C + i];
+    if (dw) {
+      for (int64_t i = 0; i < C; ++i) dw[i] += part_dw[c * C + i];
+    }
+    if (db) {
+      for (int64_t i = 0; i < C; ++i) db[i] += part_db[c * C + i];
     }
   }
 }
@@ -124,10 +132,11 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
         for (int j = 0; j < 16; ++j) dot += lane[j];
         for (; i0 < C; ++i0) dot += g[i0] * w[i0] * xr[i0];
         const float k = dot * s * s / static_cast<float>(C);
-        float* d = dx + n * C;
-        for (int64_t i = 0; i < C; ++i) {
-          d[i] = s * (g[i] * w[i] - xr[i] * k);
-          if (pdw) pdw[i] += g[i] * xr[i] * s;
+        float* __restrict d = dx + n * C;
+        for (int64_t i = 0; i < C; ++i) d[i] = s * (g[i] * w[i] - xr[i] * k);
+        if (pdw) {
+          float* __restrict a = pdw;
+          for (int64_t i = 0; i < C; ++i) a[i] += g[i] * xr[i] * s;
         }
       }
     }

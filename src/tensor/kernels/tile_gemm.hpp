@@ -78,6 +78,15 @@ inline void column_panel(float* C, int64_t ldc, const float* A, int64_t lda, con
                          int64_t ldb, int64_t M, int64_t K) {
   int64_t i = 0;
   for (; i + kRows <= M; i += kRows) block<kRows, V>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
+  // Remainder rows in the largest blocks that fit, so B is not reloaded once per row.
+  if (kRows > 4 && i + 4 <= M) {
+    block<4, V>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
+    i += 4;
+  }
+  if (kRows > 2 && i + 2 <= M) {
+    block<2, V>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
+    i += 2;
+  }
   for (; i < M; ++i) block<1, V>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
 }
 #endif
