@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "acc/tensor/kernels.hpp"
+#include "acc/tensor/observer.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc {
@@ -95,7 +96,17 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     std::vector<Tensor> out;
     if (any) {
       for (const auto& hook : node->pre_hooks()) hook(in);
-      out = node->apply(std::move(in));
+      detail::OpObserver* obs = detail::op_observer();
+      if (obs) {
+        // Ops the node runs internally (copies, reshapes) belong to the node's module scope.
+        obs->on_backward_begin(in);
+        detail::push_scope(node->scope());
+        out = node->apply(std::move(in));
+        detail::pop_scope();
+        obs->on_op(node->name(), node->scope(), {}, out, true);
+      } else {
+        out = node->apply(std::move(in));
+      }
     }
     if (!retain_graph) node->release();
     const auto& edges = node->next_edges();

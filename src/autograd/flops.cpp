@@ -1,5 +1,7 @@
 #include "acc/autograd/flops.hpp"
 
+#include "acc/tensor/observer.hpp"
+
 namespace acc::autograd {
 namespace {
 thread_local FlopCounter* current = nullptr;
@@ -14,6 +16,7 @@ FlopCounter::~FlopCounter() {
 
 namespace detail {
 void add_flops(int64_t flops, bool backward) {
+  if (acc::detail::OpObserver* obs = acc::detail::op_observer()) obs->on_flops(flops, backward);
   for (FlopCounter* c = current; c != nullptr; c = c->prev_) {
     (backward ? c->count_.backward : c->count_.forward) += flops;
   }

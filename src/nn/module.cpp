@@ -3,12 +3,11 @@
 #include <algorithm>
 
 #include "acc/tensor/node.hpp"
+#include "acc/tensor/observer.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc::nn {
 namespace {
-
-thread_local std::vector<std::string> scope_stack;
 
 std::string join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
@@ -295,14 +294,14 @@ void Module::remove_hook(int id) {
 }
 
 Module::Scope::Scope(const Module& m) {
-  scope_stack.push_back(m.qualified_name());
+  acc::detail::push_scope(m.qualified_name());
 }
 Module::Scope::~Scope() {
-  scope_stack.pop_back();
+  acc::detail::pop_scope();
 }
 
 std::string Module::current_scope() {
-  return scope_stack.empty() ? "" : scope_stack.back();
+  return acc::detail::current_scope();
 }
 
 const ModulePtr& ModuleList::operator[](size_t i) const {

@@ -82,7 +82,10 @@ SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, Generator& 
 }
 
 Tensor SwiGLUMLP::forward(const Tensor& x) {
-  return (*down_proj_)(swiglu((*gate_proj_)(x), (*up_proj_)(x)));
+  // Separate statements: the order of ops (and so of traces) follows the source.
+  Tensor gate = (*gate_proj_)(x);
+  Tensor up = (*up_proj_)(x);
+  return (*down_proj_)(swiglu(gate, up));
 }
 
 GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, bool bias, Activation act, double dropout,

@@ -1,5 +1,6 @@
 #include "acc/tensor/node.hpp"
 
+#include "acc/tensor/observer.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc {
@@ -63,6 +64,8 @@ Edge gradient_edge(const Tensor& t) {
   auto acc = meta.grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    // Traced: the accumulator belongs to the module that first reads the parameter.
+    if (detail::op_observer()) acc->set_scope(detail::current_scope());
     meta.grad_accumulator = acc;
   }
   return {acc, 0};
@@ -76,10 +79,25 @@ bool any_requires_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
+namespace {
+// "LinearBackward" -> "Linear": the forward op a backward node belongs to.
+std::string forward_name(const std::string& backward_name) {
+  const std::string suffix = "Backward";
+  if (backward_name.size() > suffix.size() &&
+      backward_name.compare(backward_name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    return backward_name.substr(0, backward_name.size() - suffix.size());
+  }
+  return backward_name;
+}
+}  // namespace
+
 bool record_op(const std::string& name, const std::vector<Tensor>& inputs,
                const std::vector<Tensor>& outputs, BackwardFn backward) {
+  detail::OpObserver* obs = detail::op_observer();
+  if (obs) obs->on_op(forward_name(name), detail::current_scope(), inputs, outputs, false);
   if (!any_requires_grad(inputs)) return false;
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  if (obs) node->set_scope(detail::current_scope());
   auto& edges = node->mutable_next_edges();
   edges.reserve(inputs.size());
   for (const Tensor& t : inputs) edges.push_back(gradient_edge(t));

@@ -1,6 +1,7 @@
 #include "acc/tensor/tensor.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <iomanip>
@@ -11,6 +12,7 @@
 #include "acc/tensor/allocator.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/node.hpp"
+#include "acc/tensor/observer.hpp"
 #include "acc/util/error.hpp"
 #include "strided.hpp"
 
@@ -85,12 +87,24 @@ DefaultDeviceGuard::~DefaultDeviceGuard() {
 // ---------------------------------------------------------------------------------------------
 // storage
 
-Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+namespace {
+std::atomic<uint64_t> next_storage_id{1};
+}
+
+Storage::Storage(size_t nbytes, Device device)
+    : nbytes_(nbytes), device_(device), id_(next_storage_id.fetch_add(1)) {
   if (device == Device::kCPU && nbytes > 0) data_ = memory::allocate(nbytes);
+  if (detail::OpObserver* obs = detail::op_observer()) {
+    obs->on_alloc(id_, nbytes, device);
+    observed_ = true;
+  }
 }
 
 Storage::~Storage() {
   if (data_ != nullptr) memory::deallocate(data_, nbytes_);
+  if (observed_) {
+    if (detail::OpObserver* obs = detail::op_observer()) obs->on_free(id_);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -102,6 +102,7 @@ class Module : public std::enable_shared_from_this<Module> {
   int register_forward_hook(ForwardHook hook);
   void set_forward_wrapper(ForwardWrapper wrapper) { wrapper_ = std::move(wrapper); }
   bool has_forward_wrapper() const { return static_cast<bool>(wrapper_); }
+  const ForwardWrapper& forward_wrapper() const { return wrapper_; }
   void remove_hook(int id);
 
   /// RAII: while alive, this module's dotted name is the current scope of this thread.

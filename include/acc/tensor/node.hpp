@@ -84,7 +84,12 @@ class Node {
   void add_pre_hook(PreHook fn) { pre_hooks_.push_back(std::move(fn)); }
   const std::vector<PreHook>& pre_hooks() const { return pre_hooks_; }
 
+  /// Module scope of the forward op (recorded only while an OpObserver is installed).
+  const std::string& scope() const { return scope_; }
+  void set_scope(std::string scope) { scope_ = std::move(scope); }
+
  private:
+  std::string scope_;
   std::vector<PreHook> pre_hooks_;
   std::vector<Edge> next_edges_;
   uint32_t num_outputs_ = 1;

@@ -54,11 +54,16 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  /// Unique for the process lifetime, in creation order: how traces name memory (never by
+  /// address).
+  uint64_t id() const { return id_; }
 
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
+  uint64_t id_;
+  bool observed_ = false;  // its birth was reported to an OpObserver, so its death is too
 };
 
 /// Autograd state of one tensor. Lives in the tensor layer because every tensor carries it; the
@@ -82,6 +87,9 @@ struct TensorImpl {
   Shape strides;  // in elements
   DType dtype = DType::kFloat32;
   std::unique_ptr<AutogradMeta> autograd;
+  /// Identity a tracer gave this tensor (valid while trace_session matches its session).
+  int64_t trace_id = -1;
+  uint64_t trace_session = 0;
 };
 
 /// The device new tensors get when the caller does not name one: kCPU unless a

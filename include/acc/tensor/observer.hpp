@@ -1,0 +1,48 @@
+#pragma once
+// Hooks through which a tracer watches execution: every op (forward and backward), the FLOPs they
+// report, and the birth and death of every storage (meta storages included, so a shape-only run
+// on the meta device has the same memory timeline as a real one). One observer per thread, set
+// for the duration of a trace; with none set the hooks cost a thread-local load.
+//
+// The module scope stack lives here too (nn::Module pushes its dotted name when called), so that
+// ops and their backward nodes know which module they belong to.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "acc/tensor/tensor.hpp"
+
+namespace acc::detail {
+
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  /// A storage of `nbytes` was created (id unique for the process lifetime).
+  virtual void on_alloc(uint64_t storage_id, size_t nbytes, Device device) = 0;
+  /// A storage reported by on_alloc was destroyed.
+  virtual void on_free(uint64_t storage_id) = 0;
+  /// Matrix-product FLOPs of the op being executed (reported before on_op).
+  virtual void on_flops(int64_t flops, bool backward) = 0;
+  /// A backward node is about to run on these gradients (its on_op follows with no inputs, so that
+  /// the observer holds no reference that would change what the node does with them). Nested for
+  /// backward passes run inside a node (activation recomputation).
+  virtual void on_backward_begin(const std::vector<Tensor>& grad_inputs) = 0;
+  /// An op ran: a forward op (name of its backward node without "Backward", e.g. "Linear") or a
+  /// backward node ("LinearBackward"), with the module scope it belongs to.
+  virtual void on_op(const std::string& name, const std::string& scope,
+                     const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                     bool backward) = 0;
+};
+
+/// The observer of this thread, or null.
+OpObserver* op_observer();
+/// Installs `obs` for this thread (null removes it); returns the previous one.
+OpObserver* set_op_observer(OpObserver* obs);
+
+/// Module scope stack of this thread ("" when empty).
+void push_scope(std::string scope);
+void pop_scope();
+const std::string& current_scope();
+
+}  // namespace acc::detail

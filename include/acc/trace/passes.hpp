@@ -1,0 +1,104 @@
+#pragma once
+// Analyses over a trace: FLOPs and bytes per module scope, the repeated-block structure, the
+// patterns tensor parallelism shards, topological order, liveness of activations, and the memory
+// and compute estimates the strategy search trusts.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "acc/nn/module.hpp"
+#include "acc/trace/tracer.hpp"
+
+namespace acc::trace {
+
+// ---- per scope ----
+struct ScopeStats {
+  int64_t forward_flops = 0;
+  int64_t backward_flops = 0;
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;
+  int64_t ops = 0;
+  int64_t parameters = 0;  // elements of parameters registered under the scope
+};
+/// Stats of every scope, each op counted in its scope and in every enclosing one ("" is the whole
+/// model). Parameters are attributed by their dotted names.
+std::map<std::string, ScopeStats> scope_stats(const Trace& t);
+
+// ---- structure ----
+/// A run of sibling modules with the same type and the same parameter names and shapes, called in
+/// sequence: the transformer blocks the pipeline splitter and the recompute chooser work with.
+struct BlockGroup {
+  std::string container;            // dotted name of the parent ("transformer.h")
+  std::string type_name;            // "GPTBlock"
+  std::vector<std::string> blocks;  // dotted names, in order
+  int64_t parameters_per_block = 0;
+};
+/// Found from the module tree alone (any model, no names recognised); the largest group first.
+std::vector<BlockGroup> find_blocks(const nn::Module& module);
+
+/// Linear -> activation -> Linear (an MLP tensor parallelism splits column-then-row). For a gated
+/// MLP, `first` holds both the gate and the up projection.
+struct MlpPattern {
+  std::string scope;               // the enclosing module
+  std::vector<std::string> first;  // scopes of the first linear(s)
+  std::string activation;          // "Gelu", "Silu", "Swiglu", "Relu"
+  std::string second;              // scope of the second linear
+};
+/// q/k/v projection(s) -> attention -> output projection.
+struct AttentionPattern {
+  std::string scope;
+  std::vector<std::string> qkv;  // scopes of the linear(s) producing q, k and v
+  std::string attention_op;      // "Attention"
+  std::string proj;              // scope of the output projection
+};
+std::vector<MlpPattern> find_mlp_patterns(const Trace& t);
+std::vector<AttentionPattern> find_attention_patterns(const Trace& t);
+
+/// Vertices in a topological order of the data-flow edges (Boost.Graph topological_sort).
+std::vector<VertexId> topological_order(const Trace& t);
+
+// ---- liveness and memory ----
+struct StorageLife {
+  uint64_t storage = 0;
+  int64_t bytes = 0;
+  int64_t born = -1;  // op index after which it exists (-1: before the first op)
+  int64_t dies = -1;  // op index after which it is gone (-1: alive at the end)
+  enum class Role { kParameter, kGradient, kInput, kActivation } role = Role::kActivation;
+};
+struct Liveness {
+  std::vector<StorageLife> storages;
+  /// Bytes alive after each op (index into graph.ops()), all roles.
+  std::vector<int64_t> live_after_op;
+  int64_t peak_bytes = 0;
+  int64_t peak_op = -1;  // op index where the peak is reached
+  /// Activation bytes alive when the forward ends (saved for backward).
+  int64_t saved_activation_bytes = 0;
+};
+Liveness liveness(const Trace& t);
+
+/// Bytes of optimizer state per parameter byte: adamw/adam 2, sgd with momentum 1, sgd 0.
+/// Throws acc::ValueError for an unknown optimizer name.
+double optimizer_state_factor(const std::string& optimizer);
+
+struct MemoryEstimate {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_state = 0;
+  int64_t activations_peak = 0;  // peak of activation bytes alive during the step
+  /// Predicted peak of acc::memory::current_bytes() over a training step: parameters and
+  /// optimizer state (alive throughout) plus the peak of everything the step allocates.
+  int64_t peak = 0;
+};
+/// From liveness over the trace (the trace's recompute choice included).
+MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer = "adamw");
+
+struct ComputeEstimate {
+  int64_t forward_flops = 0;
+  int64_t backward_flops = 0;
+  int64_t total() const { return forward_flops + backward_flops; }
+};
+/// FLOPs per step exactly as counted from the ops (recomputed forwards included when present).
+ComputeEstimate estimate_compute(const Trace& t);
+
+}  // namespace acc::trace

@@ -1,0 +1,53 @@
+#pragma once
+// acc::trace::trace: captures any acc::nn model as a graph by running its forward (and backward)
+// on meta tensors, shapes only. The model's own parameters and buffers are swapped for meta
+// storages for the duration of the trace and restored afterwards, so a real CPU model can be
+// traced in place, without its memory and without touching its values or gradients. Errors the
+// model's forward raises for bad input (a sequence longer than the model allows, a shape
+// mismatch) propagate unchanged.
+//
+// What to run: a LanguageModel with (idx, targets) runs its loss; any other module runs forward on
+// the first input and back-propagates from the sum of the output; or pass a loss function.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "acc/nn/module.hpp"
+#include "acc/trace/graph.hpp"
+
+namespace acc::trace {
+
+/// Activation recomputation applied while tracing: none, or every repeated block (the blocks
+/// find_blocks() reports) recomputed in backward.
+enum class Recompute { kNone, kBlock };
+/// "none" | "block"; throws acc::ValueError for anything else.
+Recompute parse_recompute(const std::string& name);
+const char* recompute_name(Recompute r);
+
+struct TraceOptions {
+  bool backward = true;
+  Recompute recompute = Recompute::kNone;
+};
+
+/// A captured step.
+struct Trace {
+  Graph graph;
+  std::string model_type;  // the root module's type name ("GPT", "Llama", "MLP", ...)
+  int64_t num_parameters = 0;
+  int64_t parameter_bytes = 0;
+  std::vector<Shape> input_shapes;
+  TraceOptions options;
+};
+
+/// Computes the loss to back-propagate from the (meta) inputs.
+using LossFn = std::function<Tensor(nn::Module&, const std::vector<Tensor>&)>;
+
+/// Traces `module` on inputs shaped like `sample_inputs` (cpu or meta; only shapes and dtypes are
+/// used). Throws whatever the model throws, acc::ValueError when `sample_inputs` is empty.
+Trace trace(nn::Module& module, const std::vector<Tensor>& sample_inputs,
+            const TraceOptions& options = {});
+Trace trace(nn::Module& module, const LossFn& loss, const std::vector<Tensor>& sample_inputs,
+            const TraceOptions& options = {});
+
+}  // namespace acc::trace

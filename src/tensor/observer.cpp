@@ -1,0 +1,30 @@
+#include "acc/tensor/observer.hpp"
+
+namespace acc::detail {
+namespace {
+thread_local OpObserver* tls_observer = nullptr;
+thread_local std::vector<std::string> tls_scopes;
+const std::string kEmpty;
+}  // namespace
+
+OpObserver* op_observer() {
+  return tls_observer;
+}
+
+OpObserver* set_op_observer(OpObserver* obs) {
+  OpObserver* prev = tls_observer;
+  tls_observer = obs;
+  return prev;
+}
+
+void push_scope(std::string scope) {
+  tls_scopes.push_back(std::move(scope));
+}
+void pop_scope() {
+  if (!tls_scopes.empty()) tls_scopes.pop_back();
+}
+const std::string& current_scope() {
+  return tls_scopes.empty() ? kEmpty : tls_scopes.back();
+}
+
+}  // namespace acc::detail

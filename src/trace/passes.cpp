@@ -1,0 +1,286 @@
+#include "acc/trace/passes.hpp"
+
+#include <boost/graph/topological_sort.hpp>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "acc/util/error.hpp"
+
+namespace acc::trace {
+namespace {
+
+// "a.b.c" -> {"a.b.c", "a.b", "a", ""}
+std::vector<std::string> enclosing_scopes(const std::string& scope) {
+  std::vector<std::string> out;
+  std::string s = scope;
+  while (!s.empty()) {
+    out.push_back(s);
+    const size_t dot = s.rfind('.');
+    s = dot == std::string::npos ? "" : s.substr(0, dot);
+  }
+  out.push_back("");
+  return out;
+}
+
+std::string parent_of(const std::string& scope) {
+  const size_t dot = scope.rfind('.');
+  return dot == std::string::npos ? "" : scope.substr(0, dot);
+}
+
+// Ops that only move or reshape data: patterns look through them.
+bool passes_through(const std::string& op) {
+  static const std::set<std::string> kinds = {"View", "Permute", "Slice",  "Expand", "Clone",
+                                              "To",   "Split",   "Rotary", "Cat"};
+  return kinds.count(op) > 0;
+}
+
+// Forward ops reachable from v by walking edges (in or out) through data-movement ops only.
+std::vector<VertexId> reach(const BoostGraph& g, VertexId v, bool upstream) {
+  std::vector<VertexId> found, stack{v};
+  std::set<VertexId> seen{v};
+  while (!stack.empty()) {
+    VertexId cur = stack.back();
+    stack.pop_back();
+    auto visit = [&](VertexId n) {
+      if (!seen.insert(n).second) return;
+      const Vertex& vx = g[n];
+      if (vx.kind != VertexKind::kOp || vx.phase != Phase::kForward) return;
+      if (passes_through(vx.op)) {
+        stack.push_back(n);
+      } else {
+        found.push_back(n);
+      }
+    };
+    if (upstream) {
+      for (auto [e, end] = boost::in_edges(cur, g); e != end; ++e) visit(boost::source(*e, g));
+    } else {
+      for (auto [e, end] = boost::out_edges(cur, g); e != end; ++e) visit(boost::target(*e, g));
+    }
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::string param_signature(const nn::Module& m) {
+  std::string sig = m.type_name();
+  for (const auto& [name, p] : m.named_parameters()) sig += "|" + name + to_string(p.shape());
+  return sig;
+}
+
+}  // namespace
+
+std::map<std::string, ScopeStats> scope_stats(const Trace& t) {
+  std::map<std::string, ScopeStats> out;
+  const BoostGraph& g = t.graph.boost_graph();
+  for (auto [v, end] = boost::vertices(g); v != end; ++v) {
+    const Vertex& vx = g[*v];
+    if (vx.kind == VertexKind::kParameter) {
+      const std::string owner = parent_of(vx.name);
+      const int64_t n = numel_of(vx.outputs.at(0).shape);
+      for (const std::string& s : enclosing_scopes(owner)) out[s].parameters += n;
+      continue;
+    }
+    if (vx.kind != VertexKind::kOp) continue;
+    for (const std::string& s : enclosing_scopes(vx.scope)) {
+      ScopeStats& st = out[s];
+      (vx.phase == Phase::kForward ? st.forward_flops : st.backward_flops) += vx.flops;
+      st.bytes_read += vx.bytes_read;
+      st.bytes_written += vx.bytes_written;
+      st.ops += 1;
+    }
+  }
+  return out;
+}
+
+std::vector<BlockGroup> find_blocks(const nn::Module& module) {
+  std::vector<BlockGroup> groups;
+  for (const auto& [prefix, m] : module.named_modules()) {
+    const auto children = m->named_children();
+    size_t i = 0;
+    while (i < children.size()) {
+      const std::string sig = param_signature(*children[i].second);
+      size_t j = i + 1;
+      while (j < children.size() && param_signature(*children[j].second) == sig) ++j;
+      const bool is_list = m->type_name() == "ModuleList";
+      const int64_t params = children[i].second->num_parameters();
+      if (params > 0 && (j - i >= 2 || is_list)) {
+        BlockGroup grp;
+        grp.container = prefix;
+        grp.type_name = children[i].second->type_name();
+        grp.parameters_per_block = params;
+        for (size_t k = i; k < j; ++k) {
+          grp.blocks.push_back(prefix.empty() ? children[k].first
+                                              : prefix + "." + children[k].first);
+        }
+        groups.push_back(std::move(grp));
+      }
+      i = j;
+    }
+  }
+  // Nested groups (the linears inside each block) are dropped: a group whose container lies
+  // inside another group's block is structure of that block, not a top-level repetition.
+  std::vector<BlockGroup> top;
+  for (const auto& g : groups) {
+    bool nested = false;
+    for (const auto& other : groups) {
+      for (const auto& b : other.blocks) {
+        if (g.container == b || g.container.rfind(b + ".", 0) == 0) nested = true;
+      }
+    }
+    if (!nested) top.push_back(g);
+  }
+  std::stable_sort(top.begin(), top.end(), [](const BlockGroup& a, const BlockGroup& b) {
+    return a.parameters_per_block * static_cast<int64_t>(a.blocks.size()) >
+           b.parameters_per_block * static_cast<int64_t>(b.blocks.size());
+  });
+  return top;
+}
+
+std::vector<MlpPattern> find_mlp_patterns(const Trace& t) {
+  static const std::set<std::string> activations = {"Gelu", "Silu", "Relu", "Swiglu"};
+  const BoostGraph& g = t.graph.boost_graph();
+  std::vector<MlpPattern> out;
+  for (VertexId v : t.graph.ops()) {
+    const Vertex& act = g[v];
+    if (act.phase != Phase::kForward || !activations.count(act.op)) continue;
+    MlpPattern p;
+    p.activation = act.op;
+    for (VertexId u : reach(g, v, /*upstream=*/true)) {
+      if (g[u].op == "Linear") p.first.push_back(g[u].scope);
+    }
+    for (VertexId w : reach(g, v, /*upstream=*/false)) {
+      if (g[w].op == "Linear") p.second = g[w].scope;
+    }
+    if (p.first.empty() || p.second.empty()) continue;
+    p.scope = parent_of(p.second);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<AttentionPattern> find_attention_patterns(const Trace& t) {
+  const BoostGraph& g = t.graph.boost_graph();
+  std::vector<AttentionPattern> out;
+  for (VertexId v : t.graph.ops()) {
+    const Vertex& att = g[v];
+    if (att.phase != Phase::kForward || att.op != "Attention") continue;
+    AttentionPattern p;
+    p.attention_op = att.op;
+    for (VertexId u : reach(g, v, /*upstream=*/true)) {
+      if (g[u].op == "Linear" && std::find(p.qkv.begin(), p.qkv.end(), g[u].scope) == p.qkv.end()) {
+        p.qkv.push_back(g[u].scope);
+      }
+    }
+    for (VertexId w : reach(g, v, /*upstream=*/false)) {
+      if (g[w].op == "Linear") p.proj = g[w].scope;
+    }
+    if (p.qkv.empty() || p.proj.empty()) continue;
+    p.scope = att.scope;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<VertexId> topological_order(const Trace& t) {
+  std::vector<VertexId> order;
+  boost::topological_sort(t.graph.boost_graph(), std::back_inserter(order));
+  std::reverse(order.begin(), order.end());
+  return order;
+}
+
+Liveness liveness(const Trace& t) {
+  const Graph& g = t.graph;
+  Liveness out;
+  std::map<uint64_t, size_t> index;  // storage -> position in out.storages
+  const int64_t nops = static_cast<int64_t>(g.ops().size());
+  out.live_after_op.assign(static_cast<size_t>(std::max<int64_t>(nops, 0)), 0);
+  int64_t live = 0;
+  size_t e = 0;
+  const auto& events = g.memory_events();
+  // Running total in event order (exact), sampled after each op.
+  for (int64_t op = -1; op < nops; ++op) {
+    for (; e < events.size() && events[e].op_index == op; ++e) {
+      const MemoryEvent& ev = events[e];
+      live += ev.bytes;
+      if (ev.bytes > 0) {
+        StorageLife s;
+        s.storage = ev.storage;
+        s.bytes = ev.bytes;
+        s.born = ev.op_index;
+        if (g.parameter_storages().count(ev.storage)) {
+          s.role = StorageLife::Role::kParameter;
+        } else if (g.gradient_storages().count(ev.storage)) {
+          s.role = StorageLife::Role::kGradient;
+        } else if (g.input_storages().count(ev.storage)) {
+          s.role = StorageLife::Role::kInput;
+        }
+        index[ev.storage] = out.storages.size();
+        out.storages.push_back(s);
+      } else if (auto it = index.find(ev.storage); it != index.end()) {
+        out.storages[it->second].dies = ev.op_index;
+      }
+      if (live > out.peak_bytes) {
+        out.peak_bytes = live;
+        out.peak_op = std::min<int64_t>(op + 1, nops - 1);
+      }
+    }
+    if (op >= 0) out.live_after_op[op] = live;
+  }
+  // Everything freed by the trace's own clean-up after the last op (parameters restored, the
+  // meta gradients dropped) is alive at the end of the step.
+  for (StorageLife& s : out.storages) {
+    if (s.dies == nops - 1 && s.role != StorageLife::Role::kActivation) s.dies = -1;
+  }
+  const int64_t boundary = g.backward_begin();
+  for (const StorageLife& s : out.storages) {
+    if (s.role != StorageLife::Role::kActivation) continue;
+    if (s.born < boundary && (s.dies < 0 || s.dies >= boundary - 1)) {
+      out.saved_activation_bytes += s.bytes;
+    }
+  }
+  return out;
+}
+
+double optimizer_state_factor(const std::string& optimizer) {
+  if (optimizer == "adamw" || optimizer == "adam") return 2.0;
+  if (optimizer == "sgd_momentum") return 1.0;
+  if (optimizer == "sgd") return 0.0;
+  ACC_THROW(ValueError, "unknown optimizer '", optimizer,
+            "' (expected adamw, adam, sgd_momentum or sgd)");
+}
+
+MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer) {
+  MemoryEstimate m;
+  const Graph& g = t.graph;
+  m.optimizer_state = static_cast<int64_t>(optimizer_state_factor(optimizer) *
+                                           static_cast<double>(t.parameter_bytes));
+  int64_t live = 0, activations = 0;
+  for (const MemoryEvent& ev : g.memory_events()) {
+    const bool param = g.parameter_storages().count(ev.storage) > 0;
+    const bool grad = g.gradient_storages().count(ev.storage) > 0;
+    const bool input = g.input_storages().count(ev.storage) > 0;
+    if (ev.bytes > 0) {
+      if (param) m.parameters += ev.bytes;
+      if (grad) m.gradients += ev.bytes;
+    }
+    live += ev.bytes;
+    if (!param && !grad && !input) activations += ev.bytes;
+    m.activations_peak = std::max(m.activations_peak, activations);
+    m.peak = std::max(m.peak, live);
+  }
+  m.peak += m.optimizer_state;
+  return m;
+}
+
+ComputeEstimate estimate_compute(const Trace& t) {
+  ComputeEstimate c;
+  for (VertexId v : t.graph.ops()) {
+    const Vertex& vx = t.graph.vertex(v);
+    (vx.phase == Phase::kForward ? c.forward_flops : c.backward_flops) += vx.flops;
+  }
+  return c;
+}
+
+}  // namespace acc::trace

@@ -1,0 +1,338 @@
+#include "acc/trace/tracer.hpp"
+
+#include <atomic>
+#include <unordered_map>
+
+#include "acc/autograd/checkpoint.hpp"
+#include "acc/autograd/ops.hpp"
+#include "acc/models/language_model.hpp"
+#include "acc/tensor/observer.hpp"
+#include "acc/trace/passes.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc::trace {
+
+const char* vertex_kind_name(VertexKind k) {
+  switch (k) {
+    case VertexKind::kOp:
+      return "op";
+    case VertexKind::kParameter:
+      return "parameter";
+    case VertexKind::kInput:
+      return "input";
+  }
+  return "?";
+}
+
+const char* phase_name(Phase p) {
+  return p == Phase::kForward ? "forward" : "backward";
+}
+
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "block") return Recompute::kBlock;
+  ACC_THROW(ValueError, "unknown recompute choice '", name, "' (expected none or block)");
+}
+
+const char* recompute_name(Recompute r) {
+  return r == Recompute::kNone ? "none" : "block";
+}
+
+// Builds the Graph from the observer callbacks of one trace.
+class Recorder : public detail::OpObserver {
+ public:
+  explicit Recorder(Graph& g) : g_(g), session_(next_session_.fetch_add(1)) {}
+
+  TensorInfo info(const Tensor& t) {
+    TensorImpl* impl = t.impl();
+    if (impl->trace_session != session_) {
+      impl->trace_session = session_;
+      impl->trace_id = next_tensor_++;
+    }
+    TensorInfo ti;
+    ti.id = impl->trace_id;
+    ti.storage = local(t.storage()->id());
+    ti.shape = t.shape();
+    ti.dtype = t.dtype();
+    ti.nbytes = static_cast<int64_t>(t.nbytes());
+    return ti;
+  }
+
+  VertexId add_source(VertexKind kind, const std::string& name, const Tensor& t) {
+    Vertex v;
+    v.id = static_cast<int64_t>(boost::num_vertices(g_.g_));
+    v.kind = kind;
+    v.op = vertex_kind_name(kind);
+    v.name = name;
+    v.outputs.push_back(info(t));
+    v.bytes_written = v.outputs.back().nbytes;
+    VertexId id = boost::add_vertex(v, g_.g_);
+    set_producer(v.outputs.back().id, id);
+    (kind == VertexKind::kParameter ? g_.param_storages_ : g_.input_storages_)
+        .insert(v.outputs.back().storage);
+    return id;
+  }
+
+  void mark_backward() {
+    phase_ = Phase::kBackward;
+    g_.backward_begin_ = static_cast<int64_t>(g_.ops_.size());
+  }
+
+  void add_gradient_storage(const Tensor& grad) {
+    g_.grad_storages_.insert(local(grad.storage()->id()));
+  }
+
+  void on_alloc(uint64_t storage, size_t nbytes, Device) override {
+    const int64_t b = static_cast<int64_t>(nbytes);
+    bytes_[storage] = b;
+    g_.events_.push_back({current_op(), local(storage), b});
+  }
+
+  void on_free(uint64_t storage) override {
+    auto it = bytes_.find(storage);
+    if (it == bytes_.end()) return;
+    g_.events_.push_back({current_op(), local(storage), -it->second});
+    bytes_.erase(it);
+  }
+
+  void on_flops(int64_t flops, bool) override { pending_flops_ += flops; }
+
+  void on_backward_begin(const std::vector<Tensor>& grads) override {
+    std::vector<TensorInfo> infos;
+    for (const Tensor& t : grads) {
+      if (t.defined()) infos.push_back(info(t));
+    }
+    pending_inputs_.push_back(std::move(infos));
+  }
+
+  void on_op(const std::string& name, const std::string& scope, const std::vector<Tensor>& inputs,
+             const std::vector<Tensor>& outputs, bool backward) override {
+    Vertex v;
+    v.id = static_cast<int64_t>(boost::num_vertices(g_.g_));
+    v.kind = VertexKind::kOp;
+    v.op = name;
+    v.scope = scope;
+    v.name = scope.empty() ? name : scope + "/" + name;
+    v.phase = backward ? Phase::kBackward : phase_;
+    v.index = static_cast<int64_t>(g_.ops_.size());
+    v.flops = pending_flops_;
+    pending_flops_ = 0;
+    if (backward && !pending_inputs_.empty()) {
+      v.inputs = std::move(pending_inputs_.back());
+      pending_inputs_.pop_back();
+      for (const TensorInfo& ti : v.inputs) v.bytes_read += ti.nbytes;
+    }
+    for (const Tensor& t : inputs) {
+      if (!t.defined()) continue;
+      v.inputs.push_back(info(t));
+      v.bytes_read += v.inputs.back().nbytes;
+    }
+    for (const Tensor& t : outputs) {
+      if (!t.defined()) continue;
+      v.outputs.push_back(info(t));
+      v.bytes_written += v.outputs.back().nbytes;
+    }
+    VertexId id = boost::add_vertex(v, g_.g_);
+    g_.ops_.push_back(id);
+    for (const TensorInfo& in : g_.g_[id].inputs) {
+      if (in.id < static_cast<int64_t>(producer_.size()) && producer_[in.id] >= 0) {
+        boost::add_edge(static_cast<VertexId>(producer_[in.id]), id, Edge{in.id, in.nbytes}, g_.g_);
+      }
+    }
+    for (const TensorInfo& out : g_.g_[id].outputs) set_producer(out.id, id);
+  }
+
+ private:
+  int64_t current_op() const { return static_cast<int64_t>(g_.ops_.size()) - 1; }
+  // Trace-local storage ids in order of first appearance, so dumps do not depend on how many
+  // storages the process created before the trace.
+  uint64_t local(uint64_t global) {
+    auto [it, fresh] = local_ids_.try_emplace(global, local_ids_.size() + 1);
+    return it->second;
+  }
+  void set_producer(int64_t tensor, VertexId v) {
+    if (tensor >= static_cast<int64_t>(producer_.size())) producer_.resize(tensor + 1, -1);
+    producer_[tensor] = static_cast<int64_t>(v);
+  }
+
+  static std::atomic<uint64_t> next_session_;
+  Graph& g_;
+  uint64_t session_;
+  int64_t next_tensor_ = 0;
+  int64_t pending_flops_ = 0;
+  Phase phase_ = Phase::kForward;
+  std::vector<int64_t> producer_;                        // tensor id -> vertex
+  std::vector<std::vector<TensorInfo>> pending_inputs_;  // of backward nodes being run
+  std::unordered_map<uint64_t, int64_t> bytes_;          // live global storage id -> bytes
+  std::unordered_map<uint64_t, uint64_t> local_ids_;     // global storage id -> trace-local id
+};
+
+std::atomic<uint64_t> Recorder::next_session_{1};
+
+namespace {
+
+// Swaps every parameter and buffer of a module onto fresh meta storage for the lifetime of the
+// guard (gradients set aside too), and puts everything back afterwards.
+class MetaSwap {
+ public:
+  MetaSwap(nn::Module& m, Recorder& rec) {
+    for (auto& [name, t] : m.named_parameters()) swap(t, name, rec, VertexKind::kParameter);
+    for (auto& [name, t] : m.named_buffers()) swap(t, name, rec, VertexKind::kParameter);
+  }
+  ~MetaSwap() {
+    for (auto& s : saved_) {
+      TensorImpl* impl = s.tensor.impl();
+      impl->storage = s.storage;
+      impl->offset = s.offset;
+      impl->strides = s.strides;
+      if (impl->autograd) impl->autograd->grad = s.grad;
+    }
+  }
+  MetaSwap(const MetaSwap&) = delete;
+  MetaSwap& operator=(const MetaSwap&) = delete;
+
+ private:
+  struct Saved {
+    Tensor tensor;
+    std::shared_ptr<Storage> storage;
+    int64_t offset;
+    Shape strides;
+    std::shared_ptr<TensorImpl> grad;
+  };
+
+  void swap(Tensor& t, const std::string& name, Recorder& rec, VertexKind kind) {
+    for (const auto& s : saved_) {
+      if (s.tensor.is_same(t)) return;  // tied: already swapped
+    }
+    TensorImpl* impl = t.impl();
+    Saved s{t, impl->storage, impl->offset, impl->strides, nullptr};
+    if (impl->autograd) {
+      s.grad = impl->autograd->grad;
+      impl->autograd->grad.reset();
+    }
+    saved_.push_back(std::move(s));
+    impl->storage = std::make_shared<Storage>(t.nbytes(), Device::kMeta);
+    impl->offset = 0;
+    impl->strides = contiguous_strides(impl->shape);
+    rec.add_source(kind, name, t);
+  }
+
+  std::vector<Saved> saved_;
+};
+
+// Wraps every repeated block in activation recomputation while alive.
+class RecomputeBlocks {
+ public:
+  RecomputeBlocks(nn::Module& root, Recompute r) {
+    if (r == Recompute::kNone) return;
+    auto groups = find_blocks(root);
+    if (groups.empty()) return;
+    for (const auto& name : groups.front().blocks) {
+      nn::ModulePtr block = root.submodule(name);
+      saved_.emplace_back(block, block->forward_wrapper());
+      nn::Module::ForwardWrapper inner = block->forward_wrapper();
+      block->set_forward_wrapper(
+          [inner](nn::Module& m, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
+            if (!inner) return checkpoint(fwd, x);
+            return checkpoint([&](const Tensor& y) { return inner(m, y, fwd); }, x);
+          });
+    }
+  }
+  ~RecomputeBlocks() {
+    for (auto& [block, wrapper] : saved_) block->set_forward_wrapper(wrapper);
+  }
+  RecomputeBlocks(const RecomputeBlocks&) = delete;
+  RecomputeBlocks& operator=(const RecomputeBlocks&) = delete;
+
+ private:
+  std::vector<std::pair<nn::ModulePtr, nn::Module::ForwardWrapper>> saved_;
+};
+
+// Installs the recorder as this thread's observer while alive.
+class ObserverGuard {
+ public:
+  explicit ObserverGuard(detail::OpObserver* obs) : prev_(detail::set_op_observer(obs)) {}
+  ~ObserverGuard() { detail::set_op_observer(prev_); }
+  ObserverGuard(const ObserverGuard&) = delete;
+  ObserverGuard& operator=(const ObserverGuard&) = delete;
+
+ private:
+  detail::OpObserver* prev_;
+};
+
+Tensor default_loss(nn::Module& m, const std::vector<Tensor>& in) {
+  if (auto* lm = dynamic_cast<models::LanguageModel*>(&m); lm != nullptr && in.size() >= 2) {
+    return lm->loss(in[0], in[1]);
+  }
+  Tensor out = m(in[0]);
+  return out.numel() == 1 ? out : sum(out);
+}
+
+}  // namespace
+
+Trace trace(nn::Module& module, const std::vector<Tensor>& sample_inputs,
+            const TraceOptions& options) {
+  return trace(module, default_loss, sample_inputs, options);
+}
+
+Trace trace(nn::Module& module, const LossFn& loss_fn, const std::vector<Tensor>& sample_inputs,
+            const TraceOptions& options) {
+  ACC_CHECK(!sample_inputs.empty(), "trace: at least one sample input is needed");
+  Trace t;
+  t.model_type = module.type_name();
+  t.options = options;
+  for (const auto& [name, p] : module.named_parameters()) {
+    t.num_parameters += p.numel();
+    t.parameter_bytes += static_cast<int64_t>(p.nbytes());
+  }
+  Recorder rec(t.graph);
+  {
+    ObserverGuard observe(&rec);
+    MetaSwap swap(module, rec);
+    RecomputeBlocks recompute(module, options.recompute);
+    std::vector<Tensor> inputs;
+    for (size_t i = 0; i < sample_inputs.size(); ++i) {
+      const Tensor& s = sample_inputs[i];
+      ACC_CHECK(s.defined(), "trace: sample input ", i, " is undefined");
+      t.input_shapes.push_back(s.shape());
+      inputs.push_back(empty(s.shape(), {s.dtype(), Device::kMeta, false}));
+      rec.add_source(VertexKind::kInput, "input." + std::to_string(i), inputs.back());
+    }
+    {
+      Tensor loss = loss_fn(module, inputs);
+      ACC_CHECK(loss.defined(), "trace: the loss function returned an undefined tensor");
+      if (options.backward && loss.requires_grad()) {
+        rec.mark_backward();
+        loss.backward(loss.numel() == 1 ? Tensor() : ones_like(loss));
+        for (const auto& [name, p] : module.named_parameters()) {
+          if (p.grad().defined()) rec.add_gradient_storage(p.grad());
+        }
+      } else {
+        rec.mark_backward();  // no backward ops: they start at the end
+      }
+    }
+    inputs.clear();
+    // MetaSwap restores the real storages and gradients here, while the recorder still sees the
+    // meta ones die.
+  }
+  // Which forward ops keep something alive into the backward.
+  Liveness live = liveness(t);
+  std::set<uint64_t> saved;
+  for (const StorageLife& s : live.storages) {
+    const bool alive_at_boundary =
+        s.born < t.graph.backward_begin() && (s.dies < 0 || s.dies >= t.graph.backward_begin());
+    if (alive_at_boundary && s.role == StorageLife::Role::kActivation) saved.insert(s.storage);
+  }
+  for (VertexId v : t.graph.ops()) {
+    Vertex& vx = t.graph.vertex(v);
+    if (vx.phase != Phase::kForward) continue;
+    for (const auto* list : {&vx.inputs, &vx.outputs}) {
+      for (const TensorInfo& ti : *list) {
+        if (saved.count(ti.storage)) vx.saves_activations = true;
+      }
+    }
+  }
+  return t;
+}
+
+}  // namespace acc::trace

@@ -1,0 +1,341 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "acc/autograd/checkpoint.hpp"
+#include "acc/models/models.hpp"
+#include "acc/optim/adam.hpp"
+#include "acc/tensor/allocator.hpp"
+#include "acc/trace/dump.hpp"
+#include "acc/trace/passes.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc {
+namespace {
+
+models::GPTConfig small_gpt(int64_t layers = 2) {
+  models::GPTConfig c;
+  c.n_layer = layers;
+  c.n_head = 4;
+  c.n_embd = 64;
+  c.vocab_size = 128;
+  c.block_size = 64;
+  return c;
+}
+
+nlohmann::json small_llama() {
+  return {{"hidden_size", 64},
+          {"intermediate_size", 160},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"vocab_size", 128},
+          {"max_position_embeddings", 64}};
+}
+
+Tensor tokens(int64_t B, int64_t T, int64_t V) {
+  return randint(0, V, {B, T});
+}
+
+// A user's own module: two linears around a tanh, nested one level deep.
+struct Encoder : nn::Module {
+  Encoder() : nn::Module("Encoder") {
+    inner = register_module("inner", std::make_shared<nn::Linear>(8, 16));
+    out = register_module("out", std::make_shared<nn::Linear>(16, 3));
+  }
+  Tensor forward(const Tensor& x) override { return (*out)(tanh((*inner)(x))); }
+  std::shared_ptr<nn::Linear> inner, out;
+};
+struct UserModel : nn::Module {
+  UserModel() : nn::Module("UserModel") {
+    enc = register_module("enc", std::make_shared<Encoder>());
+  }
+  Tensor forward(const Tensor& x) override { return (*enc)(x); }
+  std::shared_ptr<Encoder> enc;
+};
+
+std::vector<std::string> op_scopes(const trace::Trace& t, const std::string& op, trace::Phase ph) {
+  std::vector<std::string> out;
+  for (auto v : t.graph.ops()) {
+    const auto& vx = t.graph.vertex(v);
+    if (vx.op == op && vx.phase == ph) out.push_back(vx.scope);
+  }
+  return out;
+}
+
+TEST(Trace, GptOpsHaveScopesShapesAndBothPhases) {
+  models::GPT gpt(small_gpt());
+  trace::Trace t = trace::trace(gpt, {tokens(2, 16, 128), tokens(2, 16, 128)});
+  auto linears = op_scopes(t, "Linear", trace::Phase::kForward);
+  EXPECT_NE(std::find(linears.begin(), linears.end(), "transformer.h.1.attn.c_attn"),
+            linears.end());
+  EXPECT_NE(std::find(linears.begin(), linears.end(), "transformer.h.0.mlp.c_fc"), linears.end());
+  auto back = op_scopes(t, "LinearBackward", trace::Phase::kBackward);
+  EXPECT_EQ(back.size(), linears.size());
+  EXPECT_EQ(op_scopes(t, "Attention", trace::Phase::kForward),
+            (std::vector<std::string>{"transformer.h.0.attn", "transformer.h.1.attn"}));
+  // Shapes, FLOPs and bytes of one op.
+  for (auto v : t.graph.ops()) {
+    const auto& vx = t.graph.vertex(v);
+    if (vx.scope == "transformer.h.0.mlp.c_fc" && vx.op == "Linear") {
+      EXPECT_EQ(vx.outputs.at(0).shape, (Shape{2, 16, 256}));
+      EXPECT_EQ(vx.flops, 2 * 2 * 16 * 64 * 256);
+      EXPECT_EQ(vx.bytes_written, 2 * 16 * 256 * 4);
+      EXPECT_TRUE(vx.saves_activations);
+    }
+  }
+  // Parameters are vertices with their dotted names, feeding the ops that read them.
+  int params = 0;
+  const auto& g = t.graph.boost_graph();
+  for (auto [v, end] = boost::vertices(g); v != end; ++v) {
+    if (g[*v].kind != trace::VertexKind::kParameter) continue;
+    ++params;
+    if (g[*v].name == "transformer.wte.weight") {
+      EXPECT_GE(boost::out_degree(*v, g), 2u);  // embedding and the tied output projection
+    }
+  }
+  EXPECT_EQ(params, static_cast<int>(gpt.named_parameters().size()));
+  EXPECT_GT(t.graph.backward_begin(), 0);
+  EXPECT_LT(t.graph.backward_begin(), static_cast<int64_t>(t.graph.ops().size()));
+}
+
+TEST(Trace, TracingLeavesTheModelUntouchedAndAllocatesNothing) {
+  manual_seed(3);
+  models::GPT gpt(small_gpt());
+  Tensor idx = tokens(2, 16, 128);
+  gpt.loss(idx, idx).backward();
+  Tensor w = gpt.find_tensor("transformer.h.0.attn.c_attn.weight");
+  Tensor w_before = w.clone(), g_before = w.grad().clone();
+  const int64_t before = memory::current_bytes();
+  trace::trace(gpt, {idx, idx});
+  EXPECT_EQ(memory::current_bytes(), before);
+  EXPECT_FALSE(w.is_meta());
+  EXPECT_TRUE(allclose(w, w_before, 0, 0));
+  EXPECT_TRUE(allclose(w.grad(), g_before, 0, 0));
+  // Still trains.
+  EXPECT_TRUE(std::isfinite(gpt.loss(idx, idx).item()));
+}
+
+TEST(Trace, UserDefinedModuleIsTracedWithItsScopes) {
+  auto m = std::make_shared<UserModel>();
+  trace::Trace t = trace::trace(*m, {randn({5, 8})});
+  EXPECT_EQ(op_scopes(t, "Linear", trace::Phase::kForward),
+            (std::vector<std::string>{"enc.inner", "enc.out"}));
+  EXPECT_EQ(op_scopes(t, "Tanh", trace::Phase::kForward), (std::vector<std::string>{"enc"}));
+  auto stats = trace::scope_stats(t);
+  EXPECT_EQ(stats["enc.inner"].forward_flops, 2 * 5 * 8 * 16);
+  EXPECT_EQ(stats["enc"].forward_flops, 2 * 5 * 8 * 16 + 2 * 5 * 16 * 3);
+  // The input needs no gradient, so the first linear computes only its weight gradient.
+  EXPECT_EQ(stats["enc.out"].backward_flops, 2 * stats["enc.out"].forward_flops);
+  EXPECT_EQ(stats["enc.inner"].backward_flops, stats["enc.inner"].forward_flops);
+  EXPECT_EQ(stats["enc.inner"].parameters, 8 * 16 + 16);
+  EXPECT_EQ(stats[""].parameters, m->num_parameters());
+}
+
+TEST(Trace, ForwardErrorsPropagateUnchanged) {
+  models::GPT gpt(small_gpt());
+  Tensor too_long = tokens(1, 65, 128);
+  std::string direct, traced;
+  try {
+    gpt.loss(too_long, too_long);
+  } catch (const ValueError& e) {
+    direct = e.what();
+  }
+  try {
+    trace::trace(gpt, {too_long, too_long});
+  } catch (const ValueError& e) {
+    traced = e.what();
+  }
+  EXPECT_FALSE(direct.empty());
+  EXPECT_EQ(direct, traced);
+  // A shape error from inside the model, too.
+  auto m = std::make_shared<UserModel>();
+  EXPECT_THROW(trace::trace(*m, {randn({5, 7})}), ShapeError);
+  // And the model is whole afterwards.
+  EXPECT_FALSE(m->enc->inner->weight().is_meta());
+  EXPECT_THROW(trace::trace(*m, {}), ValueError);
+}
+
+TEST(Trace, FindsRepeatedBlocksOfAnyModel) {
+  models::GPT gpt(small_gpt(3));
+  auto blocks = trace::find_blocks(gpt);
+  ASSERT_FALSE(blocks.empty());
+  EXPECT_EQ(blocks[0].container, "transformer.h");
+  EXPECT_EQ(blocks[0].type_name, "GPTBlock");
+  EXPECT_EQ(blocks[0].blocks,
+            (std::vector<std::string>{"transformer.h.0", "transformer.h.1", "transformer.h.2"}));
+  auto llama = models::create_model("llama", small_llama());
+  auto lb = trace::find_blocks(*llama);
+  ASSERT_FALSE(lb.empty());
+  EXPECT_EQ(lb[0].container, "model.layers");
+  EXPECT_EQ(lb[0].blocks.size(), 2u);
+  // A user's stack of identical layers, not in a ModuleList.
+  struct Stack : nn::Module {
+    Stack() : nn::Module("Stack") {
+      for (int i = 0; i < 4; ++i)
+        register_module("layer" + std::to_string(i), std::make_shared<nn::Linear>(8, 8));
+    }
+  } stack;
+  auto sb = trace::find_blocks(stack);
+  ASSERT_EQ(sb.size(), 1u);
+  EXPECT_EQ(sb[0].blocks.size(), 4u);
+  EXPECT_EQ(sb[0].type_name, "Linear");
+}
+
+TEST(Trace, FindsTensorParallelPatterns) {
+  models::GPT gpt(small_gpt());
+  trace::Trace t = trace::trace(gpt, {tokens(1, 8, 128), tokens(1, 8, 128)});
+  auto mlp = trace::find_mlp_patterns(t);
+  ASSERT_EQ(mlp.size(), 2u);
+  EXPECT_EQ(mlp[0].scope, "transformer.h.0.mlp");
+  EXPECT_EQ(mlp[0].first, (std::vector<std::string>{"transformer.h.0.mlp.c_fc"}));
+  EXPECT_EQ(mlp[0].activation, "Gelu");
+  EXPECT_EQ(mlp[0].second, "transformer.h.0.mlp.c_proj");
+  auto attn = trace::find_attention_patterns(t);
+  ASSERT_EQ(attn.size(), 2u);
+  EXPECT_EQ(attn[1].qkv, (std::vector<std::string>{"transformer.h.1.attn.c_attn"}));
+  EXPECT_EQ(attn[1].proj, "transformer.h.1.attn.c_proj");
+
+  auto llama = models::create_model("llama", small_llama());
+  trace::Trace lt = trace::trace(*llama, {tokens(1, 8, 128), tokens(1, 8, 128)});
+  auto lm = trace::find_mlp_patterns(lt);
+  ASSERT_EQ(lm.size(), 2u);
+  EXPECT_EQ(lm[0].first, (std::vector<std::string>{"model.layers.0.mlp.gate_proj",
+                                                   "model.layers.0.mlp.up_proj"}));
+  EXPECT_EQ(lm[0].activation, "Swiglu");
+  EXPECT_EQ(lm[0].second, "model.layers.0.mlp.down_proj");
+  auto la = trace::find_attention_patterns(lt);
+  ASSERT_EQ(la.size(), 2u);
+  EXPECT_EQ(la[0].qkv, (std::vector<std::string>{"model.layers.0.self_attn.q_proj",
+                                                 "model.layers.0.self_attn.k_proj",
+                                                 "model.layers.0.self_attn.v_proj"}));
+  EXPECT_EQ(la[0].proj, "model.layers.0.self_attn.o_proj");
+}
+
+TEST(Trace, TopologicalOrderRespectsEveryEdge) {
+  models::GPT gpt(small_gpt());
+  trace::Trace t = trace::trace(gpt, {tokens(1, 8, 128), tokens(1, 8, 128)});
+  auto order = trace::topological_order(t);
+  ASSERT_EQ(order.size(), t.graph.num_vertices());
+  std::map<trace::VertexId, size_t> pos;
+  for (size_t i = 0; i < order.size(); ++i) pos[order[i]] = i;
+  const auto& g = t.graph.boost_graph();
+  size_t edges = 0;
+  for (auto [e, end] = boost::edges(g); e != end; ++e, ++edges) {
+    EXPECT_LT(pos[boost::source(*e, g)], pos[boost::target(*e, g)]);
+  }
+  EXPECT_GT(edges, t.graph.ops().size() / 2);
+}
+
+TEST(Trace, DumpsAreIdenticalAcrossRunsAndFreeOfAddresses) {
+  auto dump = [] {
+    models::GPT gpt(small_gpt());
+    Tensor idx = zeros({1, 8}, {DType::kInt64});
+    trace::Trace t = trace::trace(gpt, {idx, idx});
+    return std::make_pair(trace::to_json(t).dump(), trace::to_dot(t));
+  };
+  auto a = dump();
+  Tensor noise = randn({1000});  // the process creates other storages in between
+  auto b = dump();
+  EXPECT_EQ(a.first, b.first);
+  EXPECT_EQ(a.second, b.second);
+  EXPECT_EQ(a.first.find("0x"), std::string::npos);
+  EXPECT_NE(a.second.find("transformer.h.0.attn.c_attn/Linear"), std::string::npos);
+  auto j = nlohmann::json::parse(a.first);
+  EXPECT_EQ(j["model"], "GPT");
+  EXPECT_GT(j["vertices"].size(), 50u);
+}
+
+// FLOPs per step against the closed form: 6 x (matrix parameters) x tokens, plus the attention
+// term (causal: 2 B NH T^2 HS per layer forward, twice that backward).
+TEST(Trace, GptFlopsMatchClosedForm) {
+  models::GPTConfig c = small_gpt(3);
+  models::GPT gpt(c);
+  const int64_t B = 2, T = 32, C = c.n_embd, L = c.n_layer, V = c.vocab_size, NH = c.n_head;
+  trace::Trace t = trace::trace(gpt, {tokens(B, T, V), tokens(B, T, V)});
+  const int64_t matrix_params = L * 12 * C * C + V * C;
+  const int64_t attention = 3 * 2 * B * NH * T * T * (C / NH) * L;
+  EXPECT_EQ(trace::estimate_compute(t).total(), 6 * matrix_params * B * T + attention);
+}
+
+// The memory estimate from liveness over the trace predicts the tracking allocator's peak over a
+// real training step (forward, backward, AdamW step) within 10%.
+struct MemCase {
+  std::string name;
+  std::string model;
+  int64_t B, T;
+  trace::Recompute recompute;
+};
+
+class MemoryEstimate : public testing::TestWithParam<MemCase> {};
+
+TEST_P(MemoryEstimate, PredictsMeasuredPeakWithinTenPercent) {
+  const MemCase& mc = GetParam();
+  manual_seed(0);
+  models::LanguageModelPtr model =
+      mc.model == "gpt" ? models::LanguageModelPtr(std::make_shared<models::GPT>(small_gpt(3)))
+                        : models::create_model("llama", small_llama());
+  Tensor idx = tokens(mc.B, mc.T, 128);
+  trace::Trace t = trace::trace(*model, {idx, idx}, {.recompute = mc.recompute});
+  const trace::MemoryEstimate est = trace::estimate_memory(t, "adamw");
+
+  // The real step, with the same recomputation applied.
+  std::vector<std::pair<nn::ModulePtr, nn::Module::ForwardWrapper>> saved;
+  if (mc.recompute == trace::Recompute::kBlock) {
+    const auto groups = trace::find_blocks(*model);
+    for (const auto& name : groups.at(0).blocks) {
+      auto block = model->submodule(name);
+      saved.emplace_back(block, block->forward_wrapper());
+      block->set_forward_wrapper(
+          [](nn::Module&, const Tensor& x, const auto& fwd) { return checkpoint(fwd, x); });
+    }
+  }
+  optim::AdamW opt(model->named_parameters());
+  opt.zero_grad();
+  memory::reset_peak();
+  const int64_t base = memory::current_bytes() - est.parameters - est.optimizer_state;
+  {
+    Tensor loss = model->loss(idx, idx);
+    loss.backward();
+    opt.step();
+  }
+  const int64_t measured = memory::peak_bytes() - base;
+  for (auto& [block, w] : saved) block->set_forward_wrapper(w);
+  const double err = std::abs(static_cast<double>(est.peak - measured)) / measured;
+  EXPECT_LT(err, 0.10) << mc.name << ": estimated " << est.peak << " measured " << measured;
+  RecordProperty("relative_error", std::to_string(err));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, MemoryEstimate,
+    testing::Values(MemCase{"gpt_b2_t32", "gpt", 2, 32, trace::Recompute::kNone},
+                    MemCase{"gpt_b8_t64", "gpt", 8, 64, trace::Recompute::kNone},
+                    MemCase{"gpt_b4_t64_recompute", "gpt", 4, 64, trace::Recompute::kBlock},
+                    MemCase{"gpt_b16_t16_recompute", "gpt", 16, 16, trace::Recompute::kBlock},
+                    MemCase{"llama_b4_t32", "llama", 4, 32, trace::Recompute::kNone},
+                    MemCase{"llama_b8_t64_recompute", "llama", 8, 64, trace::Recompute::kBlock},
+                    MemCase{"llama_b2_t64", "llama", 2, 64, trace::Recompute::kNone}),
+    [](const testing::TestParamInfo<MemCase>& info) { return info.param.name; });
+
+TEST(Trace, RecomputeLowersTheActivationPeak) {
+  models::GPT gpt(small_gpt(4));
+  Tensor idx = tokens(8, 64, 128);
+  auto none = trace::estimate_memory(trace::trace(gpt, {idx, idx}));
+  auto block = trace::estimate_memory(
+      trace::trace(gpt, {idx, idx}, {.recompute = trace::Recompute::kBlock}));
+  EXPECT_LT(block.activations_peak, none.activations_peak / 2);
+  EXPECT_EQ(block.parameters, none.parameters);
+  // Recomputation runs each block's forward again in backward.
+  trace::Trace tb = trace::trace(gpt, {idx, idx}, {.recompute = trace::Recompute::kBlock});
+  trace::Trace tn = trace::trace(gpt, {idx, idx});
+  EXPECT_GT(trace::estimate_compute(tb).total(), trace::estimate_compute(tn).total());
+}
+
+TEST(Trace, BadOptionsAreRejected) {
+  EXPECT_THROW(trace::parse_recompute("selective"), ValueError);
+  EXPECT_THROW(trace::optimizer_state_factor("lamb"), ValueError);
+}
+
+}  // namespace
+}  // namespace acc
