@@ -14,7 +14,9 @@
 // (forward + backward matrix products, causal attention counted as its half; the optimizer and
 // elementwise ops are not counted). sgemm_peak_gflops is the best of several timed 2048^3
 // cblas_sgemm calls in this process at the same thread count, before and after the run (the max
-// of the two); mfu = achieved_gflops / sgemm_peak_gflops.
+// of the two); mfu = achieved_gflops / sgemm_peak_gflops. mfu_paired is the median over steps of
+// (the step's achieved rate / one 2048^3 sgemm timed right after that step): the same ratio with
+// both sides measured under the same machine load.
 
 #include <cblas.h>
 #include <sys/resource.h>
@@ -209,6 +211,29 @@ int64_t max_rss_bytes() {
 // may keep OpenBLAS single-threaded and split GEMMs itself); OpenBLAS's setting is restored after.
 // The buffers are freed on return so they do not stay in the resident set measured for the
 // training run. Returns 0 for reps == 0.
+// One timed n^3 sgemm on caller-owned buffers (OpenBLAS at `threads`), for the paired measurement
+// after every training step.
+class SgemmProbe {
+ public:
+  SgemmProbe(int64_t n, int threads) : n_(n), threads_(threads), a_(n * n, 0.01f), b_(a_), c_(a_) {}
+  double gflops() {
+    const int saved = openblas_get_num_threads();
+    openblas_set_num_threads(threads_);
+    const int ni = static_cast<int>(n_);
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a_.data(), ni,
+                b_.data(), ni, 0.0f, c_.data(), ni);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    openblas_set_num_threads(saved);
+    return 2.0 * static_cast<double>(n_) * n_ * n_ / s / 1e9;
+  }
+
+ private:
+  int64_t n_;
+  int threads_;
+  std::vector<float> a_, b_, c_;
+};
+
 double sgemm_gflops(int64_t n, int reps, int threads) {
   if (reps == 0) return 0.0;  // skipped (profiling the training step alone)
   const int saved_threads = openblas_get_num_threads();
@@ -298,7 +323,9 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
                 a.steps);
   const double sgemm_before = sgemm_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
 
-  std::vector<double> step_ms;
+  std::vector<double> step_ms, paired_sgemm;
+  std::optional<SgemmProbe> probe;
+  if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads);
   autograd::FlopCount flops;
   double first_loss = NAN, last_loss = NAN;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
@@ -321,7 +348,11 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
     ACC_CHECK(std::isfinite(lv), bc.name, ": loss became ", lv, " at step ", s);
     if (s == 0) first_loss = lv;
     last_loss = lv;
-    if (s >= a.warmup) step_ms.push_back(ms);
+    if (s >= a.warmup) {
+      step_ms.push_back(ms);
+      // The sgemm rate right after the step, under the same machine load.
+      if (probe) paired_sgemm.push_back(probe->gflops());
+    }
     logging::debug("{}: step {} loss {:.4f} {:.1f} ms", bc.name, s, lv, ms);
   }
   const int64_t peak_tracked = memory::peak_bytes();
@@ -332,6 +363,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
   // do not add to the peak resident set.
   opt.reset();
   model.reset();
+  probe.reset();
   memory::empty_cache();
   const double sgemm_after = sgemm_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
 
@@ -343,6 +375,13 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
   const double achieved =
       med_ms > 0 ? static_cast<double>(flops.total()) / (med_ms / 1000.0) / 1e9 : 0.0;
   const double peak = std::max(sgemm_before, sgemm_after);
+  // Paired MFU: each step's achieved rate over the sgemm rate measured right after it, median over
+  // steps. It cancels load changes on a shared machine that the best-of peak does not.
+  std::vector<double> paired;
+  for (size_t i = 0; i < paired_sgemm.size() && i < step_ms.size(); ++i) {
+    paired.push_back(static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9 /
+                     paired_sgemm[i]);
+  }
   json out = {
       {"config", bc.name},
       {"model", bc.model},
@@ -366,6 +405,8 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
       {"sgemm_gflops_after", sgemm_after},
       {"sgemm", std::to_string(a.sgemm_n) + "^3, best of " + std::to_string(a.sgemm_reps)},
       {"mfu", peak > 0 ? json(achieved / peak) : json()},
+      {"sgemm_paired_gflops", paired_sgemm},
+      {"mfu_paired", paired.empty() ? json() : json(median(paired))},
       {"peak_tracked_bytes", peak_tracked},
       {"max_rss_bytes", max_rss_bytes()},
       {"first_loss", first_loss},

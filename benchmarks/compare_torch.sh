@@ -125,6 +125,7 @@ line = {
     "acc_tokens_per_s": round(a_tps, 1), "torch_tokens_per_s": round(t_tps, 1),
     "ratio": round(a_tps / t_tps, 3),
     "acc_mfu": round(med(acc, "mfu"), 3),
+    "acc_mfu_paired": round(med(acc, "mfu_paired"), 3),
     "acc_achieved_gflops": round(med(acc, "achieved_gflops"), 1),
     "sgemm_peak_gflops": round(med(acc, "sgemm_peak_gflops"), 1),
     "model_flops_per_step": acc[0]["model_flops_per_step"],

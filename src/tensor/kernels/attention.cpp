@@ -9,7 +9,8 @@
 // accumulates in place. One task owns a kv head (and the query heads that share it), so there
 // are no races and the result does not depend on the thread count.
 //
-// Every product inside a tile goes through tile::gemm_acc (register-blocked FMA micro-kernel).
+// Every product inside a tile goes through tile::gemm_set/gemm_acc (a register-blocked FMA
+// micro-kernel).
 
 #include <algorithm>
 #include <cmath>
@@ -101,8 +102,7 @@ void attention_forward(AttnGrad out, float* lse, AttnOperand q, AttnOperand k, A
           for (int64_t k0 = 0; k0 < kend; k0 += kKTile) {
             const int64_t nk = std::min<int64_t>(kKTile, kend - k0), nc = product_cols(nk);
             // s (nq x nc) = q (nq x HS) @ kT[:, k0:k0+nc] (HS x nc)
-            for (int64_t i = 0; i < nq; ++i) std::fill_n(s.data() + i * kKTile, nc, 0.f);
-            tile::gemm_acc(s.data(), kKTile, row(q, b, h, q0), q.st, kT.data() + k0, Tp, nq, nc,
+            tile::gemm_set(s.data(), kKTile, row(q, b, h, q0), q.st, kT.data() + k0, Tp, nq, nc,
                            HS);
             for (int64_t i = 0; i < nq; ++i) {
               float* srow = s.data() + i * kKTile;
@@ -174,13 +174,9 @@ void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout,
             // Keys of the block this query tile can see (all of them unless causal).
             const int64_t nv = causal ? std::min(nk, q0 + nq - k0) : nk, nc = product_cols(nv);
             // p = q kT (scores), ds = dout vT (dp), both (nq x nc).
-            for (int64_t i = 0; i < nq; ++i) {
-              std::fill_n(p.data() + i * kKTile, nc, 0.f);
-              std::fill_n(ds.data() + i * kKTile, nc, 0.f);
-            }
-            tile::gemm_acc(p.data(), kKTile, row(q, b, h, q0), q.st, kT.data() + k0, Tp, nq, nc,
+            tile::gemm_set(p.data(), kKTile, row(q, b, h, q0), q.st, kT.data() + k0, Tp, nq, nc,
                            HS);
-            tile::gemm_acc(ds.data(), kKTile, row(dout, b, h, q0), dout.st, vT.data() + k0, Tp, nq,
+            tile::gemm_set(ds.data(), kKTile, row(dout, b, h, q0), dout.st, vT.data() + k0, Tp, nq,
                            nc, HS);
             // p = softmax probabilities, ds = p (dp - D) * scale (the score scale folded in).
             for (int64_t i = 0; i < nq; ++i) {

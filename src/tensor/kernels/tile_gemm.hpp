@@ -52,13 +52,13 @@ constexpr int kRows = 1;
 #endif
 
 #ifndef ACC_TILE_SCALAR
-// C[R rows][V*W cols] += A[R rows][K] * B[K][V*W cols]
-template <int R, int V>
+// C[R rows][V*W cols] (+)= A[R rows][K] * B[K][V*W cols]
+template <int R, int V, bool Acc>
 inline void block(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
                   int64_t K) {
   vreg acc[R][V];
   for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) acc[r][v] = vload(C + r * ldc + v * kWidth);
+    for (int v = 0; v < V; ++v) acc[r][v] = Acc ? vload(C + r * ldc + v * kWidth) : vset1(0.f);
   }
   for (int64_t k = 0; k < K; ++k) {
     vreg b[V];
@@ -73,42 +73,59 @@ inline void block(float* C, int64_t ldc, const float* A, int64_t lda, const floa
   }
 }
 
-template <int V>
+template <int V, bool Acc>
 inline void column_panel(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
                          int64_t ldb, int64_t M, int64_t K) {
   int64_t i = 0;
-  for (; i + kRows <= M; i += kRows) block<kRows, V>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
+  for (; i + kRows <= M; i += kRows) {
+    block<kRows, V, Acc>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
+  }
   // Remainder rows in the largest blocks that fit, so B is not reloaded once per row.
   if (kRows > 4 && i + 4 <= M) {
-    block<4, V>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
+    block<4, V, Acc>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
     i += 4;
   }
   if (kRows > 2 && i + 2 <= M) {
-    block<2, V>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
+    block<2, V, Acc>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
     i += 2;
   }
-  for (; i < M; ++i) block<1, V>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
+  for (; i < M; ++i) block<1, V, Acc>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
 }
 #endif
 
-/// C (M x N, row stride ldc) += A (M x K, row stride lda) @ B (K x N, row stride ldb); all
-/// row-major with unit column stride.
-inline void gemm_acc(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
-                     int64_t ldb, int64_t M, int64_t N, int64_t K) {
+/// C (M x N, row stride ldc) (+)= A (M x K, row stride lda) @ B (K x N, row stride ldb); all
+/// row-major with unit column stride. Without Acc, C is overwritten (it need not be initialised).
+template <bool Acc>
+inline void gemm(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
+                 int64_t M, int64_t N, int64_t K) {
   int64_t j = 0;
 #ifndef ACC_TILE_SCALAR
-  for (; j + 4 * kWidth <= N; j += 4 * kWidth)
-    column_panel<4>(C + j, ldc, A, lda, B + j, ldb, M, K);
-  for (; j + kWidth <= N; j += kWidth) column_panel<1>(C + j, ldc, A, lda, B + j, ldb, M, K);
+  for (; j + 4 * kWidth <= N; j += 4 * kWidth) {
+    column_panel<4, Acc>(C + j, ldc, A, lda, B + j, ldb, M, K);
+  }
+  for (; j + kWidth <= N; j += kWidth) column_panel<1, Acc>(C + j, ldc, A, lda, B + j, ldb, M, K);
 #endif
   if (j < N) {
     for (int64_t i = 0; i < M; ++i) {
+      if (!Acc) {
+        for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] = 0.f;
+      }
       for (int64_t k = 0; k < K; ++k) {
         const float a = A[i * lda + k];
         for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] += a * B[k * ldb + jj];
       }
     }
   }
+}
+
+inline void gemm_acc(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
+                     int64_t ldb, int64_t M, int64_t N, int64_t K) {
+  gemm<true>(C, ldc, A, lda, B, ldb, M, N, K);
+}
+
+inline void gemm_set(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
+                     int64_t ldb, int64_t M, int64_t N, int64_t K) {
+  gemm<false>(C, ldc, A, lda, B, ldb, M, N, K);
 }
 
 }  // namespace acc::kernels::tile
