@@ -1,0 +1,133 @@
+#pragma once
+// Collective communication over OpenMPI, shaped like c10d.
+//
+// Contracts:
+//  - All ranks of a group call its collectives in the same order (MPI's rule); the per-group
+//    sequence number of each call is how a mismatch or a stall is diagnosed.
+//  - Every call returns at once with a Work; the tensors it reads and writes must not be touched
+//    until wait() returns (the Work keeps them alive). Outputs are valid after wait().
+//  - Every collective has a finite timeout (CollectiveOptions::timeout, default
+//  ACC_COMM_TIMEOUT_SEC,
+//    300 s). wait() throws acc::TimeoutError naming the op, its sequence number and the group when
+//    it does not complete in time (the flight recorder is dumped to the log first); an MPI failure
+//    becomes acc::CommError with MPI's message.
+//  - All MPI calls are made by one communication thread per process, which starts operations in
+//    submission order and progresses every operation in flight while the caller computes: this is
+//    what lets gradient communication overlap the backward pass.
+//
+// Tensors are contiguous CPU tensors; f32, bf16, i32 and i64 are supported (bf16 reductions sum in
+// f32 and round back). Large tensors go in chunks so that no MPI count overflows.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "acc/dist/flight_recorder.hpp"
+#include "acc/tensor/tensor.hpp"
+
+namespace acc::dist {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+const char* reduce_op_name(ReduceOp op);
+
+/// The timeout every collective gets unless told otherwise: ACC_COMM_TIMEOUT_SEC (default 300).
+std::chrono::milliseconds default_timeout();
+
+struct CollectiveOptions {
+  std::chrono::milliseconds timeout = default_timeout();
+};
+
+class ProcessGroup;
+
+/// An operation in flight.
+class Work {
+ public:
+  Work(std::string op, std::string group, uint64_t seq, int rank, int size,
+       std::chrono::milliseconds timeout, FlightRecorder* recorder, size_t record);
+  bool is_completed() const;
+  /// Blocks until the operation completes. Throws acc::TimeoutError when it does not within
+  /// `timeout` (default: the op's own), acc::CommError when it failed.
+  void wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  const std::string& op() const { return op_; }
+  const std::string& group() const { return group_; }
+  uint64_t seq() const { return seq_; }
+
+  // Used by the communication engine.
+  void mark_started();
+  void mark_completed();
+  void mark_failed(const std::string& error);
+  void keep_alive(Tensor t) { tensors_.push_back(std::move(t)); }
+  void release_tensors() { tensors_.clear(); }
+
+ private:
+  std::string detail_str(std::chrono::milliseconds limit, const char* where) const;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  enum class State { kQueued, kStarted, kCompleted, kFailed } state_ = State::kQueued;
+  std::string error_;
+  std::string op_, group_;
+  uint64_t seq_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  FlightRecorder* recorder_;
+  size_t record_;
+  std::vector<Tensor> tensors_;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+namespace detail {
+struct GroupState;
+}
+
+class ProcessGroup {
+ public:
+  /// The group of all ranks (after acc::dist::init). Throws acc::CommError before init.
+  static std::shared_ptr<ProcessGroup> world();
+
+  int rank() const;
+  int size() const;
+  const std::string& name() const;
+  /// Global ranks of the members, in group-rank order.
+  const std::vector<int>& members() const;
+
+  /// In place: t <- op over ranks of t.
+  WorkPtr allreduce(Tensor& t, ReduceOp op = ReduceOp::kSum, const CollectiveOptions& o = {});
+  /// input (size * n elements) reduced over ranks; this rank gets block `rank` (n elements).
+  WorkPtr reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::kSum,
+                         const CollectiveOptions& o = {});
+  /// output (size * n elements) = the inputs (n each) of ranks 0..size-1 concatenated.
+  WorkPtr allgather(Tensor& output, const Tensor& input, const CollectiveOptions& o = {});
+  /// t <- root's t.
+  WorkPtr broadcast(Tensor& t, int root, const CollectiveOptions& o = {});
+  /// input (size blocks of n) -> output (size blocks of n): block j of rank i goes to block i of
+  /// rank j.
+  WorkPtr alltoall(Tensor& output, const Tensor& input, const CollectiveOptions& o = {});
+  WorkPtr send(const Tensor& t, int dst, int tag = 0, const CollectiveOptions& o = {});
+  WorkPtr recv(Tensor& t, int src, int tag = 0, const CollectiveOptions& o = {});
+  WorkPtr barrier(const CollectiveOptions& o = {});
+
+  /// A sub-group of the ranks that pass the same `color` (MPI_Comm_split; `key` orders them).
+  /// Collective over this group.
+  std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name);
+
+  FlightRecorder& flight_recorder();
+  /// Calls issued on this group so far.
+  uint64_t sequence_number() const;
+
+  explicit ProcessGroup(std::shared_ptr<detail::GroupState> state);
+  ~ProcessGroup();
+
+ private:
+  std::shared_ptr<detail::GroupState> state_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+}  // namespace acc::dist

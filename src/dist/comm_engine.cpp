@@ -1,0 +1,186 @@
+#include "comm_engine.hpp"
+
+#include <chrono>
+
+#include "acc/tensor/dtype.hpp"
+#include "acc/util/env.hpp"
+#include "acc/util/error.hpp"
+#include "acc/util/logging.hpp"
+
+namespace acc::dist::detail {
+namespace {
+
+// bf16 reductions: each element is widened to f32, combined, and rounded back.
+void bf16_sum_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    b[i] = BFloat16::round_from_float(BFloat16::to_float(a[i]) + BFloat16::to_float(b[i]));
+  }
+}
+
+void bf16_max_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    if (BFloat16::to_float(a[i]) > BFloat16::to_float(b[i])) b[i] = a[i];
+  }
+}
+
+}  // namespace
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  ACC_THROW(CommError, what, " failed: ", std::string(msg, static_cast<size_t>(len)));
+}
+
+CommEngine& CommEngine::instance() {
+  static CommEngine* engine = new CommEngine();  // outlives static destruction
+  return *engine;
+}
+
+void CommEngine::start() {
+  if (running_.load()) return;
+  poll_us_ = static_cast<int>(env::get_int("ACC_COMM_POLL_US", 20));
+  ACC_CHECK(poll_us_ >= 0, "ACC_COMM_POLL_US must be >= 0, got ", poll_us_);
+  check_mpi(MPI_Op_create(&bf16_sum_fn, 1, &bf16_sum_), "MPI_Op_create(bf16 sum)");
+  check_mpi(MPI_Op_create(&bf16_max_fn, 1, &bf16_max_), "MPI_Op_create(bf16 max)");
+  stopping_ = false;
+  abandon_ = false;
+  running_ = true;
+  thread_ = std::thread([this] { loop(); });
+}
+
+bool CommEngine::stop(int64_t drain_ms) {
+  if (!running_.load()) return true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(drain_ms);
+  bool drained = true;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty() && inflight_.empty()) break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      drained = false;
+      abandon_ = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  abandon_ = true;
+  cv_.notify_all();
+  thread_.join();
+  running_ = false;
+  if (drained) {
+    MPI_Op_free(&bf16_sum_);
+    MPI_Op_free(&bf16_max_);
+  }
+  return drained;
+}
+
+void CommEngine::submit(WorkPtr work, StartFn start, FinishFn finish) {
+  ACC_CHECK_AS(CommError, running_.load(),
+               "communication is not initialised (call acc::dist::init first)");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Task{std::move(work), std::move(start), std::move(finish), {}, false});
+  }
+  cv_.notify_all();
+}
+
+void CommEngine::run_sync(const std::function<void()>& fn) {
+  auto work = std::make_shared<Work>("sync", "", 0, 0, 1, std::chrono::hours(24), nullptr, 0);
+  std::exception_ptr error;
+  submit(work, [&]() -> std::vector<MPI_Request> {
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    return {};
+  });
+  work->wait();
+  if (error) std::rethrow_exception(error);
+}
+
+void CommEngine::loop() {
+  while (true) {
+    std::vector<Task> fresh;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (abandon_.load() || (stopping_.load() && queue_.empty() && inflight_.empty())) break;
+      if (queue_.empty() && inflight_.empty()) {
+        cv_.wait_for(lock, std::chrono::milliseconds(50));
+        continue;
+      }
+      while (!queue_.empty()) {
+        fresh.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    // Start new operations in submission order.
+    for (Task& t : fresh) {
+      t.work->mark_started();
+      try {
+        t.requests = t.start();
+      } catch (const std::exception& e) {
+        t.work->mark_failed(e.what());
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      inflight_.push_back(std::move(t));
+    }
+    // Progress everything in flight; complete what is done.
+    bool progressed = !fresh.empty();
+    std::vector<Task> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < inflight_.size();) {
+        Task& t = inflight_[i];
+        int flag = 1;
+        int rc = MPI_SUCCESS;
+        if (!t.requests.empty()) {
+          rc = MPI_Testall(static_cast<int>(t.requests.size()), t.requests.data(), &flag,
+                           MPI_STATUSES_IGNORE);
+        }
+        if (rc != MPI_SUCCESS || flag) {
+          if (rc != MPI_SUCCESS) {
+            try {
+              check_mpi(rc, t.work->op().c_str());
+            } catch (const std::exception& e) {
+              t.work->mark_failed(e.what());
+              t.failed = true;
+            }
+          }
+          done.push_back(std::move(t));
+          inflight_.erase(inflight_.begin() + static_cast<std::ptrdiff_t>(i));
+          progressed = true;
+        } else {
+          ++i;
+        }
+      }
+    }
+    for (Task& t : done) {
+      if (t.failed) continue;
+      try {
+        if (t.finish) t.finish();
+        t.work->mark_completed();
+      } catch (const std::exception& e) {
+        t.work->mark_failed(e.what());
+      }
+    }
+    if (!progressed && poll_us_ > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));
+    }
+  }
+}
+
+}  // namespace acc::dist::detail

@@ -1,0 +1,77 @@
+#pragma once
+// The communication thread: the only thread that calls MPI between init and finalize. Operations
+// are started in submission order (non-blocking MPI calls) and progressed together by polling
+// MPI_Testall, with a short sleep when nothing moved so that a waiting rank leaves the cores to
+// computation.
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "acc/dist/process_group.hpp"
+
+namespace acc::dist::detail {
+
+/// Throws acc::CommError with MPI's message when rc is not MPI_SUCCESS.
+void check_mpi(int rc, const char* what);
+
+struct GroupState {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::string name;
+  int rank = 0, size = 1;
+  std::vector<int> members;
+  std::atomic<uint64_t> seq{0};
+  FlightRecorder recorder;
+};
+
+class CommEngine {
+ public:
+  using StartFn = std::function<std::vector<MPI_Request>()>;
+  using FinishFn = std::function<void()>;
+
+  static CommEngine& instance();
+  void start();
+  /// Drains what is in flight (up to `drain_ms`); returns false when something is still stuck.
+  bool stop(int64_t drain_ms);
+  bool running() const { return running_.load(); }
+
+  /// Queues an operation: `start` issues its non-blocking MPI calls on the comm thread, `finish`
+  /// runs there after they all complete. Both may throw acc::CommError, which fails the Work.
+  void submit(WorkPtr work, StartFn start, FinishFn finish = nullptr);
+  /// Runs `fn` (blocking MPI calls allowed) on the comm thread and waits for it.
+  void run_sync(const std::function<void()>& fn);
+
+  MPI_Op bf16_sum() const { return bf16_sum_; }
+  MPI_Op bf16_max() const { return bf16_max_; }
+
+ private:
+  struct Task {
+    WorkPtr work;
+    StartFn start;
+    FinishFn finish;
+    std::vector<MPI_Request> requests;
+    bool failed = false;
+  };
+  void loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  std::vector<Task> inflight_;
+  std::atomic<bool> running_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> abandon_{false};
+  std::thread thread_;
+  MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
+  int poll_us_ = 20;
+};
+
+}  // namespace acc::dist::detail

@@ -1,0 +1,483 @@
+#include "acc/dist/process_group.hpp"
+
+#include <climits>
+#include <cstring>
+
+#include "acc/util/env.hpp"
+#include "acc/util/error.hpp"
+#include "acc/util/logging.hpp"
+#include "comm_engine.hpp"
+
+namespace acc::dist {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "?";
+}
+
+std::chrono::milliseconds default_timeout() {
+  const double s = env::get_double("ACC_COMM_TIMEOUT_SEC", 300.0);
+  ACC_CHECK(s > 0, "ACC_COMM_TIMEOUT_SEC must be > 0, got ", s);
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work
+
+Work::Work(std::string op, std::string group, uint64_t seq, int rank, int size,
+           std::chrono::milliseconds timeout, FlightRecorder* recorder, size_t record)
+    : op_(std::move(op)),
+      group_(std::move(group)),
+      seq_(seq),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      recorder_(recorder),
+      record_(record) {}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kCompleted;
+}
+
+void Work::mark_started() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kQueued) state_ = State::kStarted;
+  }
+  if (recorder_) recorder_->mark_started(record_);
+}
+
+void Work::mark_completed() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = State::kCompleted;
+  }
+  if (recorder_) recorder_->mark_finished(record_, "completed");
+  release_tensors();
+  cv_.notify_all();
+}
+
+void Work::mark_failed(const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_ = State::kFailed;
+    error_ = error;
+  }
+  if (recorder_) recorder_->mark_finished(record_, "failed");
+  release_tensors();
+  cv_.notify_all();
+}
+
+void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
+  const auto limit = timeout.value_or(timeout_);
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool finished = cv_.wait_for(
+      lock, limit, [&] { return state_ == State::kCompleted || state_ == State::kFailed; });
+  if (state_ == State::kFailed) {
+    ACC_THROW(CommError, op_, " (seq ", seq_, ") on group '", group_, "' failed on rank ", rank_,
+              " of ", size_, ": ", error_);
+  }
+  if (!finished) {
+    const char* where = state_ == State::kQueued ? "queued behind earlier operations" : "started";
+    lock.unlock();
+    const std::string msg = detail_str(limit, where);
+    if (recorder_) {
+      recorder_->mark_finished(record_, "timed_out");
+      recorder_->dump_to_log(msg);
+    }
+    throw TimeoutError(msg);
+  }
+}
+
+std::string Work::detail_str(std::chrono::milliseconds limit, const char* where) const {
+  return ::acc::detail::str_cat(op_, " (seq ", seq_, ") on group '", group_,
+                                "' did not complete within ", limit.count(), " ms on rank ", rank_,
+                                " of ", size_, " (", where, ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// ProcessGroup
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kBFloat16:
+      return MPI_UINT16_T;
+    case DType::kInt32:
+      return MPI_INT32_T;
+    case DType::kInt64:
+      return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  auto& eng = detail::CommEngine::instance();
+  if (t == DType::kBFloat16) return op == ReduceOp::kMax ? eng.bf16_max() : eng.bf16_sum();
+  return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
+}
+
+// The largest element count one MPI call is given (ACC_MPI_MAX_COUNT lowers it for tests; read
+// at every call, on the communication thread, so a test can change it between collectives).
+int64_t max_count() {
+  const int64_t v = env::get_int("ACC_MPI_MAX_COUNT", INT_MAX);
+  ACC_CHECK(v >= 1 && v <= INT_MAX, "ACC_MPI_MAX_COUNT must be in [1, ", INT_MAX, "], got ", v);
+  return v;
+}
+
+void check_tensor(const Tensor& t, const char* op, const char* what) {
+  ACC_CHECK(t.defined(), op, ": ", what, " is undefined");
+  ACC_CHECK_TYPE(!t.is_meta(), op, ": ", what, " is a meta tensor (shape ", t.shape(), ")");
+  ACC_CHECK(t.is_contiguous(), op, ": ", what, " must be contiguous, got strides ", t.strides(),
+            " for shape ", t.shape());
+}
+
+// Divides `x` (in place) by `n` after an average: f32 and bf16 only.
+void scale_in_place(Tensor& x, int n) {
+  if (n == 1) return;
+  const float inv = 1.0f / static_cast<float>(n);
+  if (x.dtype() == DType::kFloat32) {
+    float* p = x.data<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] *= inv;
+  } else if (x.dtype() == DType::kBFloat16) {
+    BFloat16* p = x.data<BFloat16>();
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] = BFloat16(static_cast<float>(p[i]) * inv);
+  } else {
+    ACC_THROW(TypeError, "avg reduction needs a floating tensor, got ", x.dtype());
+  }
+}
+
+// A contiguous MPI datatype of k elements such that n / k fits one call; k divides n.
+MPI_Datatype block_type(int64_t n, DType t, int64_t* count) {
+  if (n <= max_count()) {
+    *count = n;
+    return mpi_type(t);
+  }
+  int64_t k = (n + max_count() - 1) / max_count();
+  while (n % k != 0) ++k;
+  MPI_Datatype dt;
+  detail::check_mpi(MPI_Type_contiguous(static_cast<int>(k), mpi_type(t), &dt),
+                    "MPI_Type_contiguous");
+  detail::check_mpi(MPI_Type_commit(&dt), "MPI_Type_commit");
+  *count = n / k;
+  return dt;
+}
+
+}  // namespace
+
+namespace detail {
+struct PgAccess {
+  static WorkPtr make_work(GroupState& s, const std::string& op, const Tensor* t, int peer,
+                           std::chrono::milliseconds timeout) {
+    const uint64_t seq = ++s.seq;
+    FlightRecord r;
+    r.group = s.name;
+    r.seq = seq;
+    r.op = op;
+    if (t) {
+      r.bytes = static_cast<int64_t>(t->nbytes());
+      r.dtype = dtype_name(t->dtype());
+    }
+    r.peer = peer;
+    const size_t id = s.recorder.record(std::move(r));
+    return std::make_shared<Work>(op, s.name, seq, s.rank, s.size, timeout, &s.recorder, id);
+  }
+};
+}  // namespace detail
+
+ProcessGroup::ProcessGroup(std::shared_ptr<detail::GroupState> state) : state_(std::move(state)) {}
+
+ProcessGroup::~ProcessGroup() = default;
+
+int ProcessGroup::rank() const {
+  return state_->rank;
+}
+int ProcessGroup::size() const {
+  return state_->size;
+}
+const std::string& ProcessGroup::name() const {
+  return state_->name;
+}
+const std::vector<int>& ProcessGroup::members() const {
+  return state_->members;
+}
+FlightRecorder& ProcessGroup::flight_recorder() {
+  return state_->recorder;
+}
+uint64_t ProcessGroup::sequence_number() const {
+  return state_->seq.load();
+}
+
+WorkPtr ProcessGroup::allreduce(Tensor& t, ReduceOp op, const CollectiveOptions& o) {
+  check_tensor(t, "allreduce", "tensor");
+  auto work = detail::PgAccess::make_work(*state_, std::string("allreduce.") + reduce_op_name(op),
+                                          &t, -1, o.timeout);
+  work->keep_alive(t);
+  auto st = state_;
+  Tensor x = t;
+  detail::CommEngine::instance().submit(
+      work,
+      [st, x, op]() {
+        std::vector<MPI_Request> reqs;
+        char* base = static_cast<char*>(x.raw_data());
+        const size_t es = element_size(x.dtype());
+        for (int64_t off = 0; off < x.numel(); off += max_count()) {
+          const int64_t n = std::min(max_count(), x.numel() - off);
+          MPI_Request r;
+          detail::check_mpi(
+              MPI_Iallreduce(MPI_IN_PLACE, base + off * es, static_cast<int>(n),
+                             mpi_type(x.dtype()), mpi_op(op, x.dtype()), st->comm, &r),
+              "MPI_Iallreduce");
+          reqs.push_back(r);
+        }
+        return reqs;
+      },
+      [x, op, st]() mutable {
+        if (op == ReduceOp::kAvg) scale_in_place(x, st->size);
+      });
+  return work;
+}
+
+WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
+                                     const CollectiveOptions& o) {
+  check_tensor(output, "reduce_scatter", "output");
+  check_tensor(input, "reduce_scatter", "input");
+  ACC_CHECK_TYPE(input.dtype() == output.dtype(), "reduce_scatter: input ", input.dtype(),
+                 " and output ", output.dtype(), " differ");
+  ACC_CHECK_SHAPE(input.numel() == output.numel() * size(), "reduce_scatter: input has ",
+                  input.numel(), " elements, expected group size ", size(), " x output ",
+                  output.numel());
+  auto work = detail::PgAccess::make_work(
+      *state_, std::string("reduce_scatter.") + reduce_op_name(op), &input, -1, o.timeout);
+  work->keep_alive(output);
+  work->keep_alive(input);
+  auto st = state_;
+  Tensor out = output, in = input;
+  auto packs = std::make_shared<std::vector<std::vector<char>>>();
+  detail::CommEngine::instance().submit(
+      work,
+      [st, out, in, op, packs]() {
+        std::vector<MPI_Request> reqs;
+        const int64_t n = out.numel();
+        const size_t es = element_size(out.dtype());
+        const char* src = static_cast<const char*>(in.raw_data());
+        char* dst = static_cast<char*>(out.raw_data());
+        int64_t c0 = 0;
+        do {
+          const int64_t cn = std::min(max_count(), n - c0);
+          const char* send = src;
+          if (cn != n) {
+            // Chunk: pack block c0..c0+cn of every rank's slice contiguously.
+            packs->emplace_back(static_cast<size_t>(cn * st->size) * es);
+            char* p = packs->back().data();
+            for (int r = 0; r < st->size; ++r) {
+              std::memcpy(p + r * cn * es, src + (r * n + c0) * es, static_cast<size_t>(cn) * es);
+            }
+            send = p;
+          }
+          MPI_Request req;
+          detail::check_mpi(MPI_Ireduce_scatter_block(send, dst + c0 * es, static_cast<int>(cn),
+                                                      mpi_type(out.dtype()),
+                                                      mpi_op(op, out.dtype()), st->comm, &req),
+                            "MPI_Ireduce_scatter_block");
+          reqs.push_back(req);
+          c0 += cn;
+        } while (c0 < n);
+        return reqs;
+      },
+      [out, op, st, packs]() mutable {
+        packs->clear();
+        if (op == ReduceOp::kAvg) scale_in_place(out, st->size);
+      });
+  return work;
+}
+
+WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input, const CollectiveOptions& o) {
+  check_tensor(output, "allgather", "output");
+  check_tensor(input, "allgather", "input");
+  ACC_CHECK_TYPE(input.dtype() == output.dtype(), "allgather: input ", input.dtype(),
+                 " and output ", output.dtype(), " differ");
+  ACC_CHECK_SHAPE(output.numel() == input.numel() * size(), "allgather: output has ",
+                  output.numel(), " elements, expected group size ", size(), " x input ",
+                  input.numel());
+  auto work = detail::PgAccess::make_work(*state_, "allgather", &input, -1, o.timeout);
+  work->keep_alive(output);
+  work->keep_alive(input);
+  auto st = state_;
+  Tensor out = output, in = input;
+  auto type = std::make_shared<MPI_Datatype>(MPI_DATATYPE_NULL);
+  detail::CommEngine::instance().submit(
+      work,
+      [st, out, in, type]() {
+        int64_t count = 0;
+        *type = block_type(in.numel(), in.dtype(), &count);
+        MPI_Request r;
+        detail::check_mpi(
+            MPI_Iallgather(in.raw_data(), static_cast<int>(count), *type, out.raw_data(),
+                           static_cast<int>(count), *type, st->comm, &r),
+            "MPI_Iallgather");
+        return std::vector<MPI_Request>{r};
+      },
+      [type, in]() {
+        if (*type != mpi_type(in.dtype())) MPI_Type_free(type.get());
+      });
+  return work;
+}
+
+WorkPtr ProcessGroup::broadcast(Tensor& t, int root, const CollectiveOptions& o) {
+  check_tensor(t, "broadcast", "tensor");
+  ACC_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of group '",
+            name(), "' (size ", size(), ")");
+  auto work = detail::PgAccess::make_work(*state_, "broadcast", &t, root, o.timeout);
+  work->keep_alive(t);
+  auto st = state_;
+  Tensor x = t;
+  detail::CommEngine::instance().submit(work, [st, x, root]() {
+    std::vector<MPI_Request> reqs;
+    char* base = static_cast<char*>(x.raw_data());
+    const size_t es = element_size(x.dtype());
+    for (int64_t off = 0; off < x.numel(); off += max_count()) {
+      const int64_t n = std::min(max_count(), x.numel() - off);
+      MPI_Request r;
+      detail::check_mpi(
+          MPI_Ibcast(base + off * es, static_cast<int>(n), mpi_type(x.dtype()), root, st->comm, &r),
+          "MPI_Ibcast");
+      reqs.push_back(r);
+    }
+    return reqs;
+  });
+  return work;
+}
+
+WorkPtr ProcessGroup::alltoall(Tensor& output, const Tensor& input, const CollectiveOptions& o) {
+  check_tensor(output, "alltoall", "output");
+  check_tensor(input, "alltoall", "input");
+  ACC_CHECK_TYPE(input.dtype() == output.dtype(), "alltoall: input ", input.dtype(), " and output ",
+                 output.dtype(), " differ");
+  ACC_CHECK_SHAPE(input.numel() == output.numel() && input.numel() % size() == 0,
+                  "alltoall: input (", input.numel(), " elements) and output (", output.numel(),
+                  ") must be equal and divisible by the group size ", size());
+  auto work = detail::PgAccess::make_work(*state_, "alltoall", &input, -1, o.timeout);
+  work->keep_alive(output);
+  work->keep_alive(input);
+  auto st = state_;
+  Tensor out = output, in = input;
+  auto type = std::make_shared<MPI_Datatype>(MPI_DATATYPE_NULL);
+  detail::CommEngine::instance().submit(
+      work,
+      [st, out, in, type]() {
+        int64_t count = 0;
+        *type = block_type(in.numel() / st->size, in.dtype(), &count);
+        MPI_Request r;
+        detail::check_mpi(
+            MPI_Ialltoall(in.raw_data(), static_cast<int>(count), *type, out.raw_data(),
+                          static_cast<int>(count), *type, st->comm, &r),
+            "MPI_Ialltoall");
+        return std::vector<MPI_Request>{r};
+      },
+      [type, in]() {
+        if (*type != mpi_type(in.dtype())) MPI_Type_free(type.get());
+      });
+  return work;
+}
+
+WorkPtr ProcessGroup::send(const Tensor& t, int dst, int tag, const CollectiveOptions& o) {
+  check_tensor(t, "send", "tensor");
+  ACC_CHECK(dst >= 0 && dst < size() && dst != rank(), "send: destination ", dst,
+            " is not another rank of group '", name(), "' (size ", size(), ", this rank ", rank(),
+            ")");
+  auto work = detail::PgAccess::make_work(*state_, "send", &t, dst, o.timeout);
+  work->keep_alive(t);
+  auto st = state_;
+  Tensor x = t;
+  detail::CommEngine::instance().submit(work, [st, x, dst, tag]() {
+    std::vector<MPI_Request> reqs;
+    const char* base = static_cast<const char*>(x.raw_data());
+    const size_t es = element_size(x.dtype());
+    int64_t off = 0;
+    do {  // at least one message, so an empty tensor still pairs with its recv
+      const int64_t n = std::min(max_count(), x.numel() - off);
+      MPI_Request r;
+      detail::check_mpi(MPI_Isend(base + off * es, static_cast<int>(n), mpi_type(x.dtype()), dst,
+                                  tag, st->comm, &r),
+                        "MPI_Isend");
+      reqs.push_back(r);
+      off += n;
+    } while (off < x.numel());
+    return reqs;
+  });
+  return work;
+}
+
+WorkPtr ProcessGroup::recv(Tensor& t, int src, int tag, const CollectiveOptions& o) {
+  check_tensor(t, "recv", "tensor");
+  ACC_CHECK(src >= 0 && src < size() && src != rank(), "recv: source ", src,
+            " is not another rank of group '", name(), "' (size ", size(), ", this rank ", rank(),
+            ")");
+  auto work = detail::PgAccess::make_work(*state_, "recv", &t, src, o.timeout);
+  work->keep_alive(t);
+  auto st = state_;
+  Tensor x = t;
+  detail::CommEngine::instance().submit(work, [st, x, src, tag]() {
+    std::vector<MPI_Request> reqs;
+    char* base = static_cast<char*>(x.raw_data());
+    const size_t es = element_size(x.dtype());
+    int64_t off = 0;
+    do {
+      const int64_t n = std::min(max_count(), x.numel() - off);
+      MPI_Request r;
+      detail::check_mpi(MPI_Irecv(base + off * es, static_cast<int>(n), mpi_type(x.dtype()), src,
+                                  tag, st->comm, &r),
+                        "MPI_Irecv");
+      reqs.push_back(r);
+      off += n;
+    } while (off < x.numel());
+    return reqs;
+  });
+  return work;
+}
+
+WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
+  auto work = detail::PgAccess::make_work(*state_, "barrier", nullptr, -1, o.timeout);
+  auto st = state_;
+  detail::CommEngine::instance().submit(work, [st]() {
+    MPI_Request r;
+    detail::check_mpi(MPI_Ibarrier(st->comm, &r), "MPI_Ibarrier");
+    return std::vector<MPI_Request>{r};
+  });
+  return work;
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std::string& name) {
+  auto child = std::make_shared<detail::GroupState>();
+  child->name = name;
+  auto st = state_;
+  ++st->seq;  // a collective of this group like any other
+  detail::CommEngine::instance().run_sync([&] {
+    detail::check_mpi(MPI_Comm_split(st->comm, color, key, &child->comm), "MPI_Comm_split");
+    detail::check_mpi(MPI_Comm_set_errhandler(child->comm, MPI_ERRORS_RETURN),
+                      "MPI_Comm_set_errhandler");
+    detail::check_mpi(MPI_Comm_rank(child->comm, &child->rank), "MPI_Comm_rank");
+    detail::check_mpi(MPI_Comm_size(child->comm, &child->size), "MPI_Comm_size");
+    // Members as ranks of this group's members (so world ranks when split from the world).
+    int mine = st->members.at(static_cast<size_t>(st->rank));
+    child->members.assign(static_cast<size_t>(child->size), 0);
+    detail::check_mpi(
+        MPI_Allgather(&mine, 1, MPI_INT, child->members.data(), 1, MPI_INT, child->comm),
+        "MPI_Allgather");
+  });
+  return std::make_shared<ProcessGroup>(child);
+}
+
+}  // namespace acc::dist

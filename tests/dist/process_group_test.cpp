@@ -1,0 +1,262 @@
+// Collectives against closed forms, at whatever world size mpirun gives (CTest runs 2 and 4).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "acc/dist/dist.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc {
+namespace {
+
+using dist::ProcessGroup;
+using dist::ReduceOp;
+using namespace std::chrono_literals;
+
+ProcessGroup& world() {
+  return *ProcessGroup::world();
+}
+
+std::vector<float> iota_from(float start, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i);
+  return v;
+}
+
+TEST(ProcessGroup, WorldMatchesMpi) {
+  EXPECT_EQ(world().size(), dist::world_size());
+  EXPECT_EQ(world().rank(), dist::rank());
+  EXPECT_GE(world().size(), 1);
+  EXPECT_EQ(world().members().size(), static_cast<size_t>(world().size()));
+}
+
+TEST(ProcessGroup, AllreduceSumAvgMaxMatchClosedForm) {
+  const int W = world().size(), r = world().rank();
+  for (int64_t n : {1, 7, 1000, 100003}) {
+    Tensor t = full({n}, r + 1.0);
+    world().allreduce(t, ReduceOp::kSum)->wait();
+    for (float v : t.to_vector<float>()) ASSERT_EQ(v, W * (W + 1) / 2.0f) << n;
+    Tensor a = full({n}, 2.0 * r);
+    world().allreduce(a, ReduceOp::kAvg)->wait();
+    EXPECT_FLOAT_EQ(a.to_vector<float>()[n - 1], static_cast<float>(W - 1));
+    Tensor m = from_vector(iota_from(static_cast<float>(r), n), {n});
+    world().allreduce(m, ReduceOp::kMax)->wait();
+    EXPECT_EQ(m.to_vector<float>()[0], static_cast<float>(W - 1));
+  }
+}
+
+TEST(ProcessGroup, AllreduceOtherDtypes) {
+  const int W = world().size(), r = world().rank();
+  Tensor b = full({33}, r + 1.0, {DType::kBFloat16});
+  world().allreduce(b)->wait();
+  EXPECT_EQ(b.to_vector<float>()[32], W * (W + 1) / 2.0f);  // small integers are exact in bf16
+  Tensor i = from_vector(std::vector<int64_t>{int64_t{1} << 40, r}, {2});
+  world().allreduce(i)->wait();
+  EXPECT_EQ(i.to_vector<int64_t>(),
+            (std::vector<int64_t>{W * (int64_t{1} << 40), W * (W - 1) / 2}));
+}
+
+TEST(ProcessGroup, ReduceScatterGivesEachRankItsBlock) {
+  const int W = world().size(), r = world().rank();
+  const int64_t n = 5;
+  // Rank q contributes x_q[i] = q * 100 + i; block b of the sum is sum_q (q * 100 + b * n + j).
+  Tensor in = from_vector(iota_from(r * 100.0f, n * W), {n * W});
+  Tensor out = empty({n});
+  world().reduce_scatter(out, in)->wait();
+  auto v = out.to_vector<float>();
+  for (int64_t j = 0; j < n; ++j) {
+    EXPECT_EQ(v[j], 100.0f * W * (W - 1) / 2 + W * static_cast<float>(r * n + j));
+  }
+}
+
+TEST(ProcessGroup, AllgatherConcatenatesRanks) {
+  const int W = world().size(), r = world().rank();
+  Tensor in = full({3}, r);
+  Tensor out = empty({3 * W});
+  world().allgather(out, in)->wait();
+  auto v = out.to_vector<float>();
+  for (int q = 0; q < W; ++q) {
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(v[q * 3 + j], q);
+  }
+}
+
+TEST(ProcessGroup, BroadcastFromEveryRoot) {
+  const int W = world().size(), r = world().rank();
+  for (int root = 0; root < W; ++root) {
+    Tensor t = full({4}, r == root ? 42.0 + root : -1.0);
+    world().broadcast(t, root)->wait();
+    EXPECT_EQ(t.to_vector<float>()[3], 42.0f + root);
+  }
+}
+
+TEST(ProcessGroup, AlltoallTransposesBlocks) {
+  const int W = world().size(), r = world().rank();
+  // Block j of rank r holds r * 10 + j; after alltoall, block j of rank r holds j * 10 + r.
+  std::vector<float> v;
+  for (int j = 0; j < W; ++j) v.insert(v.end(), 2, static_cast<float>(r * 10 + j));
+  Tensor in = from_vector(v, {2 * W}), out = empty({2 * W});
+  world().alltoall(out, in)->wait();
+  auto o = out.to_vector<float>();
+  for (int j = 0; j < W; ++j) EXPECT_EQ(o[2 * j], static_cast<float>(j * 10 + r));
+}
+
+TEST(ProcessGroup, SendRecvAroundARing) {
+  const int W = world().size(), r = world().rank();
+  if (W == 1) GTEST_SKIP() << "needs two ranks";
+  Tensor out = full({10}, r), in = empty({10});
+  auto s = world().send(out, (r + 1) % W, 7);
+  auto q = world().recv(in, (r + W - 1) % W, 7);
+  s->wait();
+  q->wait();
+  EXPECT_EQ(in.to_vector<float>()[9], static_cast<float>((r + W - 1) % W));
+}
+
+TEST(ProcessGroup, ManyOperationsInFlightCompleteInOrder) {
+  const int W = world().size(), r = world().rank();
+  std::vector<Tensor> ts;
+  std::vector<dist::WorkPtr> works;
+  for (int k = 0; k < 20; ++k) {
+    ts.push_back(full({1000 + k}, r + k));
+    works.push_back(world().allreduce(ts.back()));
+  }
+  for (int k = 0; k < 20; ++k) {
+    works[k]->wait();
+    EXPECT_EQ(ts[k].to_vector<float>()[0], W * (W - 1) / 2.0f + W * k);
+  }
+  world().barrier()->wait();
+}
+
+TEST(ProcessGroup, LargeTensorsGoInChunks) {
+  const int W = world().size(), r = world().rank();
+  ::setenv("ACC_MPI_MAX_COUNT", "7", 1);  // every call below is split into many MPI calls
+  Tensor t = from_vector(iota_from(static_cast<float>(r), 100), {100});
+  world().allreduce(t)->wait();
+  EXPECT_EQ(t.to_vector<float>()[99], W * 99.0f + W * (W - 1) / 2.0f);
+  Tensor in = from_vector(iota_from(0, 50 * W), {50 * W}), out = empty({50});
+  world().reduce_scatter(out, in)->wait();
+  EXPECT_EQ(out.to_vector<float>()[49], W * static_cast<float>(r * 50 + 49));
+  Tensor g = full({50}, r), gathered = empty({50 * W});
+  world().allgather(gathered, g)->wait();
+  EXPECT_EQ(gathered.to_vector<float>()[50 * W - 1], static_cast<float>(W - 1));
+  Tensor b = full({30}, r == 0 ? 5.0 : 0.0);
+  world().broadcast(b, 0)->wait();
+  EXPECT_EQ(b.to_vector<float>()[29], 5.0f);
+  ::unsetenv("ACC_MPI_MAX_COUNT");
+}
+
+TEST(ProcessGroup, TimeoutNamesTheOperationAndGroup) {
+  const int W = world().size(), r = world().rank();
+  if (W == 1) GTEST_SKIP() << "needs two ranks";
+  world().barrier()->wait();
+  Tensor t = full({8}, 1.0);
+  if (r == 0) {
+    auto w = world().allreduce(t, ReduceOp::kSum, {.timeout = 300ms});
+    try {
+      w->wait();
+      FAIL() << "expected a timeout";
+    } catch (const TimeoutError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("allreduce.sum"), std::string::npos) << m;
+      EXPECT_NE(m.find("seq " + std::to_string(w->seq())), std::string::npos) << m;
+      EXPECT_NE(m.find("group 'world'"), std::string::npos) << m;
+      EXPECT_NE(m.find("300 ms"), std::string::npos) << m;
+    }
+    bool timed_out_recorded = false;
+    for (const auto& e : world().flight_recorder().entries()) {
+      if (e.seq == w->seq() && e.state == "timed_out") timed_out_recorded = true;
+    }
+    EXPECT_TRUE(timed_out_recorded);
+    w->wait(30s);  // the late ranks arrive: it completes after all
+  } else {
+    std::this_thread::sleep_for(1500ms);
+    world().allreduce(t)->wait();
+  }
+  EXPECT_EQ(t.to_vector<float>()[0], static_cast<float>(W));
+}
+
+TEST(ProcessGroup, MpiErrorsBecomeCommErrors) {
+  const int W = world().size(), r = world().rank();
+  if (W == 1) GTEST_SKIP() << "needs two ranks";
+  // A receive buffer smaller than the message: MPI reports truncation.
+  if (r == 0) {
+    world().send(full({10}, 1.0), 1, 3)->wait();
+  } else if (r == 1) {
+    Tensor small = empty({5});
+    EXPECT_THROW(world().recv(small, 0, 3)->wait(), CommError);
+  }
+  world().barrier()->wait();
+}
+
+TEST(ProcessGroup, BadArgumentsAreRejectedBeforeCommunicating) {
+  const int W = world().size();
+  Tensor t = zeros({4, 4});
+  Tensor out = empty({3});
+  EXPECT_THROW(world().reduce_scatter(out, zeros({4 * W + 1})), ShapeError);
+  EXPECT_THROW(world().allgather(out, zeros({2})), ShapeError);
+  Tensor strided = t.slice(1, 0, 2);  // not contiguous
+  EXPECT_THROW(world().allreduce(strided), ValueError);
+  EXPECT_THROW(world().broadcast(t, W), ValueError);
+  EXPECT_THROW(world().send(t, world().rank()), ValueError);
+  Tensor meta = empty({2}, {DType::kFloat32, Device::kMeta});
+  EXPECT_THROW(world().allreduce(meta), TypeError);
+  Tensor bf = zeros({3 * W}, {DType::kBFloat16});
+  EXPECT_THROW(world().reduce_scatter(out, bf), TypeError);
+  world().barrier()->wait();
+}
+
+TEST(ProcessGroup, FlightRecorderKeepsSequenceAndState) {
+  Tensor t = ones({16});
+  const uint64_t before = world().sequence_number();
+  world().allreduce(t)->wait();
+  world().barrier()->wait();
+  auto entries = world().flight_recorder().entries();
+  ASSERT_GE(entries.size(), 2u);
+  const auto& last = entries.back();
+  EXPECT_EQ(last.op, "barrier");
+  EXPECT_EQ(last.seq, before + 2);
+  EXPECT_EQ(last.state, "completed");
+  EXPECT_GE(last.end_ms, last.start_ms);
+  const auto& prev = entries[entries.size() - 2];
+  EXPECT_EQ(prev.op, "allreduce.sum");
+  EXPECT_EQ(prev.bytes, 64);
+  EXPECT_EQ(prev.dtype, "f32");
+  EXPECT_TRUE(world().flight_recorder().to_json().is_array());
+}
+
+TEST(DeviceMesh, GroupsFollowTheLayout) {
+  const int W = world().size(), r = world().rank();
+  // dp x tp with tp = 2 when possible.
+  const int tp = W % 2 == 0 ? 2 : 1;
+  dist::DeviceMesh mesh({.pp = 1, .dp = W / tp, .tp = tp, .sp = 1});
+  EXPECT_EQ(mesh.coordinate("tp"), r % tp);
+  EXPECT_EQ(mesh.coordinate("dp"), r / tp);
+  EXPECT_EQ(mesh.group("tp")->size(), tp);
+  EXPECT_EQ(mesh.group("dp")->size(), W / tp);
+  // A sum inside the tp group adds only the tp peers: ranks (r / tp) * tp .. + tp - 1.
+  Tensor t = full({1}, r);
+  mesh.group("tp")->allreduce(t)->wait();
+  float expect = 0;
+  for (int q = (r / tp) * tp; q < (r / tp) * tp + tp; ++q) expect += q;
+  EXPECT_EQ(t.item(), expect);
+  EXPECT_EQ(mesh.group("dp")->members()[mesh.coordinate("dp")], r);
+}
+
+TEST(DeviceMesh, ImpossibleMeshesAreRejected) {
+  const int W = world().size();
+  try {
+    dist::DeviceMesh mesh({.pp = 1, .dp = 1, .tp = W + 1, .sp = 1});
+    FAIL();
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("tp=" + std::to_string(W + 1)), std::string::npos) << m;
+    EXPECT_NE(m.find("the world has " + std::to_string(W)), std::string::npos) << m;
+  }
+  EXPECT_THROW(dist::DeviceMesh({.pp = 0, .dp = W, .tp = 1, .sp = 1}), ValueError);
+  EXPECT_THROW(dist::DeviceMesh({.pp = 1, .dp = -W, .tp = -1, .sp = 1}), ValueError);
+  dist::DeviceMesh ok({.pp = 1, .dp = W, .tp = 1, .sp = 1});
+  EXPECT_THROW(ok.group("ep"), ValueError);
+}
+
+}  // namespace
+}  // namespace acc
