@@ -1,5 +1,8 @@
 // train_gpt: trains a GPT or Llama language model on a token file, the program a new user starts
-// from. One process for now; later issues run it under mpirun with --strategy.
+// from. One process, or several under mpirun with a --strategy (each rank reads its slice of the
+// global batch; rank 0 logs):
+//
+//   mpirun -np 2 build/examples/train_gpt --strategy '[{"name": "ddp"}]' --data ...
 //
 //   build/examples/train_gpt --model gpt --config examples/configs/gpt_small.json
 //       --data input.txt --data-format text --steps 300 --batch-size 16 --seq-len 128
@@ -17,7 +20,9 @@
 
 #include "acc/acc.hpp"
 #include "acc/data/token_data.hpp"
+#include "acc/dist/dist.hpp"
 #include "acc/io/safetensors.hpp"
+#include "acc/strategies/strategy.hpp"
 
 namespace {
 
@@ -32,6 +37,7 @@ struct Args {
   std::string save_checkpoint;
   std::string resume;
   std::string log_json;
+  std::string strategy;
   int64_t steps = 100;
   int64_t batch_size = 8;
   int64_t seq_len = 256;
@@ -133,18 +139,37 @@ int run(const Args& a) {
     logging::info("loaded weights from {}", a.init_from);
   }
 
-  // Data.
+  // Strategy and the data-parallel group (one rank without mpirun).
+  auto group = dist::ProcessGroup::world();
+  const bool leader = group->rank() == 0;
+  const strategies::Strategy strategy =
+      a.strategy.empty() ? strategies::Strategy{} : strategies::parse_strategy_arg(a.strategy);
+  const bool full_state_per_rank =
+      group->size() == 1 || std::all_of(strategy.begin(), strategy.end(), [](const auto& m) {
+        return m.name != "zero1" && m.name != "zero2" && m.name != "fsdp";
+      });
+  ACC_CHECK(full_state_per_rank || (a.save_checkpoint.empty() && a.resume.empty()),
+            "--save-checkpoint/--resume with a sharded strategy on ", group->size(),
+            " ranks is not supported yet (sharded checkpoints are a later issue); use ddp or one "
+            "rank");
+
+  // Data: this rank's slice of the global batch (global batch = batch-size x ranks).
   auto tokens = std::make_shared<data::TokenFile>(
       data::TokenFile::load(a.data, data::parse_token_format(a.data_format), model->vocab_size()));
   data::BatchLoader loader(tokens, {.batch_size = a.batch_size,
                                     .seq_len = a.seq_len,
                                     .order = data::parse_sample_order(a.data_order),
-                                    .seed = a.seed});
+                                    .seed = a.seed,
+                                    .rank = group->rank(),
+                                    .world = group->size()});
 
-  // Optimizer and schedule.
-  optim::AdamW opt(
-      model->named_parameters(),
-      {.lr = a.lr, .betas = {a.beta1, a.beta2}, .eps = a.eps, .weight_decay = a.weight_decay});
+  // Optimizer, schedule, strategy.
+  auto trainer = strategies::apply(
+      model,
+      optim::AdamW::factory(
+          {.lr = a.lr, .betas = {a.beta1, a.beta2}, .eps = a.eps, .weight_decay = a.weight_decay}),
+      strategy, {.group = group, .grad_clip = a.grad_clip});
+  optim::Optimizer& opt = trainer->optimizer();
   std::unique_ptr<optim::LRScheduler> schedule;
   if (a.lr_schedule == "cosine") {
     schedule = std::make_unique<optim::WarmupCosineLR>(a.lr, a.warmup_steps, a.steps, a.min_lr);
@@ -174,15 +199,19 @@ int run(const Args& a) {
   }
 
   std::ofstream json_log;
-  if (!a.log_json.empty()) {
+  if (!a.log_json.empty() && leader) {
     json_log.open(a.log_json);
     ACC_CHECK_AS(IoError, json_log.good(), "cannot write --log-json file '", a.log_json, "'");
   }
-  logging::info("{} with {:.2f}M parameters, {} tokens in {}, batch {}x{}, {} steps, {} thread(s)",
-                a.model, model->num_parameters() / 1e6, tokens->size(), a.data, a.batch_size,
-                a.seq_len, a.steps, a.threads);
+  if (leader) {
+    logging::info(
+        "{} with {:.2f}M parameters, {} tokens in {}, batch {}x{} per rank x {} rank(s), "
+        "strategy {}, {} step(s), {} thread(s) per rank",
+        a.model, model->num_parameters() / 1e6, tokens->size(), a.data, a.batch_size, a.seq_len,
+        group->size(), strategies::to_json(strategy).dump(), a.steps, a.threads);
+  }
 
-  const double tokens_per_step = static_cast<double>(a.batch_size * a.seq_len);
+  const double tokens_per_step = static_cast<double>(a.batch_size * a.seq_len * group->size());
   std::vector<double> step_ms;
   double first_loss = NAN, last_loss = NAN;
   memory::reset_peak();
@@ -190,14 +219,8 @@ int run(const Args& a) {
     data::Batch batch = loader.next();
     Timer timer;
     const double lr = schedule->apply(opt, step);
-    opt.zero_grad();
-    Tensor loss = model->loss(batch.idx, batch.targets);
-    loss.backward();
-    double grad_norm = NAN;
-    if (a.grad_clip > 0) grad_norm = optim::clip_grad_norm_(model->named_parameters(), a.grad_clip);
-    opt.step();
+    const double loss_v = trainer->train_step(batch);
     const double ms = timer.elapsed_ms();
-    const double loss_v = loss.item();
     ACC_CHECK(std::isfinite(loss_v), "loss became ", loss_v, " at step ", step,
               "; lower --lr or set --grad-clip");
     if (std::isnan(first_loss)) first_loss = loss_v;
@@ -207,28 +230,33 @@ int run(const Args& a) {
     if (json_log.is_open()) {
       nlohmann::json line = {
           {"step", step}, {"loss", loss_v}, {"lr", lr}, {"step_ms", ms}, {"tokens_per_s", tps}};
-      if (!std::isnan(grad_norm)) line["grad_norm"] = grad_norm;
+      if (a.grad_clip > 0) line["grad_norm"] = trainer->last_grad_norm();
       json_log << line.dump() << "\n";
       json_log.flush();
     }
-    if (step % a.log_every == 0 || step + 1 == a.steps) {
+    if (leader && (step % a.log_every == 0 || step + 1 == a.steps)) {
       logging::info("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:7.1f} ms | {:8.0f} tok/s", step,
                     a.steps, loss_v, lr, ms, tps);
     }
   }
   const double med = median(step_ms);
-  logging::info(
-      "done: loss {:.4f} -> {:.4f}, median step {:.1f} ms, {:.0f} tokens/s, peak memory "
-      "{:.1f} MB",
-      first_loss, last_loss, med, med > 0 ? tokens_per_step / (med / 1000.0) : 0.0,
-      memory::peak_bytes() / 1e6);
+  if (leader) {
+    logging::info(
+        "done: loss {:.4f} -> {:.4f}, median step {:.1f} ms, {:.0f} tokens/s, peak memory "
+        "{:.1f} MB per rank",
+        first_loss, last_loss, med, med > 0 ? tokens_per_step / (med / 1000.0) : 0.0,
+        memory::peak_bytes() / 1e6);
+  }
 
   const io::Metadata meta = {{"model_type", a.model}, {"config", model->config_json().dump()}};
   if (!a.save.empty()) {
-    io::save_safetensors(a.save, model->state_dict(), meta);
-    logging::info("saved weights to {}", a.save);
+    auto params = trainer->full_parameters();  // collective for sharded strategies
+    if (leader) {
+      io::save_safetensors(a.save, params, meta);
+      logging::info("saved weights to {}", a.save);
+    }
   }
-  if (!a.save_checkpoint.empty()) {
+  if (!a.save_checkpoint.empty() && leader) {
     io::NamedTensors all;
     for (auto& [n, t] : model->state_dict()) all.emplace_back("model." + n, t);
     for (auto& [n, t] : opt.state_dict()) all.emplace_back("optim." + n, t);
@@ -238,7 +266,7 @@ int run(const Args& a) {
     io::save_safetensors(a.save_checkpoint, all, ck_meta);
     logging::info("saved checkpoint to {}", a.save_checkpoint);
   }
-  if (a.sample > 0) {
+  if (a.sample > 0 && leader && full_state_per_rank) {
     std::string text = sample_text(*model, a.sample, a.seed, a.seq_len);
     std::cout << "----- sample -----\n" << text << "\n------------------\n";
   }
@@ -280,6 +308,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-json", a.log_json, "one JSON line per step");
   app.add_option("--log-every", a.log_every, "console log interval")->capture_default_str();
   app.add_option("--sample", a.sample, "print this many sampled bytes at the end (text models)");
+  app.add_option("--strategy", a.strategy,
+                 "strategy JSON (file or inline), e.g. '[{\"name\": \"ddp\"}]'; run under "
+                 "mpirun -np N");
   app.add_flag("--reference-attention", a.reference_attention,
                "use the unfused matmul/softmax attention (to find regressions)");
   try {
@@ -287,10 +318,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  int rc = 0;
   try {
-    return run(a);
+    acc::dist::init(argc, argv);
+    rc = run(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
-    return 1;
+    rc = 1;
   }
+  acc::dist::finalize();
+  return rc;
 }

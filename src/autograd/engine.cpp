@@ -20,6 +20,28 @@ struct NodeTask {
   std::vector<Tensor> inputs;  // summed gradients of the node's forward outputs
 };
 
+thread_local int backward_depth = 0;
+thread_local std::vector<std::function<void()>> end_callbacks;
+
+// Tracks nesting (recomputation runs backward inside backward) and runs the queued callbacks
+// when the outermost pass ends; they are dropped if it ends with an exception.
+class BackwardScope {
+ public:
+  BackwardScope() { ++backward_depth; }
+  ~BackwardScope() {
+    if (--backward_depth == 0) end_callbacks.clear();
+  }
+  void finish() {
+    if (backward_depth != 1) return;
+    // Callbacks may queue further callbacks.
+    for (size_t i = 0; i < end_callbacks.size(); ++i) {
+      auto fn = std::move(end_callbacks[i]);
+      fn();
+    }
+    end_callbacks.clear();
+  }
+};
+
 void accumulate(Tensor& slot, Tensor g) {
   if (!slot.defined()) {
     slot = std::move(g);
@@ -35,6 +57,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   ACC_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(),
             " gradients");
   NoGradGuard no_grad;
+  BackwardScope scope;
   std::unordered_map<uint64_t, NodeTask> tasks;
 
   // Count, for every node reachable from the roots, how many edges lead into it.
@@ -118,6 +141,16 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       if (--next.dependencies == 0) ready.push(e.fn->sequence_nr());
     }
   }
+  scope.finish();
+}
+
+void queue_callback(std::function<void()> fn) {
+  ACC_CHECK(backward_depth > 0, "queue_callback: no backward pass is running");
+  end_callbacks.push_back(std::move(fn));
+}
+
+bool in_backward() {
+  return backward_depth > 0;
 }
 
 }  // namespace autograd

@@ -1,6 +1,7 @@
 #pragma once
 // The backward engine. Tensor::backward(grad, retain_graph) calls backward({t}, {grad}, ...).
 
+#include <functional>
 #include <vector>
 
 #include "acc/tensor/node.hpp"
@@ -15,5 +16,12 @@ namespace acc::autograd {
 /// a second backward through them throws acc::ValueError.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
               bool retain_graph = false);
+
+/// Runs `fn` once the outermost backward pass running in this thread has finished all its nodes
+/// (before backward() returns), in the order queued: what a data-parallel reducer uses to wait for
+/// its last reductions. Throws acc::ValueError outside a backward pass.
+void queue_callback(std::function<void()> fn);
+/// True while a backward pass runs in this thread.
+bool in_backward();
 
 }  // namespace acc::autograd

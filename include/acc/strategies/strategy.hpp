@@ -1,0 +1,111 @@
+#pragma once
+// Strategies: a training strategy is a JSON list of optimisation methods, the format acc-search
+// writes and auto_accelerate loads (as ATorch's (method, config) pairs):
+//
+//   [{"name": "zero2", "config": {"bucket_mb": 25}},
+//    {"name": "amp"},
+//    {"name": "grad_accum", "config": {"steps": 4}}]
+//
+// Methods available now (one file each under strategies/):
+//   ddp         gradients bucketed and all-reduced while backward still runs
+//   zero1       optimizer state sharded over the data-parallel ranks
+//   zero2       zero1 + gradients reduce-scattered (each rank keeps its shard)
+//   fsdp        ZeRO-3: parameters sharded too, gathered per block for forward and backward
+//   amp         bf16 for block activations and gradient communication, fp32 master weights
+//   grad_accum  k micro-batches per optimizer step, gradients synchronised on the last only
+// At most one of ddp/zero1/zero2/fsdp; amp and grad_accum compose with any. Unknown names, bad
+// configs and incompatible combinations are acc::ValueError naming the entry and the reason.
+//
+// apply() wraps a model and an optimizer factory into a Trainer whose train_step() runs one
+// optimizer step on this rank's slice of the global batch; every strategy trains to the same
+// losses as one process with the same global batch.
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "acc/data/token_data.hpp"
+#include "acc/dist/process_group.hpp"
+#include "acc/models/language_model.hpp"
+#include "acc/optim/optimizer.hpp"
+
+namespace acc::strategies {
+
+struct Method {
+  std::string name;
+  nlohmann::json config = nlohmann::json::object();
+};
+using Strategy = std::vector<Method>;
+
+/// Validates a strategy JSON (a list of {"name", "config"} objects). Throws acc::ValueError naming
+/// the entry index and name for an unknown method, a config key the method does not have, a bad
+/// value, a method given twice or an incompatible combination.
+Strategy parse_strategy(const nlohmann::json& j);
+/// A file path, or inline JSON (starting with '[' or '{').
+Strategy parse_strategy_arg(const std::string& file_or_json);
+nlohmann::json to_json(const Strategy& s);
+/// Names of the registered methods.
+std::vector<std::string> method_names();
+
+struct ApplyOptions {
+  /// The data-parallel group (default: the world when acc::dist is initialised, else one rank).
+  dist::ProcessGroupPtr group;
+  /// Global gradient-norm clipping (0 = off), as torch.nn.utils.clip_grad_norm_.
+  double grad_clip = 0.0;
+};
+
+/// Bytes held by each kind of training state on this rank, measured from the tensors themselves.
+struct MemoryReport {
+  int64_t parameters = 0;                // parameter bytes resident between steps
+  int64_t gradients = 0;                 // gradient bytes resident after a step's backward
+  int64_t optimizer_state = 0;           // optimizer state bytes
+  int64_t peak_gathered_parameters = 0;  // fsdp: most parameter bytes gathered at once
+};
+
+class DataParallel;  // the gradient synchronisation of a strategy (internal)
+
+class Trainer {
+ public:
+  Trainer(models::LanguageModelPtr model, optim::OptimizerFactory factory, Strategy strategy,
+          ApplyOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// One optimizer step on this rank's slice of the batch: micro-batching, forward, backward,
+  /// gradient synchronisation, clipping and the update. Returns the loss averaged over the
+  /// micro-batches and the data-parallel ranks (the single-process loss of the global batch).
+  /// Throws acc::ValueError when the batch does not split into the micro-batches.
+  double train_step(const data::Batch& batch);
+
+  models::LanguageModel& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  const Strategy& strategy() const { return strategy_; }
+  int grad_accum_steps() const { return grad_accum_; }
+  const dist::ProcessGroupPtr& group() const { return group_; }
+  /// Global gradient norm of the last step (before clipping).
+  double last_grad_norm() const { return last_grad_norm_; }
+  MemoryReport memory_report() const;
+  /// The model's full parameters on every rank (gathers shards for fsdp), by name.
+  std::vector<std::pair<std::string, Tensor>> full_parameters();
+
+ private:
+  models::LanguageModelPtr model_;
+  Strategy strategy_;
+  ApplyOptions options_;
+  dist::ProcessGroupPtr group_;
+  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  int grad_accum_ = 1;
+  bool amp_ = false;
+  double last_grad_norm_ = 0.0;
+};
+
+/// Builds the Trainer. Throws what parse_strategy throws, and acc::ValueError when a method needs
+/// what the run does not have.
+std::unique_ptr<Trainer> apply(models::LanguageModelPtr model, optim::OptimizerFactory factory,
+                               const Strategy& strategy, ApplyOptions options = {});
+
+}  // namespace acc::strategies

@@ -1,0 +1,298 @@
+// fsdp (ZeRO-3): parameters, gradients and optimizer state all sharded over the data-parallel
+// ranks. The sharding units are the model's repeated blocks (found from the module tree, as the
+// tracer finds them) plus one root unit for everything else (embeddings, final norm). Each rank
+// keeps chunk `rank` of every unit's flat parameters. A block's parameters are all-gathered just
+// before its forward and freed right after it; gathered again when backward reaches the block
+// (a pre-hook on the block output's backward node) and freed once all its gradients are
+// accumulated, which is also when they are reduce-scattered into this rank's gradient chunk. So
+// at most one gathered block (plus the root unit, gathered for the whole step) is resident.
+// Config: {} (no options yet).
+
+#include <cstring>
+
+#include "acc/autograd/engine.hpp"
+#include "acc/tensor/kernels.hpp"
+#include "acc/trace/passes.hpp"
+#include "acc/util/error.hpp"
+#include "data_parallel.hpp"
+#include "methods.hpp"
+
+namespace acc::strategies {
+
+void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& group);
+
+namespace {
+
+struct Unit {
+  std::string name;
+  nn::ModulePtr module;  // null for the root unit
+  BucketLayout layout;   // one bucket: the unit's flat parameters
+  Tensor shard;          // this rank's chunk of the flat parameters
+  Tensor grad_shard;     // this rank's chunk of the averaged gradients
+  Tensor full;           // the gathered flat parameters (defined while gathered)
+  int ready = 0;
+  bool reduced = false;
+  dist::WorkPtr reduce_work;
+  Tensor reduce_in, reduce_out;  // kept alive while reducing (bf16 copies when amp)
+
+  Unit(std::string n, nn::ModulePtr m, const NamedParams& params, int world)
+      : name(std::move(n)), module(std::move(m)), layout(params, world, int64_t{1} << 62) {}
+  const BucketLayout::Bucket& bucket() const { return layout.buckets.at(0); }
+};
+
+struct FsdpState : std::enable_shared_from_this<FsdpState> {
+  dist::ProcessGroupPtr group;
+  bool bf16 = false;
+  bool sync = true;
+  bool round_active = false;
+  std::vector<std::unique_ptr<Unit>> units;  // blocks first, the root unit last
+  std::shared_ptr<Storage> released = std::make_shared<Storage>(0, Device::kCPU);
+  int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
+
+  Unit& root() { return *units.back(); }
+
+  void gather(Unit& u) {
+    if (u.full.defined()) return;
+    NoGradGuard ng;
+    u.full = empty({u.bucket().padded});
+    group->allgather(u.full, u.shard)->wait();
+    for (const auto& slot : u.bucket().slots) {
+      Tensor p = slot.param;
+      repoint(p, u.full.storage(), slot.offset);
+    }
+    gathered_bytes += static_cast<int64_t>(u.full.nbytes());
+    peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
+  }
+
+  void release(Unit& u) {
+    if (!u.full.defined()) return;
+    for (const auto& slot : u.bucket().slots) {
+      Tensor p = slot.param;
+      repoint(p, released, 0);
+    }
+    gathered_bytes -= static_cast<int64_t>(u.full.nbytes());
+    u.full = Tensor();
+  }
+
+  void start_round() {
+    if (round_active) return;
+    round_active = true;
+    for (auto& u : units) {
+      u->ready = 0;
+      u->reduced = false;
+    }
+    if (autograd::in_backward()) {
+      std::weak_ptr<FsdpState> weak = shared_from_this();
+      autograd::queue_callback([weak] {
+        if (auto s = weak.lock()) s->finish();
+      });
+    }
+  }
+
+  void on_ready(size_t unit) {
+    if (!sync) return;
+    start_round();
+    Unit& u = *units[unit];
+    if (u.reduced) return;
+    if (++u.ready == static_cast<int>(u.bucket().slots.size())) reduce(u);
+  }
+
+  // The unit's gradients into one buffer, reduce-scattered into this rank's chunk; the unit's
+  // gathered parameters and full gradients are freed (the root unit's parameters stay gathered
+  // until the step's backward is over).
+  void reduce(Unit& u) {
+    NoGradGuard ng;
+    u.reduced = true;
+    Tensor buf = empty({u.bucket().padded});
+    float* dst = buf.data<float>();
+    for (const auto& slot : u.bucket().slots) {
+      Tensor p = slot.param;
+      const int64_t n = p.numel();
+      Tensor g = p.grad();
+      if (g.defined()) {
+        Tensor gc = g.contiguous();
+        std::memcpy(dst + slot.offset, gc.data<float>(), static_cast<size_t>(n) * 4);
+      } else {
+        std::memset(dst + slot.offset, 0, static_cast<size_t>(n) * 4);
+      }
+      p.set_grad(Tensor());
+    }
+    const int64_t tail = u.bucket().padded - u.bucket().numel;
+    if (tail > 0) std::memset(dst + u.bucket().numel, 0, static_cast<size_t>(tail) * 4);
+    u.reduce_in = bf16 ? buf.to(DType::kBFloat16) : buf;
+    u.reduce_out = bf16 ? empty(u.grad_shard.shape(), {DType::kBFloat16}) : u.grad_shard;
+    u.reduce_work = group->reduce_scatter(u.reduce_out, u.reduce_in, dist::ReduceOp::kAvg);
+    if (u.module) release(u);
+  }
+
+  void finish() {
+    if (!round_active) return;
+    for (auto& u : units) {
+      if (!u->reduced) reduce(*u);
+    }
+    NoGradGuard ng;
+    for (auto& u : units) {
+      u->reduce_work->wait();
+      if (bf16) u->grad_shard.copy_(u->reduce_out);
+      u->reduce_work.reset();
+      u->reduce_in = Tensor();
+      u->reduce_out = Tensor();
+    }
+    release(root());
+    round_active = false;
+  }
+};
+
+class Fsdp : public DataParallel {
+ public:
+  Fsdp(models::LanguageModel& m, dist::ProcessGroupPtr g, const DataParallelOptions& o)
+      : model_(m), state_(std::make_shared<FsdpState>()) {
+    state_->group = std::move(g);
+    state_->bf16 = o.bf16_communication;
+    broadcast_model_state(model_, *state_->group);
+    const int W = state_->group->size(), r = state_->group->rank();
+
+    // Units: the blocks, then the root (every parameter not inside a block).
+    auto groups = trace::find_blocks(model_);
+    ACC_CHECK(!groups.empty(), "fsdp: the model has no repeated blocks to shard by");
+    std::vector<std::string> block_names = groups.front().blocks;
+    NamedParams all = model_.named_parameters(), rest;
+    for (const auto& [name, p] : all) {
+      bool in_block = false;
+      for (const auto& b : block_names) in_block = in_block || name.rfind(b + ".", 0) == 0;
+      if (!in_block) rest.emplace_back(name, p);
+    }
+    for (const auto& b : block_names) {
+      nn::ModulePtr mod = model_.submodule(b);
+      NamedParams params;
+      for (auto& [n, p] : mod->named_parameters()) params.emplace_back(b + "." + n, p);
+      state_->units.push_back(std::make_unique<Unit>(b, mod, params, W));
+    }
+    state_->units.push_back(std::make_unique<Unit>("<root>", nullptr, rest, W));
+
+    // Shards from the current (identical) full parameters; then free the full parameters.
+    NoGradGuard ng;
+    for (auto& u : state_->units) {
+      const int64_t cb = u->bucket().padded / W;
+      Tensor full = zeros({u->bucket().padded});
+      for (const auto& slot : u->bucket().slots) {
+        full.narrow(0, slot.offset, slot.param.numel()).copy_(slot.param.reshape({-1}));
+      }
+      u->shard = full.narrow(0, r * cb, cb).clone();
+      u->grad_shard = zeros({cb});
+      for (const auto& slot : u->bucket().slots) {
+        const int64_t s0 = std::max(slot.offset, r * cb);
+        const int64_t s1 = std::min(slot.offset + slot.param.numel(), (r + 1) * cb);
+        if (s1 > s0) {
+          pieces_.emplace_back(slot.name, piece_of(u->shard, s0 - r * cb, s1 - s0));
+          piece_grads_.push_back(u->grad_shard.narrow(0, s0 - r * cb, s1 - s0));
+        }
+        Tensor p = slot.param;
+        repoint(p, state_->released, 0);
+      }
+    }
+
+    // Hooks: gather before a block's forward, free after it; gather again when backward reaches
+    // it; reduce-scatter and free once its gradients are complete.
+    std::weak_ptr<FsdpState> weak = state_;
+    for (size_t i = 0; i < state_->units.size(); ++i) {
+      Unit& u = *state_->units[i];
+      for (const auto& slot : u.bucket().slots) {
+        Tensor p = slot.param;
+        p.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+          if (auto s = weak.lock()) s->on_ready(i);
+        });
+      }
+      if (!u.module) continue;
+      u.module->register_forward_pre_hook([weak, i](nn::Module&, const Tensor&) {
+        if (auto s = weak.lock()) s->gather(*s->units[i]);
+      });
+      u.module->register_forward_hook([weak, i](nn::Module&, const Tensor&, const Tensor& out) {
+        auto s = weak.lock();
+        if (!s) return;
+        if (out.requires_grad() && out.grad_fn()) {
+          out.grad_fn()->add_pre_hook([weak, i](const std::vector<Tensor>&) {
+            if (auto st = weak.lock()) st->gather(*st->units[i]);
+          });
+        }
+        s->release(*s->units[i]);
+      });
+    }
+  }
+
+  std::unique_ptr<optim::Optimizer> make_optimizer(const optim::OptimizerFactory& f) override {
+    attach_piece_grads();
+    auto opt = f(pieces_);
+    opt_ = opt.get();
+    return opt;
+  }
+  void begin_step() override { state_->gather(state_->root()); }
+  void set_sync(bool sync) override {
+    sync_ = sync;
+    state_->sync = sync;
+  }
+  void finish_backward() override {
+    if (!sync_) return;
+    state_->finish();
+    attach_piece_grads();
+  }
+  bool grads_sharded() const override { return true; }
+  double local_grad_norm_sq() override {
+    double s = 0;
+    for (const auto& u : state_->units) {
+      s += kernels::sum_squares(u->grad_shard.data<float>(), u->grad_shard.numel());
+    }
+    return s;
+  }
+  void scale_grads(double s) override {
+    NoGradGuard ng;
+    for (auto& u : state_->units) u->grad_shard.mul_(s);
+  }
+  MemoryReport memory_report() const override {
+    MemoryReport r;
+    for (const auto& u : state_->units) {
+      r.parameters += static_cast<int64_t>(u->shard.nbytes());
+      r.gradients += static_cast<int64_t>(u->grad_shard.nbytes());
+    }
+    if (opt_) r.optimizer_state = optimizer_state_bytes(*opt_);
+    r.peak_gathered_parameters = state_->peak_gathered_bytes;
+    return r;
+  }
+  NamedParams full_parameters() override {
+    NamedParams out;
+    for (auto& u : state_->units) {
+      const bool was = u->full.defined();
+      state_->gather(*u);
+      for (const auto& slot : u->bucket().slots) out.emplace_back(slot.name, slot.param.clone());
+      if (!was) state_->release(*u);
+    }
+    return out;
+  }
+
+ private:
+  void attach_piece_grads() {
+    for (size_t i = 0; i < pieces_.size(); ++i) pieces_[i].second.set_grad(piece_grads_[i]);
+  }
+
+  models::LanguageModel& model_;
+  std::shared_ptr<FsdpState> state_;
+  NamedParams pieces_;
+  std::vector<Tensor> piece_grads_;
+  optim::Optimizer* opt_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<DataParallel> make_fsdp(models::LanguageModel& model, dist::ProcessGroupPtr group,
+                                        const DataParallelOptions& o) {
+  return std::make_unique<Fsdp>(model, std::move(group), o);
+}
+
+MethodSpec fsdp_method() {
+  return {"fsdp", "data_parallel", [](const nlohmann::json& c, Plan& plan) {
+            check_keys("fsdp", c, {});
+            plan.data_parallel = "fsdp";
+          }};
+}
+
+}  // namespace acc::strategies

@@ -1,0 +1,168 @@
+#include "reducer.hpp"
+
+#include <cstring>
+
+#include "acc/autograd/engine.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc::strategies {
+
+struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State> {
+  BucketLayout layout;
+  dist::ProcessGroupPtr group;
+  Mode mode;
+  bool bf16;
+  bool drop_param_grads;
+  bool sync = true;
+
+  std::vector<Tensor> bucket_grads;  // kAllreduce: full padded buckets
+  std::vector<Tensor> chunk_grads;   // kReduceScatter: this rank's chunks
+
+  // One round = one synchronised backward.
+  bool round_active = false;
+  std::vector<int> ready;      // per bucket: parameters ready
+  std::vector<bool> launched;  // per bucket
+  struct Pending {
+    dist::WorkPtr work;
+    size_t bucket;
+    Tensor comm;  // what is reduced (bf16 copy, or the f32 buffer itself)
+    Tensor out;   // kReduceScatter: the reduced chunk in comm's dtype
+  };
+  std::vector<Pending> pending;
+
+  State(const NamedParams& params, dist::ProcessGroupPtr g, int64_t bucket_bytes, Mode m, bool b,
+        bool drop)
+      : layout(params, g->size(), bucket_bytes),
+        group(std::move(g)),
+        mode(m),
+        bf16(b),
+        drop_param_grads(drop) {
+    for (const auto& bucket : layout.buckets) {
+      if (mode == Mode::kAllreduce) {
+        bucket_grads.push_back(zeros({bucket.padded}));
+      } else {
+        chunk_grads.push_back(zeros({bucket.padded / group->size()}));
+      }
+    }
+    ready.assign(layout.buckets.size(), 0);
+    launched.assign(layout.buckets.size(), false);
+  }
+
+  void start_round() {
+    if (round_active) return;
+    round_active = true;
+    std::fill(ready.begin(), ready.end(), 0);
+    std::fill(launched.begin(), launched.end(), false);
+    if (autograd::in_backward()) {
+      std::weak_ptr<State> weak = shared_from_this();
+      autograd::queue_callback([weak] {
+        if (auto s = weak.lock()) s->finish();
+      });
+    }
+  }
+
+  void on_ready(const std::string& name) {
+    if (!sync) return;
+    start_round();
+    const size_t b = layout.bucket_of(name);
+    if (launched[b]) return;
+    if (++ready[b] == static_cast<int>(layout.buckets[b].slots.size())) launch(b);
+  }
+
+  // Copies the bucket's gradients into one buffer and starts its reduction.
+  void launch(size_t b) {
+    NoGradGuard ng;
+    launched[b] = true;
+    const BucketLayout::Bucket& bucket = layout.buckets[b];
+    Tensor buf = mode == Mode::kAllreduce ? bucket_grads[b] : empty({bucket.padded});
+    float* dst = buf.data<float>();
+    for (const auto& slot : bucket.slots) {
+      Tensor g = slot.param.grad();
+      const int64_t n = slot.param.numel();
+      if (g.defined()) {
+        Tensor gc = g.contiguous();
+        std::memcpy(dst + slot.offset, gc.data<float>(), static_cast<size_t>(n) * 4);
+      } else {
+        std::memset(dst + slot.offset, 0, static_cast<size_t>(n) * 4);
+      }
+      if (drop_param_grads) {
+        Tensor p = slot.param;
+        p.set_grad(Tensor());
+      }
+    }
+    if (bucket.padded > bucket.numel) {
+      std::memset(dst + bucket.numel, 0, static_cast<size_t>(bucket.padded - bucket.numel) * 4);
+    }
+    Pending p;
+    p.bucket = b;
+    p.comm = bf16 ? buf.to(DType::kBFloat16) : buf;
+    if (mode == Mode::kAllreduce) {
+      p.work = group->allreduce(p.comm, dist::ReduceOp::kAvg);
+    } else {
+      p.out = bf16 ? empty({bucket.padded / group->size()}, {DType::kBFloat16}) : chunk_grads[b];
+      p.work = group->reduce_scatter(p.out, p.comm, dist::ReduceOp::kAvg);
+    }
+    pending.push_back(std::move(p));
+  }
+
+  void finish() {
+    if (!round_active) return;
+    for (size_t b = 0; b < layout.buckets.size(); ++b) {
+      if (!launched[b]) launch(b);
+    }
+    NoGradGuard ng;
+    for (Pending& p : pending) {
+      p.work->wait();
+      if (mode == Mode::kAllreduce) {
+        if (bf16) bucket_grads[p.bucket].copy_(p.comm);
+      } else if (bf16) {
+        chunk_grads[p.bucket].copy_(p.out);
+      }
+    }
+    pending.clear();
+    if (mode == Mode::kAllreduce && !drop_param_grads) {
+      for (size_t b = 0; b < layout.buckets.size(); ++b) {
+        for (const auto& slot : layout.buckets[b].slots) {
+          Tensor p = slot.param;
+          p.set_grad(bucket_grads[b].narrow(0, slot.offset, p.numel()).view(p.shape()));
+        }
+      }
+    }
+    round_active = false;
+  }
+};
+
+BucketReducer::BucketReducer(const NamedParams& params, dist::ProcessGroupPtr group,
+                             int64_t bucket_bytes, Mode mode, bool bf16_communication,
+                             bool drop_param_grads)
+    : state_(std::make_shared<State>(params, std::move(group), bucket_bytes, mode,
+                                     bf16_communication, drop_param_grads)) {
+  std::weak_ptr<State> weak = state_;
+  for (const auto& [name, p] : params) {
+    Tensor t = p;
+    ACC_CHECK(t.requires_grad(), "data parallel: parameter '", name, "' does not require grad");
+    t.register_post_accumulate_grad_hook([weak, name = name](Tensor&) {
+      if (auto s = weak.lock()) s->on_ready(name);
+    });
+  }
+}
+
+BucketReducer::~BucketReducer() = default;
+
+const BucketLayout& BucketReducer::layout() const {
+  return state_->layout;
+}
+const Tensor& BucketReducer::bucket_grad(size_t b) const {
+  return state_->bucket_grads.at(b);
+}
+const Tensor& BucketReducer::chunk_grad(size_t b) const {
+  return state_->chunk_grads.at(b);
+}
+void BucketReducer::set_sync(bool sync) {
+  state_->sync = sync;
+}
+void BucketReducer::finish() {
+  state_->finish();
+}
+
+}  // namespace acc::strategies

@@ -1,0 +1,129 @@
+// The registered methods and the composition rules, in one place.
+
+#include <fstream>
+#include <set>
+
+#include "acc/util/error.hpp"
+#include "methods.hpp"
+
+namespace acc::strategies {
+namespace {
+
+const std::vector<MethodSpec>& registry() {
+  static const std::vector<MethodSpec> methods = {ddp_method(),   zero1_method(),
+                                                  zero2_method(), fsdp_method(),
+                                                  amp_method(),   grad_accum_method()};
+  return methods;
+}
+
+const MethodSpec* find(const std::string& name) {
+  for (const auto& m : registry()) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
+}
+
+std::string known_names() {
+  std::string s;
+  for (const auto& m : registry()) s += (s.empty() ? "" : ", ") + m.name;
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> method_names() {
+  std::vector<std::string> out;
+  for (const auto& m : registry()) out.push_back(m.name);
+  return out;
+}
+
+void check_keys(const std::string& method, const nlohmann::json& config,
+                const std::vector<std::string>& allowed) {
+  ACC_CHECK(config.is_object(), method, ": config must be a JSON object, got ", config.dump());
+  for (auto it = config.begin(); it != config.end(); ++it) {
+    bool ok = false;
+    for (const auto& a : allowed) ok = ok || it.key() == a;
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    ACC_CHECK(ok, method, ": unknown config key '", it.key(),
+              "' (known: ", list.empty() ? "none" : list, ")");
+  }
+}
+
+int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& config) {
+  if (!config.contains("bucket_mb")) return int64_t{25} << 20;
+  const auto& v = config["bucket_mb"];
+  ACC_CHECK(v.is_number() && v.get<double>() > 0 && v.get<double>() <= 4096, method,
+            ": bucket_mb must be a number in (0, 4096], got ", v.dump());
+  return static_cast<int64_t>(v.get<double>() * (1 << 20));
+}
+
+Strategy parse_strategy(const nlohmann::json& j) {
+  ACC_CHECK(j.is_array(), "strategy must be a JSON list of {\"name\", \"config\"} entries, got ",
+            j.dump());
+  Strategy s;
+  Plan plan;
+  std::set<std::string> seen;
+  std::string dp_method;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& e = j[i];
+    ACC_CHECK(e.is_object() && e.contains("name") && e["name"].is_string(), "strategy entry ", i,
+              " must be an object with a string \"name\", got ", e.dump());
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      ACC_CHECK(it.key() == "name" || it.key() == "config", "strategy entry ", i,
+                ": unknown field '", it.key(), "' (expected name and config)");
+    }
+    Method m;
+    m.name = e["name"].get<std::string>();
+    if (e.contains("config")) m.config = e["config"];
+    const MethodSpec* spec = find(m.name);
+    ACC_CHECK(spec != nullptr, "strategy entry ", i, ": unknown method '", m.name,
+              "' (known: ", known_names(), ")");
+    ACC_CHECK(seen.insert(m.name).second, "strategy entry ", i, ": method '", m.name,
+              "' is given twice");
+    if (spec->family == "data_parallel") {
+      ACC_CHECK(dp_method.empty(), "strategy entry ", i, ": '", m.name,
+                "' cannot be combined with '", dp_method, "' (one data-parallel method at most)");
+      dp_method = m.name;
+    }
+    try {
+      spec->configure(m.config, plan);
+    } catch (const ValueError& err) {
+      ACC_THROW(ValueError, "strategy entry ", i, " ('", m.name, "'): ", err.what());
+    }
+    s.push_back(std::move(m));
+  }
+  return s;
+}
+
+Strategy parse_strategy_arg(const std::string& arg) {
+  const size_t first = arg.find_first_not_of(" \t\n");
+  if (first != std::string::npos && (arg[first] == '[' || arg[first] == '{')) {
+    try {
+      return parse_strategy(nlohmann::json::parse(arg));
+    } catch (const nlohmann::json::exception& e) {
+      ACC_THROW(ValueError, "strategy is not valid JSON: ", e.what());
+    }
+  }
+  std::ifstream in(arg);
+  ACC_CHECK_AS(IoError, in.good(), "cannot open strategy file '", arg, "'");
+  try {
+    return parse_strategy(nlohmann::json::parse(in));
+  } catch (const nlohmann::json::exception& e) {
+    ACC_THROW(ValueError, "strategy file '", arg, "' is not valid JSON: ", e.what());
+  }
+}
+
+nlohmann::json to_json(const Strategy& s) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& m : s) j.push_back({{"name", m.name}, {"config", m.config}});
+  return j;
+}
+
+Plan make_plan(const Strategy& s) {
+  Plan plan;
+  for (const auto& m : s) find(m.name)->configure(m.config, plan);
+  return plan;
+}
+
+}  // namespace acc::strategies
