@@ -33,7 +33,7 @@ struct Unit {
   int ready = 0;
   bool reduced = false;
   dist::WorkPtr reduce_work;
-  Tensor reduce_in, reduce_out;  // kept alive while reducing (bf16 copies when amp)
+  Tensor reduce_out;  // where the reduction lands (a bf16 buffer when amp)
 
   Unit(std::string n, nn::ModulePtr m, const NamedParams& params, int world)
       : name(std::move(n)), module(std::move(m)), layout(params, world, int64_t{1} << 62) {}
@@ -119,9 +119,11 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
     }
     const int64_t tail = u.bucket().padded - u.bucket().numel;
     if (tail > 0) std::memset(dst + u.bucket().numel, 0, static_cast<size_t>(tail) * 4);
-    u.reduce_in = bf16 ? buf.to(DType::kBFloat16) : buf;
+    // The full buffer is only the reduction's input: its Work frees it on completion.
+    Tensor in = bf16 ? buf.to(DType::kBFloat16) : buf;
+    buf = Tensor();
     u.reduce_out = bf16 ? empty(u.grad_shard.shape(), {DType::kBFloat16}) : u.grad_shard;
-    u.reduce_work = group->reduce_scatter(u.reduce_out, u.reduce_in, dist::ReduceOp::kAvg);
+    u.reduce_work = group->reduce_scatter(u.reduce_out, in, dist::ReduceOp::kAvg);
     if (u.module) release(u);
   }
 
@@ -135,7 +137,6 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
       u->reduce_work->wait();
       if (bf16) u->grad_shard.copy_(u->reduce_out);
       u->reduce_work.reset();
-      u->reduce_in = Tensor();
       u->reduce_out = Tensor();
     }
     release(root());
@@ -259,12 +260,21 @@ class Fsdp : public DataParallel {
     return r;
   }
   NamedParams full_parameters() override {
-    NamedParams out;
+    NamedParams gathered;
     for (auto& u : state_->units) {
       const bool was = u->full.defined();
       state_->gather(*u);
-      for (const auto& slot : u->bucket().slots) out.emplace_back(slot.name, slot.param.clone());
+      for (const auto& slot : u->bucket().slots) {
+        gathered.emplace_back(slot.name, slot.param.clone());
+      }
       if (!was) state_->release(*u);
+    }
+    // In the model's order, as every other strategy returns them.
+    NamedParams out;
+    for (const auto& [name, p] : model_.named_parameters()) {
+      for (auto& [n, t] : gathered) {
+        if (n == name) out.emplace_back(n, t);
+      }
     }
     return out;
   }

@@ -8,6 +8,7 @@
 namespace acc::strategies {
 
 struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State> {
+  static constexpr size_t kMaxInFlight = 2;
   BucketLayout layout;
   dist::ProcessGroupPtr group;
   Mode mode;
@@ -74,6 +75,18 @@ struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State>
     NoGradGuard ng;
     launched[b] = true;
     const BucketLayout::Bucket& bucket = layout.buckets[b];
+    if (mode == Mode::kReduceScatter) {
+      // Each reduce-scatter holds a full bucket until every rank has reached it; a rank running
+      // ahead of slower peers would otherwise pile up the whole model's gradients. Keep at most
+      // kMaxInFlight such buckets alive (the wait is on the oldest; later ones are younger).
+      size_t alive = 0;
+      for (const Pending& q : pending) alive += q.work->is_completed() ? 0 : 1;
+      for (size_t i = 0; alive >= kMaxInFlight && i < pending.size(); ++i) {
+        if (pending[i].work->is_completed()) continue;
+        pending[i].work->wait();
+        --alive;
+      }
+    }
     Tensor buf = mode == Mode::kAllreduce ? bucket_grads[b] : empty({bucket.padded});
     float* dst = buf.data<float>();
     for (const auto& slot : bucket.slots) {
@@ -95,12 +108,15 @@ struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State>
     }
     Pending p;
     p.bucket = b;
-    p.comm = bf16 ? buf.to(DType::kBFloat16) : buf;
+    Tensor comm = bf16 ? buf.to(DType::kBFloat16) : buf;
     if (mode == Mode::kAllreduce) {
-      p.work = group->allreduce(p.comm, dist::ReduceOp::kAvg);
+      p.work = group->allreduce(comm, dist::ReduceOp::kAvg);
+      if (bf16) p.comm = comm;  // copied back into the f32 bucket at finish
     } else {
+      // The full bucket is only the reduction's input: the Work holds it until the reduction
+      // completes and then frees it, so full gradients do not pile up.
       p.out = bf16 ? empty({bucket.padded / group->size()}, {DType::kBFloat16}) : chunk_grads[b];
-      p.work = group->reduce_scatter(p.out, p.comm, dist::ReduceOp::kAvg);
+      p.work = group->reduce_scatter(p.out, comm, dist::ReduceOp::kAvg);
     }
     pending.push_back(std::move(p));
   }

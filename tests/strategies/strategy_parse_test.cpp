@@ -1,0 +1,89 @@
+// Strategy JSON: the format, the registry and the composition rules (no MPI needed).
+#include <gtest/gtest.h>
+
+#include "acc/models/models.hpp"
+#include "acc/optim/adam.hpp"
+#include "acc/strategies/strategy.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc {
+namespace {
+
+using strategies::parse_strategy;
+
+void expect_error(const nlohmann::json& j, const std::string& needle) {
+  try {
+    parse_strategy(j);
+    FAIL() << "no error for " << j.dump();
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "'" << e.what() << "' lacks '" << needle << "'";
+  }
+}
+
+TEST(Strategy, ParsesEveryMethodAndRoundTrips) {
+  auto j = nlohmann::json::parse(R"([
+    {"name": "zero2", "config": {"bucket_mb": 4}},
+    {"name": "amp"},
+    {"name": "grad_accum", "config": {"steps": 4}}])");
+  strategies::Strategy s = parse_strategy(j);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].name, "zero2");
+  EXPECT_EQ(s[0].config["bucket_mb"], 4);
+  EXPECT_TRUE(s[1].config.is_object());
+  EXPECT_EQ(parse_strategy(strategies::to_json(s)).size(), 3u);
+  for (const char* name : {"ddp", "zero1", "zero2", "fsdp", "amp", "grad_accum"}) {
+    auto names = strategies::method_names();
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  }
+  EXPECT_TRUE(parse_strategy(nlohmann::json::array()).empty());
+  EXPECT_EQ(strategies::parse_strategy_arg(R"([{"name": "ddp"}])").at(0).name, "ddp");
+}
+
+TEST(Strategy, BadEntriesNameTheEntryAndTheReason) {
+  expect_error(nlohmann::json::object(), "must be a JSON list");
+  expect_error(nlohmann::json::parse(R"([{"config": {}}])"), "entry 0 must be an object");
+  expect_error(nlohmann::json::parse(R"([{"name": "ddp"}, {"name": "tensor_magic"}])"),
+               "entry 1: unknown method 'tensor_magic'");
+  expect_error(nlohmann::json::parse(R"([{"name": "ddp", "config": {"bucket": 3}}])"),
+               "unknown config key 'bucket'");
+  expect_error(nlohmann::json::parse(R"([{"name": "ddp", "config": {"bucket_mb": -1}}])"),
+               "bucket_mb must be a number in (0, 4096], got -1");
+  expect_error(nlohmann::json::parse(R"([{"name": "ddp"}, {"name": "fsdp"}])"),
+               "entry 1: 'fsdp' cannot be combined with 'ddp'");
+  expect_error(nlohmann::json::parse(R"([{"name": "amp"}, {"name": "amp"}])"),
+               "entry 1: method 'amp' is given twice");
+  expect_error(nlohmann::json::parse(R"([{"name": "grad_accum", "config": {"steps": 0}}])"),
+               "steps must be in [1, 4096], got 0");
+  expect_error(nlohmann::json::parse(R"([{"name": "grad_accum"}])"), "needs an integer \"steps\"");
+  expect_error(nlohmann::json::parse(R"([{"name": "amp", "config": {"dtype": "fp16"}}])"),
+               "dtype must be \"bf16\"");
+  expect_error(nlohmann::json::parse(R"([{"name": "ddp", "extra": 1}])"), "unknown field 'extra'");
+  EXPECT_THROW(strategies::parse_strategy_arg("[{\"name\": "), ValueError);
+  EXPECT_THROW(strategies::parse_strategy_arg("/nonexistent/strategy.json"), IoError);
+}
+
+TEST(Strategy, OneRankTrainerSplitsMicroBatches) {
+  models::GPTConfig c;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.vocab_size = 32;
+  c.block_size = 16;
+  auto model = std::make_shared<models::GPT>(c);
+  auto trainer = strategies::apply(
+      model, optim::AdamW::factory({}),
+      parse_strategy(nlohmann::json::parse(R"([{"name": "grad_accum", "config": {"steps": 3}}])")));
+  data::Batch b{randint(0, 32, {4, 8}), randint(0, 32, {4, 8})};
+  try {
+    trainer->train_step(b);
+    FAIL();
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("4 sequences does not split into 3"), std::string::npos);
+  }
+  data::Batch ok{randint(0, 32, {6, 8}), randint(0, 32, {6, 8})};
+  EXPECT_TRUE(std::isfinite(trainer->train_step(ok)));
+}
+
+}  // namespace
+}  // namespace acc
