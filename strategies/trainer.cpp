@@ -56,8 +56,9 @@ double Trainer::train_step(const data::Batch& batch) {
   model_->zero_grad();
   dp_->begin_step();
   double loss_sum = 0;
+  const bool skip = options_.benchmark_skip_gradient_sync;
   for (int i = 0; i < grad_accum_; ++i) {
-    dp_->set_sync(i + 1 == grad_accum_);
+    dp_->set_sync(!skip && i + 1 == grad_accum_);
     Tensor idx = batch.idx.narrow(0, i * mb, mb);
     Tensor tgt = batch.targets.narrow(0, i * mb, mb);
     Tensor loss = model_->loss(idx, tgt);
@@ -68,7 +69,7 @@ double Trainer::train_step(const data::Batch& batch) {
   dp_->finish_backward();
   // Global gradient norm (sharded gradients: sum of squares over the ranks).
   double norm_sq = dp_->local_grad_norm_sq();
-  if (dp_->grads_sharded() && group_) {
+  if (dp_->grads_sharded() && group_ && !skip) {
     Tensor t = from_vector(std::vector<float>{static_cast<float>(norm_sq)}, {1});
     // f32 is enough for a norm; summed in the group's reduction order.
     group_->allreduce(t, dist::ReduceOp::kSum)->wait();
@@ -80,7 +81,7 @@ double Trainer::train_step(const data::Batch& batch) {
     if (coef < 1.0) dp_->scale_grads(coef);
   }
   optimizer_->step();
-  dp_->end_step();
+  if (!skip) dp_->end_step();
   double loss = loss_sum / grad_accum_;
   if (group_ && group_->size() > 1) {
     Tensor t = from_vector(std::vector<float>{static_cast<float>(loss)}, {1});

@@ -54,6 +54,10 @@ struct ApplyOptions {
   dist::ProcessGroupPtr group;
   /// Global gradient-norm clipping (0 = off), as torch.nn.utils.clip_grad_norm_.
   double grad_clip = 0.0;
+  /// Benchmark-only: skip the synchronisation of gradients (and the gathering of updated shards)
+  /// so that a run measures compute alone; results are then wrong. bench_scaling uses it to
+  /// measure how much communication is exposed.
+  bool benchmark_skip_gradient_sync = false;
 };
 
 /// Bytes held by each kind of training state on this rank, measured from the tensors themselves.

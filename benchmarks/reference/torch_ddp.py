@@ -1,0 +1,90 @@
+#!/usr/bin/python3
+"""PyTorch DDP (gloo) throughput on the same model as bench_scaling, for the side-by-side figures.
+
+Launched by hand, one process per rank (Debian's torch 1.13 `torch.distributed.run` fails under
+Python 3.11): benchmarks/scaling.sh sets MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE.
+
+  RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 \\
+      /usr/bin/python3 benchmarks/reference/torch_ddp.py --config gpt17m [--no-sync]
+
+--no-sync runs every step inside DDP's no_sync() (no gradient all-reduce): compute alone, for the
+exposed-communication fraction 1 - t(no_sync) / t(sync). Prints one JSON line on rank 0.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_train  # noqa: E402  (the same eager GPT/Llama as the throughput comparison)
+
+CONFIGS = {
+    "gpt17m": ("gpt", "gpt_17m.json"),
+    "gpt90m": ("gpt", "gpt_90m.json"),
+    "llama17m": ("llama", "llama_d512.json"),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="gpt17m", choices=sorted(CONFIGS))
+    ap.add_argument("--batch-size", type=int, default=8, help="sequences per rank")
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--no-sync", action="store_true")
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kind, cfg_file = CONFIGS[args.config]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "examples", "configs", cfg_file)) as f:
+        cfg = json.load(f)
+    torch.manual_seed(1)
+    model = {"gpt": torch_train.GPT, "llama": torch_train.Llama}[kind](cfg)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            foreach=False)
+    gen = torch.Generator().manual_seed(7 + rank)
+    V, B, T = cfg["vocab_size"], args.batch_size, args.seq_len
+    times = []
+    for s in range(args.warmup + args.steps):
+        idx = torch.randint(0, V, (B, T), generator=gen)
+        tgt = torch.randint(0, V, (B, T), generator=gen)
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        if args.no_sync:
+            with ddp.no_sync():
+                loss = F.cross_entropy(ddp(idx).view(-1, V), tgt.view(-1))
+                loss.backward()
+        else:
+            loss = F.cross_entropy(ddp(idx).view(-1, V), tgt.view(-1))
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+        opt.step()
+        t = (time.perf_counter() - t0) * 1000
+        if s >= args.warmup:
+            times.append(t)
+    med = torch.tensor([statistics.median(times)])
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        step_ms = float(med.item())
+        print(json.dumps({"impl": "torch_ddp_gloo", "config": args.config, "world": world,
+                          "skip_sync": args.no_sync, "batch_per_rank": B, "seq_len": T,
+                          "steps": args.steps, "median_step_ms": step_ms,
+                          "tokens_per_s": B * T * world / (step_ms / 1000)}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
