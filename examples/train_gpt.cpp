@@ -266,7 +266,9 @@ int run(const Args& a) {
     io::save_safetensors(a.save_checkpoint, all, ck_meta);
     logging::info("saved checkpoint to {}", a.save_checkpoint);
   }
-  if (a.sample > 0 && leader && full_state_per_rank) {
+  const bool full_params_per_rank = std::none_of(strategy.begin(), strategy.end(),
+                                                 [](const auto& m) { return m.name == "fsdp"; });
+  if (a.sample > 0 && leader && full_params_per_rank) {
     std::string text = sample_text(*model, a.sample, a.seed, a.seq_len);
     std::cout << "----- sample -----\n" << text << "\n------------------\n";
   }
@@ -278,6 +280,8 @@ int run(const Args& a) {
 int main(int argc, char** argv) {
   Args a;
   CLI::App app{"Train a GPT or Llama language model with AutoAcc"};
+  // A flag given twice takes its last value, so scripts can append overrides.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--model", a.model, "gpt | llama")->capture_default_str();
   app.add_option("--config", a.config, "model config JSON (default: a small byte-level model)");
   app.add_option("--data", a.data, "token file (u16/u32) or text file")->required();
