@@ -46,7 +46,9 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
   bool sync = true;
   bool round_active = false;
   std::vector<std::unique_ptr<Unit>> units;  // blocks first, the root unit last
-  std::shared_ptr<Storage> released = std::make_shared<Storage>(0, Device::kCPU);
+  // Released parameters point at a meta storage: any use outside a gathered window (e.g. a forward
+  // outside Trainer::train_step) fails with a device error naming the op, never reads freed memory.
+  std::shared_ptr<Storage> released = std::make_shared<Storage>(0, Device::kMeta);
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
 
   Unit& root() { return *units.back(); }
