@@ -174,6 +174,22 @@ MPI_Datatype block_type(int64_t n, DType t, int64_t* count) {
   return dt;
 }
 
+// Issues `call(ptr, count)` for consecutive chunks of x of at most max_count() elements (at least
+// one call, so an empty tensor still pairs with its peer) and returns their requests.
+template <class Call>
+std::vector<MPI_Request> per_chunk(const Tensor& x, Call call) {
+  std::vector<MPI_Request> reqs;
+  char* base = static_cast<char*>(x.raw_data());
+  const size_t es = element_size(x.dtype());
+  int64_t off = 0;
+  do {
+    const int64_t n = std::min(max_count(), x.numel() - off);
+    reqs.push_back(call(base + off * es, static_cast<int>(n)));
+    off += n;
+  } while (off < x.numel());
+  return reqs;
+}
+
 }  // namespace
 
 namespace detail {
@@ -229,19 +245,13 @@ WorkPtr ProcessGroup::allreduce(Tensor& t, ReduceOp op, const CollectiveOptions&
   detail::CommEngine::instance().submit(
       work,
       [st, x, op]() {
-        std::vector<MPI_Request> reqs;
-        char* base = static_cast<char*>(x.raw_data());
-        const size_t es = element_size(x.dtype());
-        for (int64_t off = 0; off < x.numel(); off += max_count()) {
-          const int64_t n = std::min(max_count(), x.numel() - off);
+        return per_chunk(x, [&](char* p, int n) {
           MPI_Request r;
-          detail::check_mpi(
-              MPI_Iallreduce(MPI_IN_PLACE, base + off * es, static_cast<int>(n),
-                             mpi_type(x.dtype()), mpi_op(op, x.dtype()), st->comm, &r),
-              "MPI_Iallreduce");
-          reqs.push_back(r);
-        }
-        return reqs;
+          detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, p, n, mpi_type(x.dtype()),
+                                           mpi_op(op, x.dtype()), st->comm, &r),
+                            "MPI_Iallreduce");
+          return r;
+        });
       },
       [x, op, st]() mutable {
         if (op == ReduceOp::kAvg) scale_in_place(x, st->size);
@@ -344,18 +354,11 @@ WorkPtr ProcessGroup::broadcast(Tensor& t, int root, const CollectiveOptions& o)
   auto st = state_;
   Tensor x = t;
   detail::CommEngine::instance().submit(work, [st, x, root]() {
-    std::vector<MPI_Request> reqs;
-    char* base = static_cast<char*>(x.raw_data());
-    const size_t es = element_size(x.dtype());
-    for (int64_t off = 0; off < x.numel(); off += max_count()) {
-      const int64_t n = std::min(max_count(), x.numel() - off);
+    return per_chunk(x, [&](char* p, int n) {
       MPI_Request r;
-      detail::check_mpi(
-          MPI_Ibcast(base + off * es, static_cast<int>(n), mpi_type(x.dtype()), root, st->comm, &r),
-          "MPI_Ibcast");
-      reqs.push_back(r);
-    }
-    return reqs;
+      detail::check_mpi(MPI_Ibcast(p, n, mpi_type(x.dtype()), root, st->comm, &r), "MPI_Ibcast");
+      return r;
+    });
   });
   return work;
 }
@@ -402,20 +405,11 @@ WorkPtr ProcessGroup::send(const Tensor& t, int dst, int tag, const CollectiveOp
   auto st = state_;
   Tensor x = t;
   detail::CommEngine::instance().submit(work, [st, x, dst, tag]() {
-    std::vector<MPI_Request> reqs;
-    const char* base = static_cast<const char*>(x.raw_data());
-    const size_t es = element_size(x.dtype());
-    int64_t off = 0;
-    do {  // at least one message, so an empty tensor still pairs with its recv
-      const int64_t n = std::min(max_count(), x.numel() - off);
+    return per_chunk(x, [&](char* p, int n) {
       MPI_Request r;
-      detail::check_mpi(MPI_Isend(base + off * es, static_cast<int>(n), mpi_type(x.dtype()), dst,
-                                  tag, st->comm, &r),
-                        "MPI_Isend");
-      reqs.push_back(r);
-      off += n;
-    } while (off < x.numel());
-    return reqs;
+      detail::check_mpi(MPI_Isend(p, n, mpi_type(x.dtype()), dst, tag, st->comm, &r), "MPI_Isend");
+      return r;
+    });
   });
   return work;
 }
@@ -430,20 +424,11 @@ WorkPtr ProcessGroup::recv(Tensor& t, int src, int tag, const CollectiveOptions&
   auto st = state_;
   Tensor x = t;
   detail::CommEngine::instance().submit(work, [st, x, src, tag]() {
-    std::vector<MPI_Request> reqs;
-    char* base = static_cast<char*>(x.raw_data());
-    const size_t es = element_size(x.dtype());
-    int64_t off = 0;
-    do {
-      const int64_t n = std::min(max_count(), x.numel() - off);
+    return per_chunk(x, [&](char* p, int n) {
       MPI_Request r;
-      detail::check_mpi(MPI_Irecv(base + off * es, static_cast<int>(n), mpi_type(x.dtype()), src,
-                                  tag, st->comm, &r),
-                        "MPI_Irecv");
-      reqs.push_back(r);
-      off += n;
-    } while (off < x.numel());
-    return reqs;
+      detail::check_mpi(MPI_Irecv(p, n, mpi_type(x.dtype()), src, tag, st->comm, &r), "MPI_Irecv");
+      return r;
+    });
   });
   return work;
 }
