@@ -190,6 +190,34 @@ std::vector<MPI_Request> per_chunk(const Tensor& x, Call call) {
   return reqs;
 }
 
+using ExchangeFn = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm,
+                           MPI_Request*);
+
+// allgather and alltoall: `per_rank` elements to/from every rank in one call, counted in a
+// contiguous block datatype when the count would not fit an int.
+WorkPtr submit_exchange(const std::shared_ptr<detail::GroupState>& st, WorkPtr work,
+                        const Tensor& output, const Tensor& input, int64_t per_rank, ExchangeFn fn,
+                        const char* what) {
+  work->keep_alive(output);
+  work->keep_alive(input);
+  auto type = std::make_shared<MPI_Datatype>(MPI_DATATYPE_NULL);
+  detail::CommEngine::instance().submit(
+      work,
+      [st, out = output, in = input, type, per_rank, fn, what]() {
+        int64_t count = 0;
+        *type = block_type(per_rank, in.dtype(), &count);
+        MPI_Request r;
+        detail::check_mpi(fn(in.raw_data(), static_cast<int>(count), *type, out.raw_data(),
+                             static_cast<int>(count), *type, st->comm, &r),
+                          what);
+        return std::vector<MPI_Request>{r};
+      },
+      [type, in = input]() {
+        if (*type != mpi_type(in.dtype())) MPI_Type_free(type.get());
+      });
+  return work;
+}
+
 }  // namespace
 
 namespace detail {
@@ -322,27 +350,8 @@ WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input, const Colle
                   output.numel(), " elements, expected group size ", size(), " x input ",
                   input.numel());
   auto work = detail::PgAccess::make_work(*state_, "allgather", &input, -1, o.timeout);
-  work->keep_alive(output);
-  work->keep_alive(input);
-  auto st = state_;
-  Tensor out = output, in = input;
-  auto type = std::make_shared<MPI_Datatype>(MPI_DATATYPE_NULL);
-  detail::CommEngine::instance().submit(
-      work,
-      [st, out, in, type]() {
-        int64_t count = 0;
-        *type = block_type(in.numel(), in.dtype(), &count);
-        MPI_Request r;
-        detail::check_mpi(
-            MPI_Iallgather(in.raw_data(), static_cast<int>(count), *type, out.raw_data(),
-                           static_cast<int>(count), *type, st->comm, &r),
-            "MPI_Iallgather");
-        return std::vector<MPI_Request>{r};
-      },
-      [type, in]() {
-        if (*type != mpi_type(in.dtype())) MPI_Type_free(type.get());
-      });
-  return work;
+  return submit_exchange(state_, work, output, input, input.numel(), &MPI_Iallgather,
+                         "MPI_Iallgather");
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor& t, int root, const CollectiveOptions& o) {
@@ -372,27 +381,8 @@ WorkPtr ProcessGroup::alltoall(Tensor& output, const Tensor& input, const Collec
                   "alltoall: input (", input.numel(), " elements) and output (", output.numel(),
                   ") must be equal and divisible by the group size ", size());
   auto work = detail::PgAccess::make_work(*state_, "alltoall", &input, -1, o.timeout);
-  work->keep_alive(output);
-  work->keep_alive(input);
-  auto st = state_;
-  Tensor out = output, in = input;
-  auto type = std::make_shared<MPI_Datatype>(MPI_DATATYPE_NULL);
-  detail::CommEngine::instance().submit(
-      work,
-      [st, out, in, type]() {
-        int64_t count = 0;
-        *type = block_type(in.numel() / st->size, in.dtype(), &count);
-        MPI_Request r;
-        detail::check_mpi(
-            MPI_Ialltoall(in.raw_data(), static_cast<int>(count), *type, out.raw_data(),
-                          static_cast<int>(count), *type, st->comm, &r),
-            "MPI_Ialltoall");
-        return std::vector<MPI_Request>{r};
-      },
-      [type, in]() {
-        if (*type != mpi_type(in.dtype())) MPI_Type_free(type.get());
-      });
-  return work;
+  return submit_exchange(state_, work, output, input, input.numel() / size(), &MPI_Ialltoall,
+                         "MPI_Ialltoall");
 }
 
 WorkPtr ProcessGroup::send(const Tensor& t, int dst, int tag, const CollectiveOptions& o) {
