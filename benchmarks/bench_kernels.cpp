@@ -105,6 +105,24 @@ void BM_AttentionForwardBackward(benchmark::State& state) {
 BENCHMARK(BM_AttentionForward)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
 
+// ---- the GPT block's layout: q, k, v are strided views of the (B, T, 3C) output of c_attn and
+// the gradient of the output arrives as (B, T, C) from c_proj, so every row is 3C or C floats
+// from the next (fused kernel only, forward + backward through split).
+void BM_AttentionPackedQkvForwardBackward(benchmark::State& state) {
+  acc::Tensor qkv = leaf({kB, kT, 3 * kC});
+  acc::Tensor dy = acc::randn({kB, kT, kC});
+  for (auto _ : state) {
+    clear_grads({&qkv});
+    auto parts = acc::split(qkv, {kC, kC, kC}, 2);
+    auto heads = [](const acc::Tensor& t) { return t.view({kB, kT, kNH, kHS}).transpose(1, 2); };
+    acc::Tensor y =
+        acc::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]));
+    y.transpose(1, 2).reshape({kB, kT, kC}).backward(dy);
+  }
+  flops_counter(state, 6.0 * kB * kNH * kT * kT * kHS);
+}
+BENCHMARK(BM_AttentionPackedQkvForwardBackward)->Unit(benchmark::kMillisecond);
+
 // ---- bandwidth-bound ops on (N, C) activations.
 void BM_LayerNormForwardBackward(benchmark::State& state) {
   acc::Tensor x = leaf({kN, kC}), w = leaf({kC}), b = leaf({kC});

@@ -19,7 +19,9 @@
 // both sides measured under the same machine load.
 
 #include <cblas.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -59,6 +61,7 @@ struct Args {
   int64_t sgemm_n = 2048;
   int sgemm_reps = 5;
   double lr = 1e-3;
+  std::string perf_control;  // "CTL_FIFO[,ACK_FIFO]" of `perf record --control fifo:...`
 };
 
 // A model to benchmark: type, model config and the batch it is trained with.
@@ -260,7 +263,46 @@ double sgemm_gflops(int64_t n, int reps, int threads) {
   return 2.0 * static_cast<double>(n) * n * n / best_s / 1e9;
 }
 
-json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
+// Drives `perf record --control=fifo:CTL[,ACK] --delay=-1` so that only the measured training
+// steps are sampled (not the seeded init, the warm-up steps or the sgemm measurements). With an
+// ack fifo, each command waits until perf has applied it.
+class PerfControl {
+ public:
+  explicit PerfControl(const std::string& spec) {
+    if (spec.empty()) return;
+    const size_t comma = spec.find(',');
+    const std::string ctl = spec.substr(0, comma);
+    ctl_ = ::open(ctl.c_str(), O_WRONLY | O_CLOEXEC);
+    ACC_CHECK_AS(acc::IoError, ctl_ >= 0, "--perf-control: cannot open '", ctl, "'");
+    if (comma != std::string::npos) {
+      const std::string ack = spec.substr(comma + 1);
+      ack_ = ::open(ack.c_str(), O_RDONLY | O_CLOEXEC);
+      ACC_CHECK_AS(acc::IoError, ack_ >= 0, "--perf-control: cannot open '", ack, "'");
+    }
+  }
+  ~PerfControl() {
+    if (ctl_ >= 0) ::close(ctl_);
+    if (ack_ >= 0) ::close(ack_);
+  }
+  PerfControl(const PerfControl&) = delete;
+  PerfControl& operator=(const PerfControl&) = delete;
+  void enable() { send("enable\n"); }
+  void disable() { send("disable\n"); }
+
+ private:
+  void send(const std::string& cmd) {
+    if (ctl_ < 0) return;
+    ACC_CHECK_AS(acc::IoError,
+                 ::write(ctl_, cmd.data(), cmd.size()) == static_cast<ssize_t>(cmd.size()),
+                 "--perf-control: write failed");
+    if (ack_ < 0) return;
+    char buf[8];
+    ACC_CHECK_AS(acc::IoError, ::read(ack_, buf, sizeof(buf)) > 0, "--perf-control: no ack");
+  }
+  int ctl_ = -1, ack_ = -1;
+};
+
+json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfControl& perf) {
   using namespace acc;
   const int64_t B = a.batch_size > 0 ? a.batch_size : bc.batch;
   const int64_t T = a.seq_len > 0 ? a.seq_len : bc.seq_len;
@@ -332,6 +374,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
     data::Batch batch = loader.next();
     std::optional<autograd::FlopCounter> counter;
     if (s == 0) counter.emplace();  // one step's model FLOPs; counting is free
+    if (s >= a.warmup) perf.enable();
     const auto t0 = std::chrono::steady_clock::now();
     opt->zero_grad();
     Tensor loss = model->loss(batch.idx, batch.targets);
@@ -340,6 +383,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
     opt->step();
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= a.warmup) perf.disable();
     if (counter) {
       flops = counter->count();
       counter.reset();
@@ -438,8 +482,9 @@ int run(const Args& a) {
     json_out.open(a.json_out);
     ACC_CHECK_AS(IoError, json_out.good(), "cannot write --json-out file '", a.json_out, "'");
   }
+  PerfControl perf(a.perf_control);
   for (const auto& c : configs) {
-    json r = run_config(a, c, configs.size());
+    json r = run_config(a, c, configs.size(), perf);
     if (r.is_null()) continue;
     std::cout << r.dump() << std::endl;
     if (json_out.is_open()) json_out << r.dump() << "\n" << std::flush;
@@ -484,6 +529,9 @@ int main(int argc, char** argv) {
   app.add_option("--sgemm-reps", a.sgemm_reps,
                  "timed sgemm repetitions (the best counts; 0 skips it)")
       ->capture_default_str();
+  app.add_option("--perf-control", a.perf_control,
+                 "CTL_FIFO[,ACK_FIFO] of perf record --control=fifo:... --delay=-1: sample only "
+                 "the measured steps (benchmarks/profile_step.sh uses it)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -266,6 +266,18 @@ Tensor bthd_tensor(int64_t B, int64_t H, int64_t T, int64_t HS, TensorOptions op
   return make_view(store, {B, H, T, HS}, {T * H * HS, HS, H * HS, 1}, 0);
 }
 
+// True when q, k, v are the head views of one (B, T, NH + 2 NKV, HS) tensor, q's heads then k's
+// then v's (a split of one qkv projection).
+bool packed_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3), NKV = k.size(1);
+  const int64_t st = (NH + 2 * NKV) * HS;
+  const Shape qs{T * st, HS, st, 1};
+  auto kv_strides = [&](const Tensor& t) { return t.strides() == Shape{T * st, HS, st, 1}; };
+  return B > 0 && T > 0 && q.storage() && q.storage() == k.storage() &&
+         q.storage() == v.storage() && q.strides() == qs && kv_strides(k) && kv_strides(v) &&
+         k.offset() == q.offset() + NH * HS && v.offset() == k.offset() + NKV * HS;
+}
+
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -300,22 +312,34 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                                operand(v), B, NH, NKV, T, HS, sc, causal);
   }
   Tensor o = detail::saved_output(out);
-  autograd::record_op("AttentionBackward", {q_in, k_in, v_in}, {out},
-                      [q, k, v, o, lse, B, NH, NKV, T, HS, sc, causal, attn_flops](
-                          const std::vector<Tensor>& g, const std::vector<bool>&) {
-                        Tensor go = with_unit_inner_stride(g[0]);
-                        Tensor dq = bthd_tensor(B, NH, T, HS, q.options());
-                        Tensor dk = bthd_tensor(B, NKV, T, HS, q.options());
-                        Tensor dv = bthd_tensor(B, NKV, T, HS, q.options());
-                        autograd::detail::add_flops(2 * attn_flops, true);
-                        if (!dq.is_meta() && dq.numel() > 0) {
-                          kernels::attention_backward(
-                              grad_operand(dq), grad_operand(dk), grad_operand(dv), operand(go),
-                              operand(q), operand(k), operand(v), operand(o), lse.data<float>(), B,
-                              NH, NKV, T, HS, sc, causal);
-                        }
-                        return std::vector<Tensor>{dq, dk, dv};
-                      });
+  const bool packed = !q.is_meta() && packed_qkv(q, k, v);
+  autograd::record_op(
+      "AttentionBackward", {q_in, k_in, v_in}, {out},
+      [q, k, v, o, lse, B, NH, NKV, T, HS, sc, causal, attn_flops, packed](
+          const std::vector<Tensor>& g, const std::vector<bool>&) {
+        Tensor go = with_unit_inner_stride(g[0]);
+        Tensor dq, dk, dv;
+        if (packed) {
+          // Gradients laid out like q, k, v: side by side in one buffer, so the
+          // backward of the qkv split needs no concatenation.
+          const int64_t H = NH + 2 * NKV, st = H * HS;
+          Tensor store = empty({B, T, H, HS}, q.options());
+          dq = make_view(store, {B, NH, T, HS}, {T * st, HS, st, 1}, 0);
+          dk = make_view(store, {B, NKV, T, HS}, {T * st, HS, st, 1}, NH * HS);
+          dv = make_view(store, {B, NKV, T, HS}, {T * st, HS, st, 1}, (NH + NKV) * HS);
+        } else {
+          dq = bthd_tensor(B, NH, T, HS, q.options());
+          dk = bthd_tensor(B, NKV, T, HS, q.options());
+          dv = bthd_tensor(B, NKV, T, HS, q.options());
+        }
+        autograd::detail::add_flops(2 * attn_flops, true);
+        if (!dq.is_meta() && dq.numel() > 0) {
+          kernels::attention_backward(grad_operand(dq), grad_operand(dk), grad_operand(dv),
+                                      operand(go), operand(q), operand(k), operand(v), operand(o),
+                                      lse.data<float>(), B, NH, NKV, T, HS, sc, causal);
+        }
+        return std::vector<Tensor>{dq, dk, dv};
+      });
   return out;
 }
 

@@ -108,6 +108,34 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   return out;
 }
 
+namespace {
+
+// When `ts` are views of one storage with equal strides that sit next to each other along `dim`
+// in order (as the gradients of a split are when the op that consumed the parts wrote them into
+// one buffer), the view that spans them all; otherwise undefined.
+Tensor joined_view(const std::vector<Tensor>& ts, int64_t dim) {
+  if (ts.empty()) return Tensor();
+  const Tensor& first = ts[0];
+  if (!first.defined() || first.is_meta() || !first.storage()) return Tensor();
+  Shape shape = first.shape();
+  int64_t next = first.offset();
+  for (const Tensor& t : ts) {
+    if (!t.defined() || t.storage() != first.storage() || t.strides() != first.strides() ||
+        t.dtype() != first.dtype() || t.dim() != first.dim() || t.offset() != next) {
+      return Tensor();
+    }
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      if (d != dim && t.size(d) != first.size(d)) return Tensor();
+    }
+    next += t.size(dim) * t.strides()[dim];
+  }
+  shape[dim] = 0;
+  for (const Tensor& t : ts) shape[dim] += t.size(dim);
+  return make_view(first, shape, first.strides(), first.offset());
+}
+
+}  // namespace
+
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
   dim = wrap_dim(dim, x.dim());
   int64_t total = 0;
@@ -127,7 +155,10 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   }
   autograd::record_op("SplitBackward", {x}, outs,
                       [dim](const std::vector<Tensor>& g, const std::vector<bool>&) {
-                        return std::vector<Tensor>{cat(g, dim)};
+                        // No copy when the gradients already lie side by side in one buffer
+                        // (fused attention writes dq, dk, dv of a split qkv that way).
+                        Tensor joined = joined_view(g, dim);
+                        return std::vector<Tensor>{joined.defined() ? joined : cat(g, dim)};
                       });
   return outs;
 }

@@ -16,6 +16,7 @@
 #include "acc/autograd/engine.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/tensor/allocator.hpp"
+#include "acc/tensor/observer.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/threading.hpp"
 #include "autograd/gradcheck.hpp"
@@ -81,20 +82,25 @@ TEST_P(AttentionVsReference, ForwardAndAllGradientsMatch) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionVsReference,
-    ::testing::Values(AttnCase{1, 1, 1, 1, 8, true, false},     // one token
-                      AttnCase{2, 2, 2, 1, 16, false, false},   // one token, no mask
-                      AttnCase{2, 2, 2, 63, 16, true, false},   // one partial tile
-                      AttnCase{1, 2, 2, 64, 16, true, false},   // exactly one tile
-                      AttnCase{1, 2, 2, 64, 64, false, false},  // exactly one tile, HS 64
-                      AttnCase{1, 2, 2, 65, 16, true, false},   // one row past a tile
-                      AttnCase{1, 2, 2, 65, 8, false, false},
-                      AttnCase{1, 4, 2, 65, 8, true, false},    // GQA
-                      AttnCase{1, 4, 1, 130, 8, true, false},   // MQA, 3 tiles
-                      AttnCase{1, 2, 1, 200, 64, true, false},  // HS 64, 4 tiles, last partial
-                      AttnCase{2, 4, 2, 200, 16, false, false},
-                      AttnCase{2, 4, 2, 200, 16, true, false},
-                      AttnCase{2, 2, 2, 70, 16, true, true},  // strided views of packed qkv
-                      AttnCase{1, 4, 2, 129, 8, false, true}),
+    ::testing::Values(
+        AttnCase{1, 1, 1, 1, 8, true, false},     // one token
+        AttnCase{2, 2, 2, 1, 16, false, false},   // one token, no mask
+        AttnCase{2, 2, 2, 63, 16, true, false},   // one partial tile
+        AttnCase{1, 2, 2, 64, 16, true, false},   // exactly one tile
+        AttnCase{1, 2, 2, 64, 64, false, false},  // exactly one tile, HS 64
+        AttnCase{1, 2, 2, 65, 16, true, false},   // one row past a tile
+        AttnCase{1, 2, 2, 65, 8, false, false}, AttnCase{1, 4, 2, 65, 8, true, false},  // GQA
+        AttnCase{1, 4, 1, 130, 8, true, false},   // MQA, 3 tiles
+        AttnCase{1, 2, 1, 200, 64, true, false},  // HS 64, 4 tiles, last partial
+        AttnCase{2, 4, 2, 200, 16, false, false}, AttnCase{2, 4, 2, 200, 16, true, false},
+        AttnCase{2, 2, 2, 70, 16, true, true},  // strided views of packed qkv
+        AttnCase{1, 4, 2, 129, 8, false, true},
+        // Partial last tiles whose rows end in each kind of row block of the tile
+        // kernel, head sizes that are not a whole number of vectors or are wider
+        // than one panel, and the 17M GPT's head layout.
+        AttnCase{1, 2, 1, 253, 24, true, false}, AttnCase{1, 2, 2, 255, 80, true, true},
+        AttnCase{1, 1, 1, 250, 128, true, false}, AttnCase{1, 2, 2, 190, 80, false, false},
+        AttnCase{1, 8, 8, 256, 64, true, true}),
     [](const ::testing::TestParamInfo<AttnCase>& info) { return case_name(info.param); });
 
 // ---------------------------------------------------------------------------------------------
@@ -140,6 +146,54 @@ TEST(FlashAttention, TrackedMemoryIsLinearInTAndFarBelowTheScoreMatrix) {
   // The measurement does see a (T,T) buffer when there is one: the reference path needs several.
   const PeakBytes ref = measure(T, false);
   EXPECT_GE(ref.forward, scores) << ref.forward;
+}
+
+// ---------------------------------------------------------------------------------------------
+// a split qkv: the fused backward writes dq, dk, dv side by side, so the split needs no cat
+
+// Counts the ops named `name` that run while it is installed.
+struct OpCounter : detail::OpObserver {
+  explicit OpCounter(std::string n) : name(std::move(n)) { prev = detail::set_op_observer(this); }
+  ~OpCounter() override { detail::set_op_observer(prev); }
+  void on_alloc(uint64_t, size_t, Device) override {}
+  void on_free(uint64_t) override {}
+  void on_flops(int64_t, bool) override {}
+  void on_backward_begin(const std::vector<Tensor>&) override {}
+  void on_op(const std::string& op, const std::string&, const std::vector<Tensor>&,
+             const std::vector<Tensor>&, bool) override {
+    count += op == name;
+  }
+  std::string name;
+  int count = 0;
+  detail::OpObserver* prev = nullptr;
+};
+
+// Gradient of a (B, T, 3C) qkv through split -> heads -> attention, and the number of
+// concatenations its backward ran.
+std::pair<std::vector<float>, int> split_qkv_grad(bool fused) {
+  const int64_t B = 2, T = 70, NH = 2, HS = 16, C = NH * HS;
+  Generator gen(23);
+  Tensor qkv = randn({B, T, 3 * C}, gen).set_requires_grad(true);
+  Tensor R = randn({B, T, C}, gen);
+  auto parts = split(qkv, {C, C, C}, 2);
+  auto heads = [&](const Tensor& t) { return t.view({B, T, NH, HS}).transpose(1, 2); };
+  Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  Tensor y = fused ? scaled_dot_product_attention(q, k, v) : attention_reference(q, k, v);
+  y = y.transpose(1, 2).reshape({B, T, C});
+  OpCounter cats("Cat");
+  y.backward(R);
+  return {qkv.grad().to_vector<float>(), cats.count};
+}
+
+TEST(FlashAttention, SplitQkvBackwardNeedsNoConcatenation) {
+  const auto [fused, fused_cats] = split_qkv_grad(true);
+  const auto [ref, ref_cats] = split_qkv_grad(false);
+  EXPECT_EQ(fused_cats, 0);
+  EXPECT_EQ(ref_cats, 1);  // separate dq, dk, dv buffers are concatenated
+  ASSERT_EQ(fused.size(), ref.size());
+  float err = 0.f;
+  for (size_t i = 0; i < fused.size(); ++i) err = std::max(err, std::abs(fused[i] - ref[i]));
+  EXPECT_LT(err, 1e-5f);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 // figures). Freed blocks are kept in a size-binned cache and reused, so a training loop in its
 // steady state does no system allocation and takes no page faults; ACC_ALLOCATOR=malloc turns
 // the cache off (every free returns memory to the system), which is useful under valgrind.
+// Blocks of 2 MiB and more are mapped 2 MiB aligned and advised for transparent huge pages (fewer
+// TLB misses in strided passes over large activations); ACC_HUGE_PAGES=0 turns that off.
 
 #include <cstddef>
 #include <cstdint>

@@ -1,19 +1,30 @@
 // Fused causal attention, flash-attention style, for the CPU.
 //
-// Forward: for each (batch, head, query tile) the key tiles are visited once; scores for a tile
-// are computed into a small buffer, folded into a running max / running sum (online softmax) and
-// the output accumulator is rescaled. Only the output and the log-sum-exp per row are stored.
-// Backward (FlashAttention-2 order): for each (batch, kv head) the key tiles are the outer loop;
-// for every query tile that sees a key tile, the probabilities are recomputed from q, k and the
-// saved log-sum-exp, dk/dv for the key tile accumulate in registers-sized buffers, and dq
-// accumulates in place. One task owns a kv head (and the query heads that share it), so there
-// are no races and the result does not depend on the thread count.
+// Scores are computed transposed, keys x queries: a vector register then holds 16 queries, so the
+// softmax over keys (running max, sum) is a vertical reduction over rows with one max/sum per
+// query lane, never a horizontal one, and the per-query state (max, sum, rescale factor) is a
+// vector too.
 //
-// Every product inside a tile goes through tile::gemm_set/gemm_acc (a register-blocked FMA
-// micro-kernel).
+// Forward: for each (batch, head, query tile) the key tiles are visited once: s^T (keys x
+// queries) = K q^T, folded into a running max / running sum (online softmax), the output
+// accumulator o (queries x HS) rescaled and o += p v, where p is read transposed from p^T. Only
+// the output and the log-sum-exp per query are stored.
+// Backward (FlashAttention-2 order): for each (batch, kv head) the key tiles are the outer loop;
+// for every query tile that sees a key tile, p^T and dp^T are recomputed from q, k, v and the
+// saved log-sum-exp; dk and dv of the key tile accumulate in local buffers, dq in place. One task
+// owns a kv head (and the query heads that share it), so there are no races and the result does
+// not depend on the thread count.
+//
+// Tiles are 64 x 64 and aligned, so a key tile is either entirely visible to a query tile or is
+// its diagonal tile. On the diagonal the products skip the part the causal mask hides (whole
+// column vectors of s^T, and the keys past a query block in p v), which saves about a third of
+// the diagonal tiles' work. Every operand of a tile product is first packed (rows of q, k, v, dout
+// and their transposes) so that it sits in L1: the strided rows of a (B, T, 3C) qkv tensor are a
+// power of two apart and would map onto the same L1 sets.
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "acc/tensor/kernels.hpp"
@@ -25,17 +36,10 @@
 namespace acc::kernels {
 namespace {
 
-// Query tiles of 64 rows against key blocks of 256: large key blocks mean fewer online-softmax
-// rescales and larger, more efficient tile products; the causal mask only wastes work inside the
-// 64-wide diagonal.
-constexpr int kQTile = 64;
-constexpr int kKTile = 64;
-
-// Columns of a key block the tile products compute: nk rounded up to a vector width (the
-// transposed copies are zero-padded that far).
-inline int64_t product_cols(int64_t nk) {
-  return (nk + 15) / 16 * 16;
-}
+constexpr int64_t kTile = 64;  // query and key tile
+constexpr int64_t W = tile::kWidth;
+static_assert(tile::kWidth == simd::kWidth, "tile and simd kernels must agree on the width");
+static_assert(kTile % W == 0);
 
 inline const float* row(const AttnOperand& a, int64_t b, int64_t h, int64_t t) {
   return a.ptr + b * a.sb + h * a.sh + t * a.st;
@@ -44,18 +48,87 @@ inline float* row(const AttnGrad& a, int64_t b, int64_t h, int64_t t) {
   return a.ptr + b * a.sb + h * a.sh + t * a.st;
 }
 
-// dst (HS x ld) columns [0, n) = rows [t0, t0 + n) of `a` transposed; columns [n, pad) zeroed.
-void load_transposed(float* dst, int64_t ld, const AttnOperand& a, int64_t b, int64_t h, int64_t t0,
-                     int64_t n, int64_t pad, int64_t HS) {
+// The row stride of transposed (HS x Tp) copies of a head: T rounded up to 16, plus 16 so that
+// rows do not sit a power of two apart (which maps them onto the same L1 sets).
+inline int64_t padded(int64_t T) {
+  return (T + 15) / 16 * 16 + 16;
+}
+
+// Rows [0, T) of head (b, h) of `a` as a contiguous (T x HS) block: in place when they already
+// are, else copied into `buf`.
+const float* packed_rows(float* buf, const AttnOperand& a, int64_t b, int64_t h, int64_t T,
+                         int64_t HS) {
+  if (a.st == HS) return row(a, b, h, 0);
+  for (int64_t t = 0; t < T; ++t) std::memcpy(buf + t * HS, row(a, b, h, t), sizeof(float) * HS);
+  return buf;
+}
+
+#if defined(__AVX512F__)
+// 16 x 16 transpose in registers: r[c] becomes column c of the rows r[0..15]. The maskz forms
+// with a full mask are the plain shuffles (the unmasked intrinsics trip GCC 12's
+// -Wmaybe-uninitialized through _mm512_undefined_ps).
+inline void transpose16(__m512 r[16]) {
+  constexpr __mmask16 k16 = 0xFFFF;
+  constexpr __mmask8 k8 = 0xFF;
+  __m512 t[16], u[16];
+  for (int p = 0; p < 8; ++p) {
+    t[2 * p] = _mm512_maskz_unpacklo_ps(k16, r[2 * p], r[2 * p + 1]);
+    t[2 * p + 1] = _mm512_maskz_unpackhi_ps(k16, r[2 * p], r[2 * p + 1]);
+  }
+  // u[4q + x], 128-bit lane L: column 4L + x of rows 4q .. 4q + 3.
+  for (int q = 0; q < 4; ++q) {
+    const __m512d a = _mm512_castps_pd(t[4 * q]), b = _mm512_castps_pd(t[4 * q + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * q + 2]), d = _mm512_castps_pd(t[4 * q + 3]);
+    u[4 * q] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(k8, a, c));
+    u[4 * q + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(k8, a, c));
+    u[4 * q + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(k8, b, d));
+    u[4 * q + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(k8, b, d));
+  }
+  for (int x = 0; x < 4; ++x) {
+    const __m512 s0 = _mm512_maskz_shuffle_f32x4(k16, u[x], u[4 + x], 0x44);
+    const __m512 s1 = _mm512_maskz_shuffle_f32x4(k16, u[x], u[4 + x], 0xEE);
+    const __m512 s2 = _mm512_maskz_shuffle_f32x4(k16, u[8 + x], u[12 + x], 0x44);
+    const __m512 s3 = _mm512_maskz_shuffle_f32x4(k16, u[8 + x], u[12 + x], 0xEE);
+    r[x] = _mm512_maskz_shuffle_f32x4(k16, s0, s2, 0x88);
+    r[4 + x] = _mm512_maskz_shuffle_f32x4(k16, s0, s2, 0xDD);
+    r[8 + x] = _mm512_maskz_shuffle_f32x4(k16, s1, s3, 0x88);
+    r[12 + x] = _mm512_maskz_shuffle_f32x4(k16, s1, s3, 0xDD);
+  }
+}
+#endif
+
+// dst (HS x ld) columns [0, n) = f * rows [0, n) of head (b, h) of `a` transposed; columns
+// [n, pad) zeroed.
+void load_transposed(float* dst, int64_t ld, const AttnOperand& a, int64_t b, int64_t h, int64_t n,
+                     int64_t pad, int64_t HS, float f = 1.f) {
+  int64_t j0 = 0;
+#if defined(__AVX512F__)
+  for (; j0 + 16 <= n; j0 += 16) {
+    int64_t d0 = 0;
+    for (; d0 + 16 <= HS; d0 += 16) {
+      __m512 r[16];
+      const __m512 vf = _mm512_set1_ps(f);
+      for (int jj = 0; jj < 16; ++jj) {
+        r[jj] = _mm512_mul_ps(_mm512_loadu_ps(row(a, b, h, j0 + jj) + d0), vf);
+      }
+      transpose16(r);
+      for (int dd = 0; dd < 16; ++dd) _mm512_storeu_ps(dst + (d0 + dd) * ld + j0, r[dd]);
+    }
+    for (int64_t jj = 0; jj < 16 && d0 < HS; ++jj) {
+      const float* src = row(a, b, h, j0 + jj);
+      for (int64_t d = d0; d < HS; ++d) dst[d * ld + j0 + jj] = src[d] * f;
+    }
+  }
+#endif
   // Blocks of 16 rows: each output row segment of 16 is written contiguously.
   constexpr int64_t kBlock = 16;
   const float* rows[kBlock];
-  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+  for (; j0 < n; j0 += kBlock) {
     const int64_t nb = std::min(kBlock, n - j0);
-    for (int64_t jj = 0; jj < nb; ++jj) rows[jj] = row(a, b, h, t0 + j0 + jj);
+    for (int64_t jj = 0; jj < nb; ++jj) rows[jj] = row(a, b, h, j0 + jj);
     for (int64_t d = 0; d < HS; ++d) {
       float* out = dst + d * ld + j0;
-      for (int64_t jj = 0; jj < nb; ++jj) out[jj] = rows[jj][d];
+      for (int64_t jj = 0; jj < nb; ++jj) out[jj] = rows[jj][d] * f;
     }
   }
   for (int64_t d = 0; d < HS; ++d) {
@@ -63,15 +136,136 @@ void load_transposed(float* dst, int64_t ld, const AttnOperand& a, int64_t b, in
   }
 }
 
-// Number of keys of tile [k0, k0 + nk) that query t may attend to.
-inline int64_t visible(int64_t t, int64_t k0, int64_t nk, bool causal) {
-  return causal ? std::clamp<int64_t>(t - k0 + 1, 0, nk) : nk;
+// Software prefetch of the next work item's rows into L2, spread over the current item's tiles:
+// the rows of a (B, T, 3C) qkv tensor are several KiB apart, each in its own page, which the
+// hardware prefetchers do not follow, so packing them would otherwise wait on memory row by row.
+class RowPrefetcher {
+ public:
+  void clear() {
+    lines_.clear();
+    next_ = 0;
+  }
+  void add(const AttnOperand& a, int64_t b, int64_t h, int64_t T, int64_t HS) {
+    for (int64_t t = 0; t < T; ++t) {
+      const char* p = reinterpret_cast<const char*>(row(a, b, h, t));
+      for (int64_t off = 0; off < HS * 4; off += 64) lines_.push_back(p + off);
+    }
+  }
+  /// Spreads what is queued over `steps` calls of step().
+  void plan(int64_t steps) {
+    per_step_ = (lines_.size() + steps - 1) / std::max<int64_t>(steps, 1);
+  }
+  void step() {
+    const size_t end = std::min(lines_.size(), next_ + per_step_);
+    for (; next_ < end; ++next_) __builtin_prefetch(lines_[next_], 0, 2);
+  }
+
+ private:
+  std::vector<const char*> lines_;
+  size_t next_ = 0, per_step_ = 0;
+};
+
+// Query-tile x key-tile steps of one kv head (all query heads of its group).
+inline int64_t tile_steps(int64_t T, int64_t group, bool causal) {
+  const int64_t n = (T + kTile - 1) / kTile;
+  return group * (causal ? n * (n + 1) / 2 : n * n);
 }
 
-// The row stride of transposed (HS x Tp) copies of a head: T rounded up to 16, plus 16 so that
-// rows do not sit a power of two apart (which maps them onto the same L1 sets).
-inline int64_t padded(int64_t T) {
-  return (T + 15) / 16 * 16 + 16;
+// On a diagonal tile, the first column vector (of queries) that row j of a keys x queries tile
+// has visible entries in, rounded down to the start of j's row block in tile::gemm_blocks (all
+// rows of a block compute the same columns). Query i sees key j when i >= j.
+inline int64_t diag_vec0(int64_t j) {
+  return j / tile::kRows * tile::kRows / W;
+}
+
+// range() for products whose rows are keys and columns queries (s^T = K q^T): on the diagonal,
+// skip the column vectors the whole block cannot see.
+struct KeyRowsRange {
+  bool diag;
+  int64_t K;
+  tile::BlockRange operator()(int64_t s, int) const { return {diag ? diag_vec0(s) * W : 0, 0, K}; }
+};
+// range() for products whose rows are keys and K runs over queries (dv = p^T dout): on the
+// diagonal, queries before the block's first visible vector contribute nothing.
+struct KeyRowsQueryKRange {
+  bool diag;
+  int64_t nq;
+  tile::BlockRange operator()(int64_t s, int) const { return {0, diag ? diag_vec0(s) * W : 0, nq}; }
+};
+// range() for products whose rows are queries and K runs over keys (o = p v): on the diagonal,
+// a query block [s, s + R) sees keys [0, s + R) only.
+struct QueryRowsKeyKRange {
+  bool diag;
+  int64_t nk;
+  tile::BlockRange operator()(int64_t s, int R) const {
+    return {0, 0, diag ? std::min<int64_t>(nk, s + R) : nk};
+  }
+};
+
+// Online softmax down each column (query) of a key tile sT (nk x NV*W, row stride kTile) of
+// scaled scores: sT becomes p = exp(s - m_new) (0 where the mask hides a key), and the running
+// max m, running sum l and rescale factor alpha = exp(m_old - m_new) of each query are updated.
+// On the diagonal (Diag) query i sees key j when i >= j, and only the rows that have entries in
+// a column vector (see diag_vec0) are read or written.
+template <bool Diag>
+void online_softmax(float* sT, int64_t nk, int64_t NV, float* m, float* l, float* alpha) {
+  using simd::vreg;
+  const vreg ninf = simd::set1(-INFINITY), zero = simd::set1(0.f);
+  for (int64_t c = 0; c < NV; ++c) {
+    int64_t jend = nk;
+    if (Diag) {
+      jend = 0;
+      while (jend < nk && diag_vec0(jend) <= c) ++jend;
+    }
+    const vreg qi = simd::add(simd::iota(), simd::set1(static_cast<float>(c * W)));
+    const vreg m_old = simd::load(m + c * W);
+    vreg mx = m_old;
+    for (int64_t j = 0; j < jend; ++j) {
+      vreg x = simd::load(sT + j * kTile + c * W);
+      if (Diag) x = simd::select_lt(qi, simd::set1(static_cast<float>(j)), ninf, x);
+      mx = simd::max(mx, x);
+    }
+    // A column with no visible key yet keeps max -inf; subtract 0 instead so that exp gives 0
+    // rather than NaN.
+    const vreg msafe = simd::select_lt(mx, simd::set1(-3.0e38f), zero, mx);
+    vreg sum = zero;
+    for (int64_t j = 0; j < jend; ++j) {
+      float* sp = sT + j * kTile + c * W;
+      vreg p = simd::exp(simd::sub(simd::load(sp), msafe));
+      if (Diag) p = simd::select_lt(qi, simd::set1(static_cast<float>(j)), zero, p);
+      simd::store(sp, p);
+      sum = simd::add(sum, p);
+    }
+    const vreg a = simd::exp(simd::sub(m_old, msafe));
+    simd::store(l + c * W, simd::add(simd::mul(simd::load(l + c * W), a), sum));
+    simd::store(m + c * W, mx);
+    simd::store(alpha + c * W, a);
+  }
+}
+
+// Backward of a key tile: pT (nk x NV*W, scaled scores) becomes p = exp(s - lse), dsT (dp)
+// becomes ds = p (dp - D) scale, 0 where the mask hides a key; Lq and Dq hold lse and D of the
+// tile's queries.
+template <bool Diag>
+void softmax_backward(float* pT, float* dsT, int64_t nk, int64_t NV, const float* Lq,
+                      const float* Dq, float scale) {
+  using simd::vreg;
+  const vreg vscale = simd::set1(scale), zero = simd::set1(0.f);
+  for (int64_t j = 0; j < nk; ++j) {
+    const vreg vj = simd::set1(static_cast<float>(j));
+    for (int64_t c = Diag ? diag_vec0(j) : 0; c < NV; ++c) {
+      float* pp = pT + j * kTile + c * W;
+      float* dp = dsT + j * kTile + c * W;
+      vreg p = simd::exp(simd::sub(simd::load(pp), simd::load(Lq + c * W)));
+      if (Diag) {
+        const vreg qi = simd::add(simd::iota(), simd::set1(static_cast<float>(c * W)));
+        p = simd::select_lt(qi, vj, zero, p);
+      }
+      simd::store(pp, p);
+      simd::store(
+          dp, simd::mul(simd::mul(p, simd::sub(simd::load(dp), simd::load(Dq + c * W))), vscale));
+    }
+  }
 }
 
 }  // namespace
@@ -80,51 +274,69 @@ void attention_forward(AttnGrad out, float* lse, AttnOperand q, AttnOperand k, A
                        int64_t B, int64_t NH, int64_t NKV, int64_t T, int64_t HS, float scale,
                        bool causal) {
   const int64_t group = NH / NKV, Tp = padded(T);
-  // One task per (batch, kv head): K is transposed once and serves every query tile of every
-  // query head that shares it.
+  // One task per (batch, kv head): K and V are packed once and serve every query tile of every
+  // query head that shares them.
   parallel_for(B * NKV, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> kT(static_cast<size_t>(HS * Tp));
-    std::vector<float> s(static_cast<size_t>(kQTile * kKTile));
-    std::vector<float> acc(static_cast<size_t>(kQTile * HS));
-    float m[kQTile], l[kQTile];
+    std::vector<float> kbuf(static_cast<size_t>(T * HS)), vbuf(kbuf.size());
+    std::vector<float> qT(static_cast<size_t>(HS * Tp));        // scale * q^T
+    std::vector<float> sT(static_cast<size_t>(kTile * kTile));  // s^T, then p^T (keys x queries)
+    std::vector<float> o(static_cast<size_t>(kTile * HS));      // output accumulator
+    alignas(64) float m[kTile], l[kTile], alpha[kTile];
+    RowPrefetcher prefetch;
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t kvh = w % NKV, b = w / NKV;
-      load_transposed(kT.data(), Tp, k, b, kvh, 0, T, Tp, HS);
+      const float* kp = packed_rows(kbuf.data(), k, b, kvh, T, HS);
+      const float* vp = packed_rows(vbuf.data(), v, b, kvh, T, HS);
+      prefetch.clear();
+      if (w + 1 < w1) {
+        const int64_t nh = (w + 1) % NKV, nb = (w + 1) / NKV;
+        prefetch.add(k, nb, nh, T, HS);
+        prefetch.add(v, nb, nh, T, HS);
+        for (int64_t h = nh * group; h < (nh + 1) * group; ++h) prefetch.add(q, nb, h, T, HS);
+        prefetch.plan(tile_steps(T, group, causal));
+      }
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        for (int64_t q0 = 0; q0 < T; q0 += kQTile) {
-          const int64_t nq = std::min<int64_t>(kQTile, T - q0);
-          for (int64_t i = 0; i < nq; ++i) {
+        // The score scale goes into q^T: s = (scale q) k^T needs no pass of its own.
+        load_transposed(qT.data(), Tp, q, b, h, T, Tp, HS, scale);
+        for (int64_t q0 = 0; q0 < T; q0 += kTile) {
+          const int64_t nq = std::min<int64_t>(kTile, T - q0), NV = (nq + W - 1) / W;
+          for (int64_t i = 0; i < NV * W; ++i) {
             m[i] = -INFINITY;
             l[i] = 0.f;
           }
-          std::fill(acc.begin(), acc.begin() + nq * HS, 0.f);
           const int64_t kend = causal ? q0 + nq : T;
-          for (int64_t k0 = 0; k0 < kend; k0 += kKTile) {
-            const int64_t nk = std::min<int64_t>(kKTile, kend - k0), nc = product_cols(nk);
-            // s (nq x nc) = q (nq x HS) @ kT[:, k0:k0+nc] (HS x nc)
-            tile::gemm_set(s.data(), kKTile, row(q, b, h, q0), q.st, kT.data() + k0, Tp, nq, nc,
-                           HS);
-            for (int64_t i = 0; i < nq; ++i) {
-              float* srow = s.data() + i * kKTile;
-              const int64_t jmax = visible(q0 + i, k0, nk, causal);
-              if (jmax == 0) {
-                std::fill(srow, srow + kKTile, 0.f);
-                continue;
-              }
-              const float alpha = simd::online_softmax_row<kKTile>(srow, jmax, scale, m[i], l[i]);
-              if (alpha != 1.f) {
-                float* a = acc.data() + i * HS;
-                for (int64_t d = 0; d < HS; ++d) a[d] *= alpha;
-              }
+          for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+            const int64_t nk = std::min<int64_t>(kTile, kend - k0);
+            const bool diag = causal && k0 == q0;
+            prefetch.step();
+            // sT (nk x NV*W) = k (nk x HS) @ qT[:, q0:] (HS x NV*W)
+            tile::gemm_blocks<false, false>(sT.data(), kTile, kp + k0 * HS, HS, qT.data() + q0, Tp,
+                                            nk, NV * W, KeyRowsRange{diag, HS});
+            if (diag) {
+              online_softmax<true>(sT.data(), nk, NV, m, l, alpha);
+            } else {
+              online_softmax<false>(sT.data(), nk, NV, m, l, alpha);
             }
-            // acc (nq x HS) += p (nq x nk) @ v (nk x HS)
-            tile::gemm_acc(acc.data(), HS, s.data(), kKTile, row(v, b, kvh, k0), v.st, nq, HS, nk);
+            // o (nq x HS) = alpha * o + p (nq x nk) @ v (nk x HS), p read from sT transposed.
+            const float* vk = vp + k0 * HS;
+            if (k0 == 0) {
+              tile::gemm_blocks<false, true>(o.data(), HS, sT.data(), kTile, vk, HS, nq, HS,
+                                             QueryRowsKeyKRange{diag, nk});
+            } else {
+              for (int64_t i = 0; i < nq; ++i) {
+                if (alpha[i] == 1.f) continue;
+                float* oi = o.data() + i * HS;
+                for (int64_t d = 0; d < HS; ++d) oi[d] *= alpha[i];
+              }
+              tile::gemm_blocks<true, true>(o.data(), HS, sT.data(), kTile, vk, HS, nq, HS,
+                                            QueryRowsKeyKRange{diag, nk});
+            }
           }
           for (int64_t i = 0; i < nq; ++i) {
-            float* o = row(out, b, h, q0 + i);
+            float* oi = row(out, b, h, q0 + i);
             const float inv = 1.f / l[i];
-            const float* a = acc.data() + i * HS;
-            for (int64_t d = 0; d < HS; ++d) o[d] = a[d] * inv;
+            const float* a = o.data() + i * HS;
+            for (int64_t d = 0; d < HS; ++d) oi[d] = a[d] * inv;
             lse[(b * NH + h) * T + q0 + i] = m[i] + std::log(l[i]);
           }
         }
@@ -138,67 +350,91 @@ void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout,
                         int64_t NH, int64_t NKV, int64_t T, int64_t HS, float scale, bool causal) {
   const int64_t group = NH / NKV, Tp = padded(T);
   parallel_for(B * NKV, 1, [&](int64_t w0, int64_t w1) {
-    const size_t tile_sq = static_cast<size_t>(kQTile * kKTile);
-    // Transposed copies (HS x Tp): K and V of the kv head, Q and dout of each query head.
-    std::vector<float> kT(static_cast<size_t>(HS * Tp)), vT(kT.size());
-    std::vector<float> qT(static_cast<size_t>(group * HS * Tp)), doT(qT.size());
-    std::vector<float> p(tile_sq), ds(tile_sq);
-    // dk and dv of one key block, accumulated transposed (HS x kKTile) over every query tile.
-    std::vector<float> dkT(static_cast<size_t>(HS * kKTile)), dvT(dkT.size());
-    std::vector<float> D(static_cast<size_t>(group * T));
+    const size_t tile_sq = static_cast<size_t>(kTile * kTile);
+    const size_t head_rows = static_cast<size_t>(T * HS), head_cols = static_cast<size_t>(HS * Tp);
+    // Packed rows of K and V of the kv head; of each query head: rows of q and dout, scale * q^T
+    // and dout^T (HS x Tp).
+    std::vector<float> kbuf(head_rows), vbuf(head_rows);
+    std::vector<float> qbuf(group * head_rows), dobuf(group * head_rows);
+    std::vector<const float*> qp(group), dop(group);
+    std::vector<float> qT(group * head_cols), doT(group * head_cols);
+    std::vector<float> pT(tile_sq), dsT(tile_sq);  // keys x queries
+    // dk and dv of one key tile (nk x HS), accumulated over every query tile.
+    std::vector<float> dkb(static_cast<size_t>(kTile * HS)), dvb(dkb.size());
+    // Log-sum-exp and D = dout . out per query, padded to whole vectors.
+    std::vector<float> L(static_cast<size_t>(group * Tp)), D(L.size());
+    RowPrefetcher prefetch;
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t kvh = w % NKV, b = w / NKV, h0 = kvh * group;
-      load_transposed(kT.data(), Tp, k, b, kvh, 0, T, Tp, HS);
-      load_transposed(vT.data(), Tp, v, b, kvh, 0, T, Tp, HS);
+      prefetch.clear();
+      if (w + 1 < w1) {
+        const int64_t nh = (w + 1) % NKV, nb = (w + 1) / NKV;
+        prefetch.add(k, nb, nh, T, HS);
+        prefetch.add(v, nb, nh, T, HS);
+        for (int64_t h = nh * group; h < (nh + 1) * group; ++h) {
+          prefetch.add(q, nb, h, T, HS);
+          prefetch.add(dout, nb, h, T, HS);
+          prefetch.add(out, nb, h, T, HS);
+        }
+        prefetch.plan(tile_steps(T, group, causal));
+      }
+      const float* kp = packed_rows(kbuf.data(), k, b, kvh, T, HS);
+      const float* vp = packed_rows(vbuf.data(), v, b, kvh, T, HS);
       for (int64_t g = 0; g < group; ++g) {
-        load_transposed(qT.data() + g * HS * Tp, Tp, q, b, h0 + g, 0, T, Tp, HS);
-        load_transposed(doT.data() + g * HS * Tp, Tp, dout, b, h0 + g, 0, T, Tp, HS);
-        // D[t] = dout . out (the row term of the softmax backward); dq starts at zero.
-        for (int64_t t = 0; t < T; ++t) {
-          D[g * T + t] = vec::dot(row(out, b, h0 + g, t), row(dout, b, h0 + g, t), HS);
-          std::fill(row(dq, b, h0 + g, t), row(dq, b, h0 + g, t) + HS, 0.f);
+        qp[g] = packed_rows(qbuf.data() + g * head_rows, q, b, h0 + g, T, HS);
+        dop[g] = packed_rows(dobuf.data() + g * head_rows, dout, b, h0 + g, T, HS);
+        load_transposed(qT.data() + g * head_cols, Tp, q, b, h0 + g, T, Tp, HS, scale);
+        load_transposed(doT.data() + g * head_cols, Tp, dout, b, h0 + g, T, Tp, HS);
+        const float* lse_bh = lse + (b * NH + h0 + g) * T;
+        for (int64_t t = 0; t < Tp; ++t) {
+          L[g * Tp + t] = t < T ? lse_bh[t] : 0.f;
+          D[g * Tp + t] = t < T ? vec::dot(row(out, b, h0 + g, t), dop[g] + t * HS, HS) : 0.f;
         }
       }
-      for (int64_t k0 = 0; k0 < T; k0 += kKTile) {
-        const int64_t nk = std::min<int64_t>(kKTile, T - k0);
-        std::fill(dkT.begin(), dkT.end(), 0.f);
-        std::fill(dvT.begin(), dvT.end(), 0.f);
-        const int64_t qstart = causal ? (k0 / kQTile) * kQTile : 0;
+      for (int64_t k0 = 0; k0 < T; k0 += kTile) {
+        const int64_t nk = std::min<int64_t>(kTile, T - k0);
+        std::fill(dkb.begin(), dkb.end(), 0.f);
+        std::fill(dvb.begin(), dvb.end(), 0.f);
+        const float* kk = kp + k0 * HS;
+        const float* vk = vp + k0 * HS;
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = h0 + g;
-          const float* lse_bh = lse + (b * NH + h) * T;
-          const float* qTg = qT.data() + g * HS * Tp;
-          const float* doTg = doT.data() + g * HS * Tp;
-          for (int64_t q0 = qstart; q0 < T; q0 += kQTile) {
-            const int64_t nq = std::min<int64_t>(kQTile, T - q0);
-            // Keys of the block this query tile can see (all of them unless causal).
-            const int64_t nv = causal ? std::min(nk, q0 + nq - k0) : nk, nc = product_cols(nv);
-            // p = q kT (scores), ds = dout vT (dp), both (nq x nc).
-            tile::gemm_set(p.data(), kKTile, row(q, b, h, q0), q.st, kT.data() + k0, Tp, nq, nc,
-                           HS);
-            tile::gemm_set(ds.data(), kKTile, row(dout, b, h, q0), dout.st, vT.data() + k0, Tp, nq,
-                           nc, HS);
-            // p = softmax probabilities, ds = p (dp - D) * scale (the score scale folded in).
-            for (int64_t i = 0; i < nq; ++i) {
-              simd::softmax_backward_row<kKTile>(p.data() + i * kKTile, ds.data() + i * kKTile,
-                                                 visible(q0 + i, k0, nv, causal), scale,
-                                                 lse_bh[q0 + i], D[g * T + q0 + i]);
+          const float* qTg = qT.data() + g * head_cols;
+          const float* doTg = doT.data() + g * head_cols;
+          for (int64_t q0 = causal ? k0 : 0; q0 < T; q0 += kTile) {
+            const int64_t nq = std::min<int64_t>(kTile, T - q0), NV = (nq + W - 1) / W;
+            const bool diag = causal && q0 == k0;
+            prefetch.step();
+            // pT = k qT (scaled scores), dsT = v doT (dp), both (nk x NV*W).
+            tile::gemm_blocks<false, false>(pT.data(), kTile, kk, HS, qTg + q0, Tp, nk, NV * W,
+                                            KeyRowsRange{diag, HS});
+            tile::gemm_blocks<false, false>(dsT.data(), kTile, vk, HS, doTg + q0, Tp, nk, NV * W,
+                                            KeyRowsRange{diag, HS});
+            const float* Lq = L.data() + g * Tp + q0;
+            const float* Dq = D.data() + g * Tp + q0;
+            if (diag) {
+              softmax_backward<true>(pT.data(), dsT.data(), nk, NV, Lq, Dq, scale);
+            } else {
+              softmax_backward<false>(pT.data(), dsT.data(), nk, NV, Lq, Dq, scale);
             }
-            // dvT (HS x nc) += doutT (HS x nq) @ p (nq x nc); dkT += qT @ ds;
-            // dq (nq x HS) += ds (nq x nk) @ k (nk x HS)
-            tile::gemm_acc(dvT.data(), kKTile, doTg + q0, Tp, p.data(), kKTile, HS, nc, nq);
-            tile::gemm_acc(dkT.data(), kKTile, qTg + q0, Tp, ds.data(), kKTile, HS, nc, nq);
-            tile::gemm_acc(row(dq, b, h, q0), dq.st, ds.data(), kKTile, row(k, b, kvh, k0), k.st,
-                           nq, HS, nv);
+            // dv (nk x HS) += p^T (nk x nq) @ dout (nq x HS); dk += ds^T @ q;
+            // dq (nq x HS) (+)= ds (nq x nk) @ k (nk x HS), ds read from dsT transposed.
+            tile::gemm_blocks<true, false>(dvb.data(), HS, pT.data(), kTile, dop[g] + q0 * HS, HS,
+                                           nk, HS, KeyRowsQueryKRange{diag, nq});
+            tile::gemm_blocks<true, false>(dkb.data(), HS, dsT.data(), kTile, qp[g] + q0 * HS, HS,
+                                           nk, HS, KeyRowsQueryKRange{diag, nq});
+            if (k0 == 0) {
+              tile::gemm_blocks<false, true>(row(dq, b, h, q0), dq.st, dsT.data(), kTile, kk, HS,
+                                             nq, HS, QueryRowsKeyKRange{diag, nk});
+            } else {
+              tile::gemm_blocks<true, true>(row(dq, b, h, q0), dq.st, dsT.data(), kTile, kk, HS, nq,
+                                            HS, QueryRowsKeyKRange{diag, nk});
+            }
           }
         }
         for (int64_t j = 0; j < nk; ++j) {
-          float* dkr = row(dk, b, kvh, k0 + j);
-          float* dvr = row(dv, b, kvh, k0 + j);
-          for (int64_t d = 0; d < HS; ++d) {
-            dkr[d] = dkT[d * kKTile + j];
-            dvr[d] = dvT[d * kKTile + j];
-          }
+          std::memcpy(row(dk, b, kvh, k0 + j), dkb.data() + j * HS, sizeof(float) * HS);
+          std::memcpy(row(dv, b, kvh, k0 + j), dvb.data() + j * HS, sizeof(float) * HS);
         }
       }
     }

@@ -1,5 +1,5 @@
 #pragma once
-// Explicit SIMD for the few hot loops the compiler does not vectorise well on its own (the row
+// Explicit SIMD for the few hot loops the compiler does not vectorise well on its own (the
 // softmax inside fused attention): AVX-512 where the build targets it, AVX2+FMA otherwise, and a
 // scalar fallback. Semantics match vec_math.hpp (same exp polynomial), so fused and unfused paths
 // agree to rounding.
@@ -61,6 +61,14 @@ inline float hsum(vreg a) {
   float s = 0.f;
   for (int i = 0; i < 16; ++i) s += t[i];
   return s;
+}
+// Lane indices 0, 1, ..., kWidth - 1.
+inline vreg iota() {
+  return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+// a < b ? x : y, lane by lane.
+inline vreg select_lt(vreg a, vreg b, vreg x, vreg y) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
 }
 inline vreg exp(vreg x) {
   const vreg xc = min(max(x, set1(-87.33654f)), set1(88.72283f));
@@ -127,6 +135,12 @@ inline float hsum(vreg a) {
   for (int i = 0; i < 8; ++i) s += t[i];
   return s;
 }
+inline vreg iota() {
+  return _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+}
+inline vreg select_lt(vreg a, vreg b, vreg x, vreg y) {
+  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
+}
 inline vreg exp(vreg x) {
   const vreg xc = min(max(x, set1(-87.33654f)), set1(88.72283f));
   const vreg t = fma(xc, set1(1.44269504088896341f), set1(12582912.0f));
@@ -183,51 +197,15 @@ inline float hmax(vreg a) {
 inline float hsum(vreg a) {
   return a;
 }
+inline vreg iota() {
+  return 0.f;
+}
+inline vreg select_lt(vreg a, vreg b, vreg x, vreg y) {
+  return a < b ? x : y;
+}
 inline vreg exp(vreg x) {
   return vec::exp(x);
 }
 #endif
-
-/// Online-softmax step for one score row of N (a multiple of kWidth) entries, the first `valid`
-/// of which are real (the rest are hidden keys): s <- exp(scale * s - m_new) (0 for hidden keys),
-/// m and l updated; returns alpha = exp(m_old - m_new), the factor for the output accumulator.
-template <int N>
-inline float online_softmax_row(float* s, int64_t valid, float scale, float& m, float& l) {
-  static_assert(N % kWidth == 0);
-  constexpr int V = N / kWidth;
-  for (int64_t j = valid; j < N; ++j) s[j] = -INFINITY;
-  vreg x[V];
-  vreg mx = set1(m);
-  for (int v = 0; v < V; ++v) {
-    x[v] = mul(load(s + v * kWidth), set1(scale));
-    mx = max(mx, x[v]);
-  }
-  const float m_new = hmax(mx);
-  vreg sum = set1(0.f);
-  for (int v = 0; v < V; ++v) {
-    const vreg p = exp(sub(x[v], set1(m_new)));
-    store(s + v * kWidth, p);
-    sum = add(sum, p);
-  }
-  const float alpha = vec::exp(m - m_new);
-  l = l * alpha + hsum(sum);
-  m = m_new;
-  return alpha;
-}
-
-/// Backward probabilities and score gradients for one row of N entries, `valid` of them real:
-/// p = exp(scale * s - lse), ds = p * (dp - D) * scale (0 for hidden keys).
-template <int N>
-inline void softmax_backward_row(float* s, float* dp, int64_t valid, float scale, float lse,
-                                 float D) {
-  static_assert(N % kWidth == 0);
-  for (int64_t j = valid; j < N; ++j) s[j] = -INFINITY;
-  const vreg vscale = set1(scale), vlse = set1(lse), vD = set1(D);
-  for (int v = 0; v < N / kWidth; ++v) {
-    const vreg p = exp(sub(mul(load(s + v * kWidth), vscale), vlse));
-    store(s + v * kWidth, p);
-    store(dp + v * kWidth, mul(mul(p, sub(load(dp + v * kWidth), vD)), vscale));
-  }
-}
 
 }  // namespace acc::kernels::simd

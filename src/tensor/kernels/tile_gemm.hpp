@@ -3,9 +3,15 @@
 // tiles of 64 x 64 x HS). OpenBLAS is faster on large products but is a poor fit here: its calls
 // may spawn threads inside our TBB tasks, and packing dominates at this size. Per step of k the
 // kernel loads one row of B into registers and broadcasts R elements of A, keeping an R x (V*W)
-// block of C in registers (AVX-512: 6 x 64, AVX2: 3 x 32), so it runs close to the FMA peak.
+// block of C in registers (AVX-512: 6 x 64, AVX2: 3 x 32), so it runs close to the FMA peak when
+// its operands sit in L1 (callers pack them: rows a power of two apart map onto the same L1 sets).
+//
+// A is read either row-major (A[r * lda + k]) or, with TransA, from its transpose stored
+// row-major (A[k * lda + r]); both broadcast one element per row and step of k.
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -46,14 +52,25 @@ inline vreg vfma(vreg a, vreg b, vreg c) {
 }
 constexpr int kRows = 3;  // 3 x 4 accumulators + 4 B registers of the 16
 #else
-#define ACC_TILE_SCALAR 1
+using vreg = float;
 constexpr int kWidth = 1;
-constexpr int kRows = 1;
+inline vreg vload(const float* p) {
+  return *p;
+}
+inline void vstore(float* p, vreg v) {
+  *p = v;
+}
+inline vreg vset1(float x) {
+  return x;
+}
+inline vreg vfma(vreg a, vreg b, vreg c) {
+  return a * b + c;
+}
+constexpr int kRows = 4;
 #endif
 
-#ifndef ACC_TILE_SCALAR
-// C[R rows][V*W cols] (+)= A[R rows][K] * B[K][V*W cols]
-template <int R, int V, bool Acc>
+// C[R rows][V*W cols] (+)= A[R rows][K] * B[K][V*W cols]. With K == 0 and !Acc, C is zeroed.
+template <int R, int V, bool Acc, bool TransA>
 inline void block(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
                   int64_t K) {
   vreg acc[R][V];
@@ -64,7 +81,7 @@ inline void block(float* C, int64_t ldc, const float* A, int64_t lda, const floa
     vreg b[V];
     for (int v = 0; v < V; ++v) b[v] = vload(B + k * ldb + v * kWidth);
     for (int r = 0; r < R; ++r) {
-      const vreg a = vset1(A[r * lda + k]);
+      const vreg a = vset1(TransA ? A[k * lda + r] : A[r * lda + k]);
       for (int v = 0; v < V; ++v) acc[r][v] = vfma(a, b[v], acc[r][v]);
     }
   }
@@ -73,49 +90,86 @@ inline void block(float* C, int64_t ldc, const float* A, int64_t lda, const floa
   }
 }
 
-template <int V, bool Acc>
-inline void column_panel(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
-                         int64_t ldb, int64_t M, int64_t K) {
-  int64_t i = 0;
-  for (; i + kRows <= M; i += kRows) {
-    block<kRows, V, Acc>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
-  }
-  // Remainder rows in the largest blocks that fit, so B is not reloaded once per row.
-  if (kRows > 4 && i + 4 <= M) {
-    block<4, V, Acc>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
-    i += 4;
-  }
-  if (kRows > 2 && i + 2 <= M) {
-    block<2, V, Acc>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
-    i += 2;
-  }
-  for (; i < M; ++i) block<1, V, Acc>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K);
-}
-#endif
-
-/// C (M x N, row stride ldc) (+)= A (M x K, row stride lda) @ B (K x N, row stride ldb); all
-/// row-major with unit column stride. Without Acc, C is overwritten (it need not be initialised).
-template <bool Acc>
-inline void gemm(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
-                 int64_t M, int64_t N, int64_t K) {
-  int64_t j = 0;
-#ifndef ACC_TILE_SCALAR
+// R rows of C, columns [c0, N): panels of 4 vectors, then 3/2/1 vectors, then scalar columns.
+template <int R, bool Acc, bool TransA>
+inline void row_block(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
+                      int64_t ldb, int64_t c0, int64_t N, int64_t K) {
+  int64_t j = c0;
   for (; j + 4 * kWidth <= N; j += 4 * kWidth) {
-    column_panel<4, Acc>(C + j, ldc, A, lda, B + j, ldb, M, K);
+    block<R, 4, Acc, TransA>(C + j, ldc, A, lda, B + j, ldb, K);
   }
-  for (; j + kWidth <= N; j += kWidth) column_panel<1, Acc>(C + j, ldc, A, lda, B + j, ldb, M, K);
-#endif
-  if (j < N) {
-    for (int64_t i = 0; i < M; ++i) {
-      if (!Acc) {
-        for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] = 0.f;
-      }
-      for (int64_t k = 0; k < K; ++k) {
-        const float a = A[i * lda + k];
-        for (int64_t jj = j; jj < N; ++jj) C[i * ldc + jj] += a * B[k * ldb + jj];
-      }
+  switch ((N - j) / kWidth) {
+    case 3:
+      block<R, 3, Acc, TransA>(C + j, ldc, A, lda, B + j, ldb, K);
+      j += 3 * kWidth;
+      break;
+    case 2:
+      block<R, 2, Acc, TransA>(C + j, ldc, A, lda, B + j, ldb, K);
+      j += 2 * kWidth;
+      break;
+    case 1:
+      block<R, 1, Acc, TransA>(C + j, ldc, A, lda, B + j, ldb, K);
+      j += kWidth;
+      break;
+    default:
+      break;
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int64_t jj = j; jj < N; ++jj) {
+      float s = Acc ? C[r * ldc + jj] : 0.f;
+      for (int64_t k = 0; k < K; ++k)
+        s += (TransA ? A[k * lda + r] : A[r * lda + k]) * B[k * ldb + jj];
+      C[r * ldc + jj] = s;
     }
   }
+}
+
+/// What a row block computes: columns [col0, N) and the K range [k0, k1) of the product.
+struct BlockRange {
+  int64_t col0, k0, k1;
+};
+
+/// C (M x N, row stride ldc) (+)= op(A) (M x K) @ B (K x N, row stride ldb), row block by row
+/// block: blocks of kRows rows, then 4, 2 and 1 (so B is not reloaded once per row).
+/// range(s, R) gives, for the block of rows [s, s + R), the first column and the K range it
+/// computes; the rest of the block's row stays untouched. That is how a causal tile skips what
+/// the mask hides. Without Acc, the computed part of C is overwritten.
+template <bool Acc, bool TransA, class Range>
+inline void gemm_blocks(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
+                        int64_t ldb, int64_t M, int64_t N, Range range) {
+  auto run = [&](auto rows, int64_t s) {
+    constexpr int R = decltype(rows)::value;
+    const BlockRange br = range(s, R);
+    const float* a = TransA ? A + br.k0 * lda + s : A + s * lda + br.k0;
+    row_block<R, Acc, TransA>(C + s * ldc, ldc, a, lda, B + br.k0 * ldb, ldb, br.col0, N,
+                              br.k1 - br.k0);
+  };
+  int64_t i = 0;
+  for (; i + kRows <= M; i += kRows) run(std::integral_constant<int, kRows>(), i);
+  if constexpr (kRows > 4) {
+    if (i + 4 <= M) {
+      run(std::integral_constant<int, 4>(), i);
+      i += 4;
+    }
+  }
+  if constexpr (kRows > 2) {
+    if (i + 2 <= M) {
+      run(std::integral_constant<int, 2>(), i);
+      i += 2;
+    }
+  }
+  for (; i < M; ++i) run(std::integral_constant<int, 1>(), i);
+}
+
+/// C (M x N, row stride ldc) (+)= op(A) (M x K) @ B (K x N, row stride ldb); all row-major with
+/// unit column stride; op(A) = A (row stride lda) or, with TransA, the transpose of a K x M
+/// matrix with row stride lda. Without Acc, C is overwritten (it need not be initialised).
+template <bool Acc, bool TransA = false>
+inline void gemm(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb,
+                 int64_t M, int64_t N, int64_t K) {
+  gemm_blocks<Acc, TransA>(C, ldc, A, lda, B, ldb, M, N, [K](int64_t, int) {
+    return BlockRange{0, 0, K};
+  });
 }
 
 inline void gemm_acc(float* C, int64_t ldc, const float* A, int64_t lda, const float* B,
