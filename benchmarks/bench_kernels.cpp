@@ -218,6 +218,47 @@ void BM_EmbeddingForwardBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_EmbeddingForwardBackward)->Unit(benchmark::kMicrosecond);
 
+// ---- optimizer: AdamW over the 17M GPT's parameters with gradient clipping to norm 1, as in
+// bench_train. Arg 0: clip_grad_norm_ (norm pass + scaling pass) then step(); 1: the norm pass
+// then step_scaled(clip_coefficient) (scaling fused into the update).
+void BM_AdamWClipStep(benchmark::State& state) {
+  const bool fused = state.range(0) != 0;
+  acc::optim::NamedParams params;
+  auto add = [&](const std::string& name, acc::Shape shape) {
+    acc::Tensor p = acc::randn(shape) * 0.02;
+    p = p.detach().set_requires_grad(true);
+    p.set_grad(acc::randn(std::move(shape)));
+    params.emplace_back(name, p);
+  };
+  add("wte", {kV, kC});
+  add("wpe", {kT, kC});
+  for (int l = 0; l < 4; ++l) {
+    const std::string b = "h." + std::to_string(l) + ".";
+    add(b + "attn.c_attn.weight", {3 * kC, kC});
+    add(b + "attn.c_attn.bias", {3 * kC});
+    add(b + "attn.c_proj.weight", {kC, kC});
+    add(b + "attn.c_proj.bias", {kC});
+    add(b + "mlp.c_fc.weight", {4 * kC, kC});
+    add(b + "mlp.c_fc.bias", {4 * kC});
+    add(b + "mlp.c_proj.weight", {kC, 4 * kC});
+    add(b + "mlp.c_proj.bias", {kC});
+    for (const char* ln : {"ln_1", "ln_2"}) {
+      add(b + ln + ".weight", {kC});
+      add(b + ln + ".bias", {kC});
+    }
+  }
+  acc::optim::AdamW opt(params, {.lr = 1e-3, .betas = {0.9, 0.95}, .weight_decay = 0.1});
+  for (auto _ : state) {
+    if (fused) {
+      opt.step_scaled(acc::optim::clip_coefficient(1.0, acc::optim::get_total_norm(params)));
+    } else {
+      acc::optim::clip_grad_norm_(params, 1.0);
+      opt.step();
+    }
+  }
+}
+BENCHMARK(BM_AdamWClipStep)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 int main(int argc, char** argv) {

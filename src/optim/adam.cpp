@@ -20,27 +20,36 @@ struct AdamCoeffs {
   float bc2_sqrt;  // sqrt(1 - beta2^t)
   float eps;
   float neg_step_size;  // -lr / (1 - beta1^t)
+  float grad_scale;     // g *= grad_scale first (fused gradient clipping)
 };
 
 // p (n), g (n), m (n), v (n). Same float operation order as torch's _single_tensor_adam(w):
 //   m = m * b1 + (1 - b1) * g;  v = v * b2 + ((1 - b2) * g) * g;
 //   p = p + ((-step_size) * m) / (sqrt(v) / bc2_sqrt + eps)
-template <bool kL2, bool kDecoupled>
+template <bool kL2, bool kDecoupled, bool kScaled>
 void adam_kernel(float* __restrict p, const float* __restrict g, float* __restrict m,
                  float* __restrict v, int64_t n, const AdamCoeffs& c) {
   parallel_for(n, detail::kUpdateGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float pi = p[i];
-      float gi = g[i];
-      if constexpr (kL2) gi = gi + c.l2 * pi;
-      if constexpr (kDecoupled) pi = pi * c.decay;
-      const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
-      const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
-      p[i] = pi + c.neg_step_size * mi / denom;
-    }
+    // Staged only when the scaled gradient feeds an addition (the L2 term); elsewhere it only
+    // feeds multiplications, which the compiler cannot contract with it.
+    constexpr bool kStaged = kScaled && kL2;
+    detail::with_scaled_grad<kStaged>(
+        g, c.grad_scale, begin, end,
+        [&](const float* __restrict gp, int64_t b, int64_t e, int64_t base) {
+          for (int64_t i = b; i < e; ++i) {
+            float pi = p[i];
+            float gi = gp[i - base];
+            if constexpr (kScaled && !kStaged) gi = gi * c.grad_scale;
+            if constexpr (kL2) gi = gi + c.l2 * pi;
+            if constexpr (kDecoupled) pi = pi * c.decay;
+            const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
+            const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
+            p[i] = pi + c.neg_step_size * mi / denom;
+          }
+        });
   });
 }
 
@@ -84,8 +93,20 @@ void resolve_adam_group(const AdamLike& defaults, ParamGroup& group, size_t inde
   group.weight_decay = o.weight_decay;
 }
 
+template <bool kScaled>
+void adam_dispatch(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoeffs& c,
+                   bool decoupled, bool l2) {
+  if (decoupled) {
+    adam_kernel<false, true, kScaled>(p, g, m, v, n, c);
+  } else if (l2) {
+    adam_kernel<true, false, kScaled>(p, g, m, v, n, c);
+  } else {
+    adam_kernel<false, false, kScaled>(p, g, m, v, n, c);
+  }
+}
+
 void adam_update(const ParamGroup& group, int64_t step, Tensor& param, std::vector<Tensor>& buffers,
-                 const Tensor& grad, bool decoupled) {
+                 const Tensor& grad, bool decoupled, float grad_scale) {
   const double lr = *group.lr;
   const double wd = *group.weight_decay;
   const auto [beta1, beta2] = *group.betas;
@@ -100,18 +121,17 @@ void adam_update(const ParamGroup& group, int64_t step, Tensor& param, std::vect
                      static_cast<float>(1.0 - beta2),
                      static_cast<float>(std::sqrt(bias_correction2)),
                      static_cast<float>(*group.eps),
-                     static_cast<float>(-(lr / bias_correction1))};
+                     static_cast<float>(-(lr / bias_correction1)),
+                     grad_scale};
   float* p = param.data<float>();
   const float* g = grad.data<float>();
   float* m = buffers[0].data<float>();
   float* v = buffers[1].data<float>();
   const int64_t n = param.numel();
-  if (decoupled) {
-    adam_kernel<false, true>(p, g, m, v, n, c);
-  } else if (wd != 0.0) {
-    adam_kernel<true, false>(p, g, m, v, n, c);
+  if (grad_scale != 1.f) {
+    adam_dispatch<true>(p, g, m, v, n, c, decoupled, wd != 0.0);
   } else {
-    adam_kernel<false, false>(p, g, m, v, n, c);
+    adam_dispatch<false>(p, g, m, v, n, c, decoupled, wd != 0.0);
   }
 }
 
@@ -152,7 +172,8 @@ std::vector<std::string> Adam::buffer_names(const ParamGroup&) const {
 }
 
 void Adam::update(const ParamGroup& group, ParamState& state, const Tensor& grad) {
-  adam_update(group, state.step, state.param, state.buffers, grad, /*decoupled=*/false);
+  adam_update(group, state.step, state.param, state.buffers, grad, /*decoupled=*/false,
+              grad_scale());
 }
 
 // ---- AdamW ----
@@ -190,7 +211,8 @@ std::vector<std::string> AdamW::buffer_names(const ParamGroup&) const {
 }
 
 void AdamW::update(const ParamGroup& group, ParamState& state, const Tensor& grad) {
-  adam_update(group, state.step, state.param, state.buffers, grad, /*decoupled=*/true);
+  adam_update(group, state.step, state.param, state.buffers, grad, /*decoupled=*/true,
+              grad_scale());
 }
 
 }  // namespace acc::optim

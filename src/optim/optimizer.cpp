@@ -92,6 +92,11 @@ void Optimizer::add_param_group(ParamGroup group) {
 }
 
 void Optimizer::step() {
+  step_scaled(1.0);
+}
+
+void Optimizer::step_scaled(double grad_scale) {
+  ACC_CHECK(grad_scale >= 0.0, name(), ".step_scaled: grad_scale must be >= 0, got ", grad_scale);
   NoGradGuard no_grad;
   std::vector<std::pair<size_t, Tensor>> work;
   work.reserve(states_.size());
@@ -109,12 +114,14 @@ void Optimizer::step() {
               "' must be contiguous, got strides ", g.strides());
     work.emplace_back(i, std::move(g));
   }
+  grad_scale_ = static_cast<float>(grad_scale);
   for (auto& [i, g] : work) {
     ParamState& st = states_[i];
     ++st.step;
     if (st.param.is_meta()) continue;
     update(groups_[st.group], st, g);
   }
+  grad_scale_ = 1.f;
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

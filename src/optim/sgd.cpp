@@ -15,34 +15,42 @@ struct SgdCoeffs {
   float momentum;
   float one_minus_dampening;
   float neg_lr;
+  float grad_scale;  // g *= grad_scale first (fused gradient clipping)
 };
 
 // p (n), g (n), buf (n) or null. Same float operation order as torch's _single_tensor_sgd:
 //   d = g + wd * p;  buf = d (first) | buf * momentum + (1 - dampening) * d;
 //   d = d + momentum * buf (nesterov) | buf;  p = p + (-lr) * d
-template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst>
+template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, bool kScaled>
 void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
                 const SgdCoeffs& c) {
   parallel_for(n, detail::kUpdateGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float d = g[i];
-      if constexpr (kDecay) d = d + c.weight_decay * p[i];
-      if constexpr (kMomentum) {
-        float b;
-        if constexpr (kFirst) {
-          b = d;
-        } else {
-          b = buf[i] * c.momentum + c.one_minus_dampening * d;
-        }
-        buf[i] = b;
-        if constexpr (kNesterov) {
-          d = d + c.momentum * b;
-        } else {
-          d = b;
-        }
-      }
-      p[i] = p[i] + c.neg_lr * d;
-    }
+    // Staged only when the scaled gradient feeds an addition (the weight-decay term).
+    constexpr bool kStaged = kScaled && kDecay;
+    detail::with_scaled_grad<kStaged>(
+        g, c.grad_scale, begin, end,
+        [&](const float* __restrict gp, int64_t lo, int64_t hi, int64_t base) {
+          for (int64_t i = lo; i < hi; ++i) {
+            float d = gp[i - base];
+            if constexpr (kScaled && !kStaged) d = d * c.grad_scale;
+            if constexpr (kDecay) d = d + c.weight_decay * p[i];
+            if constexpr (kMomentum) {
+              float b;
+              if constexpr (kFirst) {
+                b = d;
+              } else {
+                b = buf[i] * c.momentum + c.one_minus_dampening * d;
+              }
+              buf[i] = b;
+              if constexpr (kNesterov) {
+                d = d + c.momentum * b;
+              } else {
+                d = b;
+              }
+            }
+            p[i] = p[i] + c.neg_lr * d;
+          }
+        });
   });
 }
 
@@ -122,7 +130,8 @@ std::vector<std::string> SGD::buffer_names(const ParamGroup& group) const {
 void SGD::update(const ParamGroup& group, ParamState& state, const Tensor& grad) {
   const double momentum = *group.momentum;
   const SgdCoeffs c{static_cast<float>(*group.weight_decay), static_cast<float>(momentum),
-                    static_cast<float>(1.0 - *group.dampening), static_cast<float>(-*group.lr)};
+                    static_cast<float>(1.0 - *group.dampening), static_cast<float>(-*group.lr),
+                    grad_scale()};
   float* p = state.param.data<float>();
   const float* g = grad.data<float>();
   float* buf = momentum != 0.0 ? state.buffers[0].data<float>() : nullptr;
@@ -131,8 +140,10 @@ void SGD::update(const ParamGroup& group, ParamState& state, const Tensor& grad)
     with_bool(momentum != 0.0, [&](auto mom) {
       with_bool(*group.nesterov, [&](auto nesterov) {
         with_bool(state.step == 1, [&](auto first) {
-          sgd_kernel<decltype(decay)::value, decltype(mom)::value, decltype(nesterov)::value,
-                     decltype(first)::value>(p, g, buf, n, c);
+          with_bool(c.grad_scale != 1.f, [&](auto scaled) {
+            sgd_kernel<decltype(decay)::value, decltype(mom)::value, decltype(nesterov)::value,
+                       decltype(first)::value, decltype(scaled)::value>(p, g, buf, n, c);
+          });
         });
       });
     });

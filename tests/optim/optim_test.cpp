@@ -890,6 +890,62 @@ TEST(ClipGradNorm, RejectsBadArgumentsAndNonFiniteNorms) {
   EXPECT_EQ(after[4], g[4]);
 }
 
+// ---- gradient clipping fused into the update ----
+
+TEST(ClipGradNorm, ClipCoefficientIsTheFactorClipGradsWithNormApplies) {
+  EXPECT_DOUBLE_EQ(clip_coefficient(1.0, 4.0), 1.0 / (4.0 + 1e-6));
+  EXPECT_EQ(clip_coefficient(1.0, 0.5), 1.0);   // below max_norm: nothing to clip
+  EXPECT_EQ(clip_coefficient(1.0, kNaN), 1.0);  // a NaN norm clips nothing
+  EXPECT_EQ(clip_coefficient(1.0, kInf), 0.0);
+  expect_error<ValueError>([] { clip_coefficient(-1.0, 2.0); }, {"max_norm must be >= 0"});
+}
+
+// Two runs of three steps each from the same parameters and gradients, one with
+// clip_grad_norm_ + step(), one with step_scaled(clip_coefficient(...)) on unclipped gradients:
+// parameters and optimizer state must agree bitwise, and step_scaled must leave the gradients as
+// they were.
+template <class Opt>
+void check_fused_clip(const typename Opt::Options& options, double max_norm) {
+  auto params_a = make_params(), params_b = make_params();
+  Opt a(params_a, options), b(params_b, options);
+  SCOPED_TRACE(a.name());
+  for (int s = 0; s < 3; ++s) {
+    set_grads(params_a, s);
+    set_grads(params_b, s);
+    clip_grad_norm_(params_a, max_norm);
+    a.step();
+    const auto grads_before = flat_grads(params_b);
+    b.step_scaled(clip_coefficient(max_norm, get_total_norm(params_b)));
+    expect_bitwise(flat_grads(params_b), grads_before, "gradients after step_scaled");
+    expect_bitwise(flat(params_b), flat(params_a), "parameters after step " + std::to_string(s));
+  }
+  const StateDict sa = a.state_dict(), sb = b.state_dict();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    ASSERT_EQ(sa[i].first, sb[i].first);
+    if (sa[i].second.dtype() == DType::kFloat32) {
+      expect_bitwise(sb[i].second.to_vector<float>(), sa[i].second.to_vector<float>(), sa[i].first);
+    }
+  }
+}
+
+TEST(Optimizer, StepScaledByTheClipCoefficientEqualsClipThenStepBitwise) {
+  // The generated gradients have norms around 1: 0.05 clips every step, 1e3 none.
+  for (double max_norm : {0.05, 1e3}) {
+    SCOPED_TRACE("max_norm " + std::to_string(max_norm));
+    check_fused_clip<AdamW>({.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1}, max_norm);
+    check_fused_clip<Adam>({.lr = 1e-2, .weight_decay = 0.01}, max_norm);
+    check_fused_clip<SGD>({.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01}, max_norm);
+    check_fused_clip<SGD>({.lr = 0.1}, max_norm);
+  }
+  auto params = make_params();
+  AdamW opt(params);
+  set_grads(params, 0);
+  expect_error<ValueError>([&] { opt.step_scaled(-0.5); }, {"grad_scale must be >= 0", "-0.5"});
+  expect_error<ValueError>([&] { opt.step_scaled(kNaN); }, {"grad_scale must be >= 0"});
+  EXPECT_EQ(opt.param_step("layer.weight"), 0);  // rejected before any update
+}
+
 // ---- LR schedules ----
 
 TEST(LRSchedule, WarmupCosineMatchesNanoGptFormula) {

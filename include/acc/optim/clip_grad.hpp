@@ -7,6 +7,10 @@
 //   double norm = total_norm_from_partial(part, p);
 //   clip_grads_with_norm_(local_params, max_norm, norm);
 //
+// or, with the scaling fused into the optimizer's update (no pass over the gradients):
+//
+//   optimizer.step_scaled(clip_coefficient(max_norm, norm));
+//
 // Parameters whose grad() is undefined are skipped. Norms accumulate in double, in a fixed chunk
 // order, so the result does not depend on the number of threads. Every function throws
 // acc::TypeError when a gradient is not f32 or not contiguous, naming the parameter.
@@ -33,6 +37,12 @@ double get_total_norm(const NamedParams& params, double norm_type = 2.0);
 /// Multiplies every gradient by clip_coef = max_norm / (total_norm + 1e-6) when clip_coef < 1.
 /// Throws acc::ValueError unless max_norm >= 0.
 void clip_grads_with_norm_(const NamedParams& params, double max_norm, double total_norm);
+
+/// The factor clip_grads_with_norm_ multiplies the gradients by: max_norm / (total_norm + 1e-6)
+/// when that is < 1, else 1 (also when total_norm is NaN, which clips nothing). Pass it to
+/// Optimizer::step_scaled to clip inside the update. Throws acc::ValueError unless
+/// max_norm >= 0.
+double clip_coefficient(double max_norm, double total_norm);
 
 /// Clips the gradients in place so that their total norm is at most max_norm and returns the
 /// total norm before clipping. With error_if_nonfinite, a NaN or infinite norm throws

@@ -85,6 +85,13 @@ class Optimizer {
   /// their step count.
   void step();
 
+  /// As step(), with every gradient multiplied by float(grad_scale) inside the update; the
+  /// gradients themselves are left unchanged. With grad_scale = clip_coefficient(max_norm, norm)
+  /// (acc/optim/clip_grad.hpp) it computes exactly (bitwise) the update of clip_grads_with_norm_
+  /// followed by step(), without the pass that scales the gradients in memory. Throws as step(),
+  /// and acc::ValueError when grad_scale is negative or NaN.
+  void step_scaled(double grad_scale);
+
   /// Clears the gradients: grad() becomes undefined (set_to_none, the PyTorch default) or is
   /// filled with zeros in place.
   void zero_grad(bool set_to_none = true);
@@ -142,9 +149,12 @@ class Optimizer {
   /// Names of the per-parameter buffers (f32, the parameter's shape, zero-initialised) kept for
   /// parameters of `group`.
   virtual std::vector<std::string> buffer_names(const ParamGroup& group) const = 0;
-  /// Updates one parameter from `grad` (f32, contiguous, checked). `state.step` has already been
-  /// incremented for this step.
+  /// Updates one parameter from `grad` (f32, contiguous, checked) multiplied by grad_scale() (the
+  /// multiplication comes first, as if the gradient had been scaled in memory). `state.step` has
+  /// already been incremented for this step.
   virtual void update(const ParamGroup& group, ParamState& state, const Tensor& grad) = 0;
+  /// The factor of the step being taken: 1 in step(), grad_scale in step_scaled().
+  float grad_scale() const { return grad_scale_; }
 
   /// Adds every group; derived constructors call it once their defaults are set. Throws as
   /// add_param_group, and acc::ValueError when there are no parameters at all.
@@ -155,6 +165,7 @@ class Optimizer {
   std::vector<ParamState> states_;
   std::unordered_map<std::string, size_t> index_;  // name -> position in states_
   std::vector<std::vector<std::string>> fields_;   // buffer_names() of each group
+  float grad_scale_ = 1.f;
 };
 
 }  // namespace acc::optim
