@@ -20,10 +20,12 @@
 // column vectors of s^T, and the keys past a query block in p v), which saves about a third of
 // the diagonal tiles' work. Every operand of a tile product is first packed (rows of q, k, v, dout
 // and their transposes) so that it sits in L1: the strided rows of a (B, T, 3C) qkv tensor are a
-// power of two apart and would map onto the same L1 sets.
+// power of two apart and would map onto the same L1 sets. (Software prefetch of the next head's
+// rows was tried and measured no faster: packing is bound by memory bandwidth, not latency.)
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -61,6 +63,26 @@ const float* packed_rows(float* buf, const AttnOperand& a, int64_t b, int64_t h,
   if (a.st == HS) return row(a, b, h, 0);
   for (int64_t t = 0; t < T; ++t) std::memcpy(buf + t * HS, row(a, b, h, t), sizeof(float) * HS);
   return buf;
+}
+
+// dst[0, n) = src[0, n). With AVX-512 and a 64-byte aligned destination the stores bypass the
+// caches: the output rows of a head (and the gradient rows of k and v) go to a large buffer that
+// is written once here and only read again by the next op, and ordinary stores would first read
+// every line of it from memory. Callers issue stream_fence() before the written rows are read by
+// another thread.
+inline void store_row_streaming(float* dst, const float* src, int64_t n) {
+#if defined(__AVX512F__)
+  if (n % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0) {
+    for (int64_t i = 0; i < n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+    return;
+  }
+#endif
+  std::memcpy(dst, src, sizeof(float) * n);
+}
+inline void stream_fence() {
+#if defined(__AVX512F__)
+  _mm_sfence();
+#endif
 }
 
 #if defined(__AVX512F__)
@@ -134,41 +156,6 @@ void load_transposed(float* dst, int64_t ld, const AttnOperand& a, int64_t b, in
   for (int64_t d = 0; d < HS; ++d) {
     for (int64_t j = n; j < pad; ++j) dst[d * ld + j] = 0.f;
   }
-}
-
-// Software prefetch of the next work item's rows into L2, spread over the current item's tiles:
-// the rows of a (B, T, 3C) qkv tensor are several KiB apart, each in its own page, which the
-// hardware prefetchers do not follow, so packing them would otherwise wait on memory row by row.
-class RowPrefetcher {
- public:
-  void clear() {
-    lines_.clear();
-    next_ = 0;
-  }
-  void add(const AttnOperand& a, int64_t b, int64_t h, int64_t T, int64_t HS) {
-    for (int64_t t = 0; t < T; ++t) {
-      const char* p = reinterpret_cast<const char*>(row(a, b, h, t));
-      for (int64_t off = 0; off < HS * 4; off += 64) lines_.push_back(p + off);
-    }
-  }
-  /// Spreads what is queued over `steps` calls of step().
-  void plan(int64_t steps) {
-    per_step_ = (lines_.size() + steps - 1) / std::max<int64_t>(steps, 1);
-  }
-  void step() {
-    const size_t end = std::min(lines_.size(), next_ + per_step_);
-    for (; next_ < end; ++next_) __builtin_prefetch(lines_[next_], 0, 2);
-  }
-
- private:
-  std::vector<const char*> lines_;
-  size_t next_ = 0, per_step_ = 0;
-};
-
-// Query-tile x key-tile steps of one kv head (all query heads of its group).
-inline int64_t tile_steps(int64_t T, int64_t group, bool causal) {
-  const int64_t n = (T + kTile - 1) / kTile;
-  return group * (causal ? n * (n + 1) / 2 : n * n);
 }
 
 // On a diagonal tile, the first column vector (of queries) that row j of a keys x queries tile
@@ -282,19 +269,10 @@ void attention_forward(AttnGrad out, float* lse, AttnOperand q, AttnOperand k, A
     std::vector<float> sT(static_cast<size_t>(kTile * kTile));  // s^T, then p^T (keys x queries)
     std::vector<float> o(static_cast<size_t>(kTile * HS));      // output accumulator
     alignas(64) float m[kTile], l[kTile], alpha[kTile];
-    RowPrefetcher prefetch;
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t kvh = w % NKV, b = w / NKV;
       const float* kp = packed_rows(kbuf.data(), k, b, kvh, T, HS);
       const float* vp = packed_rows(vbuf.data(), v, b, kvh, T, HS);
-      prefetch.clear();
-      if (w + 1 < w1) {
-        const int64_t nh = (w + 1) % NKV, nb = (w + 1) / NKV;
-        prefetch.add(k, nb, nh, T, HS);
-        prefetch.add(v, nb, nh, T, HS);
-        for (int64_t h = nh * group; h < (nh + 1) * group; ++h) prefetch.add(q, nb, h, T, HS);
-        prefetch.plan(tile_steps(T, group, causal));
-      }
       for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
         // The score scale goes into q^T: s = (scale q) k^T needs no pass of its own.
         load_transposed(qT.data(), Tp, q, b, h, T, Tp, HS, scale);
@@ -308,7 +286,6 @@ void attention_forward(AttnGrad out, float* lse, AttnOperand q, AttnOperand k, A
           for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
             const int64_t nk = std::min<int64_t>(kTile, kend - k0);
             const bool diag = causal && k0 == q0;
-            prefetch.step();
             // sT (nk x NV*W) = k (nk x HS) @ qT[:, q0:] (HS x NV*W)
             tile::gemm_blocks<false, false>(sT.data(), kTile, kp + k0 * HS, HS, qT.data() + q0, Tp,
                                             nk, NV * W, KeyRowsRange{diag, HS});
@@ -333,15 +310,16 @@ void attention_forward(AttnGrad out, float* lse, AttnOperand q, AttnOperand k, A
             }
           }
           for (int64_t i = 0; i < nq; ++i) {
-            float* oi = row(out, b, h, q0 + i);
             const float inv = 1.f / l[i];
-            const float* a = o.data() + i * HS;
-            for (int64_t d = 0; d < HS; ++d) oi[d] = a[d] * inv;
+            float* a = o.data() + i * HS;
+            for (int64_t d = 0; d < HS; ++d) a[d] *= inv;
+            store_row_streaming(row(out, b, h, q0 + i), a, HS);
             lse[(b * NH + h) * T + q0 + i] = m[i] + std::log(l[i]);
           }
         }
       }
     }
+    stream_fence();
   });
 }
 
@@ -363,28 +341,18 @@ void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout,
     std::vector<float> dkb(static_cast<size_t>(kTile * HS)), dvb(dkb.size());
     // Log-sum-exp and D = dout . out per query, padded to whole vectors.
     std::vector<float> L(static_cast<size_t>(group * Tp)), D(L.size());
-    RowPrefetcher prefetch;
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t kvh = w % NKV, b = w / NKV, h0 = kvh * group;
-      prefetch.clear();
-      if (w + 1 < w1) {
-        const int64_t nh = (w + 1) % NKV, nb = (w + 1) / NKV;
-        prefetch.add(k, nb, nh, T, HS);
-        prefetch.add(v, nb, nh, T, HS);
-        for (int64_t h = nh * group; h < (nh + 1) * group; ++h) {
-          prefetch.add(q, nb, h, T, HS);
-          prefetch.add(dout, nb, h, T, HS);
-          prefetch.add(out, nb, h, T, HS);
-        }
-        prefetch.plan(tile_steps(T, group, causal));
-      }
       const float* kp = packed_rows(kbuf.data(), k, b, kvh, T, HS);
       const float* vp = packed_rows(vbuf.data(), v, b, kvh, T, HS);
       for (int64_t g = 0; g < group; ++g) {
         qp[g] = packed_rows(qbuf.data() + g * head_rows, q, b, h0 + g, T, HS);
         dop[g] = packed_rows(dobuf.data() + g * head_rows, dout, b, h0 + g, T, HS);
-        load_transposed(qT.data() + g * head_cols, Tp, q, b, h0 + g, T, Tp, HS, scale);
-        load_transposed(doT.data() + g * head_cols, Tp, dout, b, h0 + g, T, Tp, HS);
+        // Transposed from the packed rows, which are in cache: q and dout are read from memory
+        // once.
+        const AttnOperand qrows{qp[g], 0, 0, HS}, dorows{dop[g], 0, 0, HS};
+        load_transposed(qT.data() + g * head_cols, Tp, qrows, 0, 0, T, Tp, HS, scale);
+        load_transposed(doT.data() + g * head_cols, Tp, dorows, 0, 0, T, Tp, HS);
         const float* lse_bh = lse + (b * NH + h0 + g) * T;
         for (int64_t t = 0; t < Tp; ++t) {
           L[g * Tp + t] = t < T ? lse_bh[t] : 0.f;
@@ -404,7 +372,6 @@ void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout,
           for (int64_t q0 = causal ? k0 : 0; q0 < T; q0 += kTile) {
             const int64_t nq = std::min<int64_t>(kTile, T - q0), NV = (nq + W - 1) / W;
             const bool diag = causal && q0 == k0;
-            prefetch.step();
             // pT = k qT (scaled scores), dsT = v doT (dp), both (nk x NV*W).
             tile::gemm_blocks<false, false>(pT.data(), kTile, kk, HS, qTg + q0, Tp, nk, NV * W,
                                             KeyRowsRange{diag, HS});
@@ -433,11 +400,12 @@ void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout,
           }
         }
         for (int64_t j = 0; j < nk; ++j) {
-          std::memcpy(row(dk, b, kvh, k0 + j), dkb.data() + j * HS, sizeof(float) * HS);
-          std::memcpy(row(dv, b, kvh, k0 + j), dvb.data() + j * HS, sizeof(float) * HS);
+          store_row_streaming(row(dk, b, kvh, k0 + j), dkb.data() + j * HS, HS);
+          store_row_streaming(row(dv, b, kvh, k0 + j), dvb.data() + j * HS, HS);
         }
       }
     }
+    stream_fence();
   });
 }
 
