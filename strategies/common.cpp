@@ -78,12 +78,6 @@ class Local : public DataParallel {
     return opt;
   }
   double local_grad_norm_sq() override { return grad_norm_sq(model_.named_parameters()); }
-  void scale_grads(double s) override {
-    NoGradGuard ng;
-    for (auto& [n, p] : model_.named_parameters()) {
-      if (p.grad().defined()) p.grad().mul_(s);
-    }
-  }
   MemoryReport memory_report() const override {
     MemoryReport r;
     for (const auto& [n, p] : model_.named_parameters()) {

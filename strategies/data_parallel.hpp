@@ -31,7 +31,10 @@ class DataParallel {
   virtual double local_grad_norm_sq() = 0;
   /// True when each rank holds a different part of the gradients (norms must be all-reduced).
   virtual bool grads_sharded() const { return false; }
-  virtual void scale_grads(double s) = 0;
+  /// Benchmark-only (ApplyOptions::benchmark_skip_gradient_sync): the Trainer already turns
+  /// gradient synchronisation off; a method with other communication in the step (fsdp's
+  /// parameter gathers) turns that off here too.
+  virtual void set_benchmark_skip(bool /*skip*/) {}
   /// After the optimizer step (e.g. gather the updated parameter shards).
   virtual void end_step() {}
   virtual MemoryReport memory_report() const = 0;

@@ -52,13 +52,6 @@ class Ddp : public DataParallel {
     }
     return s;
   }
-  void scale_grads(double s) override {
-    NoGradGuard ng;
-    for (size_t b = 0; b < reducer_->layout().buckets.size(); ++b) {
-      Tensor g = reducer_->bucket_grad(b);
-      g.mul_(s);
-    }
-  }
   MemoryReport memory_report() const override {
     MemoryReport r;
     for (const auto& [n, p] : model_.named_parameters()) r.parameters += p.nbytes();

@@ -44,6 +44,9 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
   dist::ProcessGroupPtr group;
   bool bf16 = false;
   bool sync = true;
+  // Benchmark-only: no communication at all. A gather fills every chunk with this rank's own
+  // chunk, and a unit whose gradients are complete is released without a reduction.
+  bool skip_comm = false;
   bool round_active = false;
   std::vector<std::unique_ptr<Unit>> units;  // blocks first, the root unit last
   // Released parameters point at a meta storage: any use outside a gathered window (e.g. a forward
@@ -57,7 +60,12 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
     if (u.full.defined()) return;
     NoGradGuard ng;
     u.full = empty({u.bucket().padded});
-    group->allgather(u.full, u.shard)->wait();
+    if (skip_comm) {
+      const int64_t cb = u.shard.numel();
+      for (int64_t c = 0; c < u.full.numel(); c += cb) u.full.narrow(0, c, cb).copy_(u.shard);
+    } else {
+      group->allgather(u.full, u.shard)->wait();
+    }
     for (const auto& slot : u.bucket().slots) {
       Tensor p = slot.param;
       repoint(p, u.full.storage(), slot.offset);
@@ -92,7 +100,7 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
   }
 
   void on_ready(size_t unit) {
-    if (!sync) return;
+    if (!sync && !skip_comm) return;
     start_round();
     Unit& u = *units[unit];
     if (u.reduced) return;
@@ -105,6 +113,14 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
   void reduce(Unit& u) {
     NoGradGuard ng;
     u.reduced = true;
+    if (skip_comm) {
+      for (const auto& slot : u.bucket().slots) {
+        Tensor p = slot.param;
+        p.set_grad(Tensor());
+      }
+      if (u.module) release(u);
+      return;
+    }
     Tensor buf = empty({u.bucket().padded});
     float* dst = buf.data<float>();
     for (const auto& slot : u.bucket().slots) {
@@ -136,6 +152,7 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
     }
     NoGradGuard ng;
     for (auto& u : units) {
+      if (!u->reduce_work) continue;  // skip_comm
       u->reduce_work->wait();
       if (bf16) u->grad_shard.copy_(u->reduce_out);
       u->reduce_work.reset();
@@ -235,10 +252,11 @@ class Fsdp : public DataParallel {
     state_->sync = sync;
   }
   void finish_backward() override {
-    if (!sync_) return;
+    if (!sync_ && !state_->skip_comm) return;
     state_->finish();
     attach_piece_grads();
   }
+  void set_benchmark_skip(bool skip) override { state_->skip_comm = skip; }
   bool grads_sharded() const override { return true; }
   double local_grad_norm_sq() override {
     double s = 0;
@@ -246,10 +264,6 @@ class Fsdp : public DataParallel {
       s += kernels::sum_squares(u->grad_shard.data<float>(), u->grad_shard.numel());
     }
     return s;
-  }
-  void scale_grads(double s) override {
-    NoGradGuard ng;
-    for (auto& u : state_->units) u->grad_shard.mul_(s);
   }
   MemoryReport memory_report() const override {
     MemoryReport r;

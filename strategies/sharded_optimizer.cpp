@@ -82,13 +82,6 @@ class Zero : public DataParallel {
     }
     return s;
   }
-  void scale_grads(double s) override {
-    NoGradGuard ng;
-    for (size_t b = 0; b < reducer_->layout().buckets.size(); ++b) {
-      Tensor g = stage_ == 1 ? reducer_->bucket_grad(b) : reducer_->chunk_grad(b);
-      g.mul_(s);
-    }
-  }
   void end_step() override {
     // Every rank's updated chunks to everyone.
     const BucketLayout& layout = reducer_->layout();

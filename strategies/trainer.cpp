@@ -2,6 +2,7 @@
 
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/dist.hpp"
+#include "acc/optim/clip_grad.hpp"
 #include "acc/util/error.hpp"
 #include "data_parallel.hpp"
 #include "methods.hpp"
@@ -57,6 +58,7 @@ double Trainer::train_step(const data::Batch& batch) {
   dp_->begin_step();
   double loss_sum = 0;
   const bool skip = options_.benchmark_skip_gradient_sync;
+  dp_->set_benchmark_skip(skip);
   for (int i = 0; i < grad_accum_; ++i) {
     dp_->set_sync(!skip && i + 1 == grad_accum_);
     Tensor idx = batch.idx.narrow(0, i * mb, mb);
@@ -76,11 +78,9 @@ double Trainer::train_step(const data::Batch& batch) {
     norm_sq = t.item();
   }
   last_grad_norm_ = std::sqrt(norm_sq);
-  if (options_.grad_clip > 0) {
-    const double coef = options_.grad_clip / (last_grad_norm_ + 1e-6);
-    if (coef < 1.0) dp_->scale_grads(coef);
-  }
-  optimizer_->step();
+  // Clipping is fused into the update: the same update as scaling the gradients first.
+  optimizer_->step_scaled(
+      options_.grad_clip > 0 ? optim::clip_coefficient(options_.grad_clip, last_grad_norm_) : 1.0);
   if (!skip) dp_->end_step();
   double loss = loss_sum / grad_accum_;
   if (group_ && group_->size() > 1) {

@@ -7,8 +7,10 @@ Python 3.11): benchmarks/scaling.sh sets MASTER_ADDR, MASTER_PORT, RANK and WORL
   RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 \\
       /usr/bin/python3 benchmarks/reference/torch_ddp.py --config gpt17m [--no-sync]
 
---no-sync runs every step inside DDP's no_sync() (no gradient all-reduce): compute alone, for the
-exposed-communication fraction 1 - t(no_sync) / t(sync). Prints one JSON line on rank 0.
+--no-sync runs every step inside DDP's no_sync() (no gradient all-reduce): compute alone.
+--alternate interleaves synchronised steps and no_sync() steps in one run (as bench_scaling
+--sync alternate does) and reports the exposed-communication fraction 1 - t(no_sync) / t(sync)
+from the two medians. Prints one JSON line on rank 0.
 """
 
 import argparse
@@ -40,6 +42,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--no-sync", action="store_true")
+    ap.add_argument("--alternate", action="store_true")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -56,14 +59,15 @@ def main():
                             foreach=False)
     gen = torch.Generator().manual_seed(7 + rank)
     V, B, T = cfg["vocab_size"], args.batch_size, args.seq_len
-    times = []
+    times = {False: [], True: []}  # no_sync -> step times
     for s in range(args.warmup + args.steps):
+        skip = args.no_sync or (args.alternate and s % 2 == 1)
         idx = torch.randint(0, V, (B, T), generator=gen)
         tgt = torch.randint(0, V, (B, T), generator=gen)
         dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        if args.no_sync:
+        if skip:
             with ddp.no_sync():
                 loss = F.cross_entropy(ddp(idx).view(-1, V), tgt.view(-1))
                 loss.backward()
@@ -74,15 +78,21 @@ def main():
         opt.step()
         t = (time.perf_counter() - t0) * 1000
         if s >= args.warmup:
-            times.append(t)
-    med = torch.tensor([statistics.median(times)])
+            times[skip].append(t)
+    med = torch.tensor([statistics.median(times[k]) if times[k] else 0.0 for k in (False, True)])
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     if rank == 0:
-        step_ms = float(med.item())
-        print(json.dumps({"impl": "torch_ddp_gloo", "config": args.config, "world": world,
-                          "skip_sync": args.no_sync, "batch_per_rank": B, "seq_len": T,
-                          "steps": args.steps, "median_step_ms": step_ms,
-                          "tokens_per_s": B * T * world / (step_ms / 1000)}), flush=True)
+        sync_ms, skip_ms = float(med[0]), float(med[1])
+        step_ms = skip_ms if args.no_sync else sync_ms
+        mode = "off" if args.no_sync else ("alternate" if args.alternate else "on")
+        out = {"impl": "torch_ddp_gloo", "strategy": "ddp", "config": args.config, "world": world,
+               "sync": mode, "batch_per_rank": B, "seq_len": T, "steps": args.steps,
+               "median_step_ms": step_ms, "tokens_per_s": B * T * world / (step_ms / 1000)}
+        if args.alternate:
+            out["median_step_ms_sync_skipped"] = skip_ms
+            out["tokens_per_s_sync_skipped"] = B * T * world / (skip_ms / 1000)
+            out["exposed_comm"] = 1 - skip_ms / sync_ms
+        print(json.dumps(out), flush=True)
     dist.destroy_process_group()
 
 

@@ -54,8 +54,9 @@ struct ApplyOptions {
   dist::ProcessGroupPtr group;
   /// Global gradient-norm clipping (0 = off), as torch.nn.utils.clip_grad_norm_.
   double grad_clip = 0.0;
-  /// Benchmark-only: skip the synchronisation of gradients (and the gathering of updated shards)
-  /// so that a run measures compute alone; results are then wrong. bench_scaling uses it to
+  /// Benchmark-only: skip the synchronisation of gradients (and the gathering of updated shards;
+  /// for fsdp also the parameter gathers, each rank's chunk standing in for the others) so that a
+  /// run measures compute alone; results are then wrong. bench_scaling uses it to
   /// measure how much communication is exposed.
   bool benchmark_skip_gradient_sync = false;
 };
@@ -92,6 +93,9 @@ class Trainer {
   /// Global gradient norm of the last step (before clipping).
   double last_grad_norm() const { return last_grad_norm_; }
   MemoryReport memory_report() const;
+  /// Benchmark-only: turns ApplyOptions::benchmark_skip_gradient_sync on or off from the next
+  /// step (bench_scaling alternates steps with and without synchronisation).
+  void set_benchmark_skip_gradient_sync(bool skip) { options_.benchmark_skip_gradient_sync = skip; }
   /// The model's full parameters on every rank (gathers shards for fsdp), by name.
   std::vector<std::pair<std::string, Tensor>> full_parameters();
 
