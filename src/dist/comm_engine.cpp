@@ -86,12 +86,13 @@ bool CommEngine::stop(int64_t drain_ms) {
   return drained;
 }
 
-void CommEngine::submit(WorkPtr work, StartFn start, FinishFn finish) {
+void CommEngine::submit(WorkPtr work, StartFn start, FinishFn finish, NextFn next) {
   ACC_CHECK_AS(CommError, running_.load(),
                "communication is not initialised (call acc::dist::init first)");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Task{std::move(work), std::move(start), std::move(finish), {}, false});
+    queue_.push_back(
+        Task{std::move(work), std::move(start), std::move(finish), std::move(next), {}, false});
   }
   cv_.notify_all();
 }
@@ -168,9 +169,19 @@ void CommEngine::loop() {
         }
       }
     }
+    // Outside the lock: the next round of a multi-step operation (its local reduction work must
+    // not hold up threads submitting new operations), or completion.
     for (Task& t : done) {
       if (t.failed) continue;
       try {
+        if (t.next) {
+          t.requests = t.next();
+          if (!t.requests.empty()) {
+            std::lock_guard<std::mutex> lock(mu_);
+            inflight_.push_back(std::move(t));
+            continue;
+          }
+        }
         if (t.finish) t.finish();
         t.work->mark_completed();
       } catch (const std::exception& e) {

@@ -25,6 +25,9 @@ void check_mpi(int rc, const char* what);
 
 struct GroupState {
   MPI_Comm comm = MPI_COMM_NULL;
+  // A duplicate of `comm` for the point-to-point messages of AutoAcc's own collective algorithms
+  // (ring reduce-scatter), so they never match a user's send/recv.
+  MPI_Comm algo_comm = MPI_COMM_NULL;
   std::string name;
   int rank = 0, size = 1;
   std::vector<int> members;
@@ -36,6 +39,9 @@ class CommEngine {
  public:
   using StartFn = std::function<std::vector<MPI_Request>()>;
   using FinishFn = std::function<void()>;
+  /// Called on the comm thread each time the requests issued so far have all completed; returns
+  /// the next round's requests, or none when the operation is done (multi-step algorithms).
+  using NextFn = std::function<std::vector<MPI_Request>()>;
 
   static CommEngine& instance();
   void start();
@@ -43,9 +49,10 @@ class CommEngine {
   bool stop(int64_t drain_ms);
   bool running() const { return running_.load(); }
 
-  /// Queues an operation: `start` issues its non-blocking MPI calls on the comm thread, `finish`
-  /// runs there after they all complete. Both may throw acc::CommError, which fails the Work.
-  void submit(WorkPtr work, StartFn start, FinishFn finish = nullptr);
+  /// Queues an operation: `start` issues its non-blocking MPI calls on the comm thread; when they
+  /// complete, `next` (if given) may issue another round, and so on until it returns none; then
+  /// `finish` runs there. Each may throw acc::CommError, which fails the Work.
+  void submit(WorkPtr work, StartFn start, FinishFn finish = nullptr, NextFn next = nullptr);
   /// Runs `fn` (blocking MPI calls allowed) on the comm thread and waits for it.
   void run_sync(const std::function<void()>& fn);
 
@@ -57,6 +64,7 @@ class CommEngine {
     WorkPtr work;
     StartFn start;
     FinishFn finish;
+    NextFn next;
     std::vector<MPI_Request> requests;
     bool failed = false;
   };

@@ -35,6 +35,12 @@ void init(int* argc, char*** argv) {
   int already = 0;
   MPI_Initialized(&already);
   if (!already) {
+    // Non-blocking allreduce: OpenMPI's libnbc picks the binomial algorithm (reduce to rank 0,
+    // then broadcast) below 4 ranks; its ring moves half the bytes per rank and spreads the
+    // reduction, measured 59 -> 30 ms for 17.8M floats at 2 ranks on the development machine.
+    // Set only when the user has not chosen (environment or mpirun --mca), before MPI_Init reads
+    // it; other MPI implementations ignore the variable.
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "ring", /*overwrite=*/0);
     int provided = 0;
     detail::check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided),
                       "MPI_Init_thread");
@@ -50,6 +56,8 @@ void init(int* argc, char*** argv) {
   st->name = "world";
   detail::check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &st->comm), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
+  detail::check_mpi(MPI_Comm_dup(st->comm, &st->algo_comm), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(st->algo_comm, MPI_ERRORS_RETURN);
   st->rank = rt.rank;
   st->size = rt.world;
   for (int r = 0; r < rt.world; ++r) st->members.push_back(r);

@@ -190,6 +190,107 @@ std::vector<MPI_Request> per_chunk(const Tensor& x, Call call) {
   return reqs;
 }
 
+// Ring reduce-scatter (the bandwidth-optimal ring of Patarasuk and Yuan): W - 1 steps; in step
+// s rank r sends its partial sum of chunk (r - s - 1) mod W to rank r + 1 and receives the
+// partial of chunk (r - s - 2) mod W from rank r - 1, adding its own input of that chunk to it.
+// After the last step it holds chunk r summed over every rank. Each rank sends and receives
+// (W - 1) / W of the input once and does 1 / W of the additions. OpenMPI's libnbc
+// MPI_Ireduce_scatter_block reduces at a root instead: 76 ms against 15 ms for 17.8M floats at
+// 2 ranks on the development machine. The sums are in a fixed order per chunk, the same on every
+// run. Messages travel on the group's algo_comm, tagged with the collective's sequence number so
+// that two reduce-scatters in flight at once never match each other's messages.
+class RingReduceScatter {
+ public:
+  RingReduceScatter(std::shared_ptr<detail::GroupState> st, Tensor out, Tensor in, ReduceOp op,
+                    uint64_t seq)
+      : st_(std::move(st)),
+        out_(std::move(out)),
+        in_(std::move(in)),
+        op_(op),
+        tag_(static_cast<int>(seq % 32768)),  // MPI guarantees tags up to 32767
+        n_(out_.numel()),
+        es_(element_size(out_.dtype())) {}
+
+  std::vector<MPI_Request> start() {
+    if (st_->size == 1) {
+      std::memcpy(out_.raw_data(), in_.raw_data(), static_cast<size_t>(n_) * es_);
+      return {};
+    }
+    // Partial sums in flight (tracked memory): none at 2 ranks, where the one step receives
+    // straight into the output; one buffer at 3; two, used in turn, beyond.
+    for (int i = 0; i < std::min(2, st_->size - 2); ++i) bufs_[i] = empty({n_}, {out_.dtype()});
+    return issue();
+  }
+
+  // The step's messages have arrived: add this rank's input of the received chunk, then issue
+  // the next step (none after the last).
+  std::vector<MPI_Request> next() {
+    if (st_->size == 1) return {};
+    const int W = st_->size;
+    const int chunk = mod(st_->rank - step_ - 2, W);
+    char* recv = recv_buffer();
+    const char* mine = in_ptr(chunk);
+    for (int64_t off = 0; off < n_; off += max_count()) {
+      const int64_t cn = std::min(max_count(), n_ - off);
+      detail::check_mpi(
+          MPI_Reduce_local(mine + off * static_cast<int64_t>(es_),
+                           recv + off * static_cast<int64_t>(es_), static_cast<int>(cn),
+                           mpi_type(out_.dtype()), mpi_op(op_, out_.dtype())),
+          "MPI_Reduce_local");
+    }
+    if (++step_ == W - 1) return {};
+    return issue();
+  }
+
+  void release() {
+    for (auto& b : bufs_) b = Tensor();
+  }
+
+ private:
+  static int mod(int a, int w) { return ((a % w) + w) % w; }
+  const char* in_ptr(int chunk) const {
+    return static_cast<const char*>(in_.raw_data()) + chunk * n_ * static_cast<int64_t>(es_);
+  }
+  // Step s receives into the output at the last step, else into buffer s % 2; step s > 0 sends
+  // buffer (s - 1) % 2, which holds the partial sum received and reduced in step s - 1.
+  char* recv_buffer() {
+    if (step_ == st_->size - 2) return static_cast<char*>(out_.raw_data());
+    return static_cast<char*>(bufs_[step_ % 2].raw_data());
+  }
+  std::vector<MPI_Request> issue() {
+    const int W = st_->size, r = st_->rank;
+    const char* send = step_ == 0 ? in_ptr(mod(r - 1, W))
+                                  : static_cast<const char*>(bufs_[(step_ - 1) % 2].raw_data());
+    char* recv = recv_buffer();
+    std::vector<MPI_Request> reqs;
+    int64_t off = 0;
+    do {  // at least one message, so an empty chunk still pairs with its peer
+      const int64_t cn = std::min(max_count(), n_ - off);
+      const int64_t bytes_off = off * static_cast<int64_t>(es_);
+      MPI_Request rr, sr;
+      detail::check_mpi(MPI_Irecv(recv + bytes_off, static_cast<int>(cn), mpi_type(out_.dtype()),
+                                  mod(r - 1, W), tag_, st_->algo_comm, &rr),
+                        "MPI_Irecv");
+      reqs.push_back(rr);
+      detail::check_mpi(MPI_Isend(send + bytes_off, static_cast<int>(cn), mpi_type(out_.dtype()),
+                                  mod(r + 1, W), tag_, st_->algo_comm, &sr),
+                        "MPI_Isend");
+      reqs.push_back(sr);
+      off += cn;
+    } while (off < n_);
+    return reqs;
+  }
+
+  std::shared_ptr<detail::GroupState> st_;
+  Tensor out_, in_;
+  ReduceOp op_;
+  int tag_;
+  int64_t n_;
+  size_t es_;
+  int step_ = 0;
+  Tensor bufs_[2];
+};
+
 using ExchangeFn = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm,
                            MPI_Request*);
 
@@ -300,44 +401,14 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, Reduce
       *state_, std::string("reduce_scatter.") + reduce_op_name(op), &input, -1, o.timeout);
   work->keep_alive(output);
   work->keep_alive(input);
-  auto st = state_;
-  Tensor out = output, in = input;
-  auto packs = std::make_shared<std::vector<std::vector<char>>>();
+  auto ring = std::make_shared<RingReduceScatter>(state_, output, input, op, work->seq());
   detail::CommEngine::instance().submit(
-      work,
-      [st, out, in, op, packs]() {
-        std::vector<MPI_Request> reqs;
-        const int64_t n = out.numel();
-        const size_t es = element_size(out.dtype());
-        const char* src = static_cast<const char*>(in.raw_data());
-        char* dst = static_cast<char*>(out.raw_data());
-        int64_t c0 = 0;
-        do {
-          const int64_t cn = std::min(max_count(), n - c0);
-          const char* send = src;
-          if (cn != n) {
-            // Chunk: pack block c0..c0+cn of every rank's slice contiguously.
-            packs->emplace_back(static_cast<size_t>(cn * st->size) * es);
-            char* p = packs->back().data();
-            for (int r = 0; r < st->size; ++r) {
-              std::memcpy(p + r * cn * es, src + (r * n + c0) * es, static_cast<size_t>(cn) * es);
-            }
-            send = p;
-          }
-          MPI_Request req;
-          detail::check_mpi(MPI_Ireduce_scatter_block(send, dst + c0 * es, static_cast<int>(cn),
-                                                      mpi_type(out.dtype()),
-                                                      mpi_op(op, out.dtype()), st->comm, &req),
-                            "MPI_Ireduce_scatter_block");
-          reqs.push_back(req);
-          c0 += cn;
-        } while (c0 < n);
-        return reqs;
-      },
-      [out, op, st, packs]() mutable {
-        packs->clear();
+      work, [ring] { return ring->start(); },
+      [ring, out = output, op, st = state_]() mutable {
+        ring->release();
         if (op == ReduceOp::kAvg) scale_in_place(out, st->size);
-      });
+      },
+      [ring] { return ring->next(); });
   return work;
 }
 
@@ -445,6 +516,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std:
                       "MPI_Comm_set_errhandler");
     detail::check_mpi(MPI_Comm_rank(child->comm, &child->rank), "MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(child->comm, &child->size), "MPI_Comm_size");
+    detail::check_mpi(MPI_Comm_dup(child->comm, &child->algo_comm), "MPI_Comm_dup");
+    detail::check_mpi(MPI_Comm_set_errhandler(child->algo_comm, MPI_ERRORS_RETURN),
+                      "MPI_Comm_set_errhandler");
     // Members as ranks of this group's members (so world ranks when split from the world).
     int mine = st->members.at(static_cast<size_t>(st->rank));
     child->members.assign(static_cast<size_t>(child->size), 0);

@@ -70,6 +70,43 @@ TEST(ProcessGroup, ReduceScatterGivesEachRankItsBlock) {
   }
 }
 
+// The ring reduce-scatter with every op and dtype, several in flight at once (they are matched by
+// sequence number, never by arrival), and blocks of several sizes including empty ones.
+TEST(ProcessGroup, ReduceScatterOpsDtypesAndConcurrentCalls) {
+  const int W = world().size(), r = world().rank();
+  std::vector<Tensor> ins, outs;
+  std::vector<dist::WorkPtr> works;
+  std::vector<ReduceOp> ops;
+  for (int64_t n : {0, 1, 3, 1000}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+      // x_q[i] = q + i: integers, so every order of summation gives the same floats
+      ins.push_back(from_vector(iota_from(static_cast<float>(r), n * W), {n * W}));
+      outs.push_back(empty({n}));
+      ops.push_back(op);
+      works.push_back(world().reduce_scatter(outs.back(), ins.back(), op));
+    }
+  }
+  for (auto& w : works) w->wait();
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const auto v = outs[k].to_vector<float>();
+    for (size_t j = 0; j < v.size(); ++j) {
+      const float i = static_cast<float>(r * static_cast<int64_t>(v.size()) + j);
+      const float sum = W * i + W * (W - 1) / 2.0f;
+      const float want = ops[k] == ReduceOp::kSum   ? sum
+                         : ops[k] == ReduceOp::kAvg ? sum / W
+                                                    : i + (W - 1);
+      EXPECT_FLOAT_EQ(v[j], want) << "case " << k << " element " << j;
+    }
+  }
+  Tensor bin = from_vector(iota_from(static_cast<float>(r), 3 * W), {3 * W}).to(DType::kBFloat16);
+  Tensor bout = empty({3}, {DType::kBFloat16});
+  world().reduce_scatter(bout, bin)->wait();
+  const auto bv = bout.to(DType::kFloat32).to_vector<float>();
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(bv[j], W * static_cast<float>(r * 3 + j) + W * (W - 1) / 2.0f);
+  }
+}
+
 TEST(ProcessGroup, AllgatherConcatenatesRanks) {
   const int W = world().size(), r = world().rank();
   Tensor in = full({3}, r);
