@@ -1,8 +1,8 @@
 #pragma once
 // The communication thread: the only thread that calls MPI between init and finalize. Operations
 // are started in submission order (non-blocking MPI calls) and progressed together by polling
-// MPI_Testall, with a short sleep when nothing moved so that a waiting rank leaves the cores to
-// computation.
+// MPI_Testall, with a short wait (doubling while nothing moves) when nothing moved so that a
+// waiting rank leaves the cores to computation.
 
 #include <mpi.h>
 
@@ -79,7 +79,8 @@ class CommEngine {
   std::atomic<bool> abandon_{false};
   std::thread thread_;
   MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
-  int poll_us_ = 20;
+  int poll_us_ = 20;       // ACC_COMM_POLL_US: the first wait when nothing progressed
+  int max_poll_us_ = 256;  // ACC_COMM_MAX_POLL_US: the longest
 };
 
 }  // namespace acc::dist::detail

@@ -1,0 +1,86 @@
+// bench_collectives: time of acc::dist collectives under mpirun, one JSON line per (op, size) on
+// rank 0: the median over --reps of the slowest rank's time, and the bus bandwidth in the
+// convention of nccl-tests (allreduce moves 2 (W - 1) / W of the buffer per rank, reduce-scatter
+// and allgather (W - 1) / W).
+//
+//   mpirun -np 2 build/benchmarks/bench_collectives [--mib 1,16,68] [--reps 5]
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "acc/dist/dist.hpp"
+#include "acc/util/error.hpp"
+
+int main(int argc, char** argv) {
+  std::string sizes = "1,16,68";
+  int reps = 5;
+  CLI::App app{"acc::dist collective timings"};
+  app.add_option("--mib", sizes, "comma-separated f32 buffer sizes in MiB (the full tensor)")
+      ->capture_default_str();
+  app.add_option("--reps", reps, "timed repetitions per op and size")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  int rc = 0;
+  try {
+    using namespace acc;
+    dist::init(argc, argv);
+    auto pg = dist::ProcessGroup::world();
+    const int W = pg->size();
+    std::stringstream ss(sizes);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      const double mib = std::stod(item);
+      // The full buffer, rounded to a multiple of the world size.
+      const int64_t n = std::max<int64_t>(W, static_cast<int64_t>(mib * (1 << 20) / 4) / W * W);
+      Tensor full = ones({n}), part = ones({n / W});
+      struct Op {
+        const char* name;
+        double bus_factor;
+        std::function<dist::WorkPtr()> run;
+      };
+      const std::vector<Op> ops = {
+          {"allreduce", 2.0 * (W - 1) / W, [&] { return pg->allreduce(full); }},
+          {"reduce_scatter", 1.0 * (W - 1) / W, [&] { return pg->reduce_scatter(part, full); }},
+          {"allgather", 1.0 * (W - 1) / W, [&] { return pg->allgather(full, part); }},
+      };
+      for (const Op& op : ops) {
+        std::vector<double> ms;
+        for (int i = 0; i < reps + 1; ++i) {
+          pg->barrier()->wait();
+          const auto t0 = std::chrono::steady_clock::now();
+          op.run()->wait();
+          Tensor t = from_vector(
+              std::vector<float>{static_cast<float>(
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                      .count())},
+              {1});
+          pg->allreduce(t, dist::ReduceOp::kMax)->wait();
+          if (i > 0) ms.push_back(t.item());  // the first is a warm-up
+        }
+        std::sort(ms.begin(), ms.end());
+        const double med = ms[ms.size() / 2];
+        if (pg->rank() == 0) {
+          const double bytes = static_cast<double>(n) * 4;
+          nlohmann::json out = {{"op", op.name},
+                                {"world", W},
+                                {"bytes", bytes},
+                                {"median_ms", med},
+                                {"bus_gb_per_s", bytes * op.bus_factor / (med / 1e3) / 1e9}};
+          std::printf("%s\n", out.dump().c_str());
+          std::fflush(stdout);
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_collectives: error: %s\n", e.what());
+    rc = 1;
+  }
+  acc::dist::finalize();
+  return rc;
+}
