@@ -195,10 +195,10 @@ std::vector<MPI_Request> per_chunk(const Tensor& x, Call call) {
 // partial of chunk (r - s - 2) mod W from rank r - 1, adding its own input of that chunk to it.
 // After the last step it holds chunk r summed over every rank. Each rank sends and receives
 // (W - 1) / W of the input once and does 1 / W of the additions. OpenMPI's libnbc
-// MPI_Ireduce_scatter_block reduces at a root instead: 76 ms against 15 ms for 17.8M floats at
-// 2 ranks on the development machine. The sums are in a fixed order per chunk, the same on every
-// run. Messages travel on the group's algo_comm, tagged with the collective's sequence number so
-// that two reduce-scatters in flight at once never match each other's messages.
+// MPI_Ireduce_scatter_block took 76 ms for 17.8M floats at 2 ranks on the development machine,
+// this ring 26 ms (benchmarks/bench_collectives). The sums are in a fixed order per chunk, the same
+// on every run. Messages travel on the group's algo_comm, tagged with the collective's sequence
+// number so that two reduce-scatters in flight at once never match each other's messages.
 class RingReduceScatter {
  public:
   RingReduceScatter(std::shared_ptr<detail::GroupState> st, Tensor out, Tensor in, ReduceOp op,
