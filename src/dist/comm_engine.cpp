@@ -193,9 +193,10 @@ void CommEngine::loop() {
         t.work->mark_failed(e.what());
       }
     }
-    // Nothing moved: wait, doubling the wait up to max_poll_us_ while nothing moves (each
-    // wake-up preempts a computing thread on a busy core: at a fixed 20 us the main thread of a
-    // 2-rank run on 2 cores was preempted ~4x as often), and waking at once for a new operation.
+    // Nothing moved: wait, doubling the wait up to max_poll_us_ while nothing moves, and wake at
+    // once for a new operation. Each wake-up preempts a computing thread on a busy core: in a
+    // 2-rank ddp run on 2 cores, polling every 20 us preempted the main threads ~20k times in
+    // 30 s, every 200 us ~4.5k times.
     if (progressed) {
       backoff_us = poll_us_;
     } else if (poll_us_ > 0) {

@@ -242,8 +242,11 @@ class RingReduceScatter {
     return issue();
   }
 
+  // On completion: the partial-sum buffers and the input go now, not when the comm thread next
+  // drops the finished task (the reducer frees its full gradient buckets through this).
   void release() {
     for (auto& b : bufs_) b = Tensor();
+    in_ = Tensor();
   }
 
  private:
