@@ -174,19 +174,28 @@ MPI_Datatype block_type(int64_t n, DType t, int64_t* count) {
   return dt;
 }
 
-// Issues `call(ptr, count)` for consecutive chunks of x of at most max_count() elements (at least
-// one call, so an empty tensor still pairs with its peer) and returns their requests.
+// Calls f(offset, count) for consecutive chunks of [0, n) of at most max_count() elements, at
+// least once (an empty message still pairs with its peer).
+template <class F>
+void for_each_count_chunk(int64_t n, F f) {
+  int64_t off = 0;
+  do {
+    const int64_t cn = std::min(max_count(), n - off);
+    f(off, static_cast<int>(cn));
+    off += cn;
+  } while (off < n);
+}
+
+// Issues `call(ptr, count)` for consecutive chunks of x (for_each_count_chunk) and returns their
+// requests.
 template <class Call>
 std::vector<MPI_Request> per_chunk(const Tensor& x, Call call) {
   std::vector<MPI_Request> reqs;
   char* base = static_cast<char*>(x.raw_data());
   const size_t es = element_size(x.dtype());
-  int64_t off = 0;
-  do {
-    const int64_t n = std::min(max_count(), x.numel() - off);
-    reqs.push_back(call(base + off * es, static_cast<int>(n)));
-    off += n;
-  } while (off < x.numel());
+  for_each_count_chunk(x.numel(), [&](int64_t off, int cn) {
+    reqs.push_back(call(base + off * static_cast<int64_t>(es), cn));
+  });
   return reqs;
 }
 
@@ -230,14 +239,12 @@ class RingReduceScatter {
     const int chunk = mod(st_->rank - step_ - 2, W);
     char* recv = recv_buffer();
     const char* mine = in_ptr(chunk);
-    for (int64_t off = 0; off < n_; off += max_count()) {
-      const int64_t cn = std::min(max_count(), n_ - off);
-      detail::check_mpi(
-          MPI_Reduce_local(mine + off * static_cast<int64_t>(es_),
-                           recv + off * static_cast<int64_t>(es_), static_cast<int>(cn),
-                           mpi_type(out_.dtype()), mpi_op(op_, out_.dtype())),
-          "MPI_Reduce_local");
-    }
+    for_each_count_chunk(n_, [&](int64_t off, int cn) {
+      const int64_t b = off * static_cast<int64_t>(es_);
+      detail::check_mpi(MPI_Reduce_local(mine + b, recv + b, cn, mpi_type(out_.dtype()),
+                                         mpi_op(op_, out_.dtype())),
+                        "MPI_Reduce_local");
+    });
     if (++step_ == W - 1) return {};
     return issue();
   }
@@ -266,21 +273,18 @@ class RingReduceScatter {
                                   : static_cast<const char*>(bufs_[(step_ - 1) % 2].raw_data());
     char* recv = recv_buffer();
     std::vector<MPI_Request> reqs;
-    int64_t off = 0;
-    do {  // at least one message, so an empty chunk still pairs with its peer
-      const int64_t cn = std::min(max_count(), n_ - off);
-      const int64_t bytes_off = off * static_cast<int64_t>(es_);
+    for_each_count_chunk(n_, [&](int64_t off, int cn) {
+      const int64_t b = off * static_cast<int64_t>(es_);
       MPI_Request rr, sr;
-      detail::check_mpi(MPI_Irecv(recv + bytes_off, static_cast<int>(cn), mpi_type(out_.dtype()),
-                                  mod(r - 1, W), tag_, st_->algo_comm, &rr),
-                        "MPI_Irecv");
+      detail::check_mpi(
+          MPI_Irecv(recv + b, cn, mpi_type(out_.dtype()), mod(r - 1, W), tag_, st_->algo_comm, &rr),
+          "MPI_Irecv");
       reqs.push_back(rr);
-      detail::check_mpi(MPI_Isend(send + bytes_off, static_cast<int>(cn), mpi_type(out_.dtype()),
-                                  mod(r + 1, W), tag_, st_->algo_comm, &sr),
-                        "MPI_Isend");
+      detail::check_mpi(
+          MPI_Isend(send + b, cn, mpi_type(out_.dtype()), mod(r + 1, W), tag_, st_->algo_comm, &sr),
+          "MPI_Isend");
       reqs.push_back(sr);
-      off += cn;
-    } while (off < n_);
+    });
     return reqs;
   }
 
