@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
           std::vector<float>{static_cast<float>(median(ms[0])), static_cast<float>(median(ms[1]))},
           {2});
       world->allreduce(m, dist::ReduceOp::kMax)->wait();
-      const double sync_ms = m.to_vector<float>()[0], skip_ms = m.to_vector<float>()[1];
+      const std::vector<float> slowest = m.to_vector<float>();
+      const double sync_ms = slowest[0], skip_ms = slowest[1];
       if (world->rank() == 0) {
         const double tokens = static_cast<double>(batch * seq * world->size());
         // The headline figures are those of synchronised steps (of skipped ones under --sync off).
