@@ -8,7 +8,9 @@
 // benchmark-only switch that skips gradient synchronisation (and fsdp's parameter gathers):
 // compute alone. --sync alternate interleaves synchronised and skipped steps in one run, so the
 // machine's noise (this machine is shared) hits both alike, and reports the exposed communication
-// 1 - t(skipped) / t(sync) from the two medians. benchmarks/scaling.sh compares with PyTorch DDP.
+// 1 - t(skipped) / t(sync) from the two medians, and the median over adjacent (synchronised,
+// skipped) pairs of the same ratio. A step's time is its slowest rank's (the maximum over ranks,
+// step by step), in both kinds of step. benchmarks/scaling.sh compares with PyTorch DDP.
 
 #include <CLI/CLI.hpp>
 
@@ -36,8 +38,10 @@ nlohmann::json config_for(const std::string& name) {
 }
 
 double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
 }  // namespace
@@ -46,6 +50,7 @@ int main(int argc, char** argv) {
   std::string config = "gpt17m", strategies_arg = "ddp,zero1,zero2,fsdp", model_type = "gpt";
   int64_t batch = 8, seq = 256, warmup = 2, steps = 6;
   int threads = 1;
+  double bucket_mb = 0;
   std::string sync = "on";
   CLI::App app{"Data-parallel training throughput per strategy"};
   app.add_option("--config", config, "gpt17m | gpt90m | llama17m | FILE.json")
@@ -58,6 +63,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps")->capture_default_str();
   app.add_option("--steps", steps, "timed steps")->capture_default_str();
   app.add_option("--threads", threads, "threads per rank")->capture_default_str();
+  app.add_option("--bucket-mb", bucket_mb,
+                 "gradient bucket size of ddp, zero1 and zero2 (default: the strategy's own)");
   app.add_option("--sync", sync,
                  "on | off (benchmark-only: no gradient synchronisation) | alternate (both, "
                  "step by step)")
@@ -74,7 +81,9 @@ int main(int argc, char** argv) {
     std::stringstream ss(strategies_arg);
     std::string name;
     while (std::getline(ss, name, ',')) {
-      const auto strategy = strategies::parse_strategy(nlohmann::json::array({{{"name", name}}}));
+      nlohmann::json entry = {{"name", name}};
+      if (bucket_mb > 0 && name != "fsdp") entry["config"] = {{"bucket_mb", bucket_mb}};
+      const auto strategy = strategies::parse_strategy(nlohmann::json::array({entry}));
       memory::reset_peak();
       manual_seed(1);
       auto model = models::create_model(model_type, config_for(config));
@@ -85,7 +94,7 @@ int main(int argc, char** argv) {
       // Step s synchronises unless --sync off, or --sync alternate and s is odd; the warm-up
       // covers both kinds.
       auto skipped = [&](int64_t s) { return sync == "off" || (sync == "alternate" && s % 2); };
-      std::vector<double> ms[2];  // [0] synchronised steps, [1] skipped ones
+      std::vector<float> step_ms;  // this rank's timed steps, in order
       for (int64_t s = 0; s < warmup + steps; ++s) {
         data::Batch b{randint(0, model->vocab_size(), {batch, seq}, gen),
                       randint(0, model->vocab_size(), {batch, seq}, gen)};
@@ -96,15 +105,22 @@ int main(int argc, char** argv) {
         const double t =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
-        if (s >= warmup) ms[skipped(s) ? 1 : 0].push_back(t);
+        if (s >= warmup) step_ms.push_back(static_cast<float>(t));
       }
-      // The slowest rank's median step is the step.
-      Tensor m = from_vector(
-          std::vector<float>{static_cast<float>(median(ms[0])), static_cast<float>(median(ms[1]))},
-          {2});
-      world->allreduce(m, dist::ReduceOp::kMax)->wait();
-      const std::vector<float> slowest = m.to_vector<float>();
-      const double sync_ms = slowest[0], skip_ms = slowest[1];
+      // A step of the job ends when its slowest rank ends (the next one starts from a barrier),
+      // in synchronised and skipped steps alike: per step, the maximum over ranks.
+      Tensor job = from_vector(step_ms, {static_cast<int64_t>(step_ms.size())});
+      world->allreduce(job, dist::ReduceOp::kMax)->wait();
+      const std::vector<float> job_ms = job.to_vector<float>();
+      std::vector<double> ms[2];    // [0] synchronised steps, [1] skipped ones
+      std::vector<double> paired;   // --sync alternate: 1 - skipped / the synchronised step before
+      for (int64_t i = 0; i < steps; ++i) {
+        ms[skipped(warmup + i) ? 1 : 0].push_back(job_ms[static_cast<size_t>(i)]);
+        if (i > 0 && skipped(warmup + i) && !skipped(warmup + i - 1)) {
+          paired.push_back(1.0 - job_ms[static_cast<size_t>(i)] / job_ms[static_cast<size_t>(i - 1)]);
+        }
+      }
+      const double sync_ms = median(ms[0]), skip_ms = median(ms[1]);
       if (world->rank() == 0) {
         const double tokens = static_cast<double>(batch * seq * world->size());
         // The headline figures are those of synchronised steps (of skipped ones under --sync off).
@@ -124,6 +140,7 @@ int main(int argc, char** argv) {
           out["median_step_ms_sync_skipped"] = skip_ms;
           out["tokens_per_s_sync_skipped"] = tokens / (skip_ms / 1e3);
           out["exposed_comm"] = 1.0 - skip_ms / sync_ms;
+          out["exposed_comm_paired"] = median(paired);
         }
         std::printf("%s\n", out.dump().c_str());
         std::fflush(stdout);

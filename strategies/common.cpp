@@ -1,6 +1,7 @@
 // Pieces shared by the data-parallel strategies, and the local (single-rank) one.
 
 #include <algorithm>
+#include <cstring>
 
 #include "acc/tensor/kernels.hpp"
 #include "acc/util/error.hpp"
@@ -51,6 +52,30 @@ size_t BucketLayout::bucket_of(const std::string& name) const {
     if (n == name) return b;
   }
   ACC_THROW(InternalError, "bucket layout: no parameter '", name, "'");
+}
+
+void pack_bucket_grads(const BucketLayout::Bucket& bucket, float* dst, float scale,
+                       bool drop_grads) {
+  for (const auto& slot : bucket.slots) {
+    Tensor p = slot.param;
+    const int64_t n = p.numel();
+    float* out = dst + slot.offset;
+    Tensor g = p.grad();
+    if (!g.defined()) {
+      std::memset(out, 0, static_cast<size_t>(n) * sizeof(float));
+    } else {
+      Tensor gc = g.contiguous();
+      const float* src = gc.data<float>();
+      if (scale == 1.0f) {
+        std::memcpy(out, src, static_cast<size_t>(n) * sizeof(float));
+      } else {
+        for (int64_t i = 0; i < n; ++i) out[i] = src[i] * scale;
+      }
+    }
+    if (drop_grads) p.set_grad(Tensor());
+  }
+  const int64_t tail = bucket.padded - bucket.numel;
+  if (tail > 0) std::memset(dst + bucket.numel, 0, static_cast<size_t>(tail) * sizeof(float));
 }
 
 void repoint(Tensor& param, const std::shared_ptr<Storage>& storage, int64_t offset) {

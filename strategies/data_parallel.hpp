@@ -89,6 +89,14 @@ struct BucketLayout {
   size_t bucket_of(const std::string& name) const;
 };
 
+/// Writes the gradients of `bucket`'s parameters times `scale` into `dst` (bucket.padded
+/// elements; a parameter without a gradient and the padding become zeros). Data-parallel
+/// strategies pass 1 / world: the average's division is folded into this copy (PyTorch DDP
+/// pre-divides too), so the reduction is a plain sum and nobody makes another pass over the
+/// bucket. With `drop_grads` each parameter's own gradient is released once copied.
+void pack_bucket_grads(const BucketLayout::Bucket& bucket, float* dst, float scale,
+                       bool drop_grads);
+
 /// Makes `param` a view of `storage` at `offset` (elements), keeping it the same tensor (same
 /// TensorImpl, so the module and autograd see it).
 void repoint(Tensor& param, const std::shared_ptr<Storage>& storage, int64_t offset);

@@ -8,7 +8,6 @@
 // at most one gathered block (plus the root unit, gathered for the whole step) is resident.
 // Config: {} (no options yet).
 
-#include <cstring>
 
 #include "acc/autograd/engine.hpp"
 #include "acc/tensor/kernels.hpp"
@@ -122,26 +121,13 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
       return;
     }
     Tensor buf = empty({u.bucket().padded});
-    float* dst = buf.data<float>();
-    for (const auto& slot : u.bucket().slots) {
-      Tensor p = slot.param;
-      const int64_t n = p.numel();
-      Tensor g = p.grad();
-      if (g.defined()) {
-        Tensor gc = g.contiguous();
-        std::memcpy(dst + slot.offset, gc.data<float>(), static_cast<size_t>(n) * 4);
-      } else {
-        std::memset(dst + slot.offset, 0, static_cast<size_t>(n) * 4);
-      }
-      p.set_grad(Tensor());
-    }
-    const int64_t tail = u.bucket().padded - u.bucket().numel;
-    if (tail > 0) std::memset(dst + u.bucket().numel, 0, static_cast<size_t>(tail) * 4);
+    pack_bucket_grads(u.bucket(), buf.data<float>(), 1.0f / static_cast<float>(group->size()),
+                      /*drop_grads=*/true);
     // The full buffer is only the reduction's input: its Work frees it on completion.
     Tensor in = bf16 ? buf.to(DType::kBFloat16) : buf;
     buf = Tensor();
     u.reduce_out = bf16 ? empty(u.grad_shard.shape(), {DType::kBFloat16}) : u.grad_shard;
-    u.reduce_work = group->reduce_scatter(u.reduce_out, in, dist::ReduceOp::kAvg);
+    u.reduce_work = group->reduce_scatter(u.reduce_out, in, dist::ReduceOp::kSum);
     if (u.module) release(u);
   }
 

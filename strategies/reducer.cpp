@@ -1,7 +1,5 @@
 #include "reducer.hpp"
 
-#include <cstring>
-
 #include "acc/autograd/engine.hpp"
 #include "acc/util/error.hpp"
 
@@ -70,7 +68,8 @@ struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State>
     if (++ready[b] == static_cast<int>(layout.buckets[b].slots.size())) launch(b);
   }
 
-  // Copies the bucket's gradients into one buffer and starts its reduction.
+  // Copies the bucket's gradients, divided by the world size, into one buffer and starts their
+  // sum.
   void launch(size_t b) {
     NoGradGuard ng;
     launched[b] = true;
@@ -88,35 +87,19 @@ struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State>
       }
     }
     Tensor buf = mode == Mode::kAllreduce ? bucket_grads[b] : empty({bucket.padded});
-    float* dst = buf.data<float>();
-    for (const auto& slot : bucket.slots) {
-      Tensor g = slot.param.grad();
-      const int64_t n = slot.param.numel();
-      if (g.defined()) {
-        Tensor gc = g.contiguous();
-        std::memcpy(dst + slot.offset, gc.data<float>(), static_cast<size_t>(n) * 4);
-      } else {
-        std::memset(dst + slot.offset, 0, static_cast<size_t>(n) * 4);
-      }
-      if (drop_param_grads) {
-        Tensor p = slot.param;
-        p.set_grad(Tensor());
-      }
-    }
-    if (bucket.padded > bucket.numel) {
-      std::memset(dst + bucket.numel, 0, static_cast<size_t>(bucket.padded - bucket.numel) * 4);
-    }
+    pack_bucket_grads(bucket, buf.data<float>(), 1.0f / static_cast<float>(group->size()),
+                      drop_param_grads);
     Pending p;
     p.bucket = b;
     Tensor comm = bf16 ? buf.to(DType::kBFloat16) : buf;
     if (mode == Mode::kAllreduce) {
-      p.work = group->allreduce(comm, dist::ReduceOp::kAvg);
+      p.work = group->allreduce(comm, dist::ReduceOp::kSum);
       if (bf16) p.comm = comm;  // copied back into the f32 bucket at finish
     } else {
       // The full bucket is only the reduction's input: the Work holds it until the reduction
       // completes and then frees it, so full gradients do not pile up.
       p.out = bf16 ? empty({bucket.padded / group->size()}, {DType::kBFloat16}) : chunk_grads[b];
-      p.work = group->reduce_scatter(p.out, comm, dist::ReduceOp::kAvg);
+      p.work = group->reduce_scatter(p.out, comm, dist::ReduceOp::kSum);
     }
     pending.push_back(std::move(p));
   }

@@ -10,7 +10,8 @@ Python 3.11): benchmarks/scaling.sh sets MASTER_ADDR, MASTER_PORT, RANK and WORL
 --no-sync runs every step inside DDP's no_sync() (no gradient all-reduce): compute alone.
 --alternate interleaves synchronised steps and no_sync() steps in one run (as bench_scaling
 --sync alternate does) and reports the exposed-communication fraction 1 - t(no_sync) / t(sync)
-from the two medians. Prints one JSON line on rank 0.
+from the two medians, and the median over adjacent (sync, no_sync) pairs of the same ratio. A
+step's time is its slowest rank's (per step, the maximum over ranks). Prints one JSON line on rank 0.
 """
 
 import argparse
@@ -59,7 +60,8 @@ def main():
                             foreach=False)
     gen = torch.Generator().manual_seed(7 + rank)
     V, B, T = cfg["vocab_size"], args.batch_size, args.seq_len
-    times = {False: [], True: []}  # no_sync -> step times
+    times = []  # this rank's timed steps, in order
+    skipped = []
     for s in range(args.warmup + args.steps):
         skip = args.no_sync or (args.alternate and s % 2 == 1)
         idx = torch.randint(0, V, (B, T), generator=gen)
@@ -78,11 +80,16 @@ def main():
         opt.step()
         t = (time.perf_counter() - t0) * 1000
         if s >= args.warmup:
-            times[skip].append(t)
-    med = torch.tensor([statistics.median(times[k]) if times[k] else 0.0 for k in (False, True)])
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+            times.append(t)
+            skipped.append(skip)
+    # A step of the job ends when its slowest rank ends: per step, the maximum over ranks.
+    job = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(job, op=dist.ReduceOp.MAX)
+    job = job.tolist()
+    by_kind = {k: [t for t, s in zip(job, skipped) if s == k] for k in (False, True)}
+    paired = [1 - job[i] / job[i - 1] for i in range(1, len(job)) if skipped[i] and not skipped[i - 1]]
     if rank == 0:
-        sync_ms, skip_ms = float(med[0]), float(med[1])
+        sync_ms, skip_ms = (statistics.median(by_kind[k]) if by_kind[k] else 0.0 for k in (False, True))
         step_ms = skip_ms if args.no_sync else sync_ms
         mode = "off" if args.no_sync else ("alternate" if args.alternate else "on")
         out = {"impl": "torch_ddp_gloo", "strategy": "ddp", "config": args.config, "world": world,
@@ -92,6 +99,7 @@ def main():
             out["median_step_ms_sync_skipped"] = skip_ms
             out["tokens_per_s_sync_skipped"] = B * T * world / (skip_ms / 1000)
             out["exposed_comm"] = 1 - skip_ms / sync_ms
+            out["exposed_comm_paired"] = statistics.median(paired)
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
 

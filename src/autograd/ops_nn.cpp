@@ -109,7 +109,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
     uniform_(mask, 0.0, 1.0, gen);
     float* m = mask.data<float>();
     const float keep = static_cast<float>(1.0 / (1.0 - p)), pf = static_cast<float>(p);
-    for (int64_t i = 0; i < mask.numel(); ++i) m[i] = m[i] < pf ? 0.f : keep;
+    const int64_t n = mask.numel();
+    for (int64_t i = 0; i < n; ++i) m[i] = m[i] < pf ? 0.f : keep;
   }
   Tensor out = kernels::binary(kernels::BinaryOp::kMul, x, mask);
   autograd::record_op(
@@ -436,7 +437,8 @@ template <class Index>
 void check_range(const Tensor& idx, int64_t V, const char* op, const char* what,
                  int64_t ignore_index, bool allow_ignore) {
   const Index* p = idx.data<Index>();
-  for (int64_t i = 0; i < idx.numel(); ++i) {
+  const int64_t n = idx.numel();
+  for (int64_t i = 0; i < n; ++i) {
     const int64_t v = static_cast<int64_t>(p[i]);
     if (allow_ignore && v == ignore_index) continue;
     ACC_CHECK(v >= 0 && v < V, op, ": ", what, " ", v, " at position ", i, " is out of range [0, ",

@@ -56,6 +56,12 @@ class CommEngine {
   /// Runs `fn` (blocking MPI calls allowed) on the comm thread and waits for it.
   void run_sync(const std::function<void()>& fn);
 
+  /// Brackets a thread blocked in Work::wait: while one is, the comm thread polls at
+  /// ACC_COMM_POLL_US without backing off (the waiter's core is idle, and what it waits for is
+  /// usually the tail of a step, whose latency is exposed).
+  void waiter_enter();
+  void waiter_leave() { waiters_.fetch_sub(1); }
+
   MPI_Op bf16_sum() const { return bf16_sum_; }
   MPI_Op bf16_max() const { return bf16_max_; }
 
@@ -77,6 +83,7 @@ class CommEngine {
   std::atomic<bool> running_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> abandon_{false};
+  std::atomic<int> waiters_{0};
   std::thread thread_;
   MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
   int poll_us_ = 20;       // ACC_COMM_POLL_US: the first wait when nothing progressed

@@ -79,8 +79,14 @@ void Work::mark_failed(const std::string& error) {
 void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
   const auto limit = timeout.value_or(timeout_);
   std::unique_lock<std::mutex> lock(mu_);
-  const bool finished = cv_.wait_for(
-      lock, limit, [&] { return state_ == State::kCompleted || state_ == State::kFailed; });
+  auto done = [&] { return state_ == State::kCompleted || state_ == State::kFailed; };
+  bool finished = done();
+  if (!finished) {
+    auto& engine = detail::CommEngine::instance();
+    engine.waiter_enter();
+    finished = cv_.wait_for(lock, limit, done);
+    engine.waiter_leave();
+  }
   if (state_ == State::kFailed) {
     ACC_THROW(CommError, op_, " (seq ", seq_, ") on group '", group_, "' failed on rank ", rank_,
               " of ", size_, ": ", error_);
@@ -147,12 +153,13 @@ void check_tensor(const Tensor& t, const char* op, const char* what) {
 void scale_in_place(Tensor& x, int n) {
   if (n == 1) return;
   const float inv = 1.0f / static_cast<float>(n);
+  const int64_t count = x.numel();  // not in the loop condition: numel() is a product each call
   if (x.dtype() == DType::kFloat32) {
     float* p = x.data<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) p[i] *= inv;
+    for (int64_t i = 0; i < count; ++i) p[i] *= inv;
   } else if (x.dtype() == DType::kBFloat16) {
     BFloat16* p = x.data<BFloat16>();
-    for (int64_t i = 0; i < x.numel(); ++i) p[i] = BFloat16(static_cast<float>(p[i]) * inv);
+    for (int64_t i = 0; i < count; ++i) p[i] = BFloat16(static_cast<float>(p[i]) * inv);
   } else {
     ACC_THROW(TypeError, "avg reduction needs a floating tensor, got ", x.dtype());
   }

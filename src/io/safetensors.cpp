@@ -364,7 +364,8 @@ Prepared prepare(const NamedTensors& tensors, const Metadata& metadata,
     if (as_half) {
       half.resize(static_cast<size_t>(c.numel()) * 2);
       const float* src = c.numel() > 0 ? c.data<float>() : nullptr;
-      for (int64_t k = 0; k < c.numel(); ++k) {
+      const int64_t n = c.numel();
+      for (int64_t k = 0; k < n; ++k) {
         const uint16_t b = f32_to_f16(src[k]);
         half[2 * k] = static_cast<char>(b & 0xff);
         half[2 * k + 1] = static_cast<char>(b >> 8);

@@ -159,7 +159,8 @@ Tensor randint(int64_t low, int64_t high, Shape shape, Generator& gen) {
   Tensor t = empty(std::move(shape), {DType::kInt64, Device::kCPU, false});
   const uint64_t span = static_cast<uint64_t>(high - low);
   int64_t* p = t.data<int64_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = low + static_cast<int64_t>(gen.next_u64() % span);
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) p[i] = low + static_cast<int64_t>(gen.next_u64() % span);
   return t;
 }
 
