@@ -112,12 +112,13 @@ int main(int argc, char** argv) {
       Tensor job = from_vector(step_ms, {static_cast<int64_t>(step_ms.size())});
       world->allreduce(job, dist::ReduceOp::kMax)->wait();
       const std::vector<float> job_ms = job.to_vector<float>();
-      std::vector<double> ms[2];    // [0] synchronised steps, [1] skipped ones
-      std::vector<double> paired;   // --sync alternate: 1 - skipped / the synchronised step before
+      std::vector<double> ms[2];   // [0] synchronised steps, [1] skipped ones
+      std::vector<double> paired;  // --sync alternate: 1 - skipped / the synchronised step before
       for (int64_t i = 0; i < steps; ++i) {
         ms[skipped(warmup + i) ? 1 : 0].push_back(job_ms[static_cast<size_t>(i)]);
         if (i > 0 && skipped(warmup + i) && !skipped(warmup + i - 1)) {
-          paired.push_back(1.0 - job_ms[static_cast<size_t>(i)] / job_ms[static_cast<size_t>(i - 1)]);
+          paired.push_back(1.0 -
+                           job_ms[static_cast<size_t>(i)] / job_ms[static_cast<size_t>(i - 1)]);
         }
       }
       const double sync_ms = median(ms[0]), skip_ms = median(ms[1]);

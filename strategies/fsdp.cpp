@@ -8,7 +8,6 @@
 // at most one gathered block (plus the root unit, gathered for the whole step) is resident.
 // Config: {} (no options yet).
 
-
 #include "acc/autograd/engine.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/trace/passes.hpp"
