@@ -87,14 +87,12 @@ class Zero : public DataParallel {
     const BucketLayout& layout = reducer_->layout();
     const int W = group_->size(), r = group_->rank();
     std::vector<dist::WorkPtr> works;
-    std::vector<Tensor> keep;
     NoGradGuard ng;
     for (const auto& bucket : layout.buckets) {
       const int64_t cb = bucket.padded / W;
-      Tensor mine = flat_.narrow(0, bucket.flat_offset + r * cb, cb).clone();
+      Tensor mine = flat_.narrow(0, bucket.flat_offset + r * cb, cb);  // in place
       Tensor all = flat_.narrow(0, bucket.flat_offset, bucket.padded);
       works.push_back(group_->allgather(all, mine));
-      keep.push_back(mine);
     }
     for (auto& w : works) w->wait();
   }

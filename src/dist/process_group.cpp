@@ -309,20 +309,22 @@ using ExchangeFn = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datat
                            MPI_Request*);
 
 // allgather and alltoall: `per_rank` elements to/from every rank in one call, counted in a
-// contiguous block datatype when the count would not fit an int.
+// contiguous block datatype when the count would not fit an int. `in_place`: the input is this
+// rank's block of the output (MPI_IN_PLACE).
 WorkPtr submit_exchange(const std::shared_ptr<detail::GroupState>& st, WorkPtr work,
                         const Tensor& output, const Tensor& input, int64_t per_rank, ExchangeFn fn,
-                        const char* what) {
+                        const char* what, bool in_place = false) {
   work->keep_alive(output);
   work->keep_alive(input);
   auto type = std::make_shared<MPI_Datatype>(MPI_DATATYPE_NULL);
   detail::CommEngine::instance().submit(
       work,
-      [st, out = output, in = input, type, per_rank, fn, what]() {
+      [st, out = output, in = input, type, per_rank, fn, what, in_place]() {
         int64_t count = 0;
         *type = block_type(per_rank, in.dtype(), &count);
         MPI_Request r;
-        detail::check_mpi(fn(in.raw_data(), static_cast<int>(count), *type, out.raw_data(),
+        const void* send = in_place ? MPI_IN_PLACE : in.raw_data();
+        detail::check_mpi(fn(send, static_cast<int>(count), *type, out.raw_data(),
                              static_cast<int>(count), *type, st->comm, &r),
                           what);
         return std::vector<MPI_Request>{r};
@@ -434,9 +436,16 @@ WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input, const Colle
   ACC_CHECK_SHAPE(output.numel() == input.numel() * size(), "allgather: output has ",
                   output.numel(), " elements, expected group size ", size(), " x input ",
                   input.numel());
+  // The input may be this rank's block of the output (no copy); any other overlap is an error.
+  const char* in = static_cast<const char*>(input.raw_data());
+  const char* out = static_cast<const char*>(output.raw_data());
+  const bool in_place = in == out + static_cast<size_t>(rank()) * input.nbytes();
+  ACC_CHECK(in_place || in + input.nbytes() <= out || in >= out + output.nbytes(),
+            "allgather: the input overlaps the output other than at this rank's block (rank ",
+            rank(), ")");
   auto work = detail::PgAccess::make_work(*state_, "allgather", &input, -1, o.timeout);
   return submit_exchange(state_, work, output, input, input.numel(), &MPI_Iallgather,
-                         "MPI_Iallgather");
+                         "MPI_Iallgather", in_place);
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor& t, int root, const CollectiveOptions& o) {

@@ -118,6 +118,23 @@ TEST(ProcessGroup, AllgatherConcatenatesRanks) {
   }
 }
 
+TEST(ProcessGroup, AllgatherInPlaceFromOwnBlock) {
+  const int W = world().size(), r = world().rank();
+  Tensor out = full({3 * W}, -1.0);
+  Tensor mine = out.narrow(0, 3 * r, 3);
+  mine.copy_(full({3}, 10.0 + r));
+  world().allgather(out, mine)->wait();
+  auto v = out.to_vector<float>();
+  for (int q = 0; q < W; ++q) {
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(v[q * 3 + j], 10.0f + q);
+  }
+  // Overlapping the output anywhere but this rank's block is rejected before communicating.
+  if (W > 1) {
+    Tensor wrong = out.narrow(0, 3 * ((r + 1) % W), 3);
+    EXPECT_THROW(world().allgather(out, wrong), ValueError);
+  }
+}
+
 TEST(ProcessGroup, BroadcastFromEveryRoot) {
   const int W = world().size(), r = world().rank();
   for (int root = 0; root < W; ++root) {

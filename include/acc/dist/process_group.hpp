@@ -102,7 +102,8 @@ class ProcessGroup {
   /// input (size * n elements) reduced over ranks; this rank gets block `rank` (n elements).
   WorkPtr reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::kSum,
                          const CollectiveOptions& o = {});
-  /// output (size * n elements) = the inputs (n each) of ranks 0..size-1 concatenated.
+  /// output (size * n elements) = the inputs (n each) of ranks 0..size-1 concatenated. The input
+  /// may be this rank's block of the output (in place, nothing copied); no other overlap.
   WorkPtr allgather(Tensor& output, const Tensor& input, const CollectiveOptions& o = {});
   /// t <- root's t.
   WorkPtr broadcast(Tensor& t, int root, const CollectiveOptions& o = {});
