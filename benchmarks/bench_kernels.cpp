@@ -11,9 +11,11 @@
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "acc/acc.hpp"
+#include "acc/tensor/kernels.hpp"
 
 namespace {
 
@@ -75,6 +77,38 @@ void linear_shapes(benchmark::internal::Benchmark* bm) {
 }
 BENCHMARK(BM_LinearForward)->Apply(linear_shapes);
 BENCHMARK(BM_LinearForwardBackward)->Apply(linear_shapes);
+
+// ---- the three GEMMs of a linear layer one by one, as acc::linear issues them (row-major).
+// Args: OUT, IN, which (0: y = x w^T, "NT"; 1: dx = dy w, "NN"; 2: dw = dy^T x, "TN"). Compare
+// each with BM_Sgemm; on this shared VM only rates measured close together in time compare
+// (benchmarks/README.md, "Where the time goes").
+void BM_LinearGemm(benchmark::State& state) {
+  const int64_t out = state.range(0), in = state.range(1), which = state.range(2);
+  std::vector<float> x(static_cast<size_t>(kN * in), 0.01f),
+      w(static_cast<size_t>(out * in), 0.02f), dy(static_cast<size_t>(kN * out), 0.03f),
+      c(static_cast<size_t>(std::max(kN, out) * std::max(in, out)));
+  for (auto _ : state) {
+    if (which == 0) {
+      acc::kernels::gemm(false, true, kN, out, in, 1.f, x.data(), in, w.data(), in, 0.f, c.data(),
+                         out);
+    } else if (which == 1) {
+      acc::kernels::gemm(false, false, kN, in, out, 1.f, dy.data(), out, w.data(), in, 0.f,
+                         c.data(), in);
+    } else {
+      acc::kernels::gemm(true, false, out, in, kN, 1.f, dy.data(), out, x.data(), in, 0.f, c.data(),
+                         in);
+    }
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.SetLabel(which == 0 ? "y=x*w^T NT" : which == 1 ? "dx=dy*w NN" : "dw=dy^T*x TN");
+  flops_counter(state, 2.0 * kN * in * out);
+}
+BENCHMARK(BM_LinearGemm)
+    ->ArgsProduct({{3 * kC}, {kC}, {0, 1, 2}})
+    ->ArgsProduct({{4 * kC}, {kC}, {0, 1, 2}})
+    ->ArgsProduct({{kC}, {4 * kC}, {0, 1, 2}})
+    ->ArgsProduct({{kV}, {kC}, {0, 1, 2}})
+    ->Unit(benchmark::kMillisecond);
 
 // ---- causal attention, q/k/v (B, NH, T, HS). Arg 1: fused flash kernel, 0: reference.
 void BM_AttentionForward(benchmark::State& state) {

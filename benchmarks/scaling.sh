@@ -49,7 +49,7 @@ torch_run() {  # np, steps, extra flags, output
   local port=$((29500 + RANDOM % 500)) pids=()
   for ((r = 0; r < $1; r++)); do
     RANK=$r WORLD_SIZE=$1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      /usr/bin/python3 "$HERE/reference/torch_ddp.py" --config "$CONFIG" --steps "$2" $3 \
+      timeout 1800 /usr/bin/python3 "$HERE/reference/torch_ddp.py" --config "$CONFIG" --steps "$2" $3 \
       > "$4.r$r" 2> "$4.err.r$r" &
     pids+=($!)
   done
@@ -91,7 +91,9 @@ for impl, strat in sorted({(i, s) for i, s, _ in runs}):
             "step_ms_np2": round(med(two, "median_step_ms"), 1),
             "step_ms_np2_sync_skipped": round(med(two, "median_step_ms_sync_skipped"), 1),
             "exposed_comm_np2": round(med(two, "exposed_comm"), 3),
-            "exposed_comm_np2_per_round": [round(x["exposed_comm"], 3) for x in two]}
+            "exposed_comm_np2_per_round": [round(x["exposed_comm"], 3) for x in two],
+            "exposed_comm_np2_paired": round(med(two, "exposed_comm_paired"), 3),
+            "exposed_comm_np2_paired_per_round": [round(x["exposed_comm_paired"], 3) for x in two]}
     print(json.dumps(line), flush=True)
 PY
 echo "scaling.sh: runs in $OUT" >&2

@@ -101,7 +101,13 @@ def main():
             out["exposed_comm"] = 1 - skip_ms / sync_ms
             out["exposed_comm_paired"] = statistics.median(paired)
         print(json.dumps(out), flush=True)
-    dist.destroy_process_group()
+    # Leave without tearing the group down: Debian's torch 1.13 can deadlock in
+    # ~ProcessGroupGloo at exit (the main thread joins gloo's run-loop thread while holding the
+    # GIL that thread waits for; seen once in 12 runs of scaling.sh, a rank left spinning).
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
