@@ -38,6 +38,13 @@ void check_mpi(int rc, const char* what) {
   ACC_THROW(CommError, what, " failed: ", std::string(msg, static_cast<size_t>(len)));
 }
 
+MPI_Comm dup_returning_errors(MPI_Comm comm) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  return dup;
+}
+
 CommEngine& CommEngine::instance() {
   static CommEngine* engine = new CommEngine();  // outlives static destruction
   return *engine;

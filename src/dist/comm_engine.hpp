@@ -23,6 +23,9 @@ namespace acc::dist::detail {
 /// Throws acc::CommError with MPI's message when rc is not MPI_SUCCESS.
 void check_mpi(int rc, const char* what);
 
+/// A duplicate of `comm` whose errors return codes (MPI_ERRORS_RETURN) instead of aborting.
+MPI_Comm dup_returning_errors(MPI_Comm comm);
+
 struct GroupState {
   MPI_Comm comm = MPI_COMM_NULL;
   // A duplicate of `comm` for the point-to-point messages of AutoAcc's own collective algorithms

@@ -54,10 +54,8 @@ void init(int* argc, char*** argv) {
   rt.local_rank = static_cast<int>(env::get_int("OMPI_COMM_WORLD_LOCAL_RANK", 0));
   auto st = std::make_shared<detail::GroupState>();
   st->name = "world";
-  detail::check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &st->comm), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(st->comm, MPI_ERRORS_RETURN);
-  detail::check_mpi(MPI_Comm_dup(st->comm, &st->algo_comm), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(st->algo_comm, MPI_ERRORS_RETURN);
+  st->comm = detail::dup_returning_errors(MPI_COMM_WORLD);
+  st->algo_comm = detail::dup_returning_errors(st->comm);
   st->rank = rt.rank;
   st->size = rt.world;
   for (int r = 0; r < rt.world; ++r) st->members.push_back(r);

@@ -539,9 +539,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std:
                       "MPI_Comm_set_errhandler");
     detail::check_mpi(MPI_Comm_rank(child->comm, &child->rank), "MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(child->comm, &child->size), "MPI_Comm_size");
-    detail::check_mpi(MPI_Comm_dup(child->comm, &child->algo_comm), "MPI_Comm_dup");
-    detail::check_mpi(MPI_Comm_set_errhandler(child->algo_comm, MPI_ERRORS_RETURN),
-                      "MPI_Comm_set_errhandler");
+    child->algo_comm = detail::dup_returning_errors(child->comm);
     // Members as ranks of this group's members (so world ranks when split from the world).
     int mine = st->members.at(static_cast<size_t>(st->rank));
     child->members.assign(static_cast<size_t>(child->size), 0);
