@@ -52,7 +52,7 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
     for (int64_t n = b; n < e; ++n) {
       const float* x = logits + n * V;
       const float mx = vec::max(x, V);
-      const float l = mx + std::log(vec::sum_exp(x, mx, V));
+      const float l = mx + std::log(vec::sum_exp(x, mx, V, n + 1 < e ? x + V : nullptr));
       lse[n] = l;
       const int64_t t = static_cast<int64_t>(targets[n]);
       losses[n] = t == ignore_index ? 0.f : l - x[t];
@@ -74,7 +74,14 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
         continue;
       }
       const float g = dloss[n], l = lse[n];
-      for (int64_t i = 0; i < V; ++i) d[i] = vec::exp(x[i] - l) * g;
+      // Fetch the next row while this one is computed (as in the forward's sum_exp).
+      const float* next = n + 1 < e ? x + V : nullptr;
+      int64_t i = 0;
+      for (; i + 16 <= V; i += 16) {
+        if (next != nullptr) __builtin_prefetch(next + i, 0, 3);
+        for (int64_t j = i; j < i + 16; ++j) d[j] = vec::exp(x[j] - l) * g;
+      }
+      for (; i < V; ++i) d[i] = vec::exp(x[i] - l) * g;
       d[t] -= g;
     }
   });
