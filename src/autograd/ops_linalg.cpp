@@ -131,10 +131,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   autograd::detail::add_flops(2 * M * IN * OUT, false);
   if (!out.is_meta() && M > 0) {
     float* y = out.data<float>();
-    if (has_bias) {
-      const float* pb = bc.data<float>();
-      for (int64_t m = 0; m < M; ++m) std::copy(pb, pb + OUT, y + m * OUT);
-    }
+    if (has_bias) kernels::fill_rows(y, M, OUT, OUT, bc.data<float>());
     // y (M,OUT) = x (M,IN) @ w^T (IN,OUT)
     kernels::gemm(false, true, M, OUT, IN, 1.f, xc.data<float>(), IN, wc.data<float>(), IN,
                   has_bias ? 1.f : 0.f, y, OUT);

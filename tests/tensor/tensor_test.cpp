@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "acc/autograd/ops.hpp"
 #include "acc/tensor/allocator.hpp"
+#include "acc/tensor/kernels.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/tensor.hpp"
 #include "acc/tensor/threading.hpp"
@@ -182,6 +185,38 @@ TEST(Tensor, BadInputsGetErrors) {
   } catch (const ShapeError& e) {
     EXPECT_NE(std::string(e.what()).find("[4, 2]"), std::string::npos) << e.what();
   }
+}
+
+// kernels::gemm zeroes a large C with streaming stores and accumulates (beta = 1) where BLAS
+// would clear it itself; fill_rows broadcasts a bias the same way. Both must equal the plain
+// definition: C's old contents (NaN here) never leak, rows of a strided C outside the N
+// columns stay untouched, at one and two threads.
+TEST(Kernels, LargeGemmWithBetaZeroAndFillRowsIgnoreOldContents) {
+  const int64_t M = 600, N = 520, K = 24, ldc = N + 3;  // M * N above the streaming threshold
+  Generator gen(7);
+  const std::vector<float> a = randn({M, K}, gen).to_vector<float>();
+  const std::vector<float> b = randn({K, N}, gen).to_vector<float>();
+  const std::vector<float> bias = randn({N}, gen).to_vector<float>();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::vector<float> c(static_cast<size_t>(M * ldc), std::nanf(""));
+    kernels::gemm(false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), ldc);
+    std::vector<float> f(static_cast<size_t>(M * ldc), -7.f);
+    kernels::fill_rows(f.data(), M, N, ldc, bias.data());
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        double ref = 0;
+        for (int64_t k = 0; k < K; ++k) ref += double{a[i * K + k]} * b[k * N + j];
+        ASSERT_NEAR(c[i * ldc + j], ref, 1e-4) << "C[" << i << "][" << j << "], " << threads;
+        ASSERT_EQ(f[i * ldc + j], bias[j]) << "fill[" << i << "][" << j << "]";
+      }
+      for (int64_t j = N; j < ldc; ++j) {
+        ASSERT_TRUE(std::isnan(c[i * ldc + j])) << "gemm wrote past column N in row " << i;
+        ASSERT_EQ(f[i * ldc + j], -7.f) << "fill_rows wrote past column N in row " << i;
+      }
+    }
+  }
+  set_num_threads(1);
 }
 
 }  // namespace

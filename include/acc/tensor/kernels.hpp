@@ -17,6 +17,10 @@ namespace acc::kernels {
 // C (M,N) = alpha * op(A) (M,K) @ op(B) (K,N) + beta * C; row-major, op = transpose when ta/tb.
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// Every row of C (M,N; row stride ldc) = row (N floats), or 0 when row is null. Large fills
+// (>= 1 MiB) use streaming stores: the caller's GEMM (beta = 1) reads C next, and ordinary
+// stores would first read every line of C from memory.
+void fill_rows(float* C, int64_t M, int64_t N, int64_t ldc, const float* row);
 // y += a * x
 void axpy(int64_t n, float a, const float* x, float* y);
 // x *= a
