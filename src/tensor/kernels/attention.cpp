@@ -11,9 +11,9 @@
 // the output and the log-sum-exp per query are stored.
 // Backward (FlashAttention-2 order): for each (batch, kv head) the key tiles are the outer loop;
 // for every query tile that sees a key tile, p^T and dp^T are recomputed from q, k, v and the
-// saved log-sum-exp; dk and dv of the key tile and dq of the head accumulate in local buffers.
-// One task owns a kv head (and the query heads that share it), so there are no races and the
-// result does not depend on the thread count.
+// saved log-sum-exp; dk and dv of the key tile accumulate in local buffers, dq in place. One task
+// owns a kv head (and the query heads that share it), so there are no races and the result does
+// not depend on the thread count.
 //
 // Tiles are 64 x 64 and aligned, so a key tile is either entirely visible to a query tile or is
 // its diagonal tile. On the diagonal the products skip the part the causal mask hides (whole
@@ -341,10 +341,6 @@ void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout,
     std::vector<float> dkb(static_cast<size_t>(kTile * HS)), dvb(dkb.size());
     // Log-sum-exp and D = dout . out per query, padded to whole vectors.
     std::vector<float> L(static_cast<size_t>(group * Tp)), D(L.size());
-    // dq of each query head (T x HS, contiguous), accumulated over the key tiles and stored once
-    // at the end: the rows of dq in a (B, T, 3C) gradient are a power of two times 1.5 apart and
-    // a query tile of them thrashes a few L1 sets when accumulated in place.
-    std::vector<float> dqbuf(group * head_rows);
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t kvh = w % NKV, b = w / NKV, h0 = kvh * group;
       const float* kp = packed_rows(kbuf.data(), k, b, kvh, T, HS);
@@ -370,6 +366,7 @@ void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout,
         const float* kk = kp + k0 * HS;
         const float* vk = vp + k0 * HS;
         for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = h0 + g;
           const float* qTg = qT.data() + g * head_cols;
           const float* doTg = doT.data() + g * head_cols;
           for (int64_t q0 = causal ? k0 : 0; q0 < T; q0 += kTile) {
@@ -393,24 +390,18 @@ void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout,
                                            nk, HS, KeyRowsQueryKRange{diag, nq});
             tile::gemm_blocks<true, false>(dkb.data(), HS, dsT.data(), kTile, qp[g] + q0 * HS, HS,
                                            nk, HS, KeyRowsQueryKRange{diag, nq});
-            float* dqt = dqbuf.data() + g * head_rows + q0 * HS;
             if (k0 == 0) {
-              tile::gemm_blocks<false, true>(dqt, HS, dsT.data(), kTile, kk, HS, nq, HS,
-                                             QueryRowsKeyKRange{diag, nk});
+              tile::gemm_blocks<false, true>(row(dq, b, h, q0), dq.st, dsT.data(), kTile, kk, HS,
+                                             nq, HS, QueryRowsKeyKRange{diag, nk});
             } else {
-              tile::gemm_blocks<true, true>(dqt, HS, dsT.data(), kTile, kk, HS, nq, HS,
-                                            QueryRowsKeyKRange{diag, nk});
+              tile::gemm_blocks<true, true>(row(dq, b, h, q0), dq.st, dsT.data(), kTile, kk, HS, nq,
+                                            HS, QueryRowsKeyKRange{diag, nk});
             }
           }
         }
         for (int64_t j = 0; j < nk; ++j) {
           store_row_streaming(row(dk, b, kvh, k0 + j), dkb.data() + j * HS, HS);
           store_row_streaming(row(dv, b, kvh, k0 + j), dvb.data() + j * HS, HS);
-        }
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        for (int64_t t = 0; t < T; ++t) {
-          store_row_streaming(row(dq, b, h0 + g, t), dqbuf.data() + g * head_rows + t * HS, HS);
         }
       }
     }
