@@ -42,9 +42,24 @@ class BackwardScope {
   }
 };
 
+// True when only `slot` can see its memory: no other Tensor shares its impl, no view or saved
+// tensor shares its storage. (A backward function that hands one tensor to two inputs, as add's
+// does, keeps a second reference until both are accumulated.)
+bool owns_its_memory(const Tensor& slot) {
+  return slot.impl_ptr().use_count() == 1 && slot.storage() != nullptr &&
+         slot.storage().use_count() == 1;
+}
+
 void accumulate(Tensor& slot, Tensor g) {
   if (!slot.defined()) {
     slot = std::move(g);
+  } else if (owns_its_memory(slot) && !slot.is_meta() && slot.is_contiguous() &&
+             g.is_contiguous() && slot.dtype() == DType::kFloat32 && g.dtype() == DType::kFloat32 &&
+             slot.shape() == g.shape()) {
+    // In place, as PyTorch's engine does when nobody else holds the buffer: no new tensor and
+    // no write pass into fresh memory at every residual junction. slot + 1 * g is exactly the
+    // out-of-place sum.
+    kernels::axpy(slot.numel(), 1.f, g.data<float>(), slot.data<float>());
   } else {
     slot = kernels::binary(kernels::BinaryOp::kAdd, slot, g);
   }

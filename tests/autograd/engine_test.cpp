@@ -15,6 +15,33 @@ TEST(Engine, ChainRuleThroughSharedInputsSumsGradients) {
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{5.f, 7.f, 9.f}));
 }
 
+// The engine sums the gradients of a tensor used twice in place when it holds the only
+// reference to the first one; a gradient that is also held elsewhere (here: kept by the backward
+// function that returns it, or handed to both inputs of add) must be left untouched.
+TEST(Engine, SharedGradientsAreNeverSummedInPlace) {
+  Tensor x = from_vector({1.f, 2.f}, {2}, {.requires_grad = true});
+  sum(add(x, x)).backward();  // add's backward hands one tensor to both inputs
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{2.f, 2.f}));
+
+  Tensor kept = from_vector({10.f, 20.f}, {2});
+  Tensor w = from_vector({1.f, 1.f}, {2}, {.requires_grad = true});
+  Tensor h = mul(w, w);            // h is used twice: through scale, and through PassesKeptBackward
+  Tensor tripled = scale(h, 3.0);  // recorded first, so its backward runs after the other's
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = h.detach();
+  }
+  autograd::record_op("PassesKeptBackward", {h}, {out},
+                      [kept](const std::vector<Tensor>&, const std::vector<bool>&) {
+                        return std::vector<Tensor>{kept};
+                      });
+  sum(add(out, tripled)).backward();
+  EXPECT_EQ(kept.to_vector<float>(), (std::vector<float>{10.f, 20.f}));
+  // dL/dh = kept + 3, dL/dw = 2 w (kept + 3)
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{26.f, 46.f}));
+}
+
 TEST(Engine, GradientsAccumulateAcrossBackwardCalls) {
   Tensor x = from_vector({1.f, 2.f}, {2}, {.requires_grad = true});
   sum(scale(x, 2.0)).backward();
