@@ -40,7 +40,6 @@ namespace {
 
 constexpr int64_t kTile = 64;  // query and key tile
 constexpr int64_t W = tile::kWidth;
-static_assert(tile::kWidth == simd::kWidth, "tile and simd kernels must agree on the width");
 static_assert(kTile % W == 0);
 
 inline const float* row(const AttnOperand& a, int64_t b, int64_t h, int64_t t) {

@@ -1,8 +1,8 @@
 #pragma once
 // Explicit SIMD for the few hot loops the compiler does not vectorise well on its own (the
-// softmax inside fused attention): AVX-512 where the build targets it, AVX2+FMA otherwise, and a
-// scalar fallback. Semantics match vec_math.hpp (same exp polynomial), so fused and unfused paths
-// agree to rounding.
+// softmax inside fused attention, the tile micro-kernel of tile_gemm.hpp): AVX-512 where the
+// build targets it, AVX2+FMA otherwise, and a scalar fallback. Semantics match vec_math.hpp (same
+// exp polynomial), so fused and unfused paths agree to rounding.
 
 #include <cmath>
 #include <cstdint>

@@ -13,59 +13,20 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
+#include "simd.hpp"
 
 namespace acc::kernels::tile {
 
+using simd::kWidth;
+using simd::vreg;
+
+// Rows of C a block keeps in registers, next to its 4 accumulator columns and 4 B registers:
+// AVX-512 has 32 vector registers (6 x 4 + 4 + 1), AVX2 16 (3 x 4 + 4).
 #if defined(__AVX512F__)
-using vreg = __m512;
-constexpr int kWidth = 16;
-inline vreg vload(const float* p) {
-  return _mm512_loadu_ps(p);
-}
-inline void vstore(float* p, vreg v) {
-  _mm512_storeu_ps(p, v);
-}
-inline vreg vset1(float x) {
-  return _mm512_set1_ps(x);
-}
-inline vreg vfma(vreg a, vreg b, vreg c) {
-  return _mm512_fmadd_ps(a, b, c);
-}
-constexpr int kRows = 6;  // 6 x 4 accumulators + 4 B registers of the 32
+constexpr int kRows = 6;
 #elif defined(__AVX2__) && defined(__FMA__)
-using vreg = __m256;
-constexpr int kWidth = 8;
-inline vreg vload(const float* p) {
-  return _mm256_loadu_ps(p);
-}
-inline void vstore(float* p, vreg v) {
-  _mm256_storeu_ps(p, v);
-}
-inline vreg vset1(float x) {
-  return _mm256_set1_ps(x);
-}
-inline vreg vfma(vreg a, vreg b, vreg c) {
-  return _mm256_fmadd_ps(a, b, c);
-}
-constexpr int kRows = 3;  // 3 x 4 accumulators + 4 B registers of the 16
+constexpr int kRows = 3;
 #else
-using vreg = float;
-constexpr int kWidth = 1;
-inline vreg vload(const float* p) {
-  return *p;
-}
-inline void vstore(float* p, vreg v) {
-  *p = v;
-}
-inline vreg vset1(float x) {
-  return x;
-}
-inline vreg vfma(vreg a, vreg b, vreg c) {
-  return a * b + c;
-}
 constexpr int kRows = 4;
 #endif
 
@@ -75,18 +36,19 @@ inline void block(float* C, int64_t ldc, const float* A, int64_t lda, const floa
                   int64_t K) {
   vreg acc[R][V];
   for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) acc[r][v] = Acc ? vload(C + r * ldc + v * kWidth) : vset1(0.f);
+    for (int v = 0; v < V; ++v)
+      acc[r][v] = Acc ? simd::load(C + r * ldc + v * kWidth) : simd::set1(0.f);
   }
   for (int64_t k = 0; k < K; ++k) {
     vreg b[V];
-    for (int v = 0; v < V; ++v) b[v] = vload(B + k * ldb + v * kWidth);
+    for (int v = 0; v < V; ++v) b[v] = simd::load(B + k * ldb + v * kWidth);
     for (int r = 0; r < R; ++r) {
-      const vreg a = vset1(TransA ? A[k * lda + r] : A[r * lda + k]);
-      for (int v = 0; v < V; ++v) acc[r][v] = vfma(a, b[v], acc[r][v]);
+      const vreg a = simd::set1(TransA ? A[k * lda + r] : A[r * lda + k]);
+      for (int v = 0; v < V; ++v) acc[r][v] = simd::fma(a, b[v], acc[r][v]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) vstore(C + r * ldc + v * kWidth, acc[r][v]);
+    for (int v = 0; v < V; ++v) simd::store(C + r * ldc + v * kWidth, acc[r][v]);
   }
 }
 
