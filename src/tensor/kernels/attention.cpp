@@ -64,24 +64,17 @@ const float* packed_rows(float* buf, const AttnOperand& a, int64_t b, int64_t h,
   return buf;
 }
 
-// dst[0, n) = src[0, n). With AVX-512 and a 64-byte aligned destination the stores bypass the
-// caches: the output rows of a head (and the gradient rows of k and v) go to a large buffer that
-// is written once here and only read again by the next op, and ordinary stores would first read
-// every line of it from memory. Callers issue stream_fence() before the written rows are read by
+// dst[0, n) = src[0, n). With a vector-aligned destination the stores bypass the caches: the
+// output rows of a head (and the gradient rows of k and v) go to a large buffer that is written
+// once here and only read again by the next op, and ordinary stores would first read every line
+// of it from memory. Callers issue simd::stream_fence() before the written rows are read by
 // another thread.
 inline void store_row_streaming(float* dst, const float* src, int64_t n) {
-#if defined(__AVX512F__)
-  if (n % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0) {
-    for (int64_t i = 0; i < n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+  if (n % W == 0 && reinterpret_cast<uintptr_t>(dst) % simd::kStreamAlign == 0) {
+    for (int64_t i = 0; i < n; i += W) simd::stream(dst + i, simd::load(src + i));
     return;
   }
-#endif
   std::memcpy(dst, src, sizeof(float) * n);
-}
-inline void stream_fence() {
-#if defined(__AVX512F__)
-  _mm_sfence();
-#endif
 }
 
 #if defined(__AVX512F__)
@@ -318,7 +311,7 @@ void attention_forward(AttnGrad out, float* lse, AttnOperand q, AttnOperand k, A
         }
       }
     }
-    stream_fence();
+    simd::stream_fence();
   });
 }
 
@@ -404,7 +397,7 @@ void attention_backward(AttnGrad dq, AttnGrad dk, AttnGrad dv, AttnOperand dout,
         }
       }
     }
-    stream_fence();
+    simd::stream_fence();
   });
 }
 

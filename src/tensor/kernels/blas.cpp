@@ -1,14 +1,11 @@
 #include <cblas.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cstdint>
 
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/threading.hpp"
+#include "simd.hpp"
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -24,23 +21,12 @@ constexpr int64_t kStreamingFill = int64_t{1} << 18;
 // dst[0, n) = row[0, n) (or 0), non-temporal stores where dst is vector-aligned.
 void fill_streaming(float* dst, int64_t n, const float* row) {
   int64_t i = 0;
-#if defined(__AVX512F__)
-  while (i < n && reinterpret_cast<uintptr_t>(dst + i) % 64 != 0) {
+  for (; i < n && reinterpret_cast<uintptr_t>(dst + i) % simd::kStreamAlign != 0; ++i) {
     dst[i] = row ? row[i] : 0.f;
-    ++i;
   }
-  for (; i + 16 <= n; i += 16) {
-    _mm512_stream_ps(dst + i, row ? _mm512_loadu_ps(row + i) : _mm512_setzero_ps());
+  for (; i + simd::kWidth <= n; i += simd::kWidth) {
+    simd::stream(dst + i, row ? simd::load(row + i) : simd::set1(0.f));
   }
-#elif defined(__AVX__)
-  while (i < n && reinterpret_cast<uintptr_t>(dst + i) % 32 != 0) {
-    dst[i] = row ? row[i] : 0.f;
-    ++i;
-  }
-  for (; i + 8 <= n; i += 8) {
-    _mm256_stream_ps(dst + i, row ? _mm256_loadu_ps(row + i) : _mm256_setzero_ps());
-  }
-#endif
   for (; i < n; ++i) dst[i] = row ? row[i] : 0.f;
 }
 
@@ -59,9 +45,7 @@ void fill_rows_serial(float* C, int64_t M, int64_t N, int64_t ldc, const float* 
     return;
   }
   for (int64_t m = 0; m < M; ++m) fill_streaming(C + m * ldc, N, row);
-#if defined(__SSE__)
-  _mm_sfence();  // streaming stores are weakly ordered: complete them before C is read
-#endif
+  simd::stream_fence();
 }
 
 void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
@@ -138,41 +122,39 @@ void scale(int64_t n, float a, float* x) {
   });
 }
 
-double sum(const float* x, int64_t n) {
-  // Blocks of float partial sums (vectorised) combined in double.
+namespace {
+
+// Blocks of 1024: 16 float lane sums (vectorised), each block combined in double.
+template <bool Square>
+double blocked_sum(const float* x, int64_t n) {
   double total = 0;
   constexpr int64_t kBlock = 1024;
   for (int64_t b = 0; b < n; b += kBlock) {
-    int64_t e = std::min(n, b + kBlock);
+    const int64_t e = std::min(n, b + kBlock);
     float part[16] = {0};
     int64_t i = b;
     for (; i + 16 <= e; i += 16) {
-      for (int j = 0; j < 16; ++j) part[j] += x[i + j];
+      for (int j = 0; j < 16; ++j) part[j] += Square ? x[i + j] * x[i + j] : x[i + j];
     }
     double s = 0;
     for (int j = 0; j < 16; ++j) s += part[j];
-    for (; i < e; ++i) s += x[i];
+    for (; i < e; ++i) {
+      const double v = x[i];
+      s += Square ? v * v : v;
+    }
     total += s;
   }
   return total;
 }
 
+}  // namespace
+
+double sum(const float* x, int64_t n) {
+  return blocked_sum<false>(x, n);
+}
+
 double sum_squares(const float* x, int64_t n) {
-  double total = 0;
-  constexpr int64_t kBlock = 1024;
-  for (int64_t b = 0; b < n; b += kBlock) {
-    int64_t e = std::min(n, b + kBlock);
-    float part[16] = {0};
-    int64_t i = b;
-    for (; i + 16 <= e; i += 16) {
-      for (int j = 0; j < 16; ++j) part[j] += x[i + j] * x[i + j];
-    }
-    double s = 0;
-    for (int j = 0; j < 16; ++j) s += part[j];
-    for (; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
-    total += s;
-  }
-  return total;
+  return blocked_sum<true>(x, n);
 }
 
 }  // namespace acc::kernels

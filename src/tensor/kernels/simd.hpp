@@ -24,6 +24,11 @@ inline vreg load(const float* p) {
 inline void store(float* p, vreg v) {
   _mm512_storeu_ps(p, v);
 }
+// Non-temporal store (bypasses the caches; p aligned to kStreamAlign bytes).
+constexpr int kStreamAlign = 64;
+inline void stream(float* p, vreg v) {
+  _mm512_stream_ps(p, v);
+}
 inline vreg set1(float x) {
   return _mm512_set1_ps(x);
 }
@@ -100,6 +105,10 @@ inline vreg load(const float* p) {
 inline void store(float* p, vreg v) {
   _mm256_storeu_ps(p, v);
 }
+constexpr int kStreamAlign = 32;
+inline void stream(float* p, vreg v) {
+  _mm256_stream_ps(p, v);
+}
 inline vreg set1(float x) {
   return _mm256_set1_ps(x);
 }
@@ -170,6 +179,10 @@ inline vreg load(const float* p) {
 inline void store(float* p, vreg v) {
   *p = v;
 }
+constexpr int kStreamAlign = alignof(float);
+inline void stream(float* p, vreg v) {
+  *p = v;
+}
 inline vreg set1(float x) {
   return x;
 }
@@ -207,5 +220,13 @@ inline vreg exp(vreg x) {
   return vec::exp(x);
 }
 #endif
+
+// Orders streaming stores before the ordinary ones that follow (they are weakly ordered): call
+// it before the streamed data is read, or handed to another thread.
+inline void stream_fence() {
+#if defined(__SSE__)
+  _mm_sfence();
+#endif
+}
 
 }  // namespace acc::kernels::simd
