@@ -50,15 +50,17 @@ perf report -i "$OUT/perf.data" --no-children --sort symbol --stdio -g none --pe
 import json, re, sys
 script, bench = sys.argv[1], json.load(open(sys.argv[2]))
 # Each sample is charged to the first frame of its call chain (leaf first) that matches a
-# component, so a memset or malloc counts for the op that called it (OpenBLAS's zeroing of C for
-# beta = 0 counts as GEMM). Frames matching `generic` are skipped while walking the chain.
+# component, so a memset or malloc counts for the op that called it (clearing C for beta = 0
+# counts as GEMM, the bias fill before a linear's GEMM as the linear). Frames matching `generic`
+# are skipped while walking the chain.
 generic = (r"memset|memmove|memcpy|^malloc|^free|^cfree|_int_malloc|_int_free|operator new|"
-           r"operator delete|tile::|load_transposed|\[unknown\]|std::vector|tbb::detail|"
-           r"^acc::parallel_for<|^acc::detail::for_each_row<|simd::|vec::")
+           r"operator delete|tile::|load_transposed|\[unknown\]|^std::vector|tbb::detail|"
+           r"^acc::parallel_for<|^acc::detail::for_each_row<|simd::|vec::|kernels::fill_rows")
 groups = [
     ("GEMM: OpenBLAS sgemm micro-kernel", r"sgemm_kernel"),
     ("GEMM: OpenBLAS packing, zeroing of C, driver",
-     r"^sgemm_|^sgemv|blas_|gemm_thread|exec_blas|inner_thread|^acc::kernels::gemm"),
+     r"^sgemm_|^sgemv|blas_|gemm_thread|exec_blas|inner_thread|^acc::kernels::gemm|"
+     r"^acc::kernels::\(anonymous namespace\)::sgemm"),
     ("fused attention backward", r"attention_backward"),
     ("fused attention forward", r"attention_forward"),
     ("attention reference path (softmax)", r"softmax"),
@@ -103,7 +105,8 @@ for line in open(script):
         flush(frames)
         frames = []
         continue
-    m = re.match(r"[0-9a-f]+\s+(.*?)\s+\((.*)\)$", line)
+    # The dso is the last parenthesised field; C++ symbols contain " (" themselves.
+    m = re.match(r"[0-9a-f]+\s+(.*)\s+\(([^()]*)\)$", line)
     if m:
         frames.append((m.group(1), m.group(2)))
 flush(frames)
