@@ -26,8 +26,11 @@
 #include "acc/tensor/allocator.hpp"
 #include "acc/tensor/threading.hpp"
 #include "acc/util/error.hpp"
+#include "bench_util.hpp"
 
 namespace {
+
+using acc::bench::median;
 
 nlohmann::json config_for(const std::string& name) {
   const std::string dir = ACC_SOURCE_DIR "/examples/configs/";
@@ -35,13 +38,6 @@ nlohmann::json config_for(const std::string& name) {
   if (name == "gpt90m") return acc::models::read_json_file(dir + "gpt_90m.json");
   if (name == "llama17m") return acc::models::read_json_file(dir + "llama_d512.json");
   return acc::models::read_json_file(name);
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
 }  // namespace

@@ -37,9 +37,11 @@
 
 #include "acc/acc.hpp"
 #include "acc/autograd/flops.hpp"
+#include "bench_util.hpp"
 
 namespace {
 
+using acc::bench::median;
 using nlohmann::json;
 
 struct Args {
@@ -195,13 +197,6 @@ void write_tokens(const std::string& path, const std::vector<uint32_t>& tokens,
   }
   f.close();
   ACC_CHECK_AS(acc::IoError, f.good(), "failed writing --write-data file '", path, "'");
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 int64_t max_rss_bytes() {
