@@ -15,13 +15,13 @@
 // (forward + backward matrix products, causal attention counted as its half; the optimizer and
 // elementwise ops are not counted); achieved_gflops = model_flops_per_step / median step time.
 //
-// MFU = achieved_gflops / sgemm_gflops, where sgemm_gflops is the rate of a 2048^3 cblas_sgemm
-// (same process, same thread count) timed right before the first measured step and right after
-// every measured step: each step is bracketed by two sgemm samples, and sgemm_gflops is the
-// median of the per-step bracket means (the mean of the sample before and the one after the
-// step). Both sides of the ratio are thus measured over the same stretch of time. This machine's
-// speed moves by up to 30% within a run (another tenant on the core), so a peak taken at one
-// moment and steps taken at others measure the machine's drift as much as the engine.
+// MFU = achieved_gflops / sgemm_gflops, where sgemm_gflops is the median rate of a 2048^3
+// cblas_sgemm (same process, same thread count) timed right before the first measured step and
+// right after every measured step, so that both sides of the ratio are medians over the same
+// stretch of time. This machine's speed moves by up to 30% within a run (another tenant on the
+// core), so a peak taken at one moment and steps taken at others measure the machine's drift as
+// much as the engine. (The median of the samples rather than per-step means of the two samples
+// around each step: one sample caught in a short dip would otherwise lower two steps' means.)
 //
 // Also reported, the stricter figure: mfu_vs_best_sgemm = achieved_gflops / sgemm_peak_gflops,
 // the best of every sgemm timed in the process (a burst of --sgemm-reps before the run, one after
@@ -373,7 +373,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
                 a.steps);
   const double sgemm_before = sgemm_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
 
-  // bracket_sgemm[i] and bracket_sgemm[i + 1] are the sgemm samples around measured step i.
+  // One sgemm sample before the first measured step and one after each (see SgemmProbe).
   std::vector<double> step_ms, bracket_sgemm;
   std::optional<SgemmProbe> probe;
   if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads);
@@ -428,12 +428,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   const double tokens_per_s = med_ms > 0 ? tokens_per_step / (med_ms / 1000.0) : 0.0;
   const double achieved =
       med_ms > 0 ? static_cast<double>(flops.total()) / (med_ms / 1000.0) / 1e9 : 0.0;
-  // The sgemm rate during each measured step: the mean of the samples before and after it.
-  std::vector<double> during;
-  for (size_t i = 0; i + 1 < bracket_sgemm.size(); ++i) {
-    during.push_back(0.5 * (bracket_sgemm[i] + bracket_sgemm[i + 1]));
-  }
-  const double sgemm_during = during.empty() ? 0.0 : median(during);
+  const double sgemm_during = bracket_sgemm.empty() ? 0.0 : median(bracket_sgemm);
   double peak = std::max(sgemm_before, sgemm_after);
   for (double g : bracket_sgemm) peak = std::max(peak, g);
   auto ratio = [](double x, double y) { return y > 0 ? json(x / y) : json(); };
