@@ -15,18 +15,21 @@
 // (forward + backward matrix products, causal attention counted as its half; the optimizer and
 // elementwise ops are not counted); achieved_gflops = model_flops_per_step / median step time.
 //
-// MFU = achieved_gflops / sgemm_gflops, where sgemm_gflops is the median rate of a 2048^3
-// cblas_sgemm (same process, same thread count) timed right before the first measured step and
-// right after every measured step, so that both sides of the ratio are medians over the same
-// stretch of time. This machine's speed moves by up to 30% within a run (another tenant on the
-// core), so a peak taken at one moment and steps taken at others measure the machine's drift as
-// much as the engine. (The median of the samples rather than per-step means of the two samples
-// around each step: one sample caught in a short dip would otherwise lower two steps' means.)
+// MFU: each measured step's model FLOP rate over the local sgemm peak around it, median over the
+// steps. Around every measured step (right before it and right after it) the process times a
+// sample of --sgemm-sample-reps 2048^3 cblas_sgemm calls (same thread count) and keeps the best of
+// them; a step's local peak is the higher of its two samples. This machine's speed moved by up
+// to 1.8x within one process at 1 thread and 2.3x at 2 threads (another tenant on the core), so
+// a peak taken at one moment and steps taken at others measure the machine's drift as much as
+// the engine; taking the best of several calls and the higher of the two samples keeps a sample
+// caught in a short dip from lifting the MFU. sgemm_gflops is the median of the steps' local
+// peaks.
 //
 // Also reported, the stricter figure: mfu_vs_best_sgemm = achieved_gflops / sgemm_peak_gflops,
-// the best of every sgemm timed in the process (a burst of --sgemm-reps before the run, one after
-// it, and the bracket samples). Its ceiling is sgemm_median_over_best (sgemm_gflops over that
-// best): what it would give a step that did nothing but this very sgemm.
+// the best of every sgemm timed in the process (a burst of --sgemm-reps calls before the first
+// step, one after the last, and the samples). Its ceiling is sgemm_median_over_best
+// (sgemm_gflops over that best): what it would give a step that did nothing but this very sgemm.
+// Every sgemm figure is null with --sgemm-reps 0.
 
 #include <cblas.h>
 #include <fcntl.h>
@@ -72,6 +75,7 @@ struct Args {
   std::string json_out;
   int64_t sgemm_n = 2048;
   int sgemm_reps = 5;
+  int sgemm_sample_reps = 3;
   double lr = 1e-3;
   std::string perf_control;  // "CTL_FIFO[,ACK_FIFO]" of `perf record --control fifo:...`
 };
@@ -214,38 +218,43 @@ int64_t max_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// One bracket sample: one timed n^3 sgemm on buffers it owns, with OpenBLAS's own threading at
-// `threads` threads whatever the engine's GEMM threading mode (ACC_GEMM_THREADING may keep OpenBLAS
-// single-threaded and split GEMMs itself); OpenBLAS's setting is restored after. It is timed
-// cold, right after a step has evicted its operands from the caches: a one-off check (64 MB
-// streamed between calls, 15 pairs) measured cold and warm calls alike (median ratio 0.998), so
-// no untimed call precedes it. Its 3 n^2 floats stay resident during the run (they count against
-// AutoAcc's max RSS).
+// The sgemm samples around the measured steps: the best of `reps` timed n^3 sgemm calls on
+// buffers it owns, with OpenBLAS's own threading at `threads` threads whatever the engine's GEMM
+// threading mode (ACC_GEMM_THREADING may keep OpenBLAS single-threaded and split GEMMs itself);
+// OpenBLAS's setting is restored after. The first call runs cold, right after a step has evicted
+// its operands from the caches: a one-off check (64 MB streamed between calls, 15 pairs)
+// measured cold and warm calls alike (median ratio 0.998), so no untimed call precedes it. Its
+// 3 n^2 floats stay resident during the run (they count against AutoAcc's max RSS).
 class SgemmProbe {
  public:
-  SgemmProbe(int64_t n, int threads) : n_(n), threads_(threads), a_(n * n, 0.01f), b_(a_), c_(a_) {}
-  double gflops() {
+  SgemmProbe(int64_t n, int threads, int reps)
+      : n_(n), threads_(threads), reps_(reps), a_(n * n, 0.01f), b_(a_), c_(a_) {}
+  double best_gflops() {
     const int saved = openblas_get_num_threads();
     openblas_set_num_threads(threads_);
     const int ni = static_cast<int>(n_);
-    const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a_.data(), ni,
-                b_.data(), ni, 0.0f, c_.data(), ni);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double best_s = 1e30;
+    for (int r = 0; r < reps_; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a_.data(), ni,
+                  b_.data(), ni, 0.0f, c_.data(), ni);
+      best_s = std::min(
+          best_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
     openblas_set_num_threads(saved);
-    return 2.0 * static_cast<double>(n_) * n_ * n_ / s / 1e9;
+    return 2.0 * static_cast<double>(n_) * n_ * n_ / best_s / 1e9;
   }
 
  private:
   int64_t n_;
-  int threads_;
+  int threads_, reps_;
   std::vector<float> a_, b_, c_;
 };
 
 // Best GFLOP/s of `reps` timed n^3 cblas_sgemm calls (after one untimed call), OpenBLAS at
 // `threads` threads. The buffers are freed on return so they do not stay in the resident set
 // measured for the training run. Returns 0 for reps == 0.
-double sgemm_gflops(int64_t n, int reps, int threads) {
+double sgemm_burst_best_gflops(int64_t n, int reps, int threads) {
   if (reps == 0) return 0.0;  // skipped (profiling the training step alone)
   const int saved_threads = openblas_get_num_threads();
   openblas_set_num_threads(threads);
@@ -371,19 +380,19 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   logging::info("{}: {} with {:.2f}M parameters, batch {}x{}, {} thread(s), {} warm-up + {} steps",
                 bc.name, bc.model, model->num_parameters() / 1e6, B, T, a.threads, a.warmup,
                 a.steps);
-  const double sgemm_before = sgemm_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
+  const double sgemm_before = sgemm_burst_best_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
 
   // One sgemm sample before the first measured step and one after each (see SgemmProbe).
   std::vector<double> step_ms, bracket_sgemm;
   std::optional<SgemmProbe> probe;
-  if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads);
+  if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads, a.sgemm_sample_reps);
   autograd::FlopCount flops;
   double first_loss = NAN, last_loss = NAN;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
     data::Batch batch = loader.next();
     std::optional<autograd::FlopCounter> counter;
     if (s == 0) counter.emplace();  // one step's model FLOPs; counting is free
-    if (s == a.warmup && probe) bracket_sgemm.push_back(probe->gflops());
+    if (s == a.warmup && probe) bracket_sgemm.push_back(probe->best_gflops());
     if (s >= a.warmup) perf.enable();
     const auto t0 = std::chrono::steady_clock::now();
     opt->zero_grad();
@@ -405,7 +414,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
     last_loss = lv;
     if (s >= a.warmup) {
       step_ms.push_back(ms);
-      if (probe) bracket_sgemm.push_back(probe->gflops());
+      if (probe) bracket_sgemm.push_back(probe->best_gflops());
     }
     logging::debug("{}: step {} loss {:.4f} {:.1f} ms", bc.name, s, lv, ms);
   }
@@ -419,7 +428,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   model.reset();
   probe.reset();
   memory::empty_cache();
-  const double sgemm_after = sgemm_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
+  const double sgemm_after = sgemm_burst_best_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
 
   const char* gemm_env = std::getenv("ACC_GEMM_THREADING");
   const std::string gemm_mode = gemm_env ? gemm_env : "default";
@@ -428,10 +437,19 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   const double tokens_per_s = med_ms > 0 ? tokens_per_step / (med_ms / 1000.0) : 0.0;
   const double achieved =
       med_ms > 0 ? static_cast<double>(flops.total()) / (med_ms / 1000.0) / 1e9 : 0.0;
-  const double sgemm_during = bracket_sgemm.empty() ? 0.0 : median(bracket_sgemm);
-  double peak = std::max(sgemm_before, sgemm_after);
-  for (double g : bracket_sgemm) peak = std::max(peak, g);
-  auto ratio = [](double x, double y) { return y > 0 ? json(x / y) : json(); };
+  // Each step against the local peak: the higher of the samples before and after it.
+  std::vector<double> local_peak, step_mfu;
+  for (size_t i = 0; i < step_ms.size() && i + 1 < bracket_sgemm.size(); ++i) {
+    local_peak.push_back(std::max(bracket_sgemm[i], bracket_sgemm[i + 1]));
+    step_mfu.push_back(static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9 /
+                       local_peak.back());
+  }
+  double best = std::max(sgemm_before, sgemm_after);
+  for (double g : bracket_sgemm) best = std::max(best, g);
+  const bool timed = !step_mfu.empty();
+  const json sgemm_local = timed ? json(median(local_peak)) : json();
+  const json sgemm_best = timed ? json(best) : json();
+  auto ratio = [timed](double x, double y) { return timed ? json(x / y) : json(); };
   json out = {
       {"config", bc.name},
       {"model", bc.model},
@@ -451,14 +469,16 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
       {"model_flops_backward", flops.backward},
       {"achieved_gflops", achieved},
       {"sgemm", std::to_string(a.sgemm_n) + "^3"},
-      {"sgemm_gflops", sgemm_during},
-      {"mfu", ratio(achieved, sgemm_during)},
-      {"sgemm_bracket_gflops", bracket_sgemm},
-      {"sgemm_peak_gflops", peak},
-      {"mfu_vs_best_sgemm", ratio(achieved, peak)},
-      {"sgemm_median_over_best", ratio(sgemm_during, peak)},
-      {"sgemm_burst_gflops_before", sgemm_before},
-      {"sgemm_burst_gflops_after", sgemm_after},
+      {"mfu", timed ? json(median(step_mfu)) : json()},
+      {"mfu_per_step", step_mfu},
+      {"sgemm_gflops", sgemm_local},
+      {"sgemm_sample_gflops", bracket_sgemm},
+      {"sgemm_sample_reps", a.sgemm_sample_reps},
+      {"sgemm_peak_gflops", sgemm_best},
+      {"mfu_vs_best_sgemm", ratio(achieved, best)},
+      {"sgemm_median_over_best", timed ? json(median(local_peak) / best) : json()},
+      {"sgemm_burst_gflops_before", timed ? json(sgemm_before) : json()},
+      {"sgemm_burst_gflops_after", timed ? json(sgemm_after) : json()},
       {"sgemm_burst_reps", a.sgemm_reps},
       {"peak_tracked_bytes", peak_tracked},
       {"max_rss_bytes", max_rss_bytes()},
@@ -475,7 +495,10 @@ int run(const Args& a) {
   ACC_CHECK(a.threads >= 1, "--threads must be >= 1, got ", a.threads);
   ACC_CHECK(a.warmup >= 0, "--warmup must be >= 0, got ", a.warmup);
   ACC_CHECK(a.steps >= 1 || a.write_only, "--steps must be >= 1, got ", a.steps);
-  ACC_CHECK(a.sgemm_n >= 1 && a.sgemm_reps >= 0, "--sgemm-n must be >= 1 and --sgemm-reps >= 0");
+  ACC_CHECK(a.sgemm_n >= 1, "--sgemm-n must be >= 1, got ", a.sgemm_n);
+  ACC_CHECK(a.sgemm_reps >= 0, "--sgemm-reps must be >= 0, got ", a.sgemm_reps);
+  ACC_CHECK(a.sgemm_sample_reps >= 1, "--sgemm-sample-reps must be >= 1, got ",
+            a.sgemm_sample_reps);
   ACC_CHECK(a.data.empty() || a.write_data.empty(),
             "--write-data writes the synthetic tokens; it cannot be combined with --data");
   set_num_threads(a.threads);
@@ -533,11 +556,14 @@ int main(int argc, char** argv) {
   app.add_flag("--write-only", a.write_only,
                "only write --write-init / --write-data files, do not train");
   app.add_option("--json-out", a.json_out, "also write the JSON lines to this file");
-  app.add_option("--sgemm-n", a.sgemm_n, "size of the square sgemm peak measurement")
+  app.add_option("--sgemm-n", a.sgemm_n, "size of the square sgemm measurements")
       ->capture_default_str();
   app.add_option("--sgemm-reps", a.sgemm_reps,
-                 "timed sgemm repetitions in the bursts before and after the run (0 skips every "
-                 "sgemm measurement, the bracket samples too)")
+                 "timed sgemm calls in the bursts before and after the run (0 skips every sgemm "
+                 "measurement, the samples around the steps too)")
+      ->capture_default_str();
+  app.add_option("--sgemm-sample-reps", a.sgemm_sample_reps,
+                 "timed sgemm calls in each sample around the measured steps (the best counts)")
       ->capture_default_str();
   app.add_option("--perf-control", a.perf_control,
                  "CTL_FIFO[,ACK_FIFO] of perf record --control=fifo:... --delay=-1: sample only "

@@ -62,7 +62,7 @@ echo "compare_torch.sh: results in $OUT" >&2
 steps_for() {  # config -> "warmup steps"
   if [[ $QUICK == 1 ]]; then echo "1 2"; return; fi
   case "$1" in
-    gpt90m) echo "1 3" ;;
+    gpt90m) echo "1 4" ;;
     *) echo "1 5" ;;
   esac
 }
@@ -118,20 +118,22 @@ out, cfg, n, rounds, setting = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(s
 load = lambda side: [json.load(open(f"{out}/{cfg}.t{n}.{side}.{r}.json")) for r in range(rounds)]
 acc, torch = load("acc"), load("torch")
 med = lambda runs, k: statistics.median(r[k] for r in runs)
+# the sgemm figures are null only with --sgemm-reps 0, which this script never passes
+rmed = lambda runs, k, nd: round(med(runs, k), nd)
 a_tps, t_tps = med(acc, "tokens_per_s"), med(torch, "tokens_per_s")
 rel = lambda a, b: abs(a - b) / abs(b)
 line = {
     "config": cfg, "threads": n,
     "acc_tokens_per_s": round(a_tps, 1), "torch_tokens_per_s": round(t_tps, 1),
     "ratio": round(a_tps / t_tps, 3),
-    # mfu: achieved over the sgemm rate bracketing the steps; mfu_vs_best_sgemm: over the best
-    # sgemm of the run (see bench_train.cpp); medians over the rounds
-    "acc_mfu": round(med(acc, "mfu"), 3),
-    "acc_mfu_vs_best_sgemm": round(med(acc, "mfu_vs_best_sgemm"), 3),
-    "acc_achieved_gflops": round(med(acc, "achieved_gflops"), 1),
-    "sgemm_gflops": round(med(acc, "sgemm_gflops"), 1),
-    "sgemm_peak_gflops": round(med(acc, "sgemm_peak_gflops"), 1),
-    "sgemm_median_over_best": round(med(acc, "sgemm_median_over_best"), 3),
+    # mfu: each step over the local sgemm peak around it; mfu_vs_best_sgemm: the median step over
+    # the best sgemm of the process (see bench_train.cpp); medians over the rounds
+    "acc_mfu": rmed(acc, "mfu", 3),
+    "acc_mfu_vs_best_sgemm": rmed(acc, "mfu_vs_best_sgemm", 3),
+    "acc_achieved_gflops": rmed(acc, "achieved_gflops", 1),
+    "sgemm_gflops": rmed(acc, "sgemm_gflops", 1),
+    "sgemm_peak_gflops": rmed(acc, "sgemm_peak_gflops", 1),
+    "sgemm_median_over_best": rmed(acc, "sgemm_median_over_best", 3),
     "model_flops_per_step": acc[0]["model_flops_per_step"],
     "acc_max_rss": max(r["max_rss_bytes"] for r in acc),
     "torch_max_rss": max(r["max_rss_bytes"] for r in torch),
@@ -148,12 +150,12 @@ line = {
     "last_loss_rel_diff": float("%.2g" % rel(acc[0]["last_loss"], torch[0]["last_loss"])),
 }
 line["targets"] = {
-    "ratio_ge_1": line["ratio"] >= 1.0,
+    "ratio_ge_1": a_tps >= t_tps,
     "rss_le_torch": line["acc_max_rss"] <= line["torch_max_rss"],
 }
 if cfg in ("gpt17m", "gpt90m") and n == 1:
-    line["targets"]["mfu_ge_0.8"] = line["acc_mfu"] >= 0.8
-    line["targets"]["mfu_vs_best_sgemm_ge_0.8"] = line["acc_mfu_vs_best_sgemm"] >= 0.8
+    line["targets"]["mfu_ge_0.8"] = med(acc, "mfu") >= 0.8
+    line["targets"]["mfu_vs_best_sgemm_ge_0.8"] = med(acc, "mfu_vs_best_sgemm") >= 0.8
 print(json.dumps(line), flush=True)
 EOF
   done
