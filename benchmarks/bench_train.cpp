@@ -218,23 +218,27 @@ int64_t max_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// The sgemm samples around the measured steps: the best of `reps` timed n^3 sgemm calls on
-// buffers it owns, with OpenBLAS's own threading at `threads` threads whatever the engine's GEMM
-// threading mode (ACC_GEMM_THREADING may keep OpenBLAS single-threaded and split GEMMs itself);
-// OpenBLAS's setting is restored after. The first call runs cold, right after a step has evicted
-// its operands from the caches: a one-off check (64 MB streamed between calls, 15 pairs)
-// measured cold and warm calls alike (median ratio 0.998), so no untimed call precedes it. Its
-// 3 n^2 floats stay resident during the run (they count against AutoAcc's max RSS).
+// Timed n^3 cblas_sgemm calls on buffers it owns, with OpenBLAS's own threading at `threads`
+// threads whatever the engine's GEMM threading mode (ACC_GEMM_THREADING may keep OpenBLAS
+// single-threaded and split GEMMs itself); OpenBLAS's setting is restored after each call of
+// best_gflops. One probe lives through the training run for the samples around the measured
+// steps (its 3 n^2 floats stay resident and count against AutoAcc's max RSS); the bursts before
+// and after the run use short-lived ones (sgemm_burst_best_gflops).
 class SgemmProbe {
  public:
-  SgemmProbe(int64_t n, int threads, int reps)
-      : n_(n), threads_(threads), reps_(reps), a_(n * n, 0.01f), b_(a_), c_(a_) {}
-  double best_gflops() {
+  SgemmProbe(int64_t n, int threads) : n_(n), threads_(threads), a_(n * n), b_(n * n), c_(n * n) {
+    for (size_t i = 0; i < a_.size(); ++i) {
+      a_[i] = static_cast<float>(i % 7) * 0.01f;
+      b_[i] = static_cast<float>(i % 5) * 0.01f;
+    }
+  }
+  // GFLOP/s of the fastest of `reps` calls.
+  double best_gflops(int reps) {
     const int saved = openblas_get_num_threads();
     openblas_set_num_threads(threads_);
     const int ni = static_cast<int>(n_);
     double best_s = 1e30;
-    for (int r = 0; r < reps_; ++r) {
+    for (int r = 0; r < reps; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a_.data(), ni,
                   b_.data(), ni, 0.0f, c_.data(), ni);
@@ -247,37 +251,17 @@ class SgemmProbe {
 
  private:
   int64_t n_;
-  int threads_, reps_;
+  int threads_;
   std::vector<float> a_, b_, c_;
 };
 
-// Best GFLOP/s of `reps` timed n^3 cblas_sgemm calls (after one untimed call), OpenBLAS at
-// `threads` threads. The buffers are freed on return so they do not stay in the resident set
-// measured for the training run. Returns 0 for reps == 0.
+// Best GFLOP/s of `reps` timed n^3 sgemm calls after one untimed call, on buffers freed on return
+// so they do not stay in the resident set measured for the training run. Returns 0 for reps == 0.
 double sgemm_burst_best_gflops(int64_t n, int reps, int threads) {
   if (reps == 0) return 0.0;  // skipped (profiling the training step alone)
-  const int saved_threads = openblas_get_num_threads();
-  openblas_set_num_threads(threads);
-  std::vector<float> a(static_cast<size_t>(n * n)), b(a.size()), c(a.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    a[i] = static_cast<float>(i % 7) * 0.01f;
-    b[i] = static_cast<float>(i % 5) * 0.01f;
-  }
-  const int ni = static_cast<int>(n);
-  auto run = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a.data(), ni, b.data(),
-                ni, 0.0f, c.data(), ni);
-  };
-  run();
-  double best_s = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    run();
-    best_s = std::min(best_s,
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  openblas_set_num_threads(saved_threads);
-  return 2.0 * static_cast<double>(n) * n * n / best_s / 1e9;
+  SgemmProbe probe(n, threads);
+  probe.best_gflops(1);
+  return probe.best_gflops(reps);
 }
 
 // Drives `perf record --control=fifo:CTL[,ACK] --delay=-1` so that only the measured training
@@ -382,17 +366,21 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
                 a.steps);
   const double sgemm_before = sgemm_burst_best_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
 
-  // One sgemm sample before the first measured step and one after each (see SgemmProbe).
-  std::vector<double> step_ms, bracket_sgemm;
+  // One sgemm sample (the best of --sgemm-sample-reps calls) before the first measured step and
+  // one after each. The first call of a sample runs cold, right after a step has evicted its
+  // operands from the caches: a one-off check (64 MB streamed between calls, 15 pairs) measured
+  // cold and warm calls alike (median ratio 0.998), so no untimed call precedes it.
+  std::vector<double> step_ms, sample_sgemm;
   std::optional<SgemmProbe> probe;
-  if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads, a.sgemm_sample_reps);
+  if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads);
+  auto take_sample = [&] { sample_sgemm.push_back(probe->best_gflops(a.sgemm_sample_reps)); };
   autograd::FlopCount flops;
   double first_loss = NAN, last_loss = NAN;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
     data::Batch batch = loader.next();
     std::optional<autograd::FlopCounter> counter;
     if (s == 0) counter.emplace();  // one step's model FLOPs; counting is free
-    if (s == a.warmup && probe) bracket_sgemm.push_back(probe->best_gflops());
+    if (s == a.warmup && probe) take_sample();
     if (s >= a.warmup) perf.enable();
     const auto t0 = std::chrono::steady_clock::now();
     opt->zero_grad();
@@ -414,7 +402,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
     last_loss = lv;
     if (s >= a.warmup) {
       step_ms.push_back(ms);
-      if (probe) bracket_sgemm.push_back(probe->best_gflops());
+      if (probe) take_sample();
     }
     logging::debug("{}: step {} loss {:.4f} {:.1f} ms", bc.name, s, lv, ms);
   }
@@ -439,17 +427,17 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
       med_ms > 0 ? static_cast<double>(flops.total()) / (med_ms / 1000.0) / 1e9 : 0.0;
   // Each step against the local peak: the higher of the samples before and after it.
   std::vector<double> local_peak, step_mfu;
-  for (size_t i = 0; i < step_ms.size() && i + 1 < bracket_sgemm.size(); ++i) {
-    local_peak.push_back(std::max(bracket_sgemm[i], bracket_sgemm[i + 1]));
+  for (size_t i = 0; i < step_ms.size() && i + 1 < sample_sgemm.size(); ++i) {
+    local_peak.push_back(std::max(sample_sgemm[i], sample_sgemm[i + 1]));
     step_mfu.push_back(static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9 /
                        local_peak.back());
   }
   double best = std::max(sgemm_before, sgemm_after);
-  for (double g : bracket_sgemm) best = std::max(best, g);
+  for (double g : sample_sgemm) best = std::max(best, g);
+  // Every sgemm figure is null when no sgemm was timed (--sgemm-reps 0).
   const bool timed = !step_mfu.empty();
-  const json sgemm_local = timed ? json(median(local_peak)) : json();
-  const json sgemm_best = timed ? json(best) : json();
-  auto ratio = [timed](double x, double y) { return timed ? json(x / y) : json(); };
+  auto if_timed = [timed](double v) { return timed ? json(v) : json(); };
+  const double local = median(local_peak);
   json out = {
       {"config", bc.name},
       {"model", bc.model},
@@ -469,16 +457,16 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
       {"model_flops_backward", flops.backward},
       {"achieved_gflops", achieved},
       {"sgemm", std::to_string(a.sgemm_n) + "^3"},
-      {"mfu", timed ? json(median(step_mfu)) : json()},
+      {"mfu", if_timed(median(step_mfu))},
       {"mfu_per_step", step_mfu},
-      {"sgemm_gflops", sgemm_local},
-      {"sgemm_sample_gflops", bracket_sgemm},
+      {"sgemm_gflops", if_timed(local)},
+      {"sgemm_sample_gflops", sample_sgemm},
       {"sgemm_sample_reps", a.sgemm_sample_reps},
-      {"sgemm_peak_gflops", sgemm_best},
-      {"mfu_vs_best_sgemm", ratio(achieved, best)},
-      {"sgemm_median_over_best", timed ? json(median(local_peak) / best) : json()},
-      {"sgemm_burst_gflops_before", timed ? json(sgemm_before) : json()},
-      {"sgemm_burst_gflops_after", timed ? json(sgemm_after) : json()},
+      {"sgemm_peak_gflops", if_timed(best)},
+      {"mfu_vs_best_sgemm", if_timed(achieved / best)},
+      {"sgemm_median_over_best", if_timed(local / best)},
+      {"sgemm_burst_gflops_before", if_timed(sgemm_before)},
+      {"sgemm_burst_gflops_after", if_timed(sgemm_after)},
       {"sgemm_burst_reps", a.sgemm_reps},
       {"peak_tracked_bytes", peak_tracked},
       {"max_rss_bytes", max_rss_bytes()},
