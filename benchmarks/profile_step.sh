@@ -70,7 +70,7 @@ groups = [
     ("cross-entropy (fused)", r"cross_entropy"),
     ("embedding fwd/bwd", r"embedding"),
     ("AdamW + grad clipping", r"adam|clip_grad|grad_norm|sum_squares|optim::"),
-    ("linear: bias broadcast and bias gradient", r"acc::linear|Linear::forward"),
+    ("linear: bias broadcast and bias gradient", r"acc::linear|Linear::forward|add_column_sums"),
     ("residual adds, gradient accumulation, copies",
      r"binary|sum_to|axpy|kernels::scale|kernels::sum|add_|copy_rows|copy_|contiguous|acc::cat|split"),
     ("autograd engine, tensor bookkeeping, allocator", r"acc::|std::|tbb|malloc|free|operator new"),

@@ -149,6 +149,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
         autograd::detail::add_flops(2 * M * IN * OUT * (int64_t{need[0]} + int64_t{need[1]}), true);
         if (!gc.is_meta()) {
           const float* pg = gc.data<float>();
+          // The bias gradient first: g was just written by the op before, so part of it is
+          // still in cache; after the two GEMMs it is not.
+          if (db.defined()) kernels::add_column_sums(db.data<float>(), pg, M, OUT);
           // dx (M,IN) = g (M,OUT) @ w (OUT,IN)
           if (need[0]) {
             kernels::gemm(false, false, M, IN, OUT, 1.f, pg, OUT, wc.data<float>(), IN, 0.f,
@@ -158,13 +161,6 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
           if (need[1]) {
             kernels::gemm(true, false, OUT, IN, M, 1.f, pg, OUT, xc.data<float>(), IN, 0.f,
                           dw.data<float>(), IN);
-          }
-          if (db.defined()) {
-            float* pdb = db.data<float>();
-            for (int64_t m = 0; m < M; ++m) {
-              const float* row = pg + m * OUT;
-              for (int64_t o = 0; o < OUT; ++o) pdb[o] += row[o];
-            }
           }
         }
         std::vector<Tensor> grads{dx, dw};

@@ -219,5 +219,28 @@ TEST(Kernels, LargeGemmWithBetaZeroAndFillRowsIgnoreOldContents) {
   set_num_threads(1);
 }
 
+// The bias gradient of a linear: column sums added to what `out` holds, bit-identical at one
+// and two threads (each column is summed in row order), over a width that is not a multiple of
+// the kernel's 256-column blocks.
+TEST(Kernels, AddColumnSumsMatchesDoubleSumAnyThreadCount) {
+  const int64_t M = 37, N = 600;
+  Generator gen(11);
+  const std::vector<float> x = randn({M, N}, gen).to_vector<float>();
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    std::vector<float> out(static_cast<size_t>(N), 0.5f);
+    kernels::add_column_sums(out.data(), x.data(), M, N);
+    for (int64_t j = 0; j < N; ++j) {
+      double ref = 0.5;
+      for (int64_t i = 0; i < M; ++i) ref += x[i * N + j];
+      ASSERT_NEAR(out[j], ref, 1e-4) << "column " << j << ", " << threads << " thread(s)";
+    }
+    results.push_back(out);
+  }
+  set_num_threads(1);
+  EXPECT_EQ(results[0], results[1]);
+}
+
 }  // namespace
 }  // namespace acc

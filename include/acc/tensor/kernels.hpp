@@ -21,6 +21,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 // (>= 1 MiB) use streaming stores: the caller's GEMM (beta = 1) reads C next, and ordinary
 // stores would first read every line of C from memory.
 void fill_rows(float* C, int64_t M, int64_t N, int64_t ldc, const float* row);
+// out[n] += sum over rows m of x[m, n] (x is M x N, contiguous). Each column is summed in row
+// order, so the result does not depend on the thread count.
+void add_column_sums(float* out, const float* x, int64_t M, int64_t N);
 // y += a * x
 void axpy(int64_t n, float a, const float* x, float* y);
 // x *= a
