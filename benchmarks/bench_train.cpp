@@ -30,6 +30,14 @@
 // step, one after the last, and the samples). Its ceiling is sgemm_median_over_best
 // (sgemm_gflops over that best): what it would give a step that did nothing but this very sgemm.
 // Every sgemm figure is null with --sgemm-reps 0.
+//
+// GEMM-mix bound (--gemm-mix): with each sgemm sample the process also times the model's own
+// GEMMs (every linear's three products, recorded in the first step, each shape once and weighted
+// by how often a step runs it). mfu_gemm_mix_bound (median over steps of the local mix rate over
+// the local sgemm peak) is the MFU a step made of nothing but its own GEMMs would score: what
+// OpenBLAS gives these shapes, which AutoAcc does not control. step_vs_gemm_mix (median over steps
+// of the step's model FLOP rate over the local mix rate) is how close the whole step gets to that
+// bound: the part AutoAcc controls. mfu is about their product.
 
 #include <cblas.h>
 #include <fcntl.h>
@@ -45,10 +53,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include "acc/acc.hpp"
 #include "acc/autograd/flops.hpp"
+#include "acc/tensor/kernels.hpp"
+#include "acc/tensor/observer.hpp"
 #include "bench_util.hpp"
 
 namespace {
@@ -76,6 +87,7 @@ struct Args {
   int64_t sgemm_n = 2048;
   int sgemm_reps = 5;
   int sgemm_sample_reps = 3;
+  bool gemm_mix = false;
   double lr = 1e-3;
   std::string perf_control;  // "CTL_FIFO[,ACK_FIFO]" of `perf record --control fifo:...`
 };
@@ -264,6 +276,49 @@ double sgemm_burst_best_gflops(int64_t n, int reps, int threads) {
   return probe.best_gflops(reps);
 }
 
+// The model's linears as (rows M, in, out) -> how many a step runs, recorded from the forward ops
+// of one step. Each linear is three GEMMs per step (LinearBackward: forward, dx, dw).
+class LinearShapes : public acc::detail::OpObserver {
+ public:
+  using Shape = std::array<int64_t, 3>;
+  void on_alloc(uint64_t, size_t, acc::Device) override {}
+  void on_free(uint64_t) override {}
+  void on_flops(int64_t, bool) override {}
+  void on_backward_begin(const std::vector<acc::Tensor>&) override {}
+  void on_op(const std::string& name, const std::string&, const std::vector<acc::Tensor>& inputs,
+             const std::vector<acc::Tensor>&, bool backward) override {
+    if (backward || name != "Linear" || inputs.size() < 2) return;
+    const int64_t in = inputs[1].size(1), out = inputs[1].size(0);
+    ++counts[{inputs[0].numel() / in, in, out}];
+  }
+  std::map<Shape, int64_t> counts;
+};
+
+// GFLOP/s of the model's GEMM mix: each recorded shape's three GEMMs once, through
+// acc::kernels::gemm exactly as acc::linear and LinearBackward issue them (same threading,
+// beta = 0), weighted by the shape's count. The operands come from AutoAcc's caching allocator,
+// which between steps holds the freed activations, so a sample adds nothing to the resident set.
+double gemm_mix_gflops(const std::map<LinearShapes::Shape, int64_t>& shapes) {
+  using acc::kernels::gemm;
+  double flops = 0, secs = 0;
+  for (const auto& [shape, count] : shapes) {
+    const auto [M, IN, OUT] = shape;
+    acc::Tensor x = acc::full({M * IN}, 0.01), w = acc::full({OUT * IN}, 0.02),
+                dy = acc::full({M * OUT}, 0.03),
+                c = acc::empty({std::max({M * OUT, M * IN, OUT * IN})});
+    const float *px = x.data<float>(), *pw = w.data<float>(), *pdy = dy.data<float>();
+    float* pc = c.data<float>();
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm(false, true, M, OUT, IN, 1.f, px, IN, pw, IN, 0.f, pc, OUT);    // y = x w^T
+    gemm(false, false, M, IN, OUT, 1.f, pdy, OUT, pw, IN, 0.f, pc, IN);  // dx = dy w
+    gemm(true, false, OUT, IN, M, 1.f, pdy, OUT, px, IN, 0.f, pc, IN);   // dw = dy^T x
+    secs += static_cast<double>(count) *
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    flops += static_cast<double>(count) * 3 * 2 * static_cast<double>(M) * IN * OUT;
+  }
+  return secs > 0 ? flops / secs / 1e9 : 0.0;
+}
+
 // Drives `perf record --control=fifo:CTL[,ACK] --delay=-1` so that only the measured training
 // steps are sampled (not the seeded init, the warm-up steps or the sgemm measurements). With an
 // ack fifo, each command waits until perf has applied it.
@@ -370,16 +425,24 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   // one after each. The first call of a sample runs cold, right after a step has evicted its
   // operands from the caches: a one-off check (64 MB streamed between calls, 15 pairs) measured
   // cold and warm calls alike (median ratio 0.998), so no untimed call precedes it.
-  std::vector<double> step_ms, sample_sgemm;
+  std::vector<double> step_ms, sample_sgemm, sample_mix;
   std::optional<SgemmProbe> probe;
   if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads);
-  auto take_sample = [&] { sample_sgemm.push_back(probe->best_gflops(a.sgemm_sample_reps)); };
+  LinearShapes linears;
+  const bool mix = a.gemm_mix && a.sgemm_reps > 0;
+  auto take_sample = [&] {
+    sample_sgemm.push_back(probe->best_gflops(a.sgemm_sample_reps));
+    if (mix) sample_mix.push_back(gemm_mix_gflops(linears.counts));
+  };
   autograd::FlopCount flops;
   double first_loss = NAN, last_loss = NAN;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
     data::Batch batch = loader.next();
     std::optional<autograd::FlopCounter> counter;
     if (s == 0) counter.emplace();  // one step's model FLOPs; counting is free
+    // The linears' shapes, from a warm-up step (--gemm-mix needs one).
+    acc::detail::OpObserver* prev_observer = nullptr;
+    if (s == 0 && mix) prev_observer = acc::detail::set_op_observer(&linears);
     if (s == a.warmup && probe) take_sample();
     if (s >= a.warmup) perf.enable();
     const auto t0 = std::chrono::steady_clock::now();
@@ -392,6 +455,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= a.warmup) perf.disable();
+    if (s == 0 && mix) acc::detail::set_op_observer(prev_observer);
     if (counter) {
       flops = counter->count();
       counter.reset();
@@ -438,6 +502,20 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   const bool timed = !step_mfu.empty();
   auto if_timed = [timed](double v) { return timed ? json(v) : json(); };
   const double local = median(local_peak);
+  // The GEMM-mix bound, per step against the same two samples.
+  std::vector<double> local_mix, mix_bound, step_vs_mix;
+  for (size_t i = 0; i < step_mfu.size() && i + 1 < sample_mix.size(); ++i) {
+    local_mix.push_back(std::max(sample_mix[i], sample_mix[i + 1]));
+    mix_bound.push_back(local_mix.back() / local_peak[i]);
+    step_vs_mix.push_back(static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9 /
+                          local_mix.back());
+  }
+  const bool mixed = !mix_bound.empty();
+  auto if_mixed = [mixed](double v) { return mixed ? json(v) : json(); };
+  json mix_shapes = json::array();
+  for (const auto& [shape, count] : linears.counts) {
+    mix_shapes.push_back({{"m", shape[0]}, {"in", shape[1]}, {"out", shape[2]}, {"count", count}});
+  }
   json out = {
       {"config", bc.name},
       {"model", bc.model},
@@ -468,6 +546,12 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
       {"sgemm_burst_gflops_before", if_timed(sgemm_before)},
       {"sgemm_burst_gflops_after", if_timed(sgemm_after)},
       {"sgemm_burst_reps", a.sgemm_reps},
+      {"gemm_mix_gflops", if_mixed(median(local_mix))},
+      {"gemm_mix_sample_gflops", sample_mix},
+      {"mfu_gemm_mix_bound", if_mixed(median(mix_bound))},
+      {"mfu_gemm_mix_bound_per_step", mix_bound},
+      {"step_vs_gemm_mix", if_mixed(median(step_vs_mix))},
+      {"gemm_mix_shapes", mix_shapes},
       {"peak_tracked_bytes", peak_tracked},
       {"max_rss_bytes", max_rss_bytes()},
       {"first_loss", first_loss},
@@ -485,6 +569,9 @@ int run(const Args& a) {
   ACC_CHECK(a.steps >= 1 || a.write_only, "--steps must be >= 1, got ", a.steps);
   ACC_CHECK(a.sgemm_n >= 1, "--sgemm-n must be >= 1, got ", a.sgemm_n);
   ACC_CHECK(a.sgemm_reps >= 0, "--sgemm-reps must be >= 0, got ", a.sgemm_reps);
+  ACC_CHECK(!a.gemm_mix || a.warmup >= 1,
+            "--gemm-mix records the GEMM shapes in a warm-up step: needs --warmup >= 1, got ",
+            a.warmup);
   ACC_CHECK(a.sgemm_sample_reps >= 1, "--sgemm-sample-reps must be >= 1, got ",
             a.sgemm_sample_reps);
   ACC_CHECK(a.data.empty() || a.write_data.empty(),
@@ -553,6 +640,9 @@ int main(int argc, char** argv) {
   app.add_option("--sgemm-sample-reps", a.sgemm_sample_reps,
                  "timed sgemm calls in each sample around the measured steps (the best counts)")
       ->capture_default_str();
+  app.add_flag("--gemm-mix", a.gemm_mix,
+               "with each sgemm sample also time the model's own GEMM shapes (fields "
+               "mfu_gemm_mix_bound, step_vs_gemm_mix; needs --warmup >= 1)");
   app.add_option("--perf-control", a.perf_control,
                  "CTL_FIFO[,ACK_FIFO] of perf record --control=fifo:... --delay=-1: sample only "
                  "the measured steps (benchmarks/profile_step.sh uses it)");
