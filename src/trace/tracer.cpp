@@ -249,17 +249,6 @@ class RecomputeBlocks {
 };
 
 // Installs the recorder as this thread's observer while alive.
-class ObserverGuard {
- public:
-  explicit ObserverGuard(detail::OpObserver* obs) : prev_(detail::set_op_observer(obs)) {}
-  ~ObserverGuard() { detail::set_op_observer(prev_); }
-  ObserverGuard(const ObserverGuard&) = delete;
-  ObserverGuard& operator=(const ObserverGuard&) = delete;
-
- private:
-  detail::OpObserver* prev_;
-};
-
 Tensor default_loss(nn::Module& m, const std::vector<Tensor>& in) {
   if (auto* lm = dynamic_cast<models::LanguageModel*>(&m); lm != nullptr && in.size() >= 2) {
     return lm->loss(in[0], in[1]);
@@ -287,7 +276,7 @@ Trace trace(nn::Module& module, const LossFn& loss_fn, const std::vector<Tensor>
   }
   Recorder rec(t.graph);
   {
-    ObserverGuard observe(&rec);
+    detail::ObserverGuard observe(&rec);
     MetaSwap swap(module, rec);
     RecomputeBlocks recompute(module, options.recompute);
     std::vector<Tensor> inputs;

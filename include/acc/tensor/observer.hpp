@@ -40,6 +40,19 @@ OpObserver* op_observer();
 /// Installs `obs` for this thread (null removes it); returns the previous one.
 OpObserver* set_op_observer(OpObserver* obs);
 
+/// Installs `obs` for this thread for the guard's lifetime, then restores the previous one (also
+/// when an exception unwinds the scope).
+class ObserverGuard {
+ public:
+  explicit ObserverGuard(OpObserver* obs) : prev_(set_op_observer(obs)) {}
+  ~ObserverGuard() { set_op_observer(prev_); }
+  ObserverGuard(const ObserverGuard&) = delete;
+  ObserverGuard& operator=(const ObserverGuard&) = delete;
+
+ private:
+  OpObserver* prev_;
+};
+
 /// Module scope stack of this thread ("" when empty).
 void push_scope(std::string scope);
 void pop_scope();
