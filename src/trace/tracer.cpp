@@ -248,7 +248,6 @@ class RecomputeBlocks {
   std::vector<std::pair<nn::ModulePtr, nn::Module::ForwardWrapper>> saved_;
 };
 
-// Installs the recorder as this thread's observer while alive.
 Tensor default_loss(nn::Module& m, const std::vector<Tensor>& in) {
   if (auto* lm = dynamic_cast<models::LanguageModel*>(&m); lm != nullptr && in.size() >= 2) {
     return lm->loss(in[0], in[1]);

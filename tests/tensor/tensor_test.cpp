@@ -242,5 +242,31 @@ TEST(Kernels, AddColumnSumsMatchesDoubleSumAnyThreadCount) {
   EXPECT_EQ(results[0], results[1]);
 }
 
+// sum_to reduces a gradient to a broadcast operand's shape. Leading dimensions only (a bias over
+// rows) go through add_column_sums; the result equals a float sum in row order exactly, and a
+// reduction of an inner dimension still takes the general path.
+TEST(Kernels, SumToLeadingAndInnerDimensions) {
+  Generator gen(5);
+  const Tensor g = randn({3, 5, 7}, gen);
+  const std::vector<float> v = g.to_vector<float>();
+  for (const Shape& shape : {Shape{7}, Shape{5, 7}}) {
+    const int64_t n = numel_of(shape);
+    std::vector<float> ref(static_cast<size_t>(n), 0.f);
+    for (int64_t r = 0; r < 105 / n; ++r) {
+      for (int64_t i = 0; i < n; ++i) ref[i] += v[r * n + i];
+    }
+    EXPECT_EQ(kernels::sum_to(g, shape).to_vector<float>(), ref) << shape.size() << " dims";
+  }
+  const std::vector<float> inner = kernels::sum_to(g, {3, 1, 7}).to_vector<float>();
+  ASSERT_EQ(inner.size(), 21u);
+  for (int64_t b = 0; b < 3; ++b) {
+    for (int64_t c = 0; c < 7; ++c) {
+      double ref = 0;
+      for (int64_t t = 0; t < 5; ++t) ref += v[(b * 5 + t) * 7 + c];
+      EXPECT_NEAR(inner[b * 7 + c], ref, 1e-5) << b << ", " << c;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace acc

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "../strided.hpp"
@@ -34,6 +35,14 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   Tensor out = zeros(shape, g.options());
   if (g.is_meta()) return out;
   ACC_CHECK_TYPE(g.dtype() == DType::kFloat32, "sum_to: expects f32, got ", g.dtype());
+  // Reducing leading dimensions only (a bias broadcast over rows): add_column_sums, in parallel,
+  // the same additions in the same order as the general loop below.
+  const auto lead = static_cast<std::ptrdiff_t>(g.dim() - static_cast<int64_t>(shape.size()));
+  if (std::equal(shape.begin(), shape.end(), g.shape().begin() + lead)) {
+    const int64_t n = out.numel();
+    if (n > 0) add_column_sums(out.data<float>(), g.contiguous().data<float>(), g.numel() / n, n);
+    return out;
+  }
   // Strides of out seen from g's shape: broadcast dimensions get stride 0 and so accumulate.
   Tensor gc = g.contiguous();
   Shape ost = detail::broadcast_strides(out, g.shape());
