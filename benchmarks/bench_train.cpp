@@ -491,12 +491,18 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   const double tokens_per_s = med_ms > 0 ? tokens_per_step / (med_ms / 1000.0) : 0.0;
   const double achieved =
       med_ms > 0 ? static_cast<double>(flops.total()) / (med_ms / 1000.0) / 1e9 : 0.0;
-  // Each step against the local peak: the higher of the samples before and after it.
-  std::vector<double> local_peak, step_mfu;
+  // Each step against the local peak: the higher of the samples before and after it; with
+  // --gemm-mix also against the local mix rate, taken the same way from the same moments.
+  std::vector<double> local_peak, step_mfu, local_mix, mix_bound, step_vs_mix;
   for (size_t i = 0; i < step_ms.size() && i + 1 < sample_sgemm.size(); ++i) {
+    const double rate = static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9;
     local_peak.push_back(std::max(sample_sgemm[i], sample_sgemm[i + 1]));
-    step_mfu.push_back(static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9 /
-                       local_peak.back());
+    step_mfu.push_back(rate / local_peak.back());
+    if (i + 1 < sample_mix.size()) {
+      local_mix.push_back(std::max(sample_mix[i], sample_mix[i + 1]));
+      mix_bound.push_back(local_mix.back() / local_peak.back());
+      step_vs_mix.push_back(rate / local_mix.back());
+    }
   }
   double best = std::max(sgemm_before, sgemm_after);
   for (double g : sample_sgemm) best = std::max(best, g);
@@ -504,14 +510,6 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   const bool timed = !step_mfu.empty();
   auto if_timed = [timed](double v) { return timed ? json(v) : json(); };
   const double local = median(local_peak);
-  // The GEMM-mix bound, per step against the same two samples.
-  std::vector<double> local_mix, mix_bound, step_vs_mix;
-  for (size_t i = 0; i < step_mfu.size() && i + 1 < sample_mix.size(); ++i) {
-    local_mix.push_back(std::max(sample_mix[i], sample_mix[i + 1]));
-    mix_bound.push_back(local_mix.back() / local_peak[i]);
-    step_vs_mix.push_back(static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9 /
-                          local_mix.back());
-  }
   // No linear recorded (a model without one): no mix, rather than a bound of 0.
   const bool mixed = !mix_bound.empty() && !linears.counts.empty();
   auto if_mixed = [mixed](double v) { return mixed ? json(v) : json(); };
