@@ -615,6 +615,29 @@ TEST(OpValues, EmbeddingPicksRowsAndCrossEntropyMatchesLogSoftmax) {
   EXPECT_NEAR(cross_entropy(logits, i32({4, 7, 1}, {3}), 7).item(), want, 1e-6);
 }
 
+// Rows of 77 classes start at every alignment, so each row's gradient is written partly with
+// ordinary stores (up to the first vector-aligned element and after the last whole vector) and
+// partly with streaming stores; the targets fall in each of those parts.
+TEST(OpValues, CrossEntropyGradientIsSoftmaxMinusOneHotAtAnyRowAlignment) {
+  const int64_t N = 8, V = 77;
+  Tensor logits = randn_t({N, V}, 310, 2.0);
+  logits.set_requires_grad(true);
+  const std::vector<int64_t> t{0, 3, 40, 76, 10, -100, 64, 75};
+  cross_entropy(logits, i64(t, {N})).backward();
+  const auto x = logits.to_vector<float>(), g = logits.grad().to_vector<float>();
+  const double count = 7;  // one row ignored
+  for (int64_t n = 0; n < N; ++n) {
+    double mx = -1e300, z = 0;
+    for (int64_t i = 0; i < V; ++i) mx = std::max<double>(mx, x[n * V + i]);
+    for (int64_t i = 0; i < V; ++i) z += std::exp(x[n * V + i] - mx);
+    for (int64_t i = 0; i < V; ++i) {
+      const double p = std::exp(x[n * V + i] - mx) / z;
+      const double want = t[n] == -100 ? 0.0 : (p - (i == t[n] ? 1.0 : 0.0)) / count;
+      ASSERT_NEAR(g[n * V + i], want, 1e-7) << "row " << n << " class " << i;
+    }
+  }
+}
+
 TEST(OpValues, SumMeanCatSplitValues) {
   Tensor x = from_vector({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}, {2, 3});
   EXPECT_EQ(sum(x).item(), 21.0);

@@ -1,7 +1,9 @@
 #include <cmath>
+#include <cstdint>
 
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/threading.hpp"
+#include "simd.hpp"
 #include "vec_math.hpp"
 
 namespace acc::kernels {
@@ -77,13 +79,27 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
       // Fetch the next row while this one is computed (as in the forward's sum_exp).
       const float* next = n + 1 < e ? x + V : nullptr;
       int64_t i = 0;
-      for (; i + 16 <= V; i += 16) {
-        if (next != nullptr) __builtin_prefetch(next + i, 0, 3);
-        for (int64_t j = i; j < i + 16; ++j) d[j] = vec::exp(x[j] - l) * g;
+      // The gradient (N x V, the largest tensor of a language model's step) is written once here
+      // and next read by the LM head's backward GEMMs, long after it has left the caches: from the
+      // first vector-aligned element on, streaming stores write it without first reading every
+      // line of it from memory. The target's -g is folded into its vector before the store.
+      for (; i < V && reinterpret_cast<uintptr_t>(d + i) % simd::kStreamAlign != 0; ++i) {
+        d[i] = vec::exp(x[i] - l) * g;
       }
+      alignas(64) float buf[simd::kWidth];
+      const int64_t i0 = i;  // first streamed element
+      for (; i + simd::kWidth <= V; i += simd::kWidth) {
+        if (next != nullptr && i % 16 == 0) __builtin_prefetch(next + i, 0, 3);
+        for (int64_t j = 0; j < simd::kWidth; ++j) buf[j] = vec::exp(x[i + j] - l) * g;
+        if (t >= i && t < i + simd::kWidth) buf[t - i] -= g;
+        simd::stream(d + i, simd::load(buf));
+      }
+      const int64_t i1 = i;  // end of the streamed elements
       for (; i < V; ++i) d[i] = vec::exp(x[i] - l) * g;
-      d[t] -= g;
+      // The target's element, unless it went out with a streaming store.
+      if (t < i0 || t >= i1) d[t] -= g;
     }
+    simd::stream_fence();
   });
 }
 
