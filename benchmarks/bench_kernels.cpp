@@ -235,8 +235,23 @@ void BM_CrossEntropyForwardBackward(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * kN * kV * 4 * 3);
 }
+// The LM head and the loss as one step runs them: logits = x w^T (N, V), cross-entropy, and the
+// backward through both, so that a change in how cross-entropy writes its gradient is timed
+// together with the two GEMMs that read that gradient next.
+void BM_LmHeadCrossEntropyForwardBackward(benchmark::State& state) {
+  acc::Tensor x = leaf({kN, kC}), w = leaf({kV, kC}, 0.02);
+  std::vector<int64_t> t(static_cast<size_t>(kN));
+  for (int64_t i = 0; i < kN; ++i) t[static_cast<size_t>(i)] = (i * 7919) % kV;
+  acc::Tensor targets = acc::from_vector(t, {kN});
+  for (auto _ : state) {
+    clear_grads({&x, &w});
+    acc::cross_entropy(acc::linear(x, w, acc::Tensor()), targets).backward();
+  }
+  flops_counter(state, 6.0 * kN * kC * kV);
+}
 BENCHMARK(BM_CrossEntropyForward)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LmHeadCrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
 
 // ---- embedding lookup + backward scatter (tokens (N,), table (V, C)).
 void BM_EmbeddingForwardBackward(benchmark::State& state) {
