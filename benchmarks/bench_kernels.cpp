@@ -238,7 +238,10 @@ void BM_CrossEntropyForwardBackward(benchmark::State& state) {
 // The LM head and the loss as one step runs them: logits = x w^T (N, V), cross-entropy, and the
 // backward through both, so that a change in how cross-entropy writes its gradient is timed
 // together with the two GEMMs that read that gradient next.
+// Arg: padded rows for the gradient (acc::set_gemm_gradient_padding), 1 the default.
 void BM_LmHeadCrossEntropyForwardBackward(benchmark::State& state) {
+  const bool padding = acc::gemm_gradient_padding();
+  acc::set_gemm_gradient_padding(state.range(0) != 0);
   acc::Tensor x = leaf({kN, kC}), w = leaf({kV, kC}, 0.02);
   std::vector<int64_t> t(static_cast<size_t>(kN));
   for (int64_t i = 0; i < kN; ++i) t[static_cast<size_t>(i)] = (i * 7919) % kV;
@@ -248,10 +251,11 @@ void BM_LmHeadCrossEntropyForwardBackward(benchmark::State& state) {
     acc::cross_entropy(acc::linear(x, w, acc::Tensor()), targets).backward();
   }
   flops_counter(state, 6.0 * kN * kC * kV);
+  acc::set_gemm_gradient_padding(padding);
 }
 BENCHMARK(BM_CrossEntropyForward)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_LmHeadCrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LmHeadCrossEntropyForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
 
 // ---- embedding lookup + backward scatter (tokens (N,), table (V, C)).
 void BM_EmbeddingForwardBackward(benchmark::State& state) {

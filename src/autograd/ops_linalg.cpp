@@ -1,10 +1,19 @@
+#include <atomic>
+#include <utility>
+
 #include "acc/autograd/flops.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/tensor/kernels.hpp"
+#include "acc/util/env.hpp"
 #include "op_util.hpp"
 
 namespace acc {
 namespace {
+
+std::atomic<bool>& gemm_gradient_padding_flag() {
+  static std::atomic<bool> on{env::get_int("ACC_PAD_GEMM_GRADIENTS", 1) != 0};
+  return on;
+}
 
 // A logical (rows x cols) matrix in memory, as sgemm sees it: either row-major with leading
 // dimension ld, or the transpose of a row-major (cols x rows) matrix.
@@ -109,6 +118,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return bmm(a3, b3).view(out_shape);
 }
 
+bool gemm_gradient_padding() {
+  return gemm_gradient_padding_flag().load(std::memory_order_relaxed);
+}
+
+void set_gemm_gradient_padding(bool on) {
+  gemm_gradient_padding_flag().store(on, std::memory_order_relaxed);
+}
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   detail::check_f32(x, "linear", "input");
   detail::check_f32(w, "linear", "weight");
@@ -124,7 +141,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                     " does not match weight ", w.shape());
   }
   const int64_t IN = w.size(1), OUT = w.size(0), M = x.numel() / std::max<int64_t>(IN, 1);
-  Tensor xc = x.contiguous(), wc = w.contiguous(), bc = has_bias ? bias.contiguous() : Tensor();
+  // x and the incoming gradient may have padded rows (see detail::empty_gemm_gradient): the GEMMs
+  // take their row strides, so they are not copied.
+  const auto x_rows = detail::rows_of_matrix(x);
+  const Tensor xc = x_rows.first;
+  const int64_t ldx = x_rows.second;
+  Tensor wc = w.contiguous(), bc = has_bias ? bias.contiguous() : Tensor();
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(OUT);
   Tensor out = empty(out_shape, x.options());
@@ -133,40 +155,42 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     float* y = out.data<float>();
     if (has_bias) kernels::fill_rows(y, M, OUT, OUT, bc.data<float>());
     // y (M,OUT) = x (M,IN) @ w^T (IN,OUT)
-    kernels::gemm(false, true, M, OUT, IN, 1.f, xc.data<float>(), IN, wc.data<float>(), IN,
+    kernels::gemm(false, true, M, OUT, IN, 1.f, xc.data<float>(), ldx, wc.data<float>(), IN,
                   has_bias ? 1.f : 0.f, y, OUT);
   }
   std::vector<Tensor> inputs{x, w};
   if (has_bias) inputs.push_back(bias);
-  autograd::record_op(
-      "LinearBackward", inputs, {out},
-      [xc, wc, M, IN, OUT, has_bias](const std::vector<Tensor>& g, const std::vector<bool>& need) {
-        Tensor gc = g[0].contiguous();
-        Tensor dx, dw, db;
-        if (need[0]) dx = empty(xc.shape(), xc.options());
-        if (need[1]) dw = empty(wc.shape(), wc.options());
-        if (has_bias && need[2]) db = zeros({OUT}, wc.options());
-        autograd::detail::add_flops(2 * M * IN * OUT * (int64_t{need[0]} + int64_t{need[1]}), true);
-        if (!gc.is_meta()) {
-          const float* pg = gc.data<float>();
-          // The bias gradient first: g was just written by the op before, so part of it is
-          // still in cache; after the two GEMMs it is not.
-          if (db.defined()) kernels::add_column_sums(db.data<float>(), pg, M, OUT);
-          // dx (M,IN) = g (M,OUT) @ w (OUT,IN)
-          if (need[0]) {
-            kernels::gemm(false, false, M, IN, OUT, 1.f, pg, OUT, wc.data<float>(), IN, 0.f,
-                          dx.data<float>(), IN);
-          }
-          // dw (OUT,IN) = g^T (OUT,M) @ x (M,IN)
-          if (need[1]) {
-            kernels::gemm(true, false, OUT, IN, M, 1.f, pg, OUT, xc.data<float>(), IN, 0.f,
-                          dw.data<float>(), IN);
-          }
-        }
-        std::vector<Tensor> grads{dx, dw};
-        if (has_bias) grads.push_back(db);
-        return grads;
-      });
+  auto backward = [xc, ldx, wc, M, IN, OUT, has_bias](const std::vector<Tensor>& g,
+                                                      const std::vector<bool>& need) {
+    const auto rows = detail::rows_of_matrix(g[0]);
+    const Tensor& gc = rows.first;
+    const int64_t ldg = rows.second;
+    Tensor dx, dw, db;
+    if (need[0]) dx = empty(xc.shape(), xc.options());
+    if (need[1]) dw = empty(wc.shape(), wc.options());
+    if (has_bias && need[2]) db = zeros({OUT}, wc.options());
+    autograd::detail::add_flops(2 * M * IN * OUT * (int64_t{need[0]} + int64_t{need[1]}), true);
+    if (!gc.is_meta()) {
+      const float* pg = gc.data<float>();
+      // The bias gradient first: g was just written by the op before, so part of it is still in
+      // cache; after the two GEMMs it is not.
+      if (db.defined()) kernels::add_column_sums(db.data<float>(), pg, M, OUT, ldg);
+      // dx (M,IN) = g (M,OUT) @ w (OUT,IN)
+      if (need[0]) {
+        kernels::gemm(false, false, M, IN, OUT, 1.f, pg, ldg, wc.data<float>(), IN, 0.f,
+                      dx.data<float>(), IN);
+      }
+      // dw (OUT,IN) = g^T (OUT,M) @ x (M,IN)
+      if (need[1]) {
+        kernels::gemm(true, false, OUT, IN, M, 1.f, pg, ldg, xc.data<float>(), ldx, 0.f,
+                      dw.data<float>(), IN);
+      }
+    }
+    std::vector<Tensor> grads{dx, dw};
+    if (has_bias) grads.push_back(db);
+    return grads;
+  };
+  autograd::record_op("LinearBackward", inputs, {out}, std::move(backward));
   return out;
 }
 

@@ -526,18 +526,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets_in, int64_t ign
       "CrossEntropyBackward", {logits, targets_in}, {out},
       [x, targets, lse, N, V, count, ignore_index](const std::vector<Tensor>& g,
                                                    const std::vector<bool>&) {
-        Tensor dx = empty(x.shape(), x.options());
+        // Read next by the LM head's backward GEMMs.
+        Tensor dx = detail::empty_gemm_gradient(x.shape(), x.options());
         if (!dx.is_meta()) {
+          const int64_t ldd = detail::rows_of_matrix(dx).second;
           const float gscale = static_cast<float>(g[0].item() / static_cast<double>(count));
           std::vector<float> dloss(static_cast<size_t>(N), gscale);
           if (targets.dtype() == DType::kInt64) {
-            kernels::cross_entropy_backward(dx.data<float>(), x.data<float>(), lse.data<float>(),
-                                            targets.data<int64_t>(), dloss.data(), N, V,
-                                            ignore_index);
+            kernels::cross_entropy_backward(dx.data<float>(), ldd, x.data<float>(),
+                                            lse.data<float>(), targets.data<int64_t>(),
+                                            dloss.data(), N, V, ignore_index);
           } else {
-            kernels::cross_entropy_backward(dx.data<float>(), x.data<float>(), lse.data<float>(),
-                                            targets.data<int32_t>(), dloss.data(), N, V,
-                                            ignore_index);
+            kernels::cross_entropy_backward(dx.data<float>(), ldd, x.data<float>(),
+                                            lse.data<float>(), targets.data<int32_t>(),
+                                            dloss.data(), N, V, ignore_index);
           }
         }
         return std::vector<Tensor>{dx, Tensor()};

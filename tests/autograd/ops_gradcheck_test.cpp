@@ -638,6 +638,70 @@ TEST(OpValues, CrossEntropyGradientIsSoftmaxMinusOneHotAtAnyRowAlignment) {
   }
 }
 
+// Cross-entropy's gradient, which the LM head's backward GEMMs read next, gets rows padded by 16
+// floats when a row is a multiple of 4 KiB (unless switched off); the values are the same, and
+// the linear takes padded inputs and gradients without a copy (next test).
+TEST(OpValues, CrossEntropyGradientOfPowerOfTwoWidthHasPaddedRows) {
+  const int64_t R = 64, W = 1024;
+  const bool padding = gemm_gradient_padding();
+  set_gemm_gradient_padding(true);
+  // The backward node is applied directly: a leaf's .grad is a contiguous copy.
+  Tensor logits = randn_t({R, W}, 313, 2.0);
+  logits.set_requires_grad(true);
+  std::vector<int64_t> t(static_cast<size_t>(R));
+  for (int64_t n = 0; n < R; ++n) t[static_cast<size_t>(n)] = (n * 397) % W;
+  const Tensor gl = cross_entropy(logits, i64(t, {R})).grad_fn()->apply({ones({})}).at(0);
+  EXPECT_EQ(gl.strides(), (Shape{W + 16, 1}));
+  const auto lv = logits.to_vector<float>(), gv = gl.to_vector<float>();
+  for (int64_t n = 0; n < R; ++n) {
+    double mx = -1e300, z = 0;
+    for (int64_t i = 0; i < W; ++i) mx = std::max<double>(mx, lv[n * W + i]);
+    for (int64_t i = 0; i < W; ++i) z += std::exp(lv[n * W + i] - mx);
+    for (int64_t i = 0; i < W; ++i) {
+      const double want = (std::exp(lv[n * W + i] - mx) / z - (i == t[n] ? 1.0 : 0.0)) / R;
+      ASSERT_NEAR(gv[n * W + i], want, 1e-7) << "row " << n << " class " << i;
+    }
+  }
+  // Switched off: contiguous, the same values.
+  set_gemm_gradient_padding(false);
+  const Tensor gc = cross_entropy(logits, i64(t, {R})).grad_fn()->apply({ones({})}).at(0);
+  set_gemm_gradient_padding(padding);
+  EXPECT_TRUE(gc.is_contiguous());
+  EXPECT_EQ(gc.to_vector<float>(), gv);
+}
+
+TEST(OpValues, LinearTakesPaddedRowsWithoutChangingResults) {
+  const int64_t R = 70, IN = 24, OUT = 40;
+  Tensor w = randn_t({OUT, IN}, 314), b = randn_t({OUT}, 315);
+  Tensor dy = randn_t({2, R / 2, OUT}, 316);
+  // Reference: contiguous input, contiguous gradient.
+  Tensor x = randn_t({2, R / 2, IN}, 317);
+  auto run = [&](const Tensor& xin, const Tensor& g) {
+    Tensor xl = xin.detach(), wl = w.detach(), bl = b.detach();
+    xl.set_requires_grad(true);
+    wl.set_requires_grad(true);
+    bl.set_requires_grad(true);
+    Tensor y = linear(xl, wl, bl);
+    y.backward(g);
+    return std::vector<std::vector<float>>{y.to_vector<float>(), xl.grad().to_vector<float>(),
+                                           wl.grad().to_vector<float>(),
+                                           bl.grad().to_vector<float>()};
+  };
+  const auto want = run(x, dy);
+  // The same values in buffers whose rows are 7 floats longer (x) and 5 longer (the gradient).
+  Tensor xp = empty({R, IN + 7}).narrow(1, 0, IN).view({2, R / 2, IN});
+  Tensor dyp = empty({R, OUT + 5}).narrow(1, 0, OUT).view({2, R / 2, OUT});
+  {
+    NoGradGuard ng;
+    xp.copy_(x);
+    dyp.copy_(dy);
+  }
+  ASSERT_FALSE(xp.is_contiguous());
+  ASSERT_FALSE(dyp.is_contiguous());
+  const auto got = run(xp, dyp);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
+}
+
 TEST(OpValues, SumMeanCatSplitValues) {
   Tensor x = from_vector({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}, {2, 3});
   EXPECT_EQ(sum(x).item(), 21.0);

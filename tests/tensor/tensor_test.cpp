@@ -230,7 +230,7 @@ TEST(Kernels, AddColumnSumsMatchesDoubleSumAnyThreadCount) {
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     std::vector<float> out(static_cast<size_t>(N), 0.5f);
-    kernels::add_column_sums(out.data(), x.data(), M, N);
+    kernels::add_column_sums(out.data(), x.data(), M, N, N);
     for (int64_t j = 0; j < N; ++j) {
       double ref = 0.5;
       for (int64_t i = 0; i < M; ++i) ref += x[i * N + j];

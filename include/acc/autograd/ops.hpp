@@ -67,8 +67,17 @@ inline Tensor operator-(const Tensor& a) {
 /// (..., M, K) @ (..., K, N): 2-D @ 2-D, N-D @ 2-D (batch dims folded into M), and batched N-D @
 /// N-D with equal batch dims. Transposed views are passed to sgemm as transposes, not copied.
 Tensor matmul(const Tensor& a, const Tensor& b);
-/// x (..., IN) @ w (OUT, IN)^T + b (OUT): torch.nn.functional.linear.
+/// x (..., IN) @ w (OUT, IN)^T + b (OUT): torch.nn.functional.linear. x and the incoming
+/// gradient may have rows with a stride larger than IN / OUT (unit column stride); they are
+/// handed to sgemm with that stride, not copied.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
+/// Whether cross_entropy's gradient (which the LM head's backward GEMMs read next) gets its rows
+/// padded by 64 bytes when a row is a multiple of 4 KiB: the gradient is then a strided view, not
+/// a contiguous tensor. On by default (the LM head's weight-gradient GEMM runs faster;
+/// benchmarks/README.md); ACC_PAD_GEMM_GRADIENTS=0 turns it off for the process,
+/// set_gemm_gradient_padding at run time (both layouts give the same values).
+bool gemm_gradient_padding();
+void set_gemm_gradient_padding(bool on);
 
 // ---- activations ----
 enum class GeluApprox { kNone, kTanh };

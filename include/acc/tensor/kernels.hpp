@@ -21,9 +21,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 // (>= 1 MiB) use streaming stores: the caller's GEMM (beta = 1) reads C next, and ordinary
 // stores would first read every line of C from memory.
 void fill_rows(float* C, int64_t M, int64_t N, int64_t ldc, const float* row);
-// out[n] += sum over rows m of x[m, n] (x is M x N, contiguous). Each column is summed in row
-// order, so the result does not depend on the thread count.
-void add_column_sums(float* out, const float* x, int64_t M, int64_t N);
+// out[n] += sum over rows m of x[m, n] (x is M x N, row stride ldx >= N). Each column is summed
+// in row order, so the result does not depend on the thread count.
+void add_column_sums(float* out, const float* x, int64_t M, int64_t N, int64_t ldx);
 // y += a * x
 void axpy(int64_t n, float a, const float* x, float* y);
 // x *= a
@@ -121,9 +121,9 @@ void embedding_backward(float* dw, const Index* idx, const float* dout, int64_t 
 template <class Index>
 void cross_entropy_forward(float* losses, float* lse, const float* logits, const Index* targets,
                            int64_t N, int64_t V, int64_t ignore_index);
-// dlogits (N,V) = (softmax(logits) - onehot(target)) * dloss[n]
+// dlogits (N,V; row stride ldd >= V) = (softmax(logits) - onehot(target)) * dloss[n]
 template <class Index>
-void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+void cross_entropy_backward(float* dlogits, int64_t ldd, const float* logits, const float* lse,
                             const Index* targets, const float* dloss, int64_t N, int64_t V,
                             int64_t ignore_index);
 

@@ -111,7 +111,7 @@ void fill_rows(float* C, int64_t M, int64_t N, int64_t ldc, const float* row) {
                });
 }
 
-void add_column_sums(float* out, const float* x, int64_t M, int64_t N) {
+void add_column_sums(float* out, const float* x, int64_t M, int64_t N, int64_t ldx) {
   // Column blocks of 256 floats (1 KiB of each row): a block's sums stay in registers or L1.
   constexpr int64_t kCols = 256;
   parallel_for((N + kCols - 1) / kCols, 1, [&](int64_t b, int64_t e) {
@@ -119,7 +119,7 @@ void add_column_sums(float* out, const float* x, int64_t M, int64_t N) {
       const int64_t c1 = std::min(N, c0 + kCols);
       float* o = out + c0;
       for (int64_t m = 0; m < M; ++m) {
-        const float* row = x + m * N + c0;
+        const float* row = x + m * ldx + c0;
         for (int64_t c = 0; c < c1 - c0; ++c) o[c] += row[c];
       }
     }

@@ -40,7 +40,8 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   const auto lead = static_cast<std::ptrdiff_t>(g.dim() - static_cast<int64_t>(shape.size()));
   if (std::equal(shape.begin(), shape.end(), g.shape().begin() + lead)) {
     const int64_t n = out.numel();
-    if (n > 0) add_column_sums(out.data<float>(), g.contiguous().data<float>(), g.numel() / n, n);
+    if (n > 0)
+      add_column_sums(out.data<float>(), g.contiguous().data<float>(), g.numel() / n, n, n);
     return out;
   }
   // Strides of out seen from g's shape: broadcast dimensions get stride 0 and so accumulate.
