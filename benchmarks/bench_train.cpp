@@ -55,6 +55,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "acc/acc.hpp"
 #include "acc/autograd/flops.hpp"
@@ -287,33 +288,46 @@ class LinearShapes : public acc::detail::OpObserver {
   void on_backward_begin(const std::vector<acc::Tensor>&) override {}
   void on_op(const std::string& name, const std::string&, const std::vector<acc::Tensor>& inputs,
              const std::vector<acc::Tensor>&, bool backward) override {
-    if (backward || name != "Linear" || inputs.size() < 2) return;
+    if (backward || inputs.empty()) return;
+    if (name == "CrossEntropy" && inputs[0].dim() >= 1) {
+      const int64_t v = inputs[0].size(-1);
+      loss_inputs.insert({v > 0 ? inputs[0].numel() / v : 0, v});
+    }
+    if (name != "Linear" || inputs.size() < 2) return;
     const int64_t in = inputs[1].size(1), out = inputs[1].size(0);
     ++counts[{inputs[0].numel() / in, in, out}];
   }
   std::map<Shape, int64_t> counts;
+  // (rows, classes) of the cross-entropy inputs: a linear of that output shape gets its gradient
+  // from the loss, laid out by acc::detail::empty_gemm_gradient.
+  std::set<std::array<int64_t, 2>> loss_inputs;
 };
 
 // GFLOP/s of the model's GEMM mix: each recorded shape's three GEMMs once, through
 // acc::kernels::gemm with the layouts and threading acc::linear and LinearBackward use (with
 // beta = 0: a linear with a bias fills C with it first and accumulates, the same GEMM after a
-// fill of the same size), weighted by the shape's count. The operands come from AutoAcc's caching
-// allocator, which between steps holds the freed activations, so a sample mostly reuses cached
-// blocks (measured: max RSS 4-20 MiB higher than without --gemm-mix). 0 when nothing was recorded.
-double gemm_mix_gflops(const std::map<LinearShapes::Shape, int64_t>& shapes) {
+// fill of the same size; the gradient of a linear that feeds the loss laid out as the loss lays
+// it out), weighted by the shape's count. The operands come from AutoAcc's caching allocator,
+// which between steps holds the freed activations, so a sample mostly reuses cached blocks
+// (measured: max RSS 4-20 MiB higher than without --gemm-mix). 0 when nothing was recorded.
+double gemm_mix_gflops(const LinearShapes& linears) {
   using acc::kernels::gemm;
   double flops = 0, secs = 0;
-  for (const auto& [shape, count] : shapes) {
+  for (const auto& [shape, count] : linears.counts) {
     const auto [M, IN, OUT] = shape;
+    const bool from_loss = linears.loss_inputs.count({M, OUT}) > 0;
     acc::Tensor x = acc::full({M * IN}, 0.01), w = acc::full({OUT * IN}, 0.02),
-                dy = acc::full({M * OUT}, 0.03),
+                dy = from_loss ? acc::detail::empty_gemm_gradient({M, OUT}, {})
+                               : acc::empty({M, OUT}),
                 c = acc::empty({std::max({M * OUT, M * IN, OUT * IN})});
+    dy.fill_(0.03);
+    const int64_t lddy = dy.strides()[0];
     const float *px = x.data<float>(), *pw = w.data<float>(), *pdy = dy.data<float>();
     float* pc = c.data<float>();
     const auto t0 = std::chrono::steady_clock::now();
-    gemm(false, true, M, OUT, IN, 1.f, px, IN, pw, IN, 0.f, pc, OUT);    // y = x w^T
-    gemm(false, false, M, IN, OUT, 1.f, pdy, OUT, pw, IN, 0.f, pc, IN);  // dx = dy w
-    gemm(true, false, OUT, IN, M, 1.f, pdy, OUT, px, IN, 0.f, pc, IN);   // dw = dy^T x
+    gemm(false, true, M, OUT, IN, 1.f, px, IN, pw, IN, 0.f, pc, OUT);     // y = x w^T
+    gemm(false, false, M, IN, OUT, 1.f, pdy, lddy, pw, IN, 0.f, pc, IN);  // dx = dy w
+    gemm(true, false, OUT, IN, M, 1.f, pdy, lddy, px, IN, 0.f, pc, IN);   // dw = dy^T x
     secs += static_cast<double>(count) *
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     flops += static_cast<double>(count) * 3 * 2 * static_cast<double>(M) * IN * OUT;
@@ -434,7 +448,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   const bool mix = a.gemm_mix && a.sgemm_reps > 0;
   auto take_sample = [&] {
     sample_sgemm.push_back(probe->best_gflops(a.sgemm_sample_reps));
-    if (mix) sample_mix.push_back(gemm_mix_gflops(linears.counts));
+    if (mix) sample_mix.push_back(gemm_mix_gflops(linears));
   };
   autograd::FlopCount flops;
   double first_loss = NAN, last_loss = NAN;

@@ -126,6 +126,16 @@ void set_gemm_gradient_padding(bool on) {
   gemm_gradient_padding_flag().store(on, std::memory_order_relaxed);
 }
 
+Tensor detail::empty_gemm_gradient(const Shape& shape, const TensorOptions& options) {
+  constexpr int64_t kPad = 16, kMinRows = 64;
+  const int64_t n = shape.empty() ? 1 : shape.back();
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < shape.size(); ++d) rows *= shape[d];
+  if (!gemm_gradient_padding() || shape.size() < 2 || n == 0 || n % 1024 != 0 || rows < kMinRows)
+    return empty(shape, options);
+  return empty({rows, n + kPad}, options).narrow(1, 0, n).view(shape);
+}
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   detail::check_f32(x, "linear", "input");
   detail::check_f32(w, "linear", "weight");

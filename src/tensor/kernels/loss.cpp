@@ -79,10 +79,11 @@ void cross_entropy_backward(float* dlogits, int64_t ldd, const float* logits, co
       // Fetch the next row while this one is computed (as in the forward's sum_exp).
       const float* next = n + 1 < e ? x + V : nullptr;
       int64_t i = 0;
-      // The gradient (N x V, the largest tensor of a language model's step) is written once here
-      // and next read by the LM head's backward GEMMs, long after it has left the caches: from the
-      // first vector-aligned element on, streaming stores write it without first reading every
-      // line of it from memory. The target's -g is folded into its vector before the store.
+      // The gradient (N x V, the largest tensor of a language model's step: 64 MiB for the 17M
+      // GPT) is written once here and read next by the LM head's backward GEMMs, and it does not
+      // stay in the caches in between: from the first vector-aligned element on, streaming stores
+      // write it without first reading every line of it from memory. The target's -g is folded
+      // into its vector before the store.
       for (; i < V && reinterpret_cast<uintptr_t>(d + i) % simd::kStreamAlign != 0; ++i) {
         d[i] = vec::exp(x[i] - l) * g;
       }
