@@ -63,6 +63,8 @@ groups = [
      r"^acc::kernels::\(anonymous namespace\)::sgemm"),
     ("fused attention backward", r"attention_backward"),
     ("fused attention forward", r"attention_forward"),
+    # Shared by both directions; out of line since the prefetch (cfd1824).
+    ("fused attention: packing rows of q/k/v/dout (fwd + bwd)", r"packed_rows|load_transposed"),
     ("attention reference path (softmax)", r"softmax"),
     ("layernorm / rmsnorm", r"layernorm|rmsnorm|layer_norm|rms_norm"),
     ("gelu / silu / swiglu", r"gelu|silu|swiglu"),
