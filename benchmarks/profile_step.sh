@@ -54,7 +54,7 @@ script, bench = sys.argv[1], json.load(open(sys.argv[2]))
 # counts as GEMM, the bias fill before a linear's GEMM as the linear). Frames matching `generic`
 # are skipped while walking the chain.
 generic = (r"memset|memmove|memcpy|^malloc|^free|^cfree|_int_malloc|_int_free|operator new|"
-           r"operator delete|tile::|load_transposed|\[unknown\]|^std::vector|tbb::detail|"
+           r"operator delete|tile::|\[unknown\]|^std::vector|tbb::detail|"
            r"^acc::parallel_for<|^acc::detail::for_each_row<|simd::|vec::|kernels::fill_rows")
 groups = [
     ("GEMM: OpenBLAS sgemm micro-kernel", r"sgemm_kernel"),

@@ -50,10 +50,24 @@ inline std::pair<Tensor, int64_t> rows_of_matrix(const Tensor& t) {
   const Shape& sh = t.shape();
   const Shape& st = t.strides();
   const int64_t n = sh[nd - 1];
-  bool ok = nd == 1 ? st[0] == 1 || n <= 1 : (st[nd - 1] == 1 || n <= 1) && st[nd - 2] >= n;
-  for (int64_t d = 0; ok && d + 2 < nd; ++d) ok = sh[d] <= 1 || st[d] == st[d + 1] * sh[d + 1];
-  if (!ok) return {t.contiguous(), n};
-  return {t, nd == 1 ? n : st[nd - 2]};
+  if (n > 1 && st[nd - 1] != 1) return {t.contiguous(), n};
+  // The row stride is the stride of the innermost leading dimension of size > 1 (size-1
+  // dimensions may carry any stride); every leading dimension of size > 1 must then step over
+  // exactly the rows inside it.
+  int64_t ld = n;
+  for (int64_t d = nd - 2; d >= 0; --d) {
+    if (sh[d] > 1) {
+      ld = st[d];
+      break;
+    }
+  }
+  if (ld < n) return {t.contiguous(), n};
+  int64_t rows_inside = 1;
+  for (int64_t d = nd - 2; d >= 0; --d) {
+    if (sh[d] > 1 && st[d] != ld * rows_inside) return {t.contiguous(), n};
+    rows_inside *= sh[d];
+  }
+  return {t, ld};
 }
 
 }  // namespace acc::detail

@@ -529,7 +529,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets_in, int64_t ign
         // Read next by the LM head's backward GEMMs.
         Tensor dx = detail::empty_gemm_gradient(x.shape(), x.options());
         if (!dx.is_meta()) {
-          const int64_t ldd = detail::rows_of_matrix(dx).second;
+          const auto rows = detail::rows_of_matrix(dx);
+          ACC_CHECK_INTERNAL(rows.first.data<float>() == dx.data<float>(),
+                             "cross_entropy: the gradient's layout ", dx.strides(),
+                             " is not one row stride");
+          const int64_t ldd = rows.second;
           const float gscale = static_cast<float>(g[0].item() / static_cast<double>(count));
           std::vector<float> dloss(static_cast<size_t>(N), gscale);
           if (targets.dtype() == DType::kInt64) {

@@ -662,6 +662,12 @@ TEST(OpValues, CrossEntropyGradientOfPowerOfTwoWidthHasPaddedRows) {
       ASSERT_NEAR(gv[n * W + i], want, 1e-7) << "row " << n << " class " << i;
     }
   }
+  // A size-1 dimension among the rows (its stride is whatever the view gives it): still one row
+  // stride, the same values.
+  Tensor l3 = logits.detach().view({R, 1, W});
+  l3.set_requires_grad(true);
+  const Tensor g3 = cross_entropy(l3, i64(t, {R})).grad_fn()->apply({ones({})}).at(0);
+  EXPECT_EQ(g3.to_vector<float>(), gv);
   // Switched off: contiguous, the same values.
   set_gemm_gradient_padding(false);
   const Tensor gc = cross_entropy(logits, i64(t, {R})).grad_fn()->apply({ones({})}).at(0);
@@ -700,6 +706,16 @@ TEST(OpValues, LinearTakesPaddedRowsWithoutChangingResults) {
   ASSERT_FALSE(dyp.is_contiguous());
   const auto got = run(xp, dyp);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
+  // Every other row block of a larger tensor (x[:, ::2]): a size-1 dimension whose stride does
+  // not step over whole rows must not pass for one row stride.
+  Tensor big = empty({2, 2, R / 2, IN});
+  {
+    NoGradGuard ng;
+    big.narrow(1, 0, 1).copy_(x.view({2, 1, R / 2, IN}));
+    big.narrow(1, 1, 1).fill_(7.0);
+  }
+  const auto sliced = run(big.slice(1, 0, 2, 2), dy.view({2, 1, R / 2, OUT}));
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(sliced[i], want[i]) << "output " << i;
 }
 
 TEST(OpValues, SumMeanCatSplitValues) {

@@ -56,7 +56,8 @@ inline int64_t padded(int64_t T) {
   return (T + 15) / 16 * 16 + 16;
 }
 
-// How many rows ahead the strided reads of a head prefetch. A head's row is HS floats (a few
+// How many rows ahead packed_rows and the D pass prefetch (load_transposed, which reads blocks of
+// 16 rows, prefetches the next block). A head's row is HS floats (a few
 // cache lines) out of a row of all heads, so consecutive rows sit a page or more apart and the
 // hardware prefetchers, which follow streams within a page, do not fetch them: without software
 // prefetch each row costs a memory latency (one-off timing, 8 x 8 heads of a (8, 256, 1536)

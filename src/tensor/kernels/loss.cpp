@@ -90,7 +90,7 @@ void cross_entropy_backward(float* dlogits, int64_t ldd, const float* logits, co
       alignas(64) float buf[simd::kWidth];
       const int64_t i0 = i;  // first streamed element
       for (; i + simd::kWidth <= V; i += simd::kWidth) {
-        if (next != nullptr && i % 16 == 0) __builtin_prefetch(next + i, 0, 3);
+        if (next != nullptr && (i - i0) % 16 == 0) __builtin_prefetch(next + i, 0, 3);
         for (int64_t j = 0; j < simd::kWidth; ++j) buf[j] = vec::exp(x[i + j] - l) * g;
         if (t >= i && t < i + simd::kWidth) buf[t - i] -= g;
         simd::stream(d + i, simd::load(buf));
