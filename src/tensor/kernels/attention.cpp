@@ -57,11 +57,11 @@ inline int64_t padded(int64_t T) {
 }
 
 // How many rows ahead packed_rows and the D pass prefetch (load_transposed, which reads blocks of
-// 16 rows, prefetches the next block). A head's row is HS floats (a few
-// cache lines) out of a row of all heads, so consecutive rows sit a page or more apart and the
-// hardware prefetchers, which follow streams within a page, do not fetch them: without software
-// prefetch each row costs a memory latency (one-off timing, 8 x 8 heads of a (8, 256, 1536)
-// tensor: 4.3 GB/s without, 6.1-6.5 GB/s with 8 rows ahead).
+// 16 rows, prefetches the next block). A head's row is HS floats (a few cache lines) out of a row
+// of all heads, so consecutive rows sit a page or more apart and the hardware prefetchers, which
+// follow streams within a page, do not fetch them: without software prefetch each row costs a
+// memory latency (one-off timing, 8 x 8 heads of a (8, 256, 1536) tensor: 4.3 GB/s without,
+// 6.1-6.5 GB/s with 8 rows ahead).
 constexpr int64_t kPrefetchRows = 8;
 
 // Prefetches the cache lines of a head's row [p, p + n) into L1.
