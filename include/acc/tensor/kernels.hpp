@@ -21,8 +21,8 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 // (>= 1 MiB) use streaming stores: the caller's GEMM (beta = 1) reads C next, and ordinary
 // stores would first read every line of C from memory.
 void fill_rows(float* C, int64_t M, int64_t N, int64_t ldc, const float* row);
-// out[n] += sum over rows m of x[m, n] (x is M x N, row stride ldx >= N). Each column is summed
-// in row order, so the result does not depend on the thread count.
+// out[n] += sum over rows m of x[m, n] (x is M x N, row stride ldx >= N). Rows are summed in
+// fixed chunks combined in a fixed order, so the result does not depend on the thread count.
 void add_column_sums(float* out, const float* x, int64_t M, int64_t N, int64_t ldx);
 // y += a * x
 void axpy(int64_t n, float a, const float* x, float* y);

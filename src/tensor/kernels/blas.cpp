@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/threading.hpp"
@@ -112,18 +113,38 @@ void fill_rows(float* C, int64_t M, int64_t N, int64_t ldc, const float* row) {
 }
 
 void add_column_sums(float* out, const float* x, int64_t M, int64_t N, int64_t ldx) {
-  // Column blocks of 256 floats (1 KiB of each row): a block's sums stay in registers or L1.
-  constexpr int64_t kCols = 256;
-  parallel_for((N + kCols - 1) / kCols, 1, [&](int64_t b, int64_t e) {
-    for (int64_t c0 = b * kCols; c0 < std::min(N, e * kCols); c0 += kCols) {
-      const int64_t c1 = std::min(N, c0 + kCols);
-      float* o = out + c0;
-      for (int64_t m = 0; m < M; ++m) {
-        const float* row = x + m * ldx + c0;
-        for (int64_t c = 0; c < c1 - c0; ++c) o[c] += row[c];
+  // Rows are read in memory order, four at a time. Summing a block of columns down all rows
+  // instead reads each row's segment a row stride apart, a page or more for a linear's gradient,
+  // where the hardware prefetchers do not follow: one-off timing of 2048 rows, pinned, data just
+  // written and evicted from L2: 7.3-9.4 GB/s by column blocks, 12.6-13.9 GB/s this way.
+  // Row chunks of a fixed size (not one per thread) are summed separately, the first into `out`,
+  // the others into private partials added in chunk order, so the result does not depend on the
+  // thread count.
+  constexpr int64_t kChunkRows = 256;
+  const int64_t nchunks = (M + kChunkRows - 1) / kChunkRows;
+  std::vector<float> part(static_cast<size_t>(std::max<int64_t>(nchunks - 1, 0) * N), 0.f);
+  parallel_for(nchunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      float* __restrict o = c == 0 ? out : part.data() + (c - 1) * N;
+      const int64_t r1 = std::min(M, (c + 1) * kChunkRows);
+      int64_t r = c * kChunkRows;
+      for (; r + 4 <= r1; r += 4) {
+        const float* __restrict x0 = x + r * ldx;
+        const float* __restrict x1 = x0 + ldx;
+        const float* __restrict x2 = x1 + ldx;
+        const float* __restrict x3 = x2 + ldx;
+        for (int64_t j = 0; j < N; ++j) o[j] += (x0[j] + x1[j]) + (x2[j] + x3[j]);
+      }
+      for (; r < r1; ++r) {
+        const float* __restrict xr = x + r * ldx;
+        for (int64_t j = 0; j < N; ++j) o[j] += xr[j];
       }
     }
   });
+  for (int64_t c = 1; c < nchunks; ++c) {
+    const float* p = part.data() + (c - 1) * N;
+    for (int64_t j = 0; j < N; ++j) out[j] += p[j];
+  }
 }
 
 void axpy(int64_t n, float a, const float* x, float* y) {

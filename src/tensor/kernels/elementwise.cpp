@@ -35,8 +35,9 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   Tensor out = zeros(shape, g.options());
   if (g.is_meta()) return out;
   ACC_CHECK_TYPE(g.dtype() == DType::kFloat32, "sum_to: expects f32, got ", g.dtype());
-  // Reducing leading dimensions only (a bias broadcast over rows): add_column_sums, in parallel,
-  // the same additions in the same order as the general loop below.
+  // Reducing leading dimensions only (a bias broadcast over rows): add_column_sums, in parallel
+  // and reading rows in memory order (its additions are grouped, so the last bits may differ from
+  // the general loop below).
   const auto lead = static_cast<std::ptrdiff_t>(g.dim() - static_cast<int64_t>(shape.size()));
   if (std::equal(shape.begin(), shape.end(), g.shape().begin() + lead)) {
     const int64_t n = out.numel();
