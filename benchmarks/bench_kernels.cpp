@@ -31,6 +31,18 @@ void clear_grads(std::initializer_list<acc::Tensor*> ts) {
   for (acc::Tensor* t : ts) t->set_grad(acc::Tensor());
 }
 
+// Sets acc::set_gemm_row_padding for a benchmark's lifetime (its Arg: 1 the default, 0 off).
+class RowPadding {
+ public:
+  explicit RowPadding(bool on) : saved_(acc::gemm_row_padding()) { acc::set_gemm_row_padding(on); }
+  ~RowPadding() { acc::set_gemm_row_padding(saved_); }
+  RowPadding(const RowPadding&) = delete;
+  RowPadding& operator=(const RowPadding&) = delete;
+
+ private:
+  bool saved_;
+};
+
 void flops_counter(benchmark::State& state, double flops_per_iter) {
   state.counters["FLOP/s"] =
       benchmark::Counter(flops_per_iter, benchmark::Counter::kIsIterationInvariantRate);
@@ -157,8 +169,10 @@ void BM_AttentionPackedQkvForwardBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionPackedQkvForwardBackward)->Unit(benchmark::kMillisecond);
 
-// ---- bandwidth-bound ops on (N, C) activations.
+// ---- bandwidth-bound ops on (N, C) activations. Arg (LayerNorm, GELU): padded output rows
+// (acc::set_gemm_row_padding), 1 the default.
 void BM_LayerNormForwardBackward(benchmark::State& state) {
+  const RowPadding padding(state.range(0) != 0);
   acc::Tensor x = leaf({kN, kC}), w = leaf({kC}), b = leaf({kC});
   acc::Tensor dy = acc::randn({kN, kC});
   for (auto _ : state) {
@@ -167,7 +181,7 @@ void BM_LayerNormForwardBackward(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * kN * kC * 4 * 4);  // x, y, dy, dx
 }
-BENCHMARK(BM_LayerNormForwardBackward)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LayerNormForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond);
 
 void BM_RmsNormForwardBackward(benchmark::State& state) {
   acc::Tensor x = leaf({kN, kC}), w = leaf({kC});
@@ -181,6 +195,7 @@ void BM_RmsNormForwardBackward(benchmark::State& state) {
 BENCHMARK(BM_RmsNormForwardBackward)->Unit(benchmark::kMicrosecond);
 
 void BM_GeluForwardBackward(benchmark::State& state) {
+  const RowPadding padding(state.range(0) != 0);
   acc::Tensor x = leaf({kN, 4 * kC});
   acc::Tensor dy = acc::randn({kN, 4 * kC});
   for (auto _ : state) {
@@ -189,7 +204,7 @@ void BM_GeluForwardBackward(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * kN * 4 * kC * 4 * 4);
 }
-BENCHMARK(BM_GeluForwardBackward)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GeluForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond);
 
 void BM_SwigluForwardBackward(benchmark::State& state) {
   const int64_t H = 1376;  // the Llama config's intermediate size
@@ -238,10 +253,9 @@ void BM_CrossEntropyForwardBackward(benchmark::State& state) {
 // The LM head and the loss as one step runs them: logits = x w^T (N, V), cross-entropy, and the
 // backward through both, so that a change in how cross-entropy writes its gradient is timed
 // together with the two GEMMs that read that gradient next.
-// Arg: padded rows for the gradient (acc::set_gemm_gradient_padding), 1 the default.
+// Arg: padded rows for the gradient (acc::set_gemm_row_padding), 1 the default.
 void BM_LmHeadCrossEntropyForwardBackward(benchmark::State& state) {
-  const bool padding = acc::gemm_gradient_padding();
-  acc::set_gemm_gradient_padding(state.range(0) != 0);
+  const RowPadding padding(state.range(0) != 0);
   acc::Tensor x = leaf({kN, kC}), w = leaf({kV, kC}, 0.02);
   std::vector<int64_t> t(static_cast<size_t>(kN));
   for (int64_t i = 0; i < kN; ++i) t[static_cast<size_t>(i)] = (i * 7919) % kV;
@@ -251,11 +265,31 @@ void BM_LmHeadCrossEntropyForwardBackward(benchmark::State& state) {
     acc::cross_entropy(acc::linear(x, w, acc::Tensor()), targets).backward();
   }
   flops_counter(state, 6.0 * kN * kC * kV);
-  acc::set_gemm_gradient_padding(padding);
 }
 BENCHMARK(BM_CrossEntropyForward)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LmHeadCrossEntropyForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
+
+// ---- one GPT block (LayerNorm, qkv, fused attention, projection, LayerNorm, GELU MLP, two
+// residual adds), forward + backward, as a step runs each of the 17M GPT's four blocks.
+// Arg: padded rows for the tensors the block's GEMMs read (acc::set_gemm_row_padding), 1 the
+// default; compare the two with --benchmark_enable_random_interleaving.
+void BM_GptBlockForwardBackward(benchmark::State& state) {
+  const RowPadding padding(state.range(0) != 0);
+  acc::nn::GPTBlock block(kC, kNH, /*bias=*/true, acc::nn::Activation::kGeluTanh);
+  acc::Tensor x = leaf({kB, kT, kC}), dy = acc::randn({kB, kT, kC});
+  for (auto _ : state) {
+    clear_grads({&x});
+    for (auto& [name, p] : block.named_parameters()) p.set_grad(acc::Tensor());
+    block.forward(x).backward(dy);
+  }
+  // The block's matrix products: four linears (3 GEMMs each) and causal attention (half the
+  // score and value products, forward + 2x backward).
+  const double linears = 2.0 * kN * kC * (3 * kC + kC + 4 * kC + 4 * kC);
+  const double attention = 2.0 * kB * kNH * kT * kT * kHS;
+  flops_counter(state, 3 * (linears + attention));
+}
+BENCHMARK(BM_GptBlockForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
 
 // ---- embedding lookup + backward scatter (tokens (N,), table (V, C)).
 void BM_EmbeddingForwardBackward(benchmark::State& state) {

@@ -55,7 +55,6 @@
 #include <iostream>
 #include <map>
 #include <optional>
-#include <set>
 
 #include "acc/acc.hpp"
 #include "acc/autograd/flops.hpp"
@@ -277,57 +276,77 @@ double sgemm_burst_best_gflops(int64_t n, int reps, int threads) {
   return probe.best_gflops(reps);
 }
 
-// The model's linears as (rows M, in, out) -> how many a step runs, recorded from the forward ops
-// of one step. Each linear is three GEMMs per step (LinearBackward: forward, dx, dw).
+// The row stride of `t` seen as a matrix of rows (what acc::linear hands to sgemm): the stride of
+// its second-to-last dimension when that dimension is > 1 and its rows are padded, else its width.
+int64_t row_stride(const acc::Tensor& t) {
+  if (t.dim() < 2 || t.size(-2) <= 1) return t.dim() == 0 ? 1 : t.size(-1);
+  const int64_t st = t.strides()[t.dim() - 2];
+  return st > t.size(-1) ? st : t.size(-1);
+}
+
+// The model's linears as (rows M, in, out) -> how many a step runs and the row strides of their
+// input x and incoming gradient dy (padded rows: acc::detail::empty_gemm_rows), recorded from
+// the ops of one step. Each linear is three GEMMs per step (forward, dx, dw).
 class LinearShapes : public acc::detail::OpObserver {
  public:
   using Shape = std::array<int64_t, 3>;
   void on_alloc(uint64_t, size_t, acc::Device) override {}
   void on_free(uint64_t) override {}
   void on_flops(int64_t, bool) override {}
-  void on_backward_begin(const std::vector<acc::Tensor>&) override {}
+  // Only the stride is kept: holding the gradient would change what the node does with it.
+  void on_backward_begin(const std::vector<acc::Tensor>& grads) override {
+    pending_dy_ld_ = grads.size() == 1 && grads[0].defined() ? row_stride(grads[0]) : 0;
+  }
   void on_op(const std::string& name, const std::string&, const std::vector<acc::Tensor>& inputs,
-             const std::vector<acc::Tensor>&, bool backward) override {
-    if (backward || inputs.empty()) return;
-    if (name == "CrossEntropy" && inputs[0].dim() >= 1) {
-      const int64_t v = inputs[0].size(-1);
-      loss_inputs.insert({v > 0 ? inputs[0].numel() / v : 0, v});
+             const std::vector<acc::Tensor>& outputs, bool backward) override {
+    if (backward) {
+      // LinearBackward's outputs: dx, dw (out, in), db.
+      if (name != "LinearBackward" || outputs.size() < 2 || !outputs[1].defined() ||
+          pending_dy_ld_ == 0)
+        return;
+      const int64_t out = outputs[1].size(0), in = outputs[1].size(1);
+      if (outputs[0].defined()) dy_ld[{outputs[0].numel() / in, in, out}] = pending_dy_ld_;
+      return;
     }
     if (name != "Linear" || inputs.size() < 2) return;
     const int64_t in = inputs[1].size(1), out = inputs[1].size(0);
-    ++counts[{inputs[0].numel() / in, in, out}];
+    const Shape shape{inputs[0].numel() / in, in, out};
+    ++counts[shape];
+    x_ld[shape] = row_stride(inputs[0]);
   }
-  std::map<Shape, int64_t> counts;
-  // (rows, classes) of the cross-entropy inputs: a linear of that output shape gets its gradient
-  // from the loss, laid out by acc::detail::empty_gemm_gradient.
-  std::set<std::array<int64_t, 2>> loss_inputs;
+  std::map<Shape, int64_t> counts, x_ld, dy_ld;
+
+ private:
+  int64_t pending_dy_ld_ = 0;
 };
 
 // GFLOP/s of the model's GEMM mix: each recorded shape's three GEMMs once, through
-// acc::kernels::gemm with the layouts and threading acc::linear and LinearBackward use (with
-// beta = 0: a linear with a bias fills C with it first and accumulates, the same GEMM after a
-// fill of the same size; the gradient of a linear that feeds the loss laid out as the loss lays
-// it out), weighted by the shape's count. The operands come from AutoAcc's caching allocator,
-// which between steps holds the freed activations, so a sample mostly reuses cached blocks
-// (measured: max RSS 4-20 MiB higher than without --gemm-mix). 0 when nothing was recorded.
+// acc::kernels::gemm with the layouts (row strides of x and dy as recorded) and threading
+// acc::linear and LinearBackward use (with beta = 0: a linear with a bias fills C with it first
+// and accumulates, the same GEMM after a fill of the same size), weighted by the shape's count.
+// The operands come from AutoAcc's caching allocator, which between steps holds the freed
+// activations, so a sample mostly reuses cached blocks (measured: max RSS 4-20 MiB higher than
+// without --gemm-mix). 0 when nothing was recorded.
 double gemm_mix_gflops(const LinearShapes& linears) {
   using acc::kernels::gemm;
   double flops = 0, secs = 0;
+  auto ld_of = [](const std::map<LinearShapes::Shape, int64_t>& m, const LinearShapes::Shape& s,
+                  int64_t width) {
+    const auto it = m.find(s);
+    return it != m.end() && it->second >= width ? it->second : width;
+  };
   for (const auto& [shape, count] : linears.counts) {
     const auto [M, IN, OUT] = shape;
-    const bool from_loss = linears.loss_inputs.count({M, OUT}) > 0;
-    acc::Tensor x = acc::full({M * IN}, 0.01), w = acc::full({OUT * IN}, 0.02),
-                dy = from_loss ? acc::detail::empty_gemm_gradient({M, OUT}, {})
-                               : acc::empty({M, OUT}),
+    const int64_t ldx = ld_of(linears.x_ld, shape, IN), lddy = ld_of(linears.dy_ld, shape, OUT);
+    acc::Tensor x = acc::full({M * ldx}, 0.01), w = acc::full({OUT * IN}, 0.02),
+                dy = acc::full({M * lddy}, 0.03),
                 c = acc::empty({std::max({M * OUT, M * IN, OUT * IN})});
-    dy.fill_(0.03);
-    const int64_t lddy = dy.strides()[0];
     const float *px = x.data<float>(), *pw = w.data<float>(), *pdy = dy.data<float>();
     float* pc = c.data<float>();
     const auto t0 = std::chrono::steady_clock::now();
-    gemm(false, true, M, OUT, IN, 1.f, px, IN, pw, IN, 0.f, pc, OUT);     // y = x w^T
+    gemm(false, true, M, OUT, IN, 1.f, px, ldx, pw, IN, 0.f, pc, OUT);    // y = x w^T
     gemm(false, false, M, IN, OUT, 1.f, pdy, lddy, pw, IN, 0.f, pc, IN);  // dx = dy w
-    gemm(true, false, OUT, IN, M, 1.f, pdy, lddy, px, IN, 0.f, pc, IN);   // dw = dy^T x
+    gemm(true, false, OUT, IN, M, 1.f, pdy, lddy, px, ldx, 0.f, pc, IN);  // dw = dy^T x
     secs += static_cast<double>(count) *
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     flops += static_cast<double>(count) * 3 * 2 * static_cast<double>(M) * IN * OUT;

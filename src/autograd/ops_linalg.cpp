@@ -10,8 +10,8 @@
 namespace acc {
 namespace {
 
-std::atomic<bool>& gemm_gradient_padding_flag() {
-  static std::atomic<bool> on{env::get_int("ACC_PAD_GEMM_GRADIENTS", 1) != 0};
+std::atomic<bool>& gemm_row_padding_flag() {
+  static std::atomic<bool> on{env::get_int("ACC_PAD_GEMM_ROWS", 1) != 0};
   return on;
 }
 
@@ -118,20 +118,20 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return bmm(a3, b3).view(out_shape);
 }
 
-bool gemm_gradient_padding() {
-  return gemm_gradient_padding_flag().load(std::memory_order_relaxed);
+bool gemm_row_padding() {
+  return gemm_row_padding_flag().load(std::memory_order_relaxed);
 }
 
-void set_gemm_gradient_padding(bool on) {
-  gemm_gradient_padding_flag().store(on, std::memory_order_relaxed);
+void set_gemm_row_padding(bool on) {
+  gemm_row_padding_flag().store(on, std::memory_order_relaxed);
 }
 
-Tensor detail::empty_gemm_gradient(const Shape& shape, const TensorOptions& options) {
+Tensor detail::empty_gemm_rows(const Shape& shape, const TensorOptions& options) {
   constexpr int64_t kPad = 16, kMinRows = 64;
   const int64_t n = shape.empty() ? 1 : shape.back();
   int64_t rows = 1;
   for (size_t d = 0; d + 1 < shape.size(); ++d) rows *= shape[d];
-  if (!gemm_gradient_padding() || shape.size() < 2 || n == 0 || n % 1024 != 0 || rows < kMinRows)
+  if (!gemm_row_padding() || shape.size() < 2 || n == 0 || n % 512 != 0 || rows < kMinRows)
     return empty(shape, options);
   return empty({rows, n + kPad}, options).narrow(1, 0, n).view(shape);
 }
@@ -151,7 +151,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                     " does not match weight ", w.shape());
   }
   const int64_t IN = w.size(1), OUT = w.size(0), M = x.numel() / std::max<int64_t>(IN, 1);
-  // x and the incoming gradient may have padded rows (see detail::empty_gemm_gradient): the GEMMs
+  // x and the incoming gradient may have padded rows (see detail::empty_gemm_rows): the GEMMs
   // take their row strides, so they are not copied.
   const auto x_rows = detail::rows_of_matrix(x);
   const Tensor xc = x_rows.first;

@@ -23,9 +23,14 @@ Tensor gelu(const Tensor& x, GeluApprox approximate) {
   detail::check_f32(x, "gelu", "x");
   const bool tanh_approx = approximate == GeluApprox::kTanh;
   Tensor xc = x.contiguous();
-  Tensor out = empty(x.shape(), x.options());
-  if (!out.is_meta())
-    kernels::gelu_forward(out.data<float>(), xc.data<float>(), x.numel(), tanh_approx);
+  // Usually the input of the next linear: rows padded as that linear's GEMMs prefer.
+  Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
+  if (!out.is_meta()) {
+    const float* px = xc.data<float>();
+    detail::write_rows(out, [&](float* dst, int64_t off, int64_t n) {
+      kernels::gelu_forward(dst, px + off, n, tanh_approx);
+    });
+  }
   autograd::record_op("GeluBackward", {x}, {out},
                       [xc, tanh_approx](const std::vector<Tensor>& g, const std::vector<bool>&) {
                         Tensor gc = g[0].contiguous();
@@ -42,8 +47,12 @@ Tensor gelu(const Tensor& x, GeluApprox approximate) {
 Tensor silu(const Tensor& x) {
   detail::check_f32(x, "silu", "x");
   Tensor xc = x.contiguous();
-  Tensor out = empty(x.shape(), x.options());
-  if (!out.is_meta()) kernels::silu_forward(out.data<float>(), xc.data<float>(), x.numel());
+  Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
+  if (!out.is_meta()) {
+    const float* px = xc.data<float>();
+    detail::write_rows(
+        out, [&](float* dst, int64_t off, int64_t n) { kernels::silu_forward(dst, px + off, n); });
+  }
   autograd::record_op(
       "SiluBackward", {x}, {out}, [xc](const std::vector<Tensor>& g, const std::vector<bool>&) {
         Tensor gc = g[0].contiguous();
@@ -59,8 +68,12 @@ Tensor silu(const Tensor& x) {
 Tensor relu(const Tensor& x) {
   detail::check_f32(x, "relu", "x");
   Tensor xc = x.contiguous();
-  Tensor out = empty(x.shape(), x.options());
-  if (!out.is_meta()) kernels::relu_forward(out.data<float>(), xc.data<float>(), x.numel());
+  Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
+  if (!out.is_meta()) {
+    const float* px = xc.data<float>();
+    detail::write_rows(
+        out, [&](float* dst, int64_t off, int64_t n) { kernels::relu_forward(dst, px + off, n); });
+  }
   autograd::record_op(
       "ReluBackward", {x}, {out}, [xc](const std::vector<Tensor>& g, const std::vector<bool>&) {
         Tensor gc = g[0].contiguous();
@@ -80,9 +93,12 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   ACC_CHECK_SHAPE(gate.shape() == up.shape(), "swiglu: gate ", gate.shape(), " and up ", up.shape(),
                   " differ");
   Tensor gc = gate.contiguous(), uc = up.contiguous();
-  Tensor out = empty(gate.shape(), gate.options());
+  Tensor out = detail::empty_gemm_rows(gate.shape(), gate.options());
   if (!out.is_meta()) {
-    kernels::swiglu_forward(out.data<float>(), gc.data<float>(), uc.data<float>(), out.numel());
+    const float *pg = gc.data<float>(), *pu = uc.data<float>();
+    detail::write_rows(out, [&](float* dst, int64_t off, int64_t n) {
+      kernels::swiglu_forward(dst, pg + off, pu + off, n);
+    });
   }
   autograd::record_op("SwigluBackward", {gate, up}, {out},
                       [gc, uc](const std::vector<Tensor>& g, const std::vector<bool>& need) {
@@ -139,13 +155,14 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                     " does not match the last dimension of input ", x.shape());
   }
   Tensor xc = x.contiguous();
-  Tensor out = empty(x.shape(), x.options());
+  // Usually the input of the next linear: rows padded as that linear's GEMMs prefer.
+  Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
   Tensor mean = empty({N}, x.options()), rstd = empty({N}, x.options());
   if (!out.is_meta()) {
-    kernels::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(),
-                               xc.data<float>(), weight.contiguous().data<float>(),
-                               has_bias ? bias.contiguous().data<float>() : nullptr, N, C,
-                               static_cast<float>(eps));
+    kernels::layernorm_forward(
+        out.data<float>(), detail::rows_of_matrix(out).second, mean.data<float>(),
+        rstd.data<float>(), xc.data<float>(), weight.contiguous().data<float>(),
+        has_bias ? bias.contiguous().data<float>() : nullptr, N, C, static_cast<float>(eps));
   }
   std::vector<Tensor> inputs{x, weight};
   if (has_bias) inputs.push_back(bias);
@@ -180,11 +197,12 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   ACC_CHECK_SHAPE(weight.shape() == Shape{C}, "rms_norm: weight ", weight.shape(),
                   " does not match the last dimension of input ", x.shape());
   Tensor xc = x.contiguous(), w = weight.contiguous();
-  Tensor out = empty(x.shape(), x.options());
+  Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
   Tensor rstd = empty({N}, x.options());
   if (!out.is_meta()) {
-    kernels::rmsnorm_forward(out.data<float>(), rstd.data<float>(), xc.data<float>(),
-                             w.data<float>(), N, C, static_cast<float>(eps));
+    kernels::rmsnorm_forward(out.data<float>(), detail::rows_of_matrix(out).second,
+                             rstd.data<float>(), xc.data<float>(), w.data<float>(), N, C,
+                             static_cast<float>(eps));
   }
   autograd::record_op(
       "RmsNormBackward", {x, weight}, {out},
@@ -261,10 +279,13 @@ kernels::AttnGrad grad_operand(const Tensor& t) {
   return {t.data<float>(), s[0], s[1], s[2]};
 }
 
-// A (B,H,T,HS) tensor stored as (B,T,H,HS).
+// A (B,H,T,HS) tensor stored as (B,T,H,HS), its B*T rows of H*HS floats laid out as
+// detail::empty_gemm_rows lays out a linear's operand: attention's output is the input of the
+// output projection, and the gradients of q, k, v are what their projections' backward GEMMs read.
 Tensor bthd_tensor(int64_t B, int64_t H, int64_t T, int64_t HS, TensorOptions opt) {
-  Tensor store = empty({B, T, H, HS}, opt);
-  return make_view(store, {B, H, T, HS}, {T * H * HS, HS, H * HS, 1}, 0);
+  Tensor store = detail::empty_gemm_rows({B * T, H * HS}, opt);
+  const int64_t ld = detail::rows_of_matrix(store).second;
+  return make_view(store, {B, H, T, HS}, {T * ld, HS, ld, 1}, store.offset());
 }
 
 // True when q, k, v are the head views of one (B, T, NH + 2 NKV, HS) tensor, q's heads then k's
@@ -323,11 +344,12 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
         if (packed) {
           // Gradients laid out like q, k, v: side by side in one buffer, so the
           // backward of the qkv split needs no concatenation.
-          const int64_t H = NH + 2 * NKV, st = H * HS;
-          Tensor store = empty({B, T, H, HS}, q.options());
-          dq = make_view(store, {B, NH, T, HS}, {T * st, HS, st, 1}, 0);
-          dk = make_view(store, {B, NKV, T, HS}, {T * st, HS, st, 1}, NH * HS);
-          dv = make_view(store, {B, NKV, T, HS}, {T * st, HS, st, 1}, (NH + NKV) * HS);
+          const int64_t H = NH + 2 * NKV;
+          Tensor store = detail::empty_gemm_rows({B * T, H * HS}, q.options());
+          const int64_t st = detail::rows_of_matrix(store).second, o0 = store.offset();
+          dq = make_view(store, {B, NH, T, HS}, {T * st, HS, st, 1}, o0);
+          dk = make_view(store, {B, NKV, T, HS}, {T * st, HS, st, 1}, o0 + NH * HS);
+          dv = make_view(store, {B, NKV, T, HS}, {T * st, HS, st, 1}, o0 + (NH + NKV) * HS);
         } else {
           dq = bthd_tensor(B, NH, T, HS, q.options());
           dk = bthd_tensor(B, NKV, T, HS, q.options());
@@ -527,7 +549,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets_in, int64_t ign
       [x, targets, lse, N, V, count, ignore_index](const std::vector<Tensor>& g,
                                                    const std::vector<bool>&) {
         // Read next by the LM head's backward GEMMs.
-        Tensor dx = detail::empty_gemm_gradient(x.shape(), x.options());
+        Tensor dx = detail::empty_gemm_rows(x.shape(), x.options());
         if (!dx.is_meta()) {
           const auto rows = detail::rows_of_matrix(dx);
           ACC_CHECK_INTERNAL(rows.first.data<float>() == dx.data<float>(),

@@ -14,7 +14,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "acc/autograd/engine.hpp"
@@ -639,12 +641,12 @@ TEST(OpValues, CrossEntropyGradientIsSoftmaxMinusOneHotAtAnyRowAlignment) {
 }
 
 // Cross-entropy's gradient, which the LM head's backward GEMMs read next, gets rows padded by 16
-// floats when a row is a multiple of 4 KiB (unless switched off); the values are the same, and
+// floats when a row is a multiple of 2 KiB (unless switched off); the values are the same, and
 // the linear takes padded inputs and gradients without a copy (next test).
 TEST(OpValues, CrossEntropyGradientOfPowerOfTwoWidthHasPaddedRows) {
   const int64_t R = 64, W = 1024;
-  const bool padding = gemm_gradient_padding();
-  set_gemm_gradient_padding(true);
+  const bool padding = gemm_row_padding();
+  set_gemm_row_padding(true);
   // The backward node is applied directly: a leaf's .grad is a contiguous copy.
   Tensor logits = randn_t({R, W}, 313, 2.0);
   logits.set_requires_grad(true);
@@ -669,11 +671,121 @@ TEST(OpValues, CrossEntropyGradientOfPowerOfTwoWidthHasPaddedRows) {
   const Tensor g3 = cross_entropy(l3, i64(t, {R})).grad_fn()->apply({ones({})}).at(0);
   EXPECT_EQ(g3.to_vector<float>(), gv);
   // Switched off: contiguous, the same values.
-  set_gemm_gradient_padding(false);
+  set_gemm_row_padding(false);
   const Tensor gc = cross_entropy(logits, i64(t, {R})).grad_fn()->apply({ones({})}).at(0);
-  set_gemm_gradient_padding(padding);
+  set_gemm_row_padding(padding);
   EXPECT_TRUE(gc.is_contiguous());
   EXPECT_EQ(gc.to_vector<float>(), gv);
+}
+
+// The ops whose output a linear reads next (norms, activations, attention) give it rows padded by
+// 16 floats when a row is a multiple of 2 KiB and there are at least 64 rows; switched off, or
+// with fewer rows, the output is contiguous. Values and gradients are the same bit for bit.
+TEST(OpValues, GemmOperandsHavePaddedRowsWithTheSameValues) {
+  const int64_t W = 512;
+  const bool padding = gemm_row_padding();
+  using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+  struct Case {
+    std::string name;
+    Fn fn;
+    std::vector<Shape> inputs;
+  };
+  const Tensor lw = randn_t({W}, 401), lb = randn_t({W}, 402);
+  const std::vector<Case> cases = {
+      {"layer_norm",
+       [&](const std::vector<Tensor>& x) { return layer_norm(x[0], lw, lb); },
+       {{2, 40, W}}},
+      {"rms_norm", [&](const std::vector<Tensor>& x) { return rms_norm(x[0], lw); }, {{2, 40, W}}},
+      {"gelu_tanh", [](const std::vector<Tensor>& x) { return gelu(x[0]); }, {{80, W}}},
+      {"gelu",
+       [](const std::vector<Tensor>& x) { return gelu(x[0], GeluApprox::kNone); },
+       {{80, W}}},
+      {"silu", [](const std::vector<Tensor>& x) { return silu(x[0]); }, {{80, W}}},
+      {"relu", [](const std::vector<Tensor>& x) { return relu(x[0]); }, {{80, W}}},
+      {"swiglu",
+       [](const std::vector<Tensor>& x) { return swiglu(x[0], x[1]); },
+       {{80, W}, {80, W}}},
+      // (B, NH, T, HS) with NH * HS = 512 and B * T = 80 rows; the output is (B, NH, T, HS)
+      // stored as (B, T, NH * HS) rows.
+      {"attention",
+       [](const std::vector<Tensor>& x) {
+         return scaled_dot_product_attention(x[0], x[1], x[2], /*causal=*/true);
+       },
+       {{2, 8, 40, 64}, {2, 8, 40, 64}, {2, 8, 40, 64}}},
+  };
+  uint64_t seed = 410;
+  for (const Case& c : cases) {
+    std::vector<Tensor> inputs;
+    for (const Shape& sh : c.inputs) inputs.push_back(randn_t(sh, seed++));
+    const Tensor weight = randn_t(c.fn(inputs).shape(), seed++);  // d loss / d out
+    // Output (as values), its row stride, and the input gradients.
+    auto run = [&](bool pad) {
+      set_gemm_row_padding(pad);
+      std::vector<Tensor> xs;
+      for (const Tensor& x : inputs) {
+        Tensor l = x.detach();
+        l.set_requires_grad(true);
+        xs.push_back(l);
+      }
+      Tensor out = c.fn(xs);
+      const Shape strides = out.strides();
+      sum(out * weight).backward();
+      std::vector<std::vector<float>> values{out.to_vector<float>()};
+      for (const Tensor& x : xs) values.push_back(x.grad().to_vector<float>());
+      return std::make_pair(strides, values);
+    };
+    const auto on = run(true), off = run(false);
+    set_gemm_row_padding(padding);
+    const Shape& st = on.first;
+    if (c.name == "attention") {
+      EXPECT_EQ(st, (Shape{40 * (W + 16), 64, W + 16, 1})) << c.name;
+      EXPECT_EQ(off.first, (Shape{40 * W, 64, W, 1})) << c.name;
+    } else {
+      EXPECT_EQ(st[st.size() - 2], W + 16) << c.name;
+      EXPECT_EQ(off.first[st.size() - 2], W) << c.name;
+    }
+    ASSERT_EQ(on.second.size(), off.second.size());
+    for (size_t i = 0; i < on.second.size(); ++i) {
+      EXPECT_EQ(on.second[i], off.second[i]) << c.name << ": " << (i == 0 ? "output" : "gradient");
+    }
+  }
+  // Fewer than 64 rows, or a row that is not a multiple of 2 KiB: contiguous.
+  set_gemm_row_padding(true);
+  const Tensor few = gelu(randn_t({63, W}, 450)), narrow_rows = gelu(randn_t({80, W + 8}, 451));
+  set_gemm_row_padding(padding);
+  EXPECT_TRUE(few.is_contiguous());
+  EXPECT_TRUE(narrow_rows.is_contiguous());
+}
+
+// A qkv projection split into heads (GPT's layout): attention's gradients lie side by side in one
+// buffer with padded rows (which the split's backward joins without a copy), and the qkv linear
+// gets the same gradients as without padding.
+TEST(OpValues, PackedQkvGradientHasPaddedRowsWithTheSameValues) {
+  const int64_t B = 2, T = 40, NH = 8, HS = 64, C = NH * HS;
+  const bool padding = gemm_row_padding();
+  const Tensor x0 = randn_t({B, T, C}, 460), w0 = randn_t({3 * C, C}, 461, 0.05),
+               dout = randn_t({B, NH, T, HS}, 462);
+  auto run = [&](bool pad) {
+    set_gemm_row_padding(pad);
+    Tensor x = x0.detach(), w = w0.detach();
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    Tensor qkv = linear(x, w);
+    auto parts = split(qkv, {C, C, C}, 2);
+    auto heads = [&](const Tensor& t) { return t.view({B, T, NH, HS}).transpose(1, 2); };
+    Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                            /*causal=*/true);
+    // Attention's backward node on its own: dq is a view of the one buffer of q, k, v gradients.
+    const Shape dq_strides = y.grad_fn()->apply({dout}).at(0).strides();
+    sum(y * dout).backward();
+    set_gemm_row_padding(padding);
+    return std::make_tuple(dq_strides, x.grad().to_vector<float>(), w.grad().to_vector<float>());
+  };
+  const auto on = run(true), off = run(false);
+  EXPECT_EQ(std::get<0>(on), (Shape{T * (3 * C + 16), HS, 3 * C + 16, 1}));
+  EXPECT_EQ(std::get<0>(off), (Shape{T * 3 * C, HS, 3 * C, 1}));
+  EXPECT_EQ(std::get<1>(on), std::get<1>(off));
+  EXPECT_EQ(std::get<2>(on), std::get<2>(off));
 }
 
 TEST(OpValues, LinearTakesPaddedRowsWithoutChangingResults) {

@@ -71,23 +71,25 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 /// gradient may have rows with a stride larger than IN / OUT (unit column stride); they are
 /// handed to sgemm with that stride, not copied.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
-/// Whether cross_entropy's gradient (which the LM head's backward GEMMs read next) gets its rows
-/// padded by 64 bytes when a row is a multiple of 4 KiB: the gradient is then a strided view, not
-/// a contiguous tensor. On by default (the LM head's weight-gradient GEMM runs faster;
-/// benchmarks/README.md); ACC_PAD_GEMM_GRADIENTS=0 turns it off for the process,
-/// set_gemm_gradient_padding at run time (both layouts give the same values).
-bool gemm_gradient_padding();
-void set_gemm_gradient_padding(bool on);
+/// Whether tensors that a GEMM reads next get their rows padded by 64 bytes when a row is a
+/// multiple of 2 KiB (last dimension a multiple of 512 floats): the outputs of layer_norm,
+/// rms_norm, the activations and attention (a linear's input x) and cross_entropy's gradient (the
+/// LM head's dy). Such a tensor is then a strided view, not a contiguous tensor. On by default
+/// (OpenBLAS's weight-gradient GEMM runs faster; benchmarks/README.md); ACC_PAD_GEMM_ROWS=0 turns
+/// it off for the process, set_gemm_row_padding at run time (both layouts give the same values,
+/// bit for bit).
+bool gemm_row_padding();
+void set_gemm_row_padding(bool on);
 namespace detail {
-/// An uninitialised tensor of `shape` for a gradient that a linear's backward GEMMs read next
-/// (cross-entropy's). When its rows are a multiple of 4 KiB (last dimension a multiple of 1024
-/// floats, e.g. 8192-wide logits), there are at least 64 of them and gemm_gradient_padding() is
-/// on, the rows are padded by 64 bytes: OpenBLAS packs the weight-gradient GEMM's dy by walking
-/// down its columns, and with a power-of-two row stride every row maps onto the same cache sets (a
-/// one-off timing of dw = dy^T x for the 17M GPT's LM head, pinned to one core: 6% faster). The
-/// result is a view (strides (..., N + 16, 1)) of a larger buffer; linear hands it to sgemm
-/// without a copy, and any op that needs a contiguous tensor copies it as usual.
-Tensor empty_gemm_gradient(const Shape& shape, const TensorOptions& options);
+/// An uninitialised tensor of `shape` that a linear's GEMMs read next (see gemm_row_padding).
+/// When its rows are a multiple of 2 KiB, there are at least 64 of them and gemm_row_padding() is
+/// on, the rows are padded by 64 bytes: OpenBLAS packs the weight-gradient GEMM's operands
+/// (dw = dy^T x) by walking down their columns, and with a power-of-two row stride every row maps
+/// onto the same cache sets (one-off timings of the 17M GPT's weight gradients, pinned to one
+/// core: padding dy +6% on the LM head, padding x +1 to +5% on the block linears). The result is
+/// a view (strides (..., N + 16, 1)) of a larger buffer; linear hands it to sgemm without a copy,
+/// and any op that needs a contiguous tensor copies it as usual.
+Tensor empty_gemm_rows(const Shape& shape, const TensorOptions& options);
 }  // namespace detail
 
 // ---- activations ----
