@@ -46,6 +46,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -55,6 +56,8 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <string>
+#include <tuple>
 
 #include "acc/acc.hpp"
 #include "acc/autograd/flops.hpp"
@@ -276,20 +279,29 @@ double sgemm_burst_best_gflops(int64_t n, int reps, int threads) {
   return probe.best_gflops(reps);
 }
 
-// The row stride of `t` seen as a matrix of rows (what acc::linear hands to sgemm): the stride of
-// its second-to-last dimension when that dimension is > 1 and its rows are padded, else its width.
+// The row stride of `t` seen as a matrix of rows, as acc::linear hands it to sgemm: the stride of
+// its innermost leading dimension of size > 1 when that exceeds the width (padded rows), else the
+// width.
 int64_t row_stride(const acc::Tensor& t) {
-  if (t.dim() < 2 || t.size(-2) <= 1) return t.dim() == 0 ? 1 : t.size(-1);
-  const int64_t st = t.strides()[t.dim() - 2];
-  return st > t.size(-1) ? st : t.size(-1);
+  if (t.dim() == 0) return 1;
+  const int64_t n = t.size(-1);
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    if (t.size(d) > 1) return std::max(t.strides()[static_cast<size_t>(d)], n);
+  }
+  return n;
 }
 
-// The model's linears as (rows M, in, out) -> how many a step runs and the row strides of their
-// input x and incoming gradient dy (padded rows: acc::detail::empty_gemm_rows), recorded from
-// the ops of one step. Each linear is three GEMMs per step (forward, dx, dw).
+// The model's linears, recorded from the ops of one step: for each (module scope, rows M, in,
+// out), how many times a step runs it and the row strides of its input x and of its incoming
+// gradient dy (padded rows: acc::detail::empty_gemm_rows). Keyed by scope so that two linears of
+// one shape with different layouts (Llama's k_proj and v_proj: k's gradient comes through rope)
+// each keep theirs. Each linear is three GEMMs per step (forward, dx, dw).
 class LinearShapes : public acc::detail::OpObserver {
  public:
-  using Shape = std::array<int64_t, 3>;
+  struct Record {
+    int64_t count = 0, ldx = 0, lddy = 0;
+  };
+  using Key = std::tuple<std::string, int64_t, int64_t, int64_t>;  // scope, M, in, out
   void on_alloc(uint64_t, size_t, acc::Device) override {}
   void on_free(uint64_t) override {}
   void on_flops(int64_t, bool) override {}
@@ -297,24 +309,26 @@ class LinearShapes : public acc::detail::OpObserver {
   void on_backward_begin(const std::vector<acc::Tensor>& grads) override {
     pending_dy_ld_ = grads.size() == 1 && grads[0].defined() ? row_stride(grads[0]) : 0;
   }
-  void on_op(const std::string& name, const std::string&, const std::vector<acc::Tensor>& inputs,
-             const std::vector<acc::Tensor>& outputs, bool backward) override {
+  void on_op(const std::string& name, const std::string& scope,
+             const std::vector<acc::Tensor>& inputs, const std::vector<acc::Tensor>& outputs,
+             bool backward) override {
     if (backward) {
       // LinearBackward's outputs: dx, dw (out, in), db.
-      if (name != "LinearBackward" || outputs.size() < 2 || !outputs[1].defined() ||
-          pending_dy_ld_ == 0)
+      if (name != "LinearBackward" || outputs.size() < 2 || !outputs[0].defined() ||
+          !outputs[1].defined() || pending_dy_ld_ == 0)
         return;
       const int64_t out = outputs[1].size(0), in = outputs[1].size(1);
-      if (outputs[0].defined()) dy_ld[{outputs[0].numel() / in, in, out}] = pending_dy_ld_;
+      const auto it = linears.find({scope, outputs[0].numel() / in, in, out});
+      if (it != linears.end()) it->second.lddy = pending_dy_ld_;
       return;
     }
     if (name != "Linear" || inputs.size() < 2) return;
     const int64_t in = inputs[1].size(1), out = inputs[1].size(0);
-    const Shape shape{inputs[0].numel() / in, in, out};
-    ++counts[shape];
-    x_ld[shape] = row_stride(inputs[0]);
+    Record& r = linears[{scope, inputs[0].numel() / in, in, out}];
+    ++r.count;
+    r.ldx = row_stride(inputs[0]);
   }
-  std::map<Shape, int64_t> counts, x_ld, dy_ld;
+  std::map<Key, Record> linears;
 
  private:
   int64_t pending_dy_ld_ = 0;
@@ -327,17 +341,17 @@ class LinearShapes : public acc::detail::OpObserver {
 // The operands come from AutoAcc's caching allocator, which between steps holds the freed
 // activations, so a sample mostly reuses cached blocks (measured: max RSS 4-20 MiB higher than
 // without --gemm-mix). 0 when nothing was recorded.
-double gemm_mix_gflops(const LinearShapes& linears) {
+double gemm_mix_gflops(const LinearShapes& shapes) {
   using acc::kernels::gemm;
+  // (M, in, out, ldx, lddy) -> how many times a step runs it.
+  std::map<std::array<int64_t, 5>, int64_t> mix;
+  for (const auto& [key, r] : shapes.linears) {
+    const auto& [scope, M, IN, OUT] = key;
+    mix[{M, IN, OUT, std::max(r.ldx, IN), std::max(r.lddy, OUT)}] += r.count;
+  }
   double flops = 0, secs = 0;
-  auto ld_of = [](const std::map<LinearShapes::Shape, int64_t>& m, const LinearShapes::Shape& s,
-                  int64_t width) {
-    const auto it = m.find(s);
-    return it != m.end() && it->second >= width ? it->second : width;
-  };
-  for (const auto& [shape, count] : linears.counts) {
-    const auto [M, IN, OUT] = shape;
-    const int64_t ldx = ld_of(linears.x_ld, shape, IN), lddy = ld_of(linears.dy_ld, shape, OUT);
+  for (const auto& [shape, count] : mix) {
+    const auto [M, IN, OUT, ldx, lddy] = shape;
     acc::Tensor x = acc::full({M * ldx}, 0.01), w = acc::full({OUT * IN}, 0.02),
                 dy = acc::full({M * lddy}, 0.03),
                 c = acc::empty({std::max({M * OUT, M * IN, OUT * IN})});
@@ -544,11 +558,18 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   auto if_timed = [timed](double v) { return timed ? json(v) : json(); };
   const double local = median(local_peak);
   // No linear recorded (a model without one): no mix, rather than a bound of 0.
-  const bool mixed = !mix_bound.empty() && !linears.counts.empty();
+  const bool mixed = !mix_bound.empty() && !linears.linears.empty();
   auto if_mixed = [mixed](double v) { return mixed ? json(v) : json(); };
   json mix_shapes = json::array();
-  for (const auto& [shape, count] : linears.counts) {
-    mix_shapes.push_back({{"m", shape[0]}, {"in", shape[1]}, {"out", shape[2]}, {"count", count}});
+  for (const auto& [key, r] : linears.linears) {
+    const auto& [scope, M, IN, OUT] = key;
+    mix_shapes.push_back({{"scope", scope},
+                          {"m", M},
+                          {"in", IN},
+                          {"out", OUT},
+                          {"count", r.count},
+                          {"ldx", std::max(r.ldx, IN)},
+                          {"lddy", std::max(r.lddy, OUT)}});
   }
   json out = {
       {"config", bc.name},

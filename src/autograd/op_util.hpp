@@ -72,6 +72,15 @@ inline std::pair<Tensor, int64_t> rows_of_matrix(const Tensor& t) {
   return {t, ld};
 }
 
+/// The row stride of `out`, a fresh tensor from empty or empty_gemm_rows (ops.hpp), for a kernel
+/// that writes its rows.
+inline int64_t output_row_stride(const Tensor& out) {
+  const auto rows = rows_of_matrix(out);
+  ACC_CHECK_INTERNAL(rows.first.data<float>() == out.data<float>(), "output layout ", out.strides(),
+                     " is not one row stride");
+  return rows.second;
+}
+
 /// Runs an elementwise kernel into `out`, a fresh f32 tensor from empty or empty_gemm_rows
 /// (ops.hpp): kernel(dst, offset, n) writes outputs [offset, offset + n), in row-major element
 /// order, to dst. One call over every element when `out` is contiguous, else one per row (rows in
@@ -85,10 +94,7 @@ void write_rows(const Tensor& out, Kernel&& kernel) {
     kernel(o, int64_t{0}, numel);
     return;
   }
-  const auto rows = rows_of_matrix(out);
-  ACC_CHECK_INTERNAL(rows.first.data<float>() == o, "write_rows: the output's layout ",
-                     out.strides(), " is not one row stride");
-  const int64_t n = out.size(-1), ld = rows.second;
+  const int64_t n = out.size(-1), ld = output_row_stride(out);
   parallel_for(numel / n, std::max<int64_t>(1, (int64_t{1} << 14) / n),
                [&](int64_t r0, int64_t r1) {
                  for (int64_t r = r0; r < r1; ++r) kernel(o + r * ld, r * n, n);

@@ -133,7 +133,14 @@ Tensor detail::empty_gemm_rows(const Shape& shape, const TensorOptions& options)
   for (size_t d = 0; d + 1 < shape.size(); ++d) rows *= shape[d];
   if (!gemm_row_padding() || shape.size() < 2 || n == 0 || n % 512 != 0 || rows < kMinRows)
     return empty(shape, options);
-  return empty({rows, n + kPad}, options).narrow(1, 0, n).view(shape);
+  // Built with make_view, not narrow + view: those are ops, which an OpObserver (the tracer) would
+  // see as part of the caller.
+  const Tensor base = empty({rows, n + kPad}, options);
+  Shape strides(shape.size(), 1);
+  for (size_t d = shape.size() - 1; d-- > 0;) {
+    strides[d] = d + 2 == shape.size() ? n + kPad : strides[d + 1] * shape[d + 1];
+  }
+  return make_view(base, shape, strides, base.offset());
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {

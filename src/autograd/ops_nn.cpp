@@ -160,8 +160,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   Tensor mean = empty({N}, x.options()), rstd = empty({N}, x.options());
   if (!out.is_meta()) {
     kernels::layernorm_forward(
-        out.data<float>(), detail::rows_of_matrix(out).second, mean.data<float>(),
-        rstd.data<float>(), xc.data<float>(), weight.contiguous().data<float>(),
+        out.data<float>(), detail::output_row_stride(out), mean.data<float>(), rstd.data<float>(),
+        xc.data<float>(), weight.contiguous().data<float>(),
         has_bias ? bias.contiguous().data<float>() : nullptr, N, C, static_cast<float>(eps));
   }
   std::vector<Tensor> inputs{x, weight};
@@ -200,9 +200,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
   Tensor rstd = empty({N}, x.options());
   if (!out.is_meta()) {
-    kernels::rmsnorm_forward(out.data<float>(), detail::rows_of_matrix(out).second,
-                             rstd.data<float>(), xc.data<float>(), w.data<float>(), N, C,
-                             static_cast<float>(eps));
+    kernels::rmsnorm_forward(out.data<float>(), detail::output_row_stride(out), rstd.data<float>(),
+                             xc.data<float>(), w.data<float>(), N, C, static_cast<float>(eps));
   }
   autograd::record_op(
       "RmsNormBackward", {x, weight}, {out},

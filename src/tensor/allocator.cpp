@@ -91,41 +91,41 @@ void* system_alloc(size_t bytes) {
 
 }  // namespace
 
-void* allocate(size_t nbytes) {
+Block allocate(size_t nbytes) {
   State& s = state();
-  size_t bin = bin_size(nbytes);
-  void* p = nullptr;
+  const size_t bin = bin_size(nbytes);
+  Block b;
   if (s.caching) {
     std::lock_guard<std::mutex> lock(s.mu);
-    auto it = s.cache.find(bin);
-    if (it != s.cache.end()) {
-      p = it->second;
+    // The smallest cached block of this bin or the next one up.
+    auto it = s.cache.lower_bound(bin);
+    if (it != s.cache.end() && it->first <= bin_size(bin + 1)) {
+      b = {it->second, it->first};
       s.cache.erase(it);
     }
   }
-  if (p == nullptr) {
-    p = system_alloc(bin);
+  if (b.ptr == nullptr) {
+    b = {system_alloc(bin), bin};
     s.reserved += static_cast<int64_t>(bin);
   }
   int64_t cur = s.current.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
   int64_t pk = s.peak.load();
   while (cur > pk && !s.peak.compare_exchange_weak(pk, cur)) {
   }
-  return p;
+  return b;
 }
 
-void deallocate(void* ptr, size_t nbytes) {
-  if (ptr == nullptr) return;
+void deallocate(const Block& block, size_t nbytes) {
+  if (block.ptr == nullptr) return;
   State& s = state();
   s.current -= static_cast<int64_t>(nbytes);
-  size_t bin = bin_size(nbytes);
   if (s.caching) {
     std::lock_guard<std::mutex> lock(s.mu);
-    s.cache.emplace(bin, ptr);
+    s.cache.emplace(block.capacity, block.ptr);
     return;
   }
-  s.reserved -= static_cast<int64_t>(bin);
-  system_free(ptr, bin);
+  s.reserved -= static_cast<int64_t>(block.capacity);
+  system_free(block.ptr, block.capacity);
 }
 
 int64_t current_bytes() {

@@ -93,7 +93,11 @@ std::atomic<uint64_t> next_storage_id{1};
 
 Storage::Storage(size_t nbytes, Device device)
     : nbytes_(nbytes), device_(device), id_(next_storage_id.fetch_add(1)) {
-  if (device == Device::kCPU && nbytes > 0) data_ = memory::allocate(nbytes);
+  if (device == Device::kCPU && nbytes > 0) {
+    const memory::Block b = memory::allocate(nbytes);
+    data_ = b.ptr;
+    capacity_ = b.capacity;
+  }
   if (detail::OpObserver* obs = detail::op_observer()) {
     obs->on_alloc(id_, nbytes, device);
     observed_ = true;
@@ -101,7 +105,7 @@ Storage::Storage(size_t nbytes, Device device)
 }
 
 Storage::~Storage() {
-  if (data_ != nullptr) memory::deallocate(data_, nbytes_);
+  if (data_ != nullptr) memory::deallocate({data_, capacity_}, nbytes_);
   if (observed_) {
     if (detail::OpObserver* obs = detail::op_observer()) obs->on_free(id_);
   }

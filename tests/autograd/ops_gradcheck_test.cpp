@@ -21,6 +21,7 @@
 
 #include "acc/autograd/engine.hpp"
 #include "acc/autograd/ops.hpp"
+#include "acc/tensor/observer.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/threading.hpp"
 #include "acc/util/error.hpp"
@@ -734,8 +735,13 @@ TEST(OpValues, GemmOperandsHavePaddedRowsWithTheSameValues) {
       for (const Tensor& x : xs) values.push_back(x.grad().to_vector<float>());
       return std::make_pair(strides, values);
     };
-    const auto on = run(true), off = run(false);
+    const auto off = run(false);
+    set_num_threads(2);
+    const auto on2 = run(true);
+    set_num_threads(1);
+    const auto on = run(true);
     set_gemm_row_padding(padding);
+    EXPECT_EQ(on2.second, on.second) << c.name << ": 2 threads";
     const Shape& st = on.first;
     if (c.name == "attention") {
       EXPECT_EQ(st, (Shape{40 * (W + 16), 64, W + 16, 1})) << c.name;
@@ -757,16 +763,37 @@ TEST(OpValues, GemmOperandsHavePaddedRowsWithTheSameValues) {
   EXPECT_TRUE(narrow_rows.is_contiguous());
 }
 
+// Records the strides of the gradient each LinearBackward node receives.
+class LinearGradStrides : public detail::OpObserver {
+ public:
+  void on_alloc(uint64_t, size_t, Device) override {}
+  void on_free(uint64_t) override {}
+  void on_flops(int64_t, bool) override {}
+  void on_backward_begin(const std::vector<Tensor>& g) override {
+    pending_ = g.size() == 1 && g[0].defined() ? g[0].strides() : Shape{};
+  }
+  void on_op(const std::string& name, const std::string&, const std::vector<Tensor>&,
+             const std::vector<Tensor>&, bool backward) override {
+    if (backward && name == "LinearBackward") seen.push_back(pending_);
+  }
+  std::vector<Shape> seen;
+
+ private:
+  Shape pending_;
+};
+
 // A qkv projection split into heads (GPT's layout): attention's gradients lie side by side in one
-// buffer with padded rows (which the split's backward joins without a copy), and the qkv linear
-// gets the same gradients as without padding.
+// buffer with padded rows, the split's backward joins them without a copy (the qkv linear
+// receives the padded buffer itself), and the linear's gradients are the same as without
+// padding, at one and two threads.
 TEST(OpValues, PackedQkvGradientHasPaddedRowsWithTheSameValues) {
   const int64_t B = 2, T = 40, NH = 8, HS = 64, C = NH * HS;
   const bool padding = gemm_row_padding();
   const Tensor x0 = randn_t({B, T, C}, 460), w0 = randn_t({3 * C, C}, 461, 0.05),
                dout = randn_t({B, NH, T, HS}, 462);
-  auto run = [&](bool pad) {
+  auto run = [&](bool pad, int threads) {
     set_gemm_row_padding(pad);
+    set_num_threads(threads);
     Tensor x = x0.detach(), w = w0.detach();
     x.set_requires_grad(true);
     w.set_requires_grad(true);
@@ -775,17 +802,24 @@ TEST(OpValues, PackedQkvGradientHasPaddedRowsWithTheSameValues) {
     auto heads = [&](const Tensor& t) { return t.view({B, T, NH, HS}).transpose(1, 2); };
     Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
                                             /*causal=*/true);
-    // Attention's backward node on its own: dq is a view of the one buffer of q, k, v gradients.
-    const Shape dq_strides = y.grad_fn()->apply({dout}).at(0).strides();
-    sum(y * dout).backward();
+    LinearGradStrides seen;
+    {
+      detail::ObserverGuard guard(&seen);
+      sum(y * dout).backward();
+    }
     set_gemm_row_padding(padding);
-    return std::make_tuple(dq_strides, x.grad().to_vector<float>(), w.grad().to_vector<float>());
+    set_num_threads(1);
+    return std::make_tuple(seen.seen, x.grad().to_vector<float>(), w.grad().to_vector<float>());
   };
-  const auto on = run(true), off = run(false);
-  EXPECT_EQ(std::get<0>(on), (Shape{T * (3 * C + 16), HS, 3 * C + 16, 1}));
-  EXPECT_EQ(std::get<0>(off), (Shape{T * 3 * C, HS, 3 * C, 1}));
-  EXPECT_EQ(std::get<1>(on), std::get<1>(off));
-  EXPECT_EQ(std::get<2>(on), std::get<2>(off));
+  const auto off = run(false, 1);
+  EXPECT_EQ(std::get<0>(off), (std::vector<Shape>{{T * 3 * C, 3 * C, 1}}));
+  for (int threads : {1, 2}) {
+    const auto on = run(true, threads);
+    EXPECT_EQ(std::get<0>(on), (std::vector<Shape>{{T * (3 * C + 16), 3 * C + 16, 1}}))
+        << threads << " thread(s)";
+    EXPECT_EQ(std::get<1>(on), std::get<1>(off)) << threads << " thread(s)";
+    EXPECT_EQ(std::get<2>(on), std::get<2>(off)) << threads << " thread(s)";
+  }
 }
 
 TEST(OpValues, LinearTakesPaddedRowsWithoutChangingResults) {

@@ -8,6 +8,7 @@
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/tensor.hpp"
 #include "acc/tensor/threading.hpp"
+#include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc {
@@ -133,6 +134,30 @@ TEST(Allocator, TracksCurrentAndPeakBytes) {
   Tensor v = empty({10, 10});
   Tensor view = v.transpose(0, 1);  // views allocate nothing
   EXPECT_EQ(memory::current_bytes(), base + 400);
+}
+
+// A cached block serves a request of its own size bin or of the bin below (a tensor of exactly
+// 4 MiB reuses the block of one just over it, such as the same tensor with padded rows), not of
+// bins further down. Sizes in floats.
+TEST(Allocator, ReusesACachedBlockOfTheNextBinUp) {
+  if (env::get_string("ACC_ALLOCATOR", "caching") == "malloc") GTEST_SKIP() << "cache off";
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  memory::empty_cache();
+  const int64_t r0 = memory::reserved_bytes();
+  { Tensor over = empty({kMiB + 1024}); }  // 4 MiB + 4 KiB: the 5 MiB bin, then cached
+  EXPECT_EQ(memory::reserved_bytes(), r0 + 5 * kMiB);
+  {
+    Tensor exact = empty({kMiB});  // 4 MiB: takes the cached 5 MiB block
+    EXPECT_EQ(memory::reserved_bytes(), r0 + 5 * kMiB);
+    Tensor second = empty({kMiB});  // nothing cached any more: a 4 MiB block of its own
+    EXPECT_EQ(memory::reserved_bytes(), r0 + 9 * kMiB);
+  }
+  {
+    Tensor smaller = empty({3 * kMiB / 4});  // 3 MiB: two bins below 5 MiB, a new block
+    EXPECT_EQ(memory::reserved_bytes(), r0 + 12 * kMiB);
+  }
+  memory::empty_cache();
+  EXPECT_EQ(memory::reserved_bytes(), r0);
 }
 
 TEST(Random, SameSeedSameNumbersAnyThreadCount) {

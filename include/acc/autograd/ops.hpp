@@ -72,12 +72,15 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 /// handed to sgemm with that stride, not copied.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 /// Whether tensors that a GEMM reads next get their rows padded by 64 bytes when a row is a
-/// multiple of 2 KiB (last dimension a multiple of 512 floats): the outputs of layer_norm,
-/// rms_norm, the activations and attention (a linear's input x) and cross_entropy's gradient (the
-/// LM head's dy). Such a tensor is then a strided view, not a contiguous tensor. On by default
-/// (OpenBLAS's weight-gradient GEMM runs faster; benchmarks/README.md); ACC_PAD_GEMM_ROWS=0 turns
-/// it off for the process, set_gemm_row_padding at run time (both layouts give the same values,
-/// bit for bit).
+/// multiple of 2 KiB (last dimension a multiple of 512 floats) and there are at least 64 rows:
+/// the outputs of layer_norm, rms_norm, gelu, silu, relu, swiglu and
+/// scaled_dot_product_attention (a linear's input x), attention's q/k/v gradients and
+/// cross_entropy's gradient (a linear's incoming gradient dy). Such a result is a strided view,
+/// not a contiguous tensor, as a PyTorch view can be: every op here takes it (linear without a
+/// copy), but code that indexes data<float>() directly must call contiguous() first. On by
+/// default (OpenBLAS's weight-gradient GEMM runs faster; benchmarks/README.md);
+/// ACC_PAD_GEMM_ROWS=0 turns it off for the process, set_gemm_row_padding at run time (both
+/// layouts give the same values, bit for bit).
 bool gemm_row_padding();
 void set_gemm_row_padding(bool on);
 namespace detail {

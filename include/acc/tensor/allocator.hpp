@@ -12,11 +12,21 @@
 
 namespace acc::memory {
 
-/// 64-byte aligned block of at least `nbytes`; counted in current/peak. Throws acc::Error when
-/// the system is out of memory.
-void* allocate(size_t nbytes);
-/// Returns a block from allocate(); `nbytes` must be the size it was allocated with.
-void deallocate(void* ptr, size_t nbytes);
+/// A block of host memory; `capacity` is what it really holds (at least the bytes asked for).
+struct Block {
+  void* ptr = nullptr;
+  size_t capacity = 0;
+};
+
+/// 64-byte aligned block of at least `nbytes`; counted in current/peak (as `nbytes`). Sizes are
+/// rounded up to a bin (below 1 MiB a multiple of 4 KiB, above it one of four steps per power of
+/// two); a cached block of that bin is reused, else one of the next bin up (so that a tensor just
+/// over a power of two, such as one with padded rows, and one of exactly that size can share
+/// blocks), else a new block is taken from the system. Throws acc::Error when the system is out
+/// of memory.
+Block allocate(size_t nbytes);
+/// Returns a block from allocate(); `nbytes` must be the size it was requested with.
+void deallocate(const Block& block, size_t nbytes);
 
 /// Bytes held by live tensors (requested sizes, not rounded).
 int64_t current_bytes();

@@ -61,6 +61,7 @@ class Storage {
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
+  size_t capacity_ = 0;  // of the allocator's block (>= nbytes_)
   Device device_;
   uint64_t id_;
   bool observed_ = false;  // its birth was reported to an OpObserver, so its death is too
