@@ -29,6 +29,22 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
   return info.param.name + (info.param.fused ? "_fused" : "_reference");
 }
 
+// `steps` AdamW steps of `model` on one batch (clipping the gradient norm to `clip` when > 0);
+// the loss before each step.
+std::vector<double> train_steps(models::LanguageModel& model, const Tensor& idx,
+                                const Tensor& targets, optim::AdamW& opt, int steps, double clip) {
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    opt.zero_grad();
+    Tensor loss = model.loss(idx, targets);
+    losses.push_back(loss.item());
+    loss.backward();
+    if (clip > 0) optim::clip_grad_norm_(model.named_parameters(), clip);
+    opt.step();
+  }
+  return losses;
+}
+
 class Golden : public testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
@@ -64,16 +80,7 @@ class Golden : public testing::TestWithParam<Case> {
   std::vector<double> train_adamw(double clip) {
     optim::AdamW opt(model_->named_parameters(),
                      {.lr = 1e-2, .betas = {0.9, 0.95}, .eps = 1e-8, .weight_decay = 0.1});
-    std::vector<double> losses;
-    for (int step = 0; step < 10; ++step) {
-      opt.zero_grad();
-      Tensor loss = model_->loss(idx_, targets_);
-      losses.push_back(loss.item());
-      loss.backward();
-      if (clip > 0) optim::clip_grad_norm_(model_->named_parameters(), clip);
-      opt.step();
-    }
-    return losses;
+    return train_steps(*model_, idx_, targets_, opt, 10, clip);
   }
 
   io::SafetensorsFile file_;
@@ -172,15 +179,7 @@ TEST(PaddedGemmRows, ModelsTrainIdenticallyWithAndWithoutPadding) {
         model->load_state_dict(init);
       }
       optim::AdamW opt(model->named_parameters(), {.lr = 1e-3, .weight_decay = 0.1});
-      std::vector<double> losses;
-      for (int step = 0; step < 3; ++step) {
-        opt.zero_grad();
-        Tensor loss = model->loss(idx_t, targets_t);
-        losses.push_back(loss.item());
-        loss.backward();
-        optim::clip_grad_norm_(model->named_parameters(), 1.0);
-        opt.step();
-      }
+      const std::vector<double> losses = train_steps(*model, idx_t, targets_t, opt, 3, 1.0);
       std::vector<std::vector<float>> params;
       for (auto& [name, p] : model->named_parameters()) params.push_back(p.to_vector<float>());
       return std::make_pair(losses, params);
