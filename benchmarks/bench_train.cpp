@@ -299,7 +299,7 @@ int64_t row_stride(const acc::Tensor& t) {
 class LinearShapes : public acc::detail::OpObserver {
  public:
   struct Record {
-    int64_t count = 0, ldx = 0, lddy = 0;
+    int64_t count = 0, ldx = 0, lddy = 0;  // row strides: >= in and out once recorded
   };
   using Key = std::tuple<std::string, int64_t, int64_t, int64_t>;  // scope, M, in, out
   void on_alloc(uint64_t, size_t, acc::Device) override {}
@@ -327,6 +327,7 @@ class LinearShapes : public acc::detail::OpObserver {
     Record& r = linears[{scope, inputs[0].numel() / in, in, out}];
     ++r.count;
     r.ldx = row_stride(inputs[0]);
+    if (r.lddy == 0) r.lddy = out;  // until its backward reports the gradient's layout
   }
   std::map<Key, Record> linears;
 
@@ -347,7 +348,7 @@ double gemm_mix_gflops(const LinearShapes& shapes) {
   std::map<std::array<int64_t, 5>, int64_t> mix;
   for (const auto& [key, r] : shapes.linears) {
     const auto& [scope, M, IN, OUT] = key;
-    mix[{M, IN, OUT, std::max(r.ldx, IN), std::max(r.lddy, OUT)}] += r.count;
+    mix[{M, IN, OUT, r.ldx, r.lddy}] += r.count;
   }
   double flops = 0, secs = 0;
   for (const auto& [shape, count] : mix) {
@@ -568,8 +569,8 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
                           {"in", IN},
                           {"out", OUT},
                           {"count", r.count},
-                          {"ldx", std::max(r.ldx, IN)},
-                          {"lddy", std::max(r.lddy, OUT)}});
+                          {"ldx", r.ldx},
+                          {"lddy", r.lddy}});
   }
   json out = {
       {"config", bc.name},

@@ -283,7 +283,7 @@ kernels::AttnGrad grad_operand(const Tensor& t) {
 // output projection, and the gradients of q, k, v are what their projections' backward GEMMs read.
 Tensor bthd_tensor(int64_t B, int64_t H, int64_t T, int64_t HS, TensorOptions opt) {
   Tensor store = detail::empty_gemm_rows({B * T, H * HS}, opt);
-  const int64_t ld = detail::rows_of_matrix(store).second;
+  const int64_t ld = store.strides()[0];
   return make_view(store, {B, H, T, HS}, {T * ld, HS, ld, 1}, store.offset());
 }
 
@@ -334,34 +334,33 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   }
   Tensor o = detail::saved_output(out);
   const bool packed = !q.is_meta() && packed_qkv(q, k, v);
-  autograd::record_op(
-      "AttentionBackward", {q_in, k_in, v_in}, {out},
-      [q, k, v, o, lse, B, NH, NKV, T, HS, sc, causal, attn_flops, packed](
-          const std::vector<Tensor>& g, const std::vector<bool>&) {
-        Tensor go = with_unit_inner_stride(g[0]);
-        Tensor dq, dk, dv;
-        if (packed) {
-          // Gradients laid out like q, k, v: side by side in one buffer, so the
-          // backward of the qkv split needs no concatenation.
-          const int64_t H = NH + 2 * NKV;
-          Tensor store = detail::empty_gemm_rows({B * T, H * HS}, q.options());
-          const int64_t st = detail::rows_of_matrix(store).second, o0 = store.offset();
-          dq = make_view(store, {B, NH, T, HS}, {T * st, HS, st, 1}, o0);
-          dk = make_view(store, {B, NKV, T, HS}, {T * st, HS, st, 1}, o0 + NH * HS);
-          dv = make_view(store, {B, NKV, T, HS}, {T * st, HS, st, 1}, o0 + (NH + NKV) * HS);
-        } else {
-          dq = bthd_tensor(B, NH, T, HS, q.options());
-          dk = bthd_tensor(B, NKV, T, HS, q.options());
-          dv = bthd_tensor(B, NKV, T, HS, q.options());
-        }
-        autograd::detail::add_flops(2 * attn_flops, true);
-        if (!dq.is_meta() && dq.numel() > 0) {
-          kernels::attention_backward(grad_operand(dq), grad_operand(dk), grad_operand(dv),
-                                      operand(go), operand(q), operand(k), operand(v), operand(o),
-                                      lse.data<float>(), B, NH, NKV, T, HS, sc, causal);
-        }
-        return std::vector<Tensor>{dq, dk, dv};
-      });
+  autograd::record_op("AttentionBackward", {q_in, k_in, v_in}, {out},
+                      [q, k, v, o, lse, B, NH, NKV, T, HS, sc, causal, attn_flops, packed](
+                          const std::vector<Tensor>& g, const std::vector<bool>&) {
+                        Tensor go = with_unit_inner_stride(g[0]);
+                        Tensor dq, dk, dv;
+                        if (packed) {
+                          // Gradients laid out like q, k, v: side by side in one buffer, so the
+                          // backward of the qkv split needs no concatenation.
+                          const Tensor all = bthd_tensor(B, NH + 2 * NKV, T, HS, q.options());
+                          const int64_t o0 = all.offset();
+                          dq = make_view(all, {B, NH, T, HS}, all.strides(), o0);
+                          dk = make_view(all, {B, NKV, T, HS}, all.strides(), o0 + NH * HS);
+                          dv = make_view(all, {B, NKV, T, HS}, all.strides(), o0 + (NH + NKV) * HS);
+                        } else {
+                          dq = bthd_tensor(B, NH, T, HS, q.options());
+                          dk = bthd_tensor(B, NKV, T, HS, q.options());
+                          dv = bthd_tensor(B, NKV, T, HS, q.options());
+                        }
+                        autograd::detail::add_flops(2 * attn_flops, true);
+                        if (!dq.is_meta() && dq.numel() > 0) {
+                          kernels::attention_backward(
+                              grad_operand(dq), grad_operand(dk), grad_operand(dv), operand(go),
+                              operand(q), operand(k), operand(v), operand(o), lse.data<float>(), B,
+                              NH, NKV, T, HS, sc, causal);
+                        }
+                        return std::vector<Tensor>{dq, dk, dv};
+                      });
   return out;
 }
 
@@ -550,11 +549,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets_in, int64_t ign
         // Read next by the LM head's backward GEMMs.
         Tensor dx = detail::empty_gemm_rows(x.shape(), x.options());
         if (!dx.is_meta()) {
-          const auto rows = detail::rows_of_matrix(dx);
-          ACC_CHECK_INTERNAL(rows.first.data<float>() == dx.data<float>(),
-                             "cross_entropy: the gradient's layout ", dx.strides(),
-                             " is not one row stride");
-          const int64_t ldd = rows.second;
+          const int64_t ldd = detail::output_row_stride(dx);
           const float gscale = static_cast<float>(g[0].item() / static_cast<double>(count));
           std::vector<float> dloss(static_cast<size_t>(N), gscale);
           if (targets.dtype() == DType::kInt64) {
