@@ -31,6 +31,15 @@
 // (sgemm_gflops over that best): what it would give a step that did nothing but this very sgemm.
 // Every sgemm figure is null with --sgemm-reps 0.
 //
+// Controls (--sgemm-control): that estimator is biased low on a machine whose speed moves within
+// seconds. A step lasts seconds and averages over the dips; a sample is the best of a few calls,
+// the higher of two, and catches the fast moments. So between the measured steps the process also
+// runs sgemm sustained for as long as a step (a control) and applies the same estimator to it:
+// sgemm_control_mfu is the mfu that a workload running at exactly the sgemm rate would get in this
+// run (1 on a steady machine). mfu_matched compares each step with the sustained sgemm rate of
+// the controls on either side of it (windows of the same length, so a dip weighs on both alike);
+// sgemm_control_matched applies that to the controls themselves (about 1: no bias).
+//
 // GEMM-mix bound (--gemm-mix): with each sgemm sample the process also times the model's own
 // GEMMs (every linear's three products, recorded in the first step, each shape once and weighted
 // by how often a step runs it). mfu_gemm_mix_bound (median over steps of the local mix rate over
@@ -91,6 +100,7 @@ struct Args {
   int sgemm_reps = 5;
   int sgemm_sample_reps = 3;
   bool gemm_mix = false;
+  bool sgemm_control = false;
   double lr = 1e-3;
   std::string perf_control;  // "CTL_FIFO[,ACK_FIFO]" of `perf record --control fifo:...`
 };
@@ -235,8 +245,7 @@ int64_t max_rss_bytes() {
 
 // Timed n^3 cblas_sgemm calls on buffers it owns, with OpenBLAS's own threading at `threads`
 // threads whatever the engine's GEMM threading mode (ACC_GEMM_THREADING may keep OpenBLAS
-// single-threaded and split GEMMs itself); OpenBLAS's setting is restored after each call of
-// best_gflops. One probe lives through the training run for the samples around the measured
+// single-threaded and split GEMMs itself); OpenBLAS's setting is restored after each call. One probe lives through the training run for the samples around the measured
 // steps (its 3 n^2 floats stay resident and count against AutoAcc's max RSS); the bursts before
 // and after the run use short-lived ones (sgemm_burst_best_gflops).
 class SgemmProbe {
@@ -249,22 +258,37 @@ class SgemmProbe {
   }
   // GFLOP/s of the fastest of `reps` calls.
   double best_gflops(int reps) {
-    const int saved = openblas_get_num_threads();
-    openblas_set_num_threads(threads_);
-    const int ni = static_cast<int>(n_);
     double best_s = 1e30;
-    for (int r = 0; r < reps; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a_.data(), ni,
-                  b_.data(), ni, 0.0f, c_.data(), ni);
-      best_s = std::min(
-          best_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    openblas_set_num_threads(saved);
-    return 2.0 * static_cast<double>(n_) * n_ * n_ / best_s / 1e9;
+    for (int r = 0; r < reps; ++r) best_s = std::min(best_s, timed_call());
+    return flops() / best_s / 1e9;
+  }
+  // GFLOP/s sustained over back-to-back calls lasting at least `seconds` (at least one call): the
+  // total FLOPs over the total time, dips included, as a training step of that length sees them.
+  double sustained_gflops(double seconds) {
+    double total_s = 0;
+    int calls = 0;
+    do {
+      total_s += timed_call();
+      ++calls;
+    } while (total_s < seconds);
+    return calls * flops() / total_s / 1e9;
   }
 
  private:
+  double flops() const { return 2.0 * static_cast<double>(n_) * n_ * n_; }
+  // Seconds of one n^3 call at the probe's thread count (OpenBLAS's setting restored after).
+  double timed_call() {
+    const int saved = openblas_get_num_threads();
+    openblas_set_num_threads(threads_);
+    const int ni = static_cast<int>(n_);
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a_.data(), ni,
+                b_.data(), ni, 0.0f, c_.data(), ni);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    openblas_set_num_threads(saved);
+    return s;
+  }
+
   int64_t n_;
   int threads_;
   std::vector<float> a_, b_, c_;
@@ -475,15 +499,28 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   // one after each. The first call of a sample runs cold, right after a step has evicted its
   // operands from the caches: a one-off check (64 MB streamed between calls, 15 pairs) measured
   // cold and warm calls alike (median ratio 0.998), so no untimed call precedes it.
-  std::vector<double> step_ms, sample_sgemm, sample_mix;
+  // With --sgemm-control, a control (sgemm sustained for as long as the step before it took; the
+  // first one as long as the last warm-up step) runs between two samples before the first
+  // measured step and after each: sample, control, sample, step, sample, control, sample, step...
+  // so step i has controls i and i + 1 on either side and every step and control has a sample
+  // right before and right after it.
+  std::vector<double> step_ms, sample_sgemm, sample_mix, control_sgemm;
+  std::vector<size_t> step_sample, control_sample;  // index of the sample right before each
   std::optional<SgemmProbe> probe;
   if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads);
   LinearShapes linears;
   const bool mix = a.gemm_mix && a.sgemm_reps > 0;
+  const bool control = a.sgemm_control && a.sgemm_reps > 0;
   auto take_sample = [&] {
     sample_sgemm.push_back(probe->best_gflops(a.sgemm_sample_reps));
     if (mix) sample_mix.push_back(gemm_mix_gflops(linears));
   };
+  auto take_control = [&](double ms) {
+    control_sample.push_back(sample_sgemm.size() - 1);
+    control_sgemm.push_back(probe->sustained_gflops(ms / 1000.0));
+    take_sample();
+  };
+  double last_ms = 0;  // the step before
   autograd::FlopCount flops;
   double first_loss = NAN, last_loss = NAN;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
@@ -493,7 +530,11 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
     // The linears' shapes, from a warm-up step (--gemm-mix needs one).
     std::optional<acc::detail::ObserverGuard> observe;
     if (s == 0 && mix) observe.emplace(&linears);
-    if (s == a.warmup && probe) take_sample();
+    if (s == a.warmup && probe) {
+      take_sample();
+      if (control) take_control(last_ms);
+      step_sample.push_back(sample_sgemm.size() - 1);
+    }
     if (s >= a.warmup) perf.enable();
     const auto t0 = std::chrono::steady_clock::now();
     opt->zero_grad();
@@ -516,8 +557,13 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
     last_loss = lv;
     if (s >= a.warmup) {
       step_ms.push_back(ms);
-      if (probe) take_sample();
+      if (probe) {
+        take_sample();
+        if (control) take_control(ms);
+        if (s + 1 < a.warmup + a.steps) step_sample.push_back(sample_sgemm.size() - 1);
+      }
     }
+    last_ms = ms;
     logging::debug("{}: step {} loss {:.4f} {:.1f} ms", bc.name, s, lv, ms);
   }
   const int64_t peak_tracked = memory::peak_bytes();
@@ -542,16 +588,44 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   // Each step against the local peak: the higher of the samples before and after it; with
   // --gemm-mix also against the local mix rate, taken the same way from the same moments.
   std::vector<double> local_peak, step_mfu, local_mix, mix_bound, step_vs_mix;
-  for (size_t i = 0; i < step_ms.size() && i + 1 < sample_sgemm.size(); ++i) {
-    const double rate = static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9;
-    local_peak.push_back(std::max(sample_sgemm[i], sample_sgemm[i + 1]));
+  auto step_rate = [&](size_t i) {
+    return static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9;
+  };
+  for (size_t i = 0; i < step_ms.size() && i < step_sample.size(); ++i) {
+    const size_t k = step_sample[i];
+    const double rate = step_rate(i);
+    local_peak.push_back(std::max(sample_sgemm[k], sample_sgemm[k + 1]));
     step_mfu.push_back(rate / local_peak.back());
-    if (i + 1 < sample_mix.size()) {
-      local_mix.push_back(std::max(sample_mix[i], sample_mix[i + 1]));
+    if (k + 1 < sample_mix.size()) {
+      local_mix.push_back(std::max(sample_mix[k], sample_mix[k + 1]));
       mix_bound.push_back(local_mix.back() / local_peak.back());
       step_vs_mix.push_back(rate / local_mix.back());
     }
   }
+  // --sgemm-control. mfu_matched: each step against the mean sustained rate of the controls on
+  // either side of it, windows as long as the step, so that a dip of the machine weighs on both
+  // alike. sgemm_control_mfu: the mfu estimator above applied to the controls, i.e. the MFU it
+  // reports for a workload that is sgemm itself (1 on a steady machine; below 1 when the machine's
+  // speed moves within a step, since the best of a short sample catches its fast moments and a
+  // step of seconds averages over its dips). sgemm_control_matched: each interior control against
+  // the mean of its two neighbours (about 1 when the matched estimator has no bias).
+  std::vector<double> step_matched, control_mfu, control_matched;
+  if (control) {
+    for (size_t i = 0; i < step_ms.size() && i + 1 < control_sgemm.size(); ++i) {
+      step_matched.push_back(step_rate(i) / (0.5 * (control_sgemm[i] + control_sgemm[i + 1])));
+    }
+    for (size_t j = 0; j < control_sgemm.size(); ++j) {
+      const size_t k = control_sample[j];
+      control_mfu.push_back(control_sgemm[j] / std::max(sample_sgemm[k], sample_sgemm[k + 1]));
+      if (j > 0 && j + 1 < control_sgemm.size()) {
+        control_matched.push_back(control_sgemm[j] /
+                                  (0.5 * (control_sgemm[j - 1] + control_sgemm[j + 1])));
+      }
+    }
+  }
+  auto if_control = [control](const std::vector<double>& v) {
+    return control && !v.empty() ? json(median(v)) : json();
+  };
   double best = std::max(sgemm_before, sgemm_after);
   for (double g : sample_sgemm) best = std::max(best, g);
   // Every sgemm figure is null when no sgemm was timed (--sgemm-reps 0).
@@ -602,6 +676,13 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
       {"sgemm_burst_gflops_before", if_timed(sgemm_before)},
       {"sgemm_burst_gflops_after", if_timed(sgemm_after)},
       {"sgemm_burst_reps", a.sgemm_reps},
+      {"sgemm_control", control},
+      {"mfu_matched", if_control(step_matched)},
+      {"mfu_matched_per_step", step_matched},
+      {"sgemm_control_gflops", control_sgemm},
+      {"sgemm_control_mfu", if_control(control_mfu)},
+      {"sgemm_control_mfu_per_control", control_mfu},
+      {"sgemm_control_matched", if_control(control_matched)},
       {"gemm_mix_gflops", if_mixed(median(local_mix))},
       {"gemm_mix_sample_gflops", sample_mix},
       {"mfu_gemm_mix_bound", if_mixed(median(mix_bound))},
@@ -627,6 +708,10 @@ int run(const Args& a) {
   ACC_CHECK(a.sgemm_reps >= 0, "--sgemm-reps must be >= 0, got ", a.sgemm_reps);
   ACC_CHECK(!a.gemm_mix || a.warmup >= 1,
             "--gemm-mix records the GEMM shapes in a warm-up step: needs --warmup >= 1, got ",
+            a.warmup);
+  ACC_CHECK(!a.sgemm_control || a.warmup >= 1,
+            "--sgemm-control times its first control as long as the last warm-up step: needs "
+            "--warmup >= 1, got ",
             a.warmup);
   ACC_CHECK(a.sgemm_sample_reps >= 1, "--sgemm-sample-reps must be >= 1, got ",
             a.sgemm_sample_reps);
@@ -699,6 +784,9 @@ int main(int argc, char** argv) {
   app.add_flag("--gemm-mix", a.gemm_mix,
                "with each sgemm sample also time the model's own GEMM shapes (fields "
                "mfu_gemm_mix_bound, step_vs_gemm_mix; needs --warmup >= 1)");
+  app.add_flag("--sgemm-control", a.sgemm_control,
+               "between the measured steps also time sgemm sustained for as long as a step "
+               "(fields mfu_matched, sgemm_control_*; needs --warmup >= 1)");
   app.add_option("--perf-control", a.perf_control,
                  "CTL_FIFO[,ACK_FIFO] of perf record --control=fifo:... --delay=-1: sample only "
                  "the measured steps (benchmarks/profile_step.sh uses it)");
