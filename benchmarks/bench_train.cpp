@@ -245,9 +245,10 @@ int64_t max_rss_bytes() {
 
 // Timed n^3 cblas_sgemm calls on buffers it owns, with OpenBLAS's own threading at `threads`
 // threads whatever the engine's GEMM threading mode (ACC_GEMM_THREADING may keep OpenBLAS
-// single-threaded and split GEMMs itself); OpenBLAS's setting is restored after each call. One probe lives through the training run for the samples around the measured
-// steps (its 3 n^2 floats stay resident and count against AutoAcc's max RSS); the bursts before
-// and after the run use short-lived ones (sgemm_burst_best_gflops).
+// single-threaded and split GEMMs itself); OpenBLAS's setting is restored after each call. One
+// probe lives through the training run for the samples around the measured steps (its 3 n^2 floats
+// stay resident and count against AutoAcc's max RSS); the bursts before and after the run use
+// short-lived ones (sgemm_burst_best_gflops).
 class SgemmProbe {
  public:
   SgemmProbe(int64_t n, int threads) : n_(n), threads_(threads), a_(n * n), b_(n * n), c_(n * n) {
