@@ -39,6 +39,7 @@
 // run (1 on a steady machine). mfu_matched compares each step with the sustained sgemm rate of
 // the controls on either side of it (windows of the same length, so a dip weighs on both alike);
 // sgemm_control_matched applies that to the controls themselves (about 1: no bias).
+// compare_torch.sh judges the MFU target by mfu_matched (benchmarks/README.md, Results).
 //
 // GEMM-mix bound (--gemm-mix): with each sgemm sample the process also times the model's own
 // GEMMs (every linear's three products, recorded in the first step, each shape once and weighted
