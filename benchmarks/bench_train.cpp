@@ -502,7 +502,8 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   // operands from the caches: a one-off check (64 MB streamed between calls, 15 pairs) measured
   // cold and warm calls alike (median ratio 0.998), so no untimed call precedes it.
   // With --sgemm-control, a control (sgemm sustained for as long as the step before it took; the
-  // first one as long as the last warm-up step) runs between two samples before the first
+  // first one as long as the last warm-up step, which with --warmup 1 is the cold first step: a
+  // longer window, not a different rate) runs between two samples before the first
   // measured step and after each: sample, control, sample, step, sample, control, sample, step...
   // so step i has controls i and i + 1 on either side and every step and control has a sample
   // right before and right after it.

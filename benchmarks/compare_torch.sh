@@ -58,7 +58,7 @@ mkdir -p "$OUT"
 : > "$OUT/summary.jsonl"  # this run's lines only (an --out reused from an earlier run kept its)
 echo "compare_torch.sh: results in $OUT" >&2
 
-# Steps per run: enough to take a median, few enough that the whole script stays under ~30
+# Steps per run: enough to take a median, few enough that the whole script stays under ~28
 # minutes on 2 cores (one step of the 90M GPT takes seconds at 1 thread).
 steps_for() {  # config -> "warmup steps"
   if [[ $QUICK == 1 ]]; then echo "1 2"; return; fi
