@@ -31,18 +31,6 @@ void clear_grads(std::initializer_list<acc::Tensor*> ts) {
   for (acc::Tensor* t : ts) t->set_grad(acc::Tensor());
 }
 
-// Sets acc::set_gemm_row_padding for a benchmark's lifetime (its Arg: 1 the default, 0 off).
-class RowPadding {
- public:
-  explicit RowPadding(bool on) : saved_(acc::gemm_row_padding()) { acc::set_gemm_row_padding(on); }
-  ~RowPadding() { acc::set_gemm_row_padding(saved_); }
-  RowPadding(const RowPadding&) = delete;
-  RowPadding& operator=(const RowPadding&) = delete;
-
- private:
-  bool saved_;
-};
-
 void flops_counter(benchmark::State& state, double flops_per_iter) {
   state.counters["FLOP/s"] =
       benchmark::Counter(flops_per_iter, benchmark::Counter::kIsIterationInvariantRate);
@@ -172,7 +160,7 @@ BENCHMARK(BM_AttentionPackedQkvForwardBackward)->Unit(benchmark::kMillisecond);
 // ---- bandwidth-bound ops on (N, C) activations. Arg (LayerNorm, GELU): padded output rows
 // (acc::set_gemm_row_padding), 1 the default.
 void BM_LayerNormForwardBackward(benchmark::State& state) {
-  const RowPadding padding(state.range(0) != 0);
+  const acc::GemmRowPaddingGuard padding(state.range(0) != 0);
   acc::Tensor x = leaf({kN, kC}), w = leaf({kC}), b = leaf({kC});
   acc::Tensor dy = acc::randn({kN, kC});
   for (auto _ : state) {
@@ -195,7 +183,7 @@ void BM_RmsNormForwardBackward(benchmark::State& state) {
 BENCHMARK(BM_RmsNormForwardBackward)->Unit(benchmark::kMicrosecond);
 
 void BM_GeluForwardBackward(benchmark::State& state) {
-  const RowPadding padding(state.range(0) != 0);
+  const acc::GemmRowPaddingGuard padding(state.range(0) != 0);
   acc::Tensor x = leaf({kN, 4 * kC});
   acc::Tensor dy = acc::randn({kN, 4 * kC});
   for (auto _ : state) {
@@ -255,7 +243,7 @@ void BM_CrossEntropyForwardBackward(benchmark::State& state) {
 // together with the two GEMMs that read that gradient next.
 // Arg: padded rows for the gradient (acc::set_gemm_row_padding), 1 the default.
 void BM_LmHeadCrossEntropyForwardBackward(benchmark::State& state) {
-  const RowPadding padding(state.range(0) != 0);
+  const acc::GemmRowPaddingGuard padding(state.range(0) != 0);
   acc::Tensor x = leaf({kN, kC}), w = leaf({kV, kC}, 0.02);
   std::vector<int64_t> t(static_cast<size_t>(kN));
   for (int64_t i = 0; i < kN; ++i) t[static_cast<size_t>(i)] = (i * 7919) % kV;
@@ -275,7 +263,7 @@ BENCHMARK(BM_LmHeadCrossEntropyForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark:
 // Arg: padded rows for the tensors the block's GEMMs read (acc::set_gemm_row_padding), 1 the
 // default; compare the two with --benchmark_enable_random_interleaving.
 void BM_GptBlockForwardBackward(benchmark::State& state) {
-  const RowPadding padding(state.range(0) != 0);
+  const acc::GemmRowPaddingGuard padding(state.range(0) != 0);
   acc::nn::GPTBlock block(kC, kNH, /*bias=*/true, acc::nn::Activation::kGeluTanh);
   acc::Tensor x = leaf({kB, kT, kC}), dy = acc::randn({kB, kT, kC});
   for (auto _ : state) {

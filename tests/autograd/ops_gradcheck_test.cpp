@@ -646,8 +646,7 @@ TEST(OpValues, CrossEntropyGradientIsSoftmaxMinusOneHotAtAnyRowAlignment) {
 // the linear takes padded inputs and gradients without a copy (next test).
 TEST(OpValues, CrossEntropyGradientOfPowerOfTwoWidthHasPaddedRows) {
   const int64_t R = 64, W = 1024;
-  const bool padding = gemm_row_padding();
-  set_gemm_row_padding(true);
+  const GemmRowPaddingGuard padding(true);
   // The backward node is applied directly: a leaf's .grad is a contiguous copy.
   Tensor logits = randn_t({R, W}, 313, 2.0);
   logits.set_requires_grad(true);
@@ -674,9 +673,28 @@ TEST(OpValues, CrossEntropyGradientOfPowerOfTwoWidthHasPaddedRows) {
   // Switched off: contiguous, the same values.
   set_gemm_row_padding(false);
   const Tensor gc = cross_entropy(logits, i64(t, {R})).grad_fn()->apply({ones({})}).at(0);
-  set_gemm_row_padding(padding);
   EXPECT_TRUE(gc.is_contiguous());
   EXPECT_EQ(gc.to_vector<float>(), gv);
+}
+
+// GemmRowPaddingGuard sets the switch for a scope and restores it on the way out, exceptions
+// included (the tests here rely on it to leave the default in place after a failing assertion).
+TEST(OpValues, GemmRowPaddingGuardRestoresTheSettingOnScopeExit) {
+  const bool before = gemm_row_padding();
+  for (bool on : {true, false}) {  // one of the two differs from `before`
+    {
+      const GemmRowPaddingGuard guard(on);
+      EXPECT_EQ(gemm_row_padding(), on);
+    }
+    EXPECT_EQ(gemm_row_padding(), before);
+    EXPECT_THROW(
+        {
+          const GemmRowPaddingGuard guard(on);
+          ACC_THROW(ValueError, "thrown inside the guard's scope");
+        },
+        ValueError);
+    EXPECT_EQ(gemm_row_padding(), before);
+  }
 }
 
 // The ops whose output a linear reads next (norms, activations, attention) give it rows padded by
@@ -684,7 +702,7 @@ TEST(OpValues, CrossEntropyGradientOfPowerOfTwoWidthHasPaddedRows) {
 // with fewer rows, the output is contiguous. Values and gradients are the same bit for bit.
 TEST(OpValues, GemmOperandsHavePaddedRowsWithTheSameValues) {
   const int64_t W = 512;
-  const bool padding = gemm_row_padding();
+  const GemmRowPaddingGuard restore(gemm_row_padding());  // the runs below switch it
   using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
   struct Case {
     std::string name;
@@ -740,7 +758,6 @@ TEST(OpValues, GemmOperandsHavePaddedRowsWithTheSameValues) {
     const auto on2 = run(true);
     set_num_threads(1);
     const auto on = run(true);
-    set_gemm_row_padding(padding);
     EXPECT_EQ(on2.second, on.second) << c.name << ": 2 threads";
     const Shape& st = on.first;
     if (c.name == "attention") {
@@ -758,7 +775,6 @@ TEST(OpValues, GemmOperandsHavePaddedRowsWithTheSameValues) {
   // Fewer than 64 rows, or a row that is not a multiple of 2 KiB: contiguous.
   set_gemm_row_padding(true);
   const Tensor few = gelu(randn_t({63, W}, 450)), narrow_rows = gelu(randn_t({80, W + 8}, 451));
-  set_gemm_row_padding(padding);
   EXPECT_TRUE(few.is_contiguous());
   EXPECT_TRUE(narrow_rows.is_contiguous());
 }
@@ -788,7 +804,7 @@ class LinearGradStrides : public detail::OpObserver {
 // padding, at one and two threads.
 TEST(OpValues, PackedQkvGradientHasPaddedRowsWithTheSameValues) {
   const int64_t B = 2, T = 40, NH = 8, HS = 64, C = NH * HS;
-  const bool padding = gemm_row_padding();
+  const GemmRowPaddingGuard restore(gemm_row_padding());  // the runs below switch it
   const Tensor x0 = randn_t({B, T, C}, 460), w0 = randn_t({3 * C, C}, 461, 0.05),
                dout = randn_t({B, NH, T, HS}, 462);
   auto run = [&](bool pad, int threads) {
@@ -807,7 +823,6 @@ TEST(OpValues, PackedQkvGradientHasPaddedRowsWithTheSameValues) {
       detail::ObserverGuard guard(&seen);
       sum(y * dout).backward();
     }
-    set_gemm_row_padding(padding);
     set_num_threads(1);
     return std::make_tuple(seen.seen, x.grad().to_vector<float>(), w.grad().to_vector<float>());
   };

@@ -167,7 +167,7 @@ TEST(PaddedGemmRows, ModelsTrainIdenticallyWithAndWithoutPadding) {
     targets[static_cast<size_t>(t)] = (t * 53 + 7) % 512;
   }
   const Tensor idx_t = from_vector(idx, {1, T}), targets_t = from_vector(targets, {1, T});
-  const bool padding = gemm_row_padding();
+  const GemmRowPaddingGuard restore(gemm_row_padding());  // train() switches it
   for (const auto& [type, config] : configs) {
     nn::NamedTensors init;
     auto train = [&](bool pad) {
@@ -185,7 +185,6 @@ TEST(PaddedGemmRows, ModelsTrainIdenticallyWithAndWithoutPadding) {
       return std::make_pair(losses, params);
     };
     const auto on = train(true), off = train(false);
-    set_gemm_row_padding(padding);
     EXPECT_EQ(on.first, off.first) << type << ": losses";
     EXPECT_EQ(on.second, off.second) << type << ": parameters after three steps";
   }

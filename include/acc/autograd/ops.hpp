@@ -83,6 +83,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 /// layouts give the same values, bit for bit).
 bool gemm_row_padding();
 void set_gemm_row_padding(bool on);
+/// Sets gemm_row_padding to `on` for a scope and restores the previous setting when it ends
+/// (exceptions included), as GradModeGuard does for grad mode.
+class GemmRowPaddingGuard {
+ public:
+  explicit GemmRowPaddingGuard(bool on) : prev_(gemm_row_padding()) { set_gemm_row_padding(on); }
+  ~GemmRowPaddingGuard() { set_gemm_row_padding(prev_); }
+  GemmRowPaddingGuard(const GemmRowPaddingGuard&) = delete;
+  GemmRowPaddingGuard& operator=(const GemmRowPaddingGuard&) = delete;
+
+ private:
+  bool prev_;
+};
 namespace detail {
 /// An uninitialised tensor of `shape` that a linear's GEMMs read next (see gemm_row_padding).
 /// When its rows are a multiple of 2 KiB, there are at least 64 of them and gemm_row_padding() is
