@@ -17,6 +17,7 @@
 
 #include "acc/dist/dist.hpp"
 #include "acc/util/error.hpp"
+#include "bench_util.hpp"
 
 int main(int argc, char** argv) {
   std::string sizes = "1,16,68";
@@ -29,13 +30,28 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     using namespace acc;
-    dist::init(argc, argv);
-    auto pg = dist::ProcessGroup::world();
-    const int W = pg->size();
+    ACC_CHECK(reps >= 1, "--reps must be >= 1, got ", reps);
+    // Every size is checked before anything is timed.
+    std::vector<double> sizes_mib;
     std::stringstream ss(sizes);
     std::string item;
     while (std::getline(ss, item, ',')) {
-      const double mib = std::stod(item);
+      double mib = 0;
+      size_t used = 0;
+      try {
+        mib = std::stod(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      ACC_CHECK(used == item.size() && mib > 0, "--mib takes positive sizes in MiB, got '", item,
+                "' in '", sizes, "'");
+      sizes_mib.push_back(mib);
+    }
+    ACC_CHECK(!sizes_mib.empty(), "--mib needs at least one size, got '", sizes, "'");
+    dist::init(argc, argv);
+    auto pg = dist::ProcessGroup::world();
+    const int W = pg->size();
+    for (const double mib : sizes_mib) {
       // The full buffer, rounded to a multiple of the world size.
       const int64_t n = std::max<int64_t>(W, static_cast<int64_t>(mib * (1 << 20) / 4) / W * W);
       Tensor full = ones({n}), part = ones({n / W});
@@ -63,8 +79,7 @@ int main(int argc, char** argv) {
           pg->allreduce(t, dist::ReduceOp::kMax)->wait();
           if (i > 0) ms.push_back(t.item());  // the first is a warm-up
         }
-        std::sort(ms.begin(), ms.end());
-        const double med = ms[ms.size() / 2];
+        const double med = acc::bench::median(ms);
         if (pg->rank() == 0) {
           const double bytes = static_cast<double>(n) * 4;
           nlohmann::json out = {{"op", op.name},
