@@ -594,13 +594,17 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   auto step_rate = [&](size_t i) {
     return static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9;
   };
+  // The higher of samples k and k + 1: the local figure around what ran between them.
+  auto around = [](const std::vector<double>& samples, size_t k) {
+    return std::max(samples[k], samples[k + 1]);
+  };
   for (size_t i = 0; i < step_ms.size() && i < step_sample.size(); ++i) {
     const size_t k = step_sample[i];
     const double rate = step_rate(i);
-    local_peak.push_back(std::max(sample_sgemm[k], sample_sgemm[k + 1]));
+    local_peak.push_back(around(sample_sgemm, k));
     step_mfu.push_back(rate / local_peak.back());
     if (k + 1 < sample_mix.size()) {
-      local_mix.push_back(std::max(sample_mix[k], sample_mix[k + 1]));
+      local_mix.push_back(around(sample_mix, k));
       mix_bound.push_back(local_mix.back() / local_peak.back());
       step_vs_mix.push_back(rate / local_mix.back());
     }
@@ -618,8 +622,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
       step_matched.push_back(step_rate(i) / (0.5 * (control_sgemm[i] + control_sgemm[i + 1])));
     }
     for (size_t j = 0; j < control_sgemm.size(); ++j) {
-      const size_t k = control_sample[j];
-      control_mfu.push_back(control_sgemm[j] / std::max(sample_sgemm[k], sample_sgemm[k + 1]));
+      control_mfu.push_back(control_sgemm[j] / around(sample_sgemm, control_sample[j]));
       if (j > 0 && j + 1 < control_sgemm.size()) {
         control_matched.push_back(control_sgemm[j] /
                                   (0.5 * (control_sgemm[j - 1] + control_sgemm[j + 1])));
