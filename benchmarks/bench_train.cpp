@@ -40,14 +40,6 @@
 // the controls on either side of it (windows of the same length, so a dip weighs on both alike);
 // sgemm_control_matched applies that to the controls themselves (about 1: no bias).
 // compare_torch.sh judges the MFU target by mfu_matched (benchmarks/README.md, Results).
-//
-// GEMM-mix bound (--gemm-mix): with each sgemm sample the process also times the model's own
-// GEMMs (every linear's three products, recorded in the first step, each shape once and weighted
-// by how often a step runs it). mfu_gemm_mix_bound (median over steps of the local mix rate over
-// the local sgemm peak) is the MFU a step made of nothing but its own GEMMs would score: what
-// OpenBLAS gives these shapes, which AutoAcc does not control. step_vs_gemm_mix (median over steps
-// of the step's model FLOP rate over the local mix rate) is how close the whole step gets to that
-// bound: the part AutoAcc controls. mfu is about their product.
 
 #include <cblas.h>
 #include <fcntl.h>
@@ -56,7 +48,6 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -64,15 +55,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <map>
 #include <optional>
 #include <string>
-#include <tuple>
 
 #include "acc/acc.hpp"
 #include "acc/autograd/flops.hpp"
 #include "acc/tensor/kernels.hpp"
-#include "acc/tensor/observer.hpp"
 #include "bench_util.hpp"
 
 namespace {
@@ -100,7 +88,6 @@ struct Args {
   int64_t sgemm_n = 2048;
   int sgemm_reps = 5;
   int sgemm_sample_reps = 3;
-  bool gemm_mix = false;
   bool sgemm_control = false;
   double lr = 1e-3;
   std::string perf_control;  // "CTL_FIFO[,ACK_FIFO]" of `perf record --control fifo:...`
@@ -305,96 +292,6 @@ double sgemm_burst_best_gflops(int64_t n, int reps, int threads) {
   return probe.best_gflops(reps);
 }
 
-// The row stride of `t` seen as a matrix of rows, as acc::linear hands it to sgemm: the stride of
-// its innermost leading dimension of size > 1 when that exceeds the width (padded rows), else the
-// width.
-int64_t row_stride(const acc::Tensor& t) {
-  if (t.dim() == 0) return 1;
-  const int64_t n = t.size(-1);
-  for (int64_t d = t.dim() - 2; d >= 0; --d) {
-    if (t.size(d) > 1) return std::max(t.strides()[static_cast<size_t>(d)], n);
-  }
-  return n;
-}
-
-// The model's linears, recorded from the ops of one step: for each (module scope, rows M, in,
-// out), how many times a step runs it and the row strides of its input x and of its incoming
-// gradient dy (padded rows: acc::detail::empty_gemm_rows). Keyed by scope so that two linears of
-// one shape with different layouts (Llama's k_proj and v_proj: k's gradient comes through rope)
-// each keep theirs. Each linear is three GEMMs per step (forward, dx, dw).
-class LinearShapes : public acc::detail::OpObserver {
- public:
-  struct Record {
-    int64_t count = 0, ldx = 0, lddy = 0;  // row strides: >= in and out once recorded
-  };
-  using Key = std::tuple<std::string, int64_t, int64_t, int64_t>;  // scope, M, in, out
-  void on_alloc(uint64_t, size_t, acc::Device) override {}
-  void on_free(uint64_t) override {}
-  void on_flops(int64_t, bool) override {}
-  // Only the stride is kept: holding the gradient would change what the node does with it.
-  void on_backward_begin(const std::vector<acc::Tensor>& grads) override {
-    pending_dy_ld_ = grads.size() == 1 && grads[0].defined() ? row_stride(grads[0]) : 0;
-  }
-  void on_op(const std::string& name, const std::string& scope,
-             const std::vector<acc::Tensor>& inputs, const std::vector<acc::Tensor>& outputs,
-             bool backward) override {
-    if (backward) {
-      // LinearBackward's outputs: dx, dw (out, in), db.
-      if (name != "LinearBackward" || outputs.size() < 2 || !outputs[0].defined() ||
-          !outputs[1].defined() || pending_dy_ld_ == 0)
-        return;
-      const int64_t out = outputs[1].size(0), in = outputs[1].size(1);
-      const auto it = linears.find({scope, outputs[0].numel() / in, in, out});
-      if (it != linears.end()) it->second.lddy = pending_dy_ld_;
-      return;
-    }
-    if (name != "Linear" || inputs.size() < 2) return;
-    const int64_t in = inputs[1].size(1), out = inputs[1].size(0);
-    Record& r = linears[{scope, inputs[0].numel() / in, in, out}];
-    ++r.count;
-    r.ldx = row_stride(inputs[0]);
-    if (r.lddy == 0) r.lddy = out;  // until its backward reports the gradient's layout
-  }
-  std::map<Key, Record> linears;
-
- private:
-  int64_t pending_dy_ld_ = 0;
-};
-
-// GFLOP/s of the model's GEMM mix: each recorded shape's three GEMMs once, through
-// acc::kernels::gemm with the layouts (row strides of x and dy as recorded) and threading
-// acc::linear and LinearBackward use (with beta = 0: a linear with a bias fills C with it first
-// and accumulates, the same GEMM after a fill of the same size), weighted by the shape's count.
-// The operands come from AutoAcc's caching allocator, which between steps holds the freed
-// activations, so a sample mostly reuses cached blocks (measured: max RSS 4-20 MiB higher than
-// without --gemm-mix). 0 when nothing was recorded.
-double gemm_mix_gflops(const LinearShapes& shapes) {
-  using acc::kernels::gemm;
-  // (M, in, out, ldx, lddy) -> how many times a step runs it.
-  std::map<std::array<int64_t, 5>, int64_t> mix;
-  for (const auto& [key, r] : shapes.linears) {
-    const auto& [scope, M, IN, OUT] = key;
-    mix[{M, IN, OUT, r.ldx, r.lddy}] += r.count;
-  }
-  double flops = 0, secs = 0;
-  for (const auto& [shape, count] : mix) {
-    const auto [M, IN, OUT, ldx, lddy] = shape;
-    acc::Tensor x = acc::full({M * ldx}, 0.01), w = acc::full({OUT * IN}, 0.02),
-                dy = acc::full({M * lddy}, 0.03),
-                c = acc::empty({std::max({M * OUT, M * IN, OUT * IN})});
-    const float *px = x.data<float>(), *pw = w.data<float>(), *pdy = dy.data<float>();
-    float* pc = c.data<float>();
-    const auto t0 = std::chrono::steady_clock::now();
-    gemm(false, true, M, OUT, IN, 1.f, px, ldx, pw, IN, 0.f, pc, OUT);    // y = x w^T
-    gemm(false, false, M, IN, OUT, 1.f, pdy, lddy, pw, IN, 0.f, pc, IN);  // dx = dy w
-    gemm(true, false, OUT, IN, M, 1.f, pdy, lddy, px, ldx, 0.f, pc, IN);  // dw = dy^T x
-    secs += static_cast<double>(count) *
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    flops += static_cast<double>(count) * 3 * 2 * static_cast<double>(M) * IN * OUT;
-  }
-  return secs > 0 ? flops / secs / 1e9 : 0.0;
-}
-
 // Drives `perf record --control=fifo:CTL[,ACK] --delay=-1` so that only the measured training
 // steps are sampled (not the seeded init, the warm-up steps or the sgemm measurements). With an
 // ack fifo, each command waits until perf has applied it.
@@ -507,16 +404,13 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   // measured step and after each: sample, control, sample, step, sample, control, sample, step...
   // so step i has controls i and i + 1 on either side and every step and control has a sample
   // right before and right after it.
-  std::vector<double> step_ms, sample_sgemm, sample_mix, control_sgemm;
+  std::vector<double> step_ms, sample_sgemm, control_sgemm;
   std::vector<size_t> step_sample, control_sample;  // index of the sample right before each
   std::optional<SgemmProbe> probe;
   if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads);
-  LinearShapes linears;
-  const bool mix = a.gemm_mix && a.sgemm_reps > 0;
   const bool control = a.sgemm_control && a.sgemm_reps > 0;
   auto take_sample = [&] {
     sample_sgemm.push_back(probe->best_gflops(a.sgemm_sample_reps));
-    if (mix) sample_mix.push_back(gemm_mix_gflops(linears));
   };
   auto take_control = [&](double ms) {
     control_sample.push_back(sample_sgemm.size() - 1);
@@ -530,9 +424,6 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
     data::Batch batch = loader.next();
     std::optional<autograd::FlopCounter> counter;
     if (s == 0) counter.emplace();  // one step's model FLOPs; counting is free
-    // The linears' shapes, from a warm-up step (--gemm-mix needs one).
-    std::optional<acc::detail::ObserverGuard> observe;
-    if (s == 0 && mix) observe.emplace(&linears);
     if (s == a.warmup && probe) {
       take_sample();
       if (control) take_control(last_ms);
@@ -549,7 +440,6 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= a.warmup) perf.disable();
-    observe.reset();
     if (counter) {
       flops = counter->count();
       counter.reset();
@@ -588,9 +478,8 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   const double tokens_per_s = med_ms > 0 ? tokens_per_step / (med_ms / 1000.0) : 0.0;
   const double achieved =
       med_ms > 0 ? static_cast<double>(flops.total()) / (med_ms / 1000.0) / 1e9 : 0.0;
-  // Each step against the local peak: the higher of the samples before and after it; with
-  // --gemm-mix also against the local mix rate, taken the same way from the same moments.
-  std::vector<double> local_peak, step_mfu, local_mix, mix_bound, step_vs_mix;
+  // Each step against the local peak: the higher of the samples before and after it.
+  std::vector<double> local_peak, step_mfu;
   auto step_rate = [&](size_t i) {
     return static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9;
   };
@@ -603,11 +492,6 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
     const double rate = step_rate(i);
     local_peak.push_back(around(sample_sgemm, k));
     step_mfu.push_back(rate / local_peak.back());
-    if (k + 1 < sample_mix.size()) {
-      local_mix.push_back(around(sample_mix, k));
-      mix_bound.push_back(local_mix.back() / local_peak.back());
-      step_vs_mix.push_back(rate / local_mix.back());
-    }
   }
   // --sgemm-control. mfu_matched: each step against the mean sustained rate of the controls on
   // either side of it, windows as long as the step, so that a dip of the machine weighs on both
@@ -638,20 +522,6 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   const bool timed = !step_mfu.empty();
   auto if_timed = [timed](double v) { return timed ? json(v) : json(); };
   const double local = median(local_peak);
-  // No linear recorded (a model without one): no mix, rather than a bound of 0.
-  const bool mixed = !mix_bound.empty() && !linears.linears.empty();
-  auto if_mixed = [mixed](double v) { return mixed ? json(v) : json(); };
-  json mix_shapes = json::array();
-  for (const auto& [key, r] : linears.linears) {
-    const auto& [scope, M, IN, OUT] = key;
-    mix_shapes.push_back({{"scope", scope},
-                          {"m", M},
-                          {"in", IN},
-                          {"out", OUT},
-                          {"count", r.count},
-                          {"ldx", r.ldx},
-                          {"lddy", r.lddy}});
-  }
   json out = {
       {"config", bc.name},
       {"model", bc.model},
@@ -689,12 +559,6 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
       {"sgemm_control_mfu", if_control(control_mfu)},
       {"sgemm_control_mfu_per_control", control_mfu},
       {"sgemm_control_matched", if_control(control_matched)},
-      {"gemm_mix_gflops", if_mixed(median(local_mix))},
-      {"gemm_mix_sample_gflops", sample_mix},
-      {"mfu_gemm_mix_bound", if_mixed(median(mix_bound))},
-      {"mfu_gemm_mix_bound_per_step", mix_bound},
-      {"step_vs_gemm_mix", if_mixed(median(step_vs_mix))},
-      {"gemm_mix_shapes", mix_shapes},
       {"peak_tracked_bytes", peak_tracked},
       {"max_rss_bytes", max_rss_bytes()},
       {"first_loss", first_loss},
@@ -712,9 +576,6 @@ int run(const Args& a) {
   ACC_CHECK(a.steps >= 1 || a.write_only, "--steps must be >= 1, got ", a.steps);
   ACC_CHECK(a.sgemm_n >= 1, "--sgemm-n must be >= 1, got ", a.sgemm_n);
   ACC_CHECK(a.sgemm_reps >= 0, "--sgemm-reps must be >= 0, got ", a.sgemm_reps);
-  ACC_CHECK(!a.gemm_mix || a.warmup >= 1,
-            "--gemm-mix records the GEMM shapes in a warm-up step: needs --warmup >= 1, got ",
-            a.warmup);
   ACC_CHECK(!a.sgemm_control || a.warmup >= 1,
             "--sgemm-control times its first control as long as the last warm-up step: needs "
             "--warmup >= 1, got ",
@@ -787,9 +648,6 @@ int main(int argc, char** argv) {
   app.add_option("--sgemm-sample-reps", a.sgemm_sample_reps,
                  "timed sgemm calls in each sample around the measured steps (the best counts)")
       ->capture_default_str();
-  app.add_flag("--gemm-mix", a.gemm_mix,
-               "with each sgemm sample also time the model's own GEMM shapes (fields "
-               "mfu_gemm_mix_bound, step_vs_gemm_mix; needs --warmup >= 1)");
   app.add_flag("--sgemm-control", a.sgemm_control,
                "between the measured steps also time sgemm sustained for as long as a step "
                "(fields mfu_matched, sgemm_control_*; needs --warmup >= 1)");

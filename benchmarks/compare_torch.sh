@@ -75,7 +75,7 @@ run_acc() {  # config threads warmup steps outfile
   local control=()
   [[ $2 == 1 ]] && control=(--sgemm-control)
   OPENBLAS_NUM_THREADS="$2" ACC_NUM_THREADS="$2" ACC_LOG_LEVEL=warn "$BENCH" --config "$1" \
-    --threads "$2" --warmup "$3" --steps "$4" --gemm-mix "${control[@]}" \
+    --threads "$2" --warmup "$3" --steps "$4" "${control[@]}" \
     --init-from "$OUT/$1.init.safetensors" --data "$OUT/$1.tokens.u16" --json-out "$5" > /dev/null
 }
 run_torch() {  # config intraop openblas warmup steps outfile
@@ -140,17 +140,12 @@ line = {
     "sgemm_gflops": rmed(acc, "sgemm_gflops", 1),
     "sgemm_peak_gflops": rmed(acc, "sgemm_peak_gflops", 1),
     "sgemm_median_over_best": rmed(acc, "sgemm_median_over_best", 3),
-    # the MFU a step of nothing but the model's own GEMMs would score (OpenBLAS on these shapes),
-    # and how close the whole step gets to that (what AutoAcc controls); mfu is about their product
-    "acc_mfu_gemm_mix_bound": rmed(acc, "mfu_gemm_mix_bound", 3),
     # 1 thread: the step against sgemm sustained over windows as long as the step on either side
     # (mfu_matched), and what the mfu estimator reads for a workload that is sgemm itself
     # (sgemm_control_mfu: 1 on a steady machine)
     "acc_mfu_matched": rmed(acc, "mfu_matched", 3) if n == 1 else None,
     "sgemm_control_mfu": rmed(acc, "sgemm_control_mfu", 3) if n == 1 else None,
     "sgemm_control_matched": rmed(acc, "sgemm_control_matched", 3) if n == 1 else None,
-    "acc_step_vs_gemm_mix": rmed(acc, "step_vs_gemm_mix", 3),
-    "gemm_mix_gflops": rmed(acc, "gemm_mix_gflops", 1),
     "model_flops_per_step": acc[0]["model_flops_per_step"],
     "acc_max_rss": max(r["max_rss_bytes"] for r in acc),
     "torch_max_rss": max(r["max_rss_bytes"] for r in torch),
@@ -162,7 +157,6 @@ line = {
     "torch_runs_tokens_per_s": [round(r["tokens_per_s"], 1) for r in torch],
     "acc_runs_mfu": [round(r["mfu"], 3) for r in acc],
     "acc_runs_mfu_vs_best_sgemm": [round(r["mfu_vs_best_sgemm"], 3) for r in acc],
-    "acc_runs_mfu_gemm_mix_bound": [round(r["mfu_gemm_mix_bound"], 3) for r in acc],
     "acc_runs_mfu_matched": [round(r["mfu_matched"], 3) for r in acc] if n == 1 else None,
     "acc_runs_sgemm_control_mfu": [round(r["sgemm_control_mfu"], 3) for r in acc] if n == 1 else None,
     # same weights, same tokens: the losses must agree (fp32 summation order differs)
