@@ -409,9 +409,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   std::optional<SgemmProbe> probe;
   if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads);
   const bool control = a.sgemm_control && a.sgemm_reps > 0;
-  auto take_sample = [&] {
-    sample_sgemm.push_back(probe->best_gflops(a.sgemm_sample_reps));
-  };
+  auto take_sample = [&] { sample_sgemm.push_back(probe->best_gflops(a.sgemm_sample_reps)); };
   auto take_control = [&](double ms) {
     control_sample.push_back(sample_sgemm.size() - 1);
     control_sgemm.push_back(probe->sustained_gflops(ms / 1000.0));
