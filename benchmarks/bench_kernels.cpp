@@ -157,10 +157,8 @@ void BM_AttentionPackedQkvForwardBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionPackedQkvForwardBackward)->Unit(benchmark::kMillisecond);
 
-// ---- bandwidth-bound ops on (N, C) activations. Arg (LayerNorm, GELU): padded output rows
-// (acc::set_gemm_row_padding), 1 the default.
+// ---- bandwidth-bound ops on (N, C) activations.
 void BM_LayerNormForwardBackward(benchmark::State& state) {
-  const acc::GemmRowPaddingGuard padding(state.range(0) != 0);
   acc::Tensor x = leaf({kN, kC}), w = leaf({kC}), b = leaf({kC});
   acc::Tensor dy = acc::randn({kN, kC});
   for (auto _ : state) {
@@ -169,7 +167,7 @@ void BM_LayerNormForwardBackward(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * kN * kC * 4 * 4);  // x, y, dy, dx
 }
-BENCHMARK(BM_LayerNormForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LayerNormForwardBackward)->Unit(benchmark::kMicrosecond);
 
 void BM_RmsNormForwardBackward(benchmark::State& state) {
   acc::Tensor x = leaf({kN, kC}), w = leaf({kC});
@@ -183,7 +181,6 @@ void BM_RmsNormForwardBackward(benchmark::State& state) {
 BENCHMARK(BM_RmsNormForwardBackward)->Unit(benchmark::kMicrosecond);
 
 void BM_GeluForwardBackward(benchmark::State& state) {
-  const acc::GemmRowPaddingGuard padding(state.range(0) != 0);
   acc::Tensor x = leaf({kN, 4 * kC});
   acc::Tensor dy = acc::randn({kN, 4 * kC});
   for (auto _ : state) {
@@ -192,7 +189,7 @@ void BM_GeluForwardBackward(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * kN * 4 * kC * 4 * 4);
 }
-BENCHMARK(BM_GeluForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GeluForwardBackward)->Unit(benchmark::kMicrosecond);
 
 void BM_SwigluForwardBackward(benchmark::State& state) {
   const int64_t H = 1376;  // the Llama config's intermediate size
@@ -241,9 +238,7 @@ void BM_CrossEntropyForwardBackward(benchmark::State& state) {
 // The LM head and the loss as one step runs them: logits = x w^T (N, V), cross-entropy, and the
 // backward through both, so that a change in how cross-entropy writes its gradient is timed
 // together with the two GEMMs that read that gradient next.
-// Arg: padded rows for the gradient (acc::set_gemm_row_padding), 1 the default.
 void BM_LmHeadCrossEntropyForwardBackward(benchmark::State& state) {
-  const acc::GemmRowPaddingGuard padding(state.range(0) != 0);
   acc::Tensor x = leaf({kN, kC}), w = leaf({kV, kC}, 0.02);
   std::vector<int64_t> t(static_cast<size_t>(kN));
   for (int64_t i = 0; i < kN; ++i) t[static_cast<size_t>(i)] = (i * 7919) % kV;
@@ -256,14 +251,11 @@ void BM_LmHeadCrossEntropyForwardBackward(benchmark::State& state) {
 }
 BENCHMARK(BM_CrossEntropyForward)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_LmHeadCrossEntropyForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LmHeadCrossEntropyForwardBackward)->Unit(benchmark::kMillisecond);
 
 // ---- one GPT block (LayerNorm, qkv, fused attention, projection, LayerNorm, GELU MLP, two
 // residual adds), forward + backward, as a step runs each of the 17M GPT's four blocks.
-// Arg: padded rows for the tensors the block's GEMMs read (acc::set_gemm_row_padding), 1 the
-// default; compare the two with --benchmark_enable_random_interleaving.
 void BM_GptBlockForwardBackward(benchmark::State& state) {
-  const acc::GemmRowPaddingGuard padding(state.range(0) != 0);
   acc::nn::GPTBlock block(kC, kNH, /*bias=*/true, acc::nn::Activation::kGeluTanh);
   acc::Tensor x = leaf({kB, kT, kC}), dy = acc::randn({kB, kT, kC});
   for (auto _ : state) {
@@ -277,7 +269,7 @@ void BM_GptBlockForwardBackward(benchmark::State& state) {
   const double attention = 2.0 * kB * kNH * kT * kT * kHS;
   flops_counter(state, 3 * (linears + attention));
 }
-BENCHMARK(BM_GptBlockForwardBackward)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GptBlockForwardBackward)->Unit(benchmark::kMillisecond);
 
 // ---- embedding lookup + backward scatter (tokens (N,), table (V, C)).
 void BM_EmbeddingForwardBackward(benchmark::State& state) {

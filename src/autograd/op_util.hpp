@@ -1,13 +1,11 @@
 #pragma once
 // Shared checks for the differentiable ops.
 
-#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
 
 #include "acc/tensor/tensor.hpp"
-#include "acc/tensor/threading.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc::detail {
@@ -44,8 +42,8 @@ inline Tensor saved_output(const Tensor& t) {
 }
 
 /// `t` as a matrix of rows (every dimension but the last collapsed) with unit column stride, and
-/// its row stride: `t` itself when its layout allows (contiguous, or rows padded as
-/// empty_gemm_rows (ops.hpp) pads them), else a contiguous copy.
+/// its row stride: `t` itself when its layout allows (contiguous, or rows a fixed stride apart, as
+/// in a narrowed or split tensor), else a contiguous copy.
 inline std::pair<Tensor, int64_t> rows_of_matrix(const Tensor& t) {
   const int64_t nd = t.dim();
   if (nd == 0) return {t.contiguous(), 1};
@@ -70,35 +68,6 @@ inline std::pair<Tensor, int64_t> rows_of_matrix(const Tensor& t) {
     rows_inside *= sh[d];
   }
   return {t, ld};
-}
-
-/// The row stride of `out`, a fresh tensor from empty or empty_gemm_rows (ops.hpp), for a kernel
-/// that writes its rows.
-inline int64_t output_row_stride(const Tensor& out) {
-  const auto rows = rows_of_matrix(out);
-  ACC_CHECK_INTERNAL(rows.first.data<float>() == out.data<float>(), "output layout ", out.strides(),
-                     " is not one row stride");
-  return rows.second;
-}
-
-/// Runs an elementwise kernel into `out`, a fresh f32 tensor from empty or empty_gemm_rows
-/// (ops.hpp): kernel(dst, offset, n) writes outputs [offset, offset + n), in row-major element
-/// order, to dst. One call over every element when `out` is contiguous, else one per row (rows in
-/// parallel), so a kernel written for contiguous arrays fills padded rows.
-template <class Kernel>
-void write_rows(const Tensor& out, Kernel&& kernel) {
-  float* o = out.data<float>();
-  const int64_t numel = out.numel();
-  if (numel == 0) return;
-  if (out.is_contiguous()) {
-    kernel(o, int64_t{0}, numel);
-    return;
-  }
-  const int64_t n = out.size(-1), ld = output_row_stride(out);
-  parallel_for(numel / n, std::max<int64_t>(1, (int64_t{1} << 14) / n),
-               [&](int64_t r0, int64_t r1) {
-                 for (int64_t r = r0; r < r1; ++r) kernel(o + r * ld, r * n, n);
-               });
 }
 
 }  // namespace acc::detail

@@ -1,19 +1,12 @@
-#include <atomic>
 #include <utility>
 
 #include "acc/autograd/flops.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/tensor/kernels.hpp"
-#include "acc/util/env.hpp"
 #include "op_util.hpp"
 
 namespace acc {
 namespace {
-
-std::atomic<bool>& gemm_row_padding_flag() {
-  static std::atomic<bool> on{env::get_int("ACC_PAD_GEMM_ROWS", 1) != 0};
-  return on;
-}
 
 // A logical (rows x cols) matrix in memory, as sgemm sees it: either row-major with leading
 // dimension ld, or the transpose of a row-major (cols x rows) matrix.
@@ -118,31 +111,6 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return bmm(a3, b3).view(out_shape);
 }
 
-bool gemm_row_padding() {
-  return gemm_row_padding_flag().load(std::memory_order_relaxed);
-}
-
-void set_gemm_row_padding(bool on) {
-  gemm_row_padding_flag().store(on, std::memory_order_relaxed);
-}
-
-Tensor detail::empty_gemm_rows(const Shape& shape, const TensorOptions& options) {
-  constexpr int64_t kPad = 16, kMinRows = 64;
-  const int64_t n = shape.empty() ? 1 : shape.back();
-  int64_t rows = 1;
-  for (size_t d = 0; d + 1 < shape.size(); ++d) rows *= shape[d];
-  if (!gemm_row_padding() || shape.size() < 2 || n == 0 || n % 512 != 0 || rows < kMinRows)
-    return empty(shape, options);
-  // Built with make_view, not narrow + view: those are ops, which an OpObserver (the tracer) would
-  // see as part of the caller.
-  const Tensor base = empty({rows, n + kPad}, options);
-  Shape strides(shape.size(), 1);
-  for (size_t d = shape.size() - 1; d-- > 0;) {
-    strides[d] = d + 2 == shape.size() ? n + kPad : strides[d + 1] * shape[d + 1];
-  }
-  return make_view(base, shape, strides, base.offset());
-}
-
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   detail::check_f32(x, "linear", "input");
   detail::check_f32(w, "linear", "weight");
@@ -158,8 +126,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                     " does not match weight ", w.shape());
   }
   const int64_t IN = w.size(1), OUT = w.size(0), M = x.numel() / std::max<int64_t>(IN, 1);
-  // x and the incoming gradient may have padded rows (see detail::empty_gemm_rows): the GEMMs
-  // take their row strides, so they are not copied.
+  // x and the incoming gradient may be views whose rows lie further apart than their width (a
+  // narrowed or split tensor): the GEMMs take their row strides, so they are not copied.
   const auto x_rows = detail::rows_of_matrix(x);
   const Tensor xc = x_rows.first;
   const int64_t ldx = x_rows.second;

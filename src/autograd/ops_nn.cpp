@@ -23,14 +23,9 @@ Tensor gelu(const Tensor& x, GeluApprox approximate) {
   detail::check_f32(x, "gelu", "x");
   const bool tanh_approx = approximate == GeluApprox::kTanh;
   Tensor xc = x.contiguous();
-  // Usually the input of the next linear: rows padded as that linear's GEMMs prefer.
-  Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
-  if (!out.is_meta()) {
-    const float* px = xc.data<float>();
-    detail::write_rows(out, [&](float* dst, int64_t off, int64_t n) {
-      kernels::gelu_forward(dst, px + off, n, tanh_approx);
-    });
-  }
+  Tensor out = empty(x.shape(), x.options());
+  if (!out.is_meta())
+    kernels::gelu_forward(out.data<float>(), xc.data<float>(), x.numel(), tanh_approx);
   autograd::record_op("GeluBackward", {x}, {out},
                       [xc, tanh_approx](const std::vector<Tensor>& g, const std::vector<bool>&) {
                         Tensor gc = g[0].contiguous();
@@ -47,12 +42,8 @@ Tensor gelu(const Tensor& x, GeluApprox approximate) {
 Tensor silu(const Tensor& x) {
   detail::check_f32(x, "silu", "x");
   Tensor xc = x.contiguous();
-  Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
-  if (!out.is_meta()) {
-    const float* px = xc.data<float>();
-    detail::write_rows(
-        out, [&](float* dst, int64_t off, int64_t n) { kernels::silu_forward(dst, px + off, n); });
-  }
+  Tensor out = empty(x.shape(), x.options());
+  if (!out.is_meta()) kernels::silu_forward(out.data<float>(), xc.data<float>(), x.numel());
   autograd::record_op(
       "SiluBackward", {x}, {out}, [xc](const std::vector<Tensor>& g, const std::vector<bool>&) {
         Tensor gc = g[0].contiguous();
@@ -68,12 +59,8 @@ Tensor silu(const Tensor& x) {
 Tensor relu(const Tensor& x) {
   detail::check_f32(x, "relu", "x");
   Tensor xc = x.contiguous();
-  Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
-  if (!out.is_meta()) {
-    const float* px = xc.data<float>();
-    detail::write_rows(
-        out, [&](float* dst, int64_t off, int64_t n) { kernels::relu_forward(dst, px + off, n); });
-  }
+  Tensor out = empty(x.shape(), x.options());
+  if (!out.is_meta()) kernels::relu_forward(out.data<float>(), xc.data<float>(), x.numel());
   autograd::record_op(
       "ReluBackward", {x}, {out}, [xc](const std::vector<Tensor>& g, const std::vector<bool>&) {
         Tensor gc = g[0].contiguous();
@@ -93,12 +80,9 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   ACC_CHECK_SHAPE(gate.shape() == up.shape(), "swiglu: gate ", gate.shape(), " and up ", up.shape(),
                   " differ");
   Tensor gc = gate.contiguous(), uc = up.contiguous();
-  Tensor out = detail::empty_gemm_rows(gate.shape(), gate.options());
+  Tensor out = empty(gate.shape(), gate.options());
   if (!out.is_meta()) {
-    const float *pg = gc.data<float>(), *pu = uc.data<float>();
-    detail::write_rows(out, [&](float* dst, int64_t off, int64_t n) {
-      kernels::swiglu_forward(dst, pg + off, pu + off, n);
-    });
+    kernels::swiglu_forward(out.data<float>(), gc.data<float>(), uc.data<float>(), out.numel());
   }
   autograd::record_op("SwigluBackward", {gate, up}, {out},
                       [gc, uc](const std::vector<Tensor>& g, const std::vector<bool>& need) {
@@ -155,14 +139,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                     " does not match the last dimension of input ", x.shape());
   }
   Tensor xc = x.contiguous();
-  // Usually the input of the next linear: rows padded as that linear's GEMMs prefer.
-  Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
+  Tensor out = empty(x.shape(), x.options());
   Tensor mean = empty({N}, x.options()), rstd = empty({N}, x.options());
   if (!out.is_meta()) {
-    kernels::layernorm_forward(
-        out.data<float>(), detail::output_row_stride(out), mean.data<float>(), rstd.data<float>(),
-        xc.data<float>(), weight.contiguous().data<float>(),
-        has_bias ? bias.contiguous().data<float>() : nullptr, N, C, static_cast<float>(eps));
+    kernels::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(),
+                               xc.data<float>(), weight.contiguous().data<float>(),
+                               has_bias ? bias.contiguous().data<float>() : nullptr, N, C,
+                               static_cast<float>(eps));
   }
   std::vector<Tensor> inputs{x, weight};
   if (has_bias) inputs.push_back(bias);
@@ -197,11 +180,11 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   ACC_CHECK_SHAPE(weight.shape() == Shape{C}, "rms_norm: weight ", weight.shape(),
                   " does not match the last dimension of input ", x.shape());
   Tensor xc = x.contiguous(), w = weight.contiguous();
-  Tensor out = detail::empty_gemm_rows(x.shape(), x.options());
+  Tensor out = empty(x.shape(), x.options());
   Tensor rstd = empty({N}, x.options());
   if (!out.is_meta()) {
-    kernels::rmsnorm_forward(out.data<float>(), detail::output_row_stride(out), rstd.data<float>(),
-                             xc.data<float>(), w.data<float>(), N, C, static_cast<float>(eps));
+    kernels::rmsnorm_forward(out.data<float>(), rstd.data<float>(), xc.data<float>(),
+                             w.data<float>(), N, C, static_cast<float>(eps));
   }
   autograd::record_op(
       "RmsNormBackward", {x, weight}, {out},
@@ -278,13 +261,11 @@ kernels::AttnGrad grad_operand(const Tensor& t) {
   return {t.data<float>(), s[0], s[1], s[2]};
 }
 
-// A (B,H,T,HS) tensor stored as (B,T,H,HS), its B*T rows of H*HS floats laid out as
-// detail::empty_gemm_rows lays out a linear's operand: attention's output is the input of the
-// output projection, and the gradients of q, k, v are what their projections' backward GEMMs read.
+// A (B,H,T,HS) tensor stored as (B,T,H,HS): attention's output is then (B,T,C) rows for the
+// output projection, and the gradients of q, k, v are laid out as their projection wrote them.
 Tensor bthd_tensor(int64_t B, int64_t H, int64_t T, int64_t HS, TensorOptions opt) {
-  Tensor store = detail::empty_gemm_rows({B * T, H * HS}, opt);
-  const int64_t ld = store.strides()[0];
-  return make_view(store, {B, H, T, HS}, {T * ld, HS, ld, 1}, store.offset());
+  Tensor store = empty({B, T, H, HS}, opt);
+  return make_view(store, {B, H, T, HS}, {T * H * HS, HS, H * HS, 1}, 0);
 }
 
 // True when q, k, v are the head views of one (B, T, NH + 2 NKV, HS) tensor, q's heads then k's
@@ -546,20 +527,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets_in, int64_t ign
       "CrossEntropyBackward", {logits, targets_in}, {out},
       [x, targets, lse, N, V, count, ignore_index](const std::vector<Tensor>& g,
                                                    const std::vector<bool>&) {
-        // Read next by the LM head's backward GEMMs.
-        Tensor dx = detail::empty_gemm_rows(x.shape(), x.options());
+        Tensor dx = empty(x.shape(), x.options());
         if (!dx.is_meta()) {
-          const int64_t ldd = detail::output_row_stride(dx);
           const float gscale = static_cast<float>(g[0].item() / static_cast<double>(count));
           std::vector<float> dloss(static_cast<size_t>(N), gscale);
           if (targets.dtype() == DType::kInt64) {
-            kernels::cross_entropy_backward(dx.data<float>(), ldd, x.data<float>(),
-                                            lse.data<float>(), targets.data<int64_t>(),
-                                            dloss.data(), N, V, ignore_index);
+            kernels::cross_entropy_backward(dx.data<float>(), x.data<float>(), lse.data<float>(),
+                                            targets.data<int64_t>(), dloss.data(), N, V,
+                                            ignore_index);
           } else {
-            kernels::cross_entropy_backward(dx.data<float>(), ldd, x.data<float>(),
-                                            lse.data<float>(), targets.data<int32_t>(),
-                                            dloss.data(), N, V, ignore_index);
+            kernels::cross_entropy_backward(dx.data<float>(), x.data<float>(), lse.data<float>(),
+                                            targets.data<int32_t>(), dloss.data(), N, V,
+                                            ignore_index);
           }
         }
         return std::vector<Tensor>{dx, Tensor()};

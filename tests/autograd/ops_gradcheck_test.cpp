@@ -16,12 +16,10 @@
 #include <cmath>
 #include <functional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "acc/autograd/engine.hpp"
 #include "acc/autograd/ops.hpp"
-#include "acc/tensor/observer.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/threading.hpp"
 #include "acc/util/error.hpp"
@@ -641,202 +639,8 @@ TEST(OpValues, CrossEntropyGradientIsSoftmaxMinusOneHotAtAnyRowAlignment) {
   }
 }
 
-// Cross-entropy's gradient, which the LM head's backward GEMMs read next, gets rows padded by 16
-// floats when a row is a multiple of 2 KiB (unless switched off); the values are the same, and
-// the linear takes padded inputs and gradients without a copy (next test).
-TEST(OpValues, CrossEntropyGradientOfPowerOfTwoWidthHasPaddedRows) {
-  const int64_t R = 64, W = 1024;
-  const GemmRowPaddingGuard padding(true);
-  // The backward node is applied directly: a leaf's .grad is a contiguous copy.
-  Tensor logits = randn_t({R, W}, 313, 2.0);
-  logits.set_requires_grad(true);
-  std::vector<int64_t> t(static_cast<size_t>(R));
-  for (int64_t n = 0; n < R; ++n) t[static_cast<size_t>(n)] = (n * 397) % W;
-  const Tensor gl = cross_entropy(logits, i64(t, {R})).grad_fn()->apply({ones({})}).at(0);
-  EXPECT_EQ(gl.strides(), (Shape{W + 16, 1}));
-  const auto lv = logits.to_vector<float>(), gv = gl.to_vector<float>();
-  for (int64_t n = 0; n < R; ++n) {
-    double mx = -1e300, z = 0;
-    for (int64_t i = 0; i < W; ++i) mx = std::max<double>(mx, lv[n * W + i]);
-    for (int64_t i = 0; i < W; ++i) z += std::exp(lv[n * W + i] - mx);
-    for (int64_t i = 0; i < W; ++i) {
-      const double want = (std::exp(lv[n * W + i] - mx) / z - (i == t[n] ? 1.0 : 0.0)) / R;
-      ASSERT_NEAR(gv[n * W + i], want, 1e-7) << "row " << n << " class " << i;
-    }
-  }
-  // A size-1 dimension among the rows (its stride is whatever the view gives it): still one row
-  // stride, the same values.
-  Tensor l3 = logits.detach().view({R, 1, W});
-  l3.set_requires_grad(true);
-  const Tensor g3 = cross_entropy(l3, i64(t, {R})).grad_fn()->apply({ones({})}).at(0);
-  EXPECT_EQ(g3.to_vector<float>(), gv);
-  // Switched off: contiguous, the same values.
-  set_gemm_row_padding(false);
-  const Tensor gc = cross_entropy(logits, i64(t, {R})).grad_fn()->apply({ones({})}).at(0);
-  EXPECT_TRUE(gc.is_contiguous());
-  EXPECT_EQ(gc.to_vector<float>(), gv);
-}
-
-// GemmRowPaddingGuard sets the switch for a scope and restores it on the way out, exceptions
-// included (the tests here rely on it to leave the default in place after a failing assertion).
-TEST(OpValues, GemmRowPaddingGuardRestoresTheSettingOnScopeExit) {
-  const bool before = gemm_row_padding();
-  for (bool on : {true, false}) {  // one of the two differs from `before`
-    {
-      const GemmRowPaddingGuard guard(on);
-      EXPECT_EQ(gemm_row_padding(), on);
-    }
-    EXPECT_EQ(gemm_row_padding(), before);
-    EXPECT_THROW(
-        {
-          const GemmRowPaddingGuard guard(on);
-          ACC_THROW(ValueError, "thrown inside the guard's scope");
-        },
-        ValueError);
-    EXPECT_EQ(gemm_row_padding(), before);
-  }
-}
-
-// The ops whose output a linear reads next (norms, activations, attention) give it rows padded by
-// 16 floats when a row is a multiple of 2 KiB and there are at least 64 rows; switched off, or
-// with fewer rows, the output is contiguous. Values and gradients are the same bit for bit.
-TEST(OpValues, GemmOperandsHavePaddedRowsWithTheSameValues) {
-  const int64_t W = 512;
-  const GemmRowPaddingGuard restore(gemm_row_padding());  // the runs below switch it
-  using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-  struct Case {
-    std::string name;
-    Fn fn;
-    std::vector<Shape> inputs;
-  };
-  const Tensor lw = randn_t({W}, 401), lb = randn_t({W}, 402);
-  const std::vector<Case> cases = {
-      {"layer_norm",
-       [&](const std::vector<Tensor>& x) { return layer_norm(x[0], lw, lb); },
-       {{2, 40, W}}},
-      {"rms_norm", [&](const std::vector<Tensor>& x) { return rms_norm(x[0], lw); }, {{2, 40, W}}},
-      {"gelu_tanh", [](const std::vector<Tensor>& x) { return gelu(x[0]); }, {{80, W}}},
-      {"gelu",
-       [](const std::vector<Tensor>& x) { return gelu(x[0], GeluApprox::kNone); },
-       {{80, W}}},
-      {"silu", [](const std::vector<Tensor>& x) { return silu(x[0]); }, {{80, W}}},
-      {"relu", [](const std::vector<Tensor>& x) { return relu(x[0]); }, {{80, W}}},
-      {"swiglu",
-       [](const std::vector<Tensor>& x) { return swiglu(x[0], x[1]); },
-       {{80, W}, {80, W}}},
-      // (B, NH, T, HS) with NH * HS = 512 and B * T = 80 rows; the output is (B, NH, T, HS)
-      // stored as (B, T, NH * HS) rows.
-      {"attention",
-       [](const std::vector<Tensor>& x) {
-         return scaled_dot_product_attention(x[0], x[1], x[2], /*causal=*/true);
-       },
-       {{2, 8, 40, 64}, {2, 8, 40, 64}, {2, 8, 40, 64}}},
-  };
-  uint64_t seed = 410;
-  for (const Case& c : cases) {
-    std::vector<Tensor> inputs;
-    for (const Shape& sh : c.inputs) inputs.push_back(randn_t(sh, seed++));
-    const Tensor weight = randn_t(c.fn(inputs).shape(), seed++);  // d loss / d out
-    // Output (as values), its row stride, and the input gradients.
-    auto run = [&](bool pad) {
-      set_gemm_row_padding(pad);
-      std::vector<Tensor> xs;
-      for (const Tensor& x : inputs) {
-        Tensor l = x.detach();
-        l.set_requires_grad(true);
-        xs.push_back(l);
-      }
-      Tensor out = c.fn(xs);
-      const Shape strides = out.strides();
-      sum(out * weight).backward();
-      std::vector<std::vector<float>> values{out.to_vector<float>()};
-      for (const Tensor& x : xs) values.push_back(x.grad().to_vector<float>());
-      return std::make_pair(strides, values);
-    };
-    const auto off = run(false);
-    set_num_threads(2);
-    const auto on2 = run(true);
-    set_num_threads(1);
-    const auto on = run(true);
-    EXPECT_EQ(on2.second, on.second) << c.name << ": 2 threads";
-    const Shape& st = on.first;
-    if (c.name == "attention") {
-      EXPECT_EQ(st, (Shape{40 * (W + 16), 64, W + 16, 1})) << c.name;
-      EXPECT_EQ(off.first, (Shape{40 * W, 64, W, 1})) << c.name;
-    } else {
-      EXPECT_EQ(st[st.size() - 2], W + 16) << c.name;
-      EXPECT_EQ(off.first[st.size() - 2], W) << c.name;
-    }
-    ASSERT_EQ(on.second.size(), off.second.size());
-    for (size_t i = 0; i < on.second.size(); ++i) {
-      EXPECT_EQ(on.second[i], off.second[i]) << c.name << ": " << (i == 0 ? "output" : "gradient");
-    }
-  }
-  // Fewer than 64 rows, or a row that is not a multiple of 2 KiB: contiguous.
-  set_gemm_row_padding(true);
-  const Tensor few = gelu(randn_t({63, W}, 450)), narrow_rows = gelu(randn_t({80, W + 8}, 451));
-  EXPECT_TRUE(few.is_contiguous());
-  EXPECT_TRUE(narrow_rows.is_contiguous());
-}
-
-// Records the strides of the gradient each LinearBackward node receives.
-class LinearGradStrides : public detail::OpObserver {
- public:
-  void on_alloc(uint64_t, size_t, Device) override {}
-  void on_free(uint64_t) override {}
-  void on_flops(int64_t, bool) override {}
-  void on_backward_begin(const std::vector<Tensor>& g) override {
-    pending_ = g.size() == 1 && g[0].defined() ? g[0].strides() : Shape{};
-  }
-  void on_op(const std::string& name, const std::string&, const std::vector<Tensor>&,
-             const std::vector<Tensor>&, bool backward) override {
-    if (backward && name == "LinearBackward") seen.push_back(pending_);
-  }
-  std::vector<Shape> seen;
-
- private:
-  Shape pending_;
-};
-
-// A qkv projection split into heads (GPT's layout): attention's gradients lie side by side in one
-// buffer with padded rows, the split's backward joins them without a copy (the qkv linear
-// receives the padded buffer itself), and the linear's gradients are the same as without
-// padding, at one and two threads.
-TEST(OpValues, PackedQkvGradientHasPaddedRowsWithTheSameValues) {
-  const int64_t B = 2, T = 40, NH = 8, HS = 64, C = NH * HS;
-  const GemmRowPaddingGuard restore(gemm_row_padding());  // the runs below switch it
-  const Tensor x0 = randn_t({B, T, C}, 460), w0 = randn_t({3 * C, C}, 461, 0.05),
-               dout = randn_t({B, NH, T, HS}, 462);
-  auto run = [&](bool pad, int threads) {
-    set_gemm_row_padding(pad);
-    set_num_threads(threads);
-    Tensor x = x0.detach(), w = w0.detach();
-    x.set_requires_grad(true);
-    w.set_requires_grad(true);
-    Tensor qkv = linear(x, w);
-    auto parts = split(qkv, {C, C, C}, 2);
-    auto heads = [&](const Tensor& t) { return t.view({B, T, NH, HS}).transpose(1, 2); };
-    Tensor y = scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                            /*causal=*/true);
-    LinearGradStrides seen;
-    {
-      detail::ObserverGuard guard(&seen);
-      sum(y * dout).backward();
-    }
-    set_num_threads(1);
-    return std::make_tuple(seen.seen, x.grad().to_vector<float>(), w.grad().to_vector<float>());
-  };
-  const auto off = run(false, 1);
-  EXPECT_EQ(std::get<0>(off), (std::vector<Shape>{{T * 3 * C, 3 * C, 1}}));
-  for (int threads : {1, 2}) {
-    const auto on = run(true, threads);
-    EXPECT_EQ(std::get<0>(on), (std::vector<Shape>{{T * (3 * C + 16), 3 * C + 16, 1}}))
-        << threads << " thread(s)";
-    EXPECT_EQ(std::get<1>(on), std::get<1>(off)) << threads << " thread(s)";
-    EXPECT_EQ(std::get<2>(on), std::get<2>(off)) << threads << " thread(s)";
-  }
-}
-
+// Padded rows here: x and the incoming gradient are views whose rows lie further apart than their
+// width (a narrowed tensor); linear hands them to sgemm with that row stride.
 TEST(OpValues, LinearTakesPaddedRowsWithoutChangingResults) {
   const int64_t R = 70, IN = 24, OUT = 40;
   Tensor w = randn_t({OUT, IN}, 314), b = randn_t({OUT}, 315);
@@ -866,9 +670,21 @@ TEST(OpValues, LinearTakesPaddedRowsWithoutChangingResults) {
   ASSERT_FALSE(xp.is_contiguous());
   ASSERT_FALSE(dyp.is_contiguous());
   const auto got = run(xp, dyp);
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "output " << i;
+  // Another row stride is another GEMM layout: OpenBLAS may block or dispatch it differently (it
+  // does on AMD EPYC), so the sums of <= 70 products of O(1) values may round differently, by
+  // ~1e-6. A row stride the kernels ignore reads the wrong rows (errors of O(1)), far above this
+  // tolerance.
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size()) << "output " << i;
+    for (size_t j = 0; j < want[i].size(); ++j) {
+      ASSERT_NEAR(got[i][j], want[i][j], 1e-4 * (1.0 + std::abs(want[i][j])))
+          << "output " << i << ", element " << j;
+    }
+  }
   // Every other row block of a larger tensor (x[:, ::2]): a size-1 dimension whose stride does
-  // not step over whole rows must not pass for one row stride.
+  // not step over whole rows must not pass for one row stride. Such an x is copied to a
+  // contiguous tensor, so the GEMMs see the reference's layout and the results are equal bit for
+  // bit by construction.
   Tensor big = empty({2, 2, R / 2, IN});
   {
     NoGradGuard ng;
@@ -964,7 +780,10 @@ TEST(Dropout, IsTheIdentityWhenPIsZeroOrInEval) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// thread-count independence of the kernels whose reductions are split across threads
+// thread-count independence of the kernels whose reductions are split across threads. Equal bit
+// for bit by construction: these kernels (no GEMM among them) split their reductions into chunks
+// of a fixed size, or embedding's among vocabulary rows, and combine them in a fixed order, so
+// the thread count changes who adds, never what is added in which order.
 
 struct Grads {
   std::vector<float> loss, dx, dw, dtable;

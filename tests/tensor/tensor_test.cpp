@@ -245,8 +245,9 @@ TEST(Kernels, LargeGemmWithBetaZeroAndFillRowsIgnoreOldContents) {
 }
 
 // The bias gradient of a linear: column sums added to what `out` holds, bit-identical at one
-// and two threads, over more rows than one of the kernel's 256-row chunks (and a last chunk whose
-// rows are not a multiple of 4) and a row stride wider than the row (the padding is never read).
+// and two threads (by construction: fixed 256-row chunks combined in chunk order, whatever the
+// thread count), over more rows than one chunk (and a last chunk whose rows are not a multiple
+// of 4) and a row stride wider than the row (the padding is never read).
 TEST(Kernels, AddColumnSumsMatchesDoubleSumAnyThreadCount) {
   const int64_t M = 2 * 256 + 37, N = 600, ld = 616;
   Generator gen(11);

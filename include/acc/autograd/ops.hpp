@@ -71,41 +71,6 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 /// gradient may have rows with a stride larger than IN / OUT (unit column stride); they are
 /// handed to sgemm with that stride, not copied.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
-/// Whether tensors that a GEMM reads next get their rows padded by 64 bytes when a row is a
-/// multiple of 2 KiB (last dimension a multiple of 512 floats) and there are at least 64 rows:
-/// the outputs of layer_norm, rms_norm, gelu, silu, relu, swiglu and
-/// scaled_dot_product_attention (a linear's input x), attention's q/k/v gradients and
-/// cross_entropy's gradient (a linear's incoming gradient dy). Such a result is a strided view,
-/// not a contiguous tensor, as a PyTorch view can be: every op here takes it (linear without a
-/// copy), but code that indexes data<float>() directly must call contiguous() first. On by
-/// default (OpenBLAS's weight-gradient GEMM runs faster; benchmarks/README.md);
-/// ACC_PAD_GEMM_ROWS=0 turns it off for the process, set_gemm_row_padding at run time (both
-/// layouts give the same values, bit for bit).
-bool gemm_row_padding();
-void set_gemm_row_padding(bool on);
-/// Sets gemm_row_padding to `on` for a scope and restores the previous setting when it ends
-/// (exceptions included), as GradModeGuard does for grad mode.
-class GemmRowPaddingGuard {
- public:
-  explicit GemmRowPaddingGuard(bool on) : prev_(gemm_row_padding()) { set_gemm_row_padding(on); }
-  ~GemmRowPaddingGuard() { set_gemm_row_padding(prev_); }
-  GemmRowPaddingGuard(const GemmRowPaddingGuard&) = delete;
-  GemmRowPaddingGuard& operator=(const GemmRowPaddingGuard&) = delete;
-
- private:
-  bool prev_;
-};
-namespace detail {
-/// An uninitialised tensor of `shape` that a linear's GEMMs read next (see gemm_row_padding).
-/// When its rows are a multiple of 2 KiB, there are at least 64 of them and gemm_row_padding() is
-/// on, the rows are padded by 64 bytes: OpenBLAS packs the weight-gradient GEMM's operands
-/// (dw = dy^T x) by walking down their columns, and with a power-of-two row stride every row maps
-/// onto the same cache sets (one-off timings of the 17M GPT's weight gradients, pinned to one
-/// core: padding dy +6% on the LM head, padding x +1 to +5% on the block linears). The result is
-/// a view (strides (..., N + 16, 1)) of a larger buffer; linear hands it to sgemm without a copy,
-/// and any op that needs a contiguous tensor copies it as usual.
-Tensor empty_gemm_rows(const Shape& shape, const TensorOptions& options);
-}  // namespace detail
 
 // ---- activations ----
 enum class GeluApprox { kNone, kTanh };

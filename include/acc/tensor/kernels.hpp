@@ -56,15 +56,15 @@ void swiglu_backward(float* dgate, float* dup, const float* gate, const float* u
                      const float* dout, int64_t n);
 
 // ---- normalisation over the last dimension; N rows of C ----
-// out (N,C, row stride ldo >= C), mean (N), rstd (N), x (N,C), w (C), b (C) or null
-void layernorm_forward(float* out, int64_t ldo, float* mean, float* rstd, const float* x,
-                       const float* w, const float* b, int64_t N, int64_t C, float eps);
+// out (N,C), mean (N), rstd (N), x (N,C), w (C), b (C) or null
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C, float eps);
 // dx (N,C) =; dw (C), db (C) accumulate (+=) when not null
 void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
-// out (N,C, row stride ldo >= C), rstd (N)
-void rmsnorm_forward(float* out, int64_t ldo, float* rstd, const float* x, const float* w,
-                     int64_t N, int64_t C, float eps);
+// out (N,C), rstd (N)
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
+                     float eps);
 // dx (N,C) =; dw (C) accumulates (+=) when not null
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
                       const float* rstd, int64_t N, int64_t C);
@@ -121,9 +121,9 @@ void embedding_backward(float* dw, const Index* idx, const float* dout, int64_t 
 template <class Index>
 void cross_entropy_forward(float* losses, float* lse, const float* logits, const Index* targets,
                            int64_t N, int64_t V, int64_t ignore_index);
-// dlogits (N,V; row stride ldd >= V) = (softmax(logits) - onehot(target)) * dloss[n]
+// dlogits (N,V) = (softmax(logits) - onehot(target)) * dloss[n]
 template <class Index>
-void cross_entropy_backward(float* dlogits, int64_t ldd, const float* logits, const float* lse,
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const Index* targets, const float* dloss, int64_t N, int64_t V,
                             int64_t ignore_index);
 

@@ -63,13 +63,13 @@ void cross_entropy_forward(float* losses, float* lse, const float* logits, const
 }
 
 template <class Index>
-void cross_entropy_backward(float* dlogits, int64_t ldd, const float* logits, const float* lse,
+void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const Index* targets, const float* dloss, int64_t N, int64_t V,
                             int64_t ignore_index) {
   parallel_for(N, std::max<int64_t>(1, 16384 / std::max<int64_t>(V, 1)), [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; ++n) {
       const float* x = logits + n * V;
-      float* d = dlogits + n * ldd;
+      float* d = dlogits + n * V;
       const int64_t t = static_cast<int64_t>(targets[n]);
       if (t == ignore_index) {
         for (int64_t i = 0; i < V; ++i) d[i] = 0.f;
@@ -135,9 +135,8 @@ void rope_forward(float* out, const float* x, const float* cos, const float* sin
                                           int64_t);                                               \
   template void cross_entropy_forward<Index>(float*, float*, const float*, const Index*, int64_t, \
                                              int64_t, int64_t);                                   \
-  template void cross_entropy_backward<Index>(float*, int64_t, const float*, const float*,        \
-                                              const Index*, const float*, int64_t, int64_t,       \
-                                              int64_t);
+  template void cross_entropy_backward<Index>(float*, const float*, const float*, const Index*,   \
+                                              const float*, int64_t, int64_t, int64_t);
 ACC_INSTANTIATE(int32_t)
 ACC_INSTANTIATE(int64_t)
 #undef ACC_INSTANTIATE

@@ -12,15 +12,15 @@ int64_t row_grain(int64_t C) {
 }
 }  // namespace
 
-void layernorm_forward(float* out, int64_t ldo, float* mean, float* rstd, const float* x,
-                       const float* w, const float* b, int64_t N, int64_t C, float eps) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C, float eps) {
   parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t n = r0; n < r1; ++n) {
       const float* xr = x + n * C;
       const float m = vec::sum(xr, C) / static_cast<float>(C);
       const float v = vec::sum_sq_dev(xr, m, C) / static_cast<float>(C);
       float s = 1.f / std::sqrt(v + eps);
-      float* o = out + n * ldo;
+      float* o = out + n * C;
       if (b) {
         for (int64_t i = 0; i < C; ++i) o[i] = (xr[i] - m) * s * w[i] + b[i];
       } else {
@@ -97,14 +97,14 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dout, cons
   }
 }
 
-void rmsnorm_forward(float* out, int64_t ldo, float* rstd, const float* x, const float* w,
-                     int64_t N, int64_t C, float eps) {
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int64_t N, int64_t C,
+                     float eps) {
   parallel_for(N, row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t n = r0; n < r1; ++n) {
       const float* xr = x + n * C;
       const float ss = vec::dot(xr, xr, C);
       const float s = 1.f / std::sqrt(ss / static_cast<float>(C) + eps);
-      float* o = out + n * ldo;
+      float* o = out + n * C;
       for (int64_t i = 0; i < C; ++i) o[i] = xr[i] * s * w[i];
       rstd[n] = s;
     }
