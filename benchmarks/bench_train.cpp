@@ -15,36 +15,14 @@
 // (forward + backward matrix products, causal attention counted as its half; the optimizer and
 // elementwise ops are not counted); achieved_gflops = model_flops_per_step / median step time.
 //
-// MFU: each measured step's model FLOP rate over the local sgemm peak around it, median over the
-// steps. Around every measured step (right before it and right after it) the process times a
-// sample of --sgemm-sample-reps 2048^3 cblas_sgemm calls (same thread count) and keeps the best of
-// them; a step's local peak is the higher of its two samples. This machine's speed moved by up
-// to 1.8x within one process at 1 thread and 2.3x at 2 threads (another tenant on the core), so
-// a peak taken at one moment and steps taken at others measure the machine's drift as much as
-// the engine; taking the best of several calls and the higher of the two samples keeps a sample
-// caught in a short dip from lifting the MFU. sgemm_gflops is the median of the steps' local
-// peaks.
-//
-// Also reported, the stricter figure: mfu_vs_best_sgemm = achieved_gflops / sgemm_peak_gflops,
-// the best of every sgemm timed in the process (a burst of --sgemm-reps calls before the first
-// step, one after the last, and the samples). Its ceiling is sgemm_median_over_best
-// (sgemm_gflops over that best): what it would give a step that did nothing but this very sgemm.
-// Every sgemm figure is null with --sgemm-reps 0.
-//
-// Controls (--sgemm-control): that estimator is biased low on a machine whose speed moves within
-// seconds. A step lasts seconds and averages over the dips; a sample is the best of a few calls,
-// the higher of two, and catches the fast moments. So between the measured steps the process also
-// runs sgemm sustained for as long as a step (a control) and applies the same estimator to it:
-// sgemm_control_mfu is the mfu that a workload running at exactly the sgemm rate would get in this
-// run (1 on a steady machine). mfu_matched compares each step with the sustained sgemm rate of
-// the controls on either side of it (windows of the same length, so a dip weighs on both alike);
-// sgemm_control_matched applies that to the controls themselves (about 1: no bias).
-// compare_torch.sh judges the MFU target by mfu_matched (benchmarks/README.md, Results).
+// MFU: achieved_gflops over the sgemm peak of this process: before the model is built, the best
+// of kSgemmReps timed --sgemm-n^3 cblas_sgemm calls (after one untimed call) at the same thread
+// count; the JSON states the size ("sgemm"). A peak taken at one moment and steps taken at others
+// also measure how the machine's speed drifts in between (shared cores), so compare_torch.sh
+// takes medians over rounds.
 
 #include <cblas.h>
-#include <fcntl.h>
 #include <sys/resource.h>
-#include <unistd.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -60,7 +38,6 @@
 
 #include "acc/acc.hpp"
 #include "acc/autograd/flops.hpp"
-#include "acc/tensor/kernels.hpp"
 #include "bench_util.hpp"
 
 namespace {
@@ -86,11 +63,7 @@ struct Args {
   bool write_only = false;
   std::string json_out;
   int64_t sgemm_n = 2048;
-  int sgemm_reps = 5;
-  int sgemm_sample_reps = 3;
-  bool sgemm_control = false;
   double lr = 1e-3;
-  std::string perf_control;  // "CTL_FIFO[,ACK_FIFO]" of `perf record --control fifo:...`
 };
 
 // A model to benchmark: type, model config and the batch it is trained with.
@@ -231,110 +204,40 @@ int64_t max_rss_bytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-// Timed n^3 cblas_sgemm calls on buffers it owns, with OpenBLAS's own threading at `threads`
-// threads whatever the engine's GEMM threading mode (ACC_GEMM_THREADING may keep OpenBLAS
-// single-threaded and split GEMMs itself); OpenBLAS's setting is restored after each call. One
-// probe lives through the training run for the samples around the measured steps (its 3 n^2 floats
-// stay resident and count against AutoAcc's max RSS); the bursts before and after the run use
-// short-lived ones (sgemm_burst_best_gflops).
-class SgemmProbe {
- public:
-  SgemmProbe(int64_t n, int threads) : n_(n), threads_(threads), a_(n * n), b_(n * n), c_(n * n) {
-    for (size_t i = 0; i < a_.size(); ++i) {
-      a_[i] = static_cast<float>(i % 7) * 0.01f;
-      b_[i] = static_cast<float>(i % 5) * 0.01f;
-    }
-  }
-  // GFLOP/s of the fastest of `reps` calls.
-  double best_gflops(int reps) {
-    double best_s = 1e30;
-    for (int r = 0; r < reps; ++r) best_s = std::min(best_s, timed_call());
-    return flops() / best_s / 1e9;
-  }
-  // GFLOP/s sustained over back-to-back calls lasting at least `seconds` (at least one call): the
-  // total FLOPs over the total time, dips included, as a training step of that length sees them.
-  double sustained_gflops(double seconds) {
-    double total_s = 0;
-    int calls = 0;
-    do {
-      total_s += timed_call();
-      ++calls;
-    } while (total_s < seconds);
-    return calls * flops() / total_s / 1e9;
-  }
+constexpr int kSgemmReps = 5;
 
- private:
-  double flops() const { return 2.0 * static_cast<double>(n_) * n_ * n_; }
-  // Seconds of one n^3 call at the probe's thread count (OpenBLAS's setting restored after).
-  double timed_call() {
-    const int saved = openblas_get_num_threads();
-    openblas_set_num_threads(threads_);
-    const int ni = static_cast<int>(n_);
+// GFLOP/s of the best of kSgemmReps timed n^3 cblas_sgemm calls (after one untimed call), with
+// OpenBLAS's own threading at `threads` threads whatever the engine's GEMM threading mode
+// (ACC_GEMM_THREADING may keep OpenBLAS single-threaded and split GEMMs itself); OpenBLAS's
+// setting is restored on return. Its buffers are freed on return, before the model exists, so
+// they stay below the training run's peak resident set.
+double sgemm_peak_gflops(int64_t n, int threads) {
+  std::vector<float> a(static_cast<size_t>(n * n)), b(a.size()), c(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<float>(i % 7) * 0.01f;
+    b[i] = static_cast<float>(i % 5) * 0.01f;
+  }
+  const int saved = openblas_get_num_threads();
+  openblas_set_num_threads(threads);
+  const int ni = static_cast<int>(n);
+  double best_s = 1e30;
+  for (int r = 0; r <= kSgemmReps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a_.data(), ni,
-                b_.data(), ni, 0.0f, c_.data(), ni);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, ni, ni, 1.0f, a.data(), ni, b.data(),
+                ni, 0.0f, c.data(), ni);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    openblas_set_num_threads(saved);
-    return s;
+    if (r > 0) best_s = std::min(best_s, s);  // call 0 warms up
   }
-
-  int64_t n_;
-  int threads_;
-  std::vector<float> a_, b_, c_;
-};
-
-// Best GFLOP/s of `reps` timed n^3 sgemm calls after one untimed call, on buffers freed on return
-// so they do not stay in the resident set measured for the training run. Returns 0 for reps == 0.
-double sgemm_burst_best_gflops(int64_t n, int reps, int threads) {
-  if (reps == 0) return 0.0;  // skipped (profiling the training step alone)
-  SgemmProbe probe(n, threads);
-  probe.best_gflops(1);
-  return probe.best_gflops(reps);
+  openblas_set_num_threads(saved);
+  return 2.0 * static_cast<double>(n) * n * n / best_s / 1e9;
 }
 
-// Drives `perf record --control=fifo:CTL[,ACK] --delay=-1` so that only the measured training
-// steps are sampled (not the seeded init, the warm-up steps or the sgemm measurements). With an
-// ack fifo, each command waits until perf has applied it.
-class PerfControl {
- public:
-  explicit PerfControl(const std::string& spec) {
-    if (spec.empty()) return;
-    const size_t comma = spec.find(',');
-    const std::string ctl = spec.substr(0, comma);
-    ctl_ = ::open(ctl.c_str(), O_WRONLY | O_CLOEXEC);
-    ACC_CHECK_AS(acc::IoError, ctl_ >= 0, "--perf-control: cannot open '", ctl, "'");
-    if (comma != std::string::npos) {
-      const std::string ack = spec.substr(comma + 1);
-      ack_ = ::open(ack.c_str(), O_RDONLY | O_CLOEXEC);
-      ACC_CHECK_AS(acc::IoError, ack_ >= 0, "--perf-control: cannot open '", ack, "'");
-    }
-  }
-  ~PerfControl() {
-    if (ctl_ >= 0) ::close(ctl_);
-    if (ack_ >= 0) ::close(ack_);
-  }
-  PerfControl(const PerfControl&) = delete;
-  PerfControl& operator=(const PerfControl&) = delete;
-  void enable() { send("enable\n"); }
-  void disable() { send("disable\n"); }
-
- private:
-  void send(const std::string& cmd) {
-    if (ctl_ < 0) return;
-    ACC_CHECK_AS(acc::IoError,
-                 ::write(ctl_, cmd.data(), cmd.size()) == static_cast<ssize_t>(cmd.size()),
-                 "--perf-control: write failed");
-    if (ack_ < 0) return;
-    char buf[8];
-    ACC_CHECK_AS(acc::IoError, ::read(ack_, buf, sizeof(buf)) > 0, "--perf-control: no ack");
-  }
-  int ctl_ = -1, ack_ = -1;
-};
-
-json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfControl& perf) {
+json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
   using namespace acc;
   const int64_t B = a.batch_size > 0 ? a.batch_size : bc.batch;
   const int64_t T = a.seq_len > 0 ? a.seq_len : bc.seq_len;
+
+  const double sgemm_gflops = a.write_only ? 0.0 : sgemm_peak_gflops(a.sgemm_n, a.threads);
 
   // Model (seeded init, or the weights of --init-from).
   memory::reset_peak();
@@ -392,42 +295,14 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   logging::info("{}: {} with {:.2f}M parameters, batch {}x{}, {} thread(s), {} warm-up + {} steps",
                 bc.name, bc.model, model->num_parameters() / 1e6, B, T, a.threads, a.warmup,
                 a.steps);
-  const double sgemm_before = sgemm_burst_best_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
 
-  // One sgemm sample (the best of --sgemm-sample-reps calls) before the first measured step and
-  // one after each. The first call of a sample runs cold, right after a step has evicted its
-  // operands from the caches: a one-off check (64 MB streamed between calls, 15 pairs) measured
-  // cold and warm calls alike (median ratio 0.998), so no untimed call precedes it.
-  // With --sgemm-control, a control (sgemm sustained for as long as the step before it took; the
-  // first one as long as the last warm-up step, which with --warmup 1 is the cold first step: a
-  // longer window, not a different rate) runs between two samples before the first
-  // measured step and after each: sample, control, sample, step, sample, control, sample, step...
-  // so step i has controls i and i + 1 on either side and every step and control has a sample
-  // right before and right after it.
-  std::vector<double> step_ms, sample_sgemm, control_sgemm;
-  std::vector<size_t> step_sample, control_sample;  // index of the sample right before each
-  std::optional<SgemmProbe> probe;
-  if (a.sgemm_reps > 0) probe.emplace(a.sgemm_n, a.threads);
-  const bool control = a.sgemm_control && a.sgemm_reps > 0;
-  auto take_sample = [&] { sample_sgemm.push_back(probe->best_gflops(a.sgemm_sample_reps)); };
-  auto take_control = [&](double ms) {
-    control_sample.push_back(sample_sgemm.size() - 1);
-    control_sgemm.push_back(probe->sustained_gflops(ms / 1000.0));
-    take_sample();
-  };
-  double last_ms = 0;  // the step before
+  std::vector<double> step_ms;
   autograd::FlopCount flops;
   double first_loss = NAN, last_loss = NAN;
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
     data::Batch batch = loader.next();
     std::optional<autograd::FlopCounter> counter;
     if (s == 0) counter.emplace();  // one step's model FLOPs; counting is free
-    if (s == a.warmup && probe) {
-      take_sample();
-      if (control) take_control(last_ms);
-      step_sample.push_back(sample_sgemm.size() - 1);
-    }
-    if (s >= a.warmup) perf.enable();
     const auto t0 = std::chrono::steady_clock::now();
     opt->zero_grad();
     Tensor loss = model->loss(batch.idx, batch.targets);
@@ -437,7 +312,6 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
     opt->step_scaled(optim::clip_coefficient(1.0, optim::get_total_norm(params)));
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (s >= a.warmup) perf.disable();
     if (counter) {
       flops = counter->count();
       counter.reset();
@@ -446,28 +320,12 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
     ACC_CHECK(std::isfinite(lv), bc.name, ": loss became ", lv, " at step ", s);
     if (s == 0) first_loss = lv;
     last_loss = lv;
-    if (s >= a.warmup) {
-      step_ms.push_back(ms);
-      if (probe) {
-        take_sample();
-        if (control) take_control(ms);
-        if (s + 1 < a.warmup + a.steps) step_sample.push_back(sample_sgemm.size() - 1);
-      }
-    }
-    last_ms = ms;
+    if (s >= a.warmup) step_ms.push_back(ms);
     logging::debug("{}: step {} loss {:.4f} {:.1f} ms", bc.name, s, lv, ms);
   }
   const int64_t peak_tracked = memory::peak_bytes();
   const int64_t num_params = model->num_parameters();
   const json model_config = model->config_json();
-
-  // Free the model and the allocator's cache before the second sgemm measurement so its buffers
-  // do not add to the peak resident set.
-  opt.reset();
-  model.reset();
-  probe.reset();
-  memory::empty_cache();
-  const double sgemm_after = sgemm_burst_best_gflops(a.sgemm_n, a.sgemm_reps, a.threads);
 
   const char* gemm_env = std::getenv("ACC_GEMM_THREADING");
   const std::string gemm_mode = gemm_env ? gemm_env : "default";
@@ -476,50 +334,6 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
   const double tokens_per_s = med_ms > 0 ? tokens_per_step / (med_ms / 1000.0) : 0.0;
   const double achieved =
       med_ms > 0 ? static_cast<double>(flops.total()) / (med_ms / 1000.0) / 1e9 : 0.0;
-  // Each step against the local peak: the higher of the samples before and after it.
-  std::vector<double> local_peak, step_mfu;
-  auto step_rate = [&](size_t i) {
-    return static_cast<double>(flops.total()) / (step_ms[i] / 1000.0) / 1e9;
-  };
-  // The higher of samples k and k + 1: the local figure around what ran between them.
-  auto around = [](const std::vector<double>& samples, size_t k) {
-    return std::max(samples[k], samples[k + 1]);
-  };
-  for (size_t i = 0; i < step_ms.size() && i < step_sample.size(); ++i) {
-    const size_t k = step_sample[i];
-    const double rate = step_rate(i);
-    local_peak.push_back(around(sample_sgemm, k));
-    step_mfu.push_back(rate / local_peak.back());
-  }
-  // --sgemm-control. mfu_matched: each step against the mean sustained rate of the controls on
-  // either side of it, windows as long as the step, so that a dip of the machine weighs on both
-  // alike. sgemm_control_mfu: the mfu estimator above applied to the controls, i.e. the MFU it
-  // reports for a workload that is sgemm itself (1 on a steady machine; below 1 when the machine's
-  // speed moves within a step, since the best of a short sample catches its fast moments and a
-  // step of seconds averages over its dips). sgemm_control_matched: each interior control against
-  // the mean of its two neighbours (about 1 when the matched estimator has no bias).
-  std::vector<double> step_matched, control_mfu, control_matched;
-  if (control) {
-    for (size_t i = 0; i < step_ms.size() && i + 1 < control_sgemm.size(); ++i) {
-      step_matched.push_back(step_rate(i) / (0.5 * (control_sgemm[i] + control_sgemm[i + 1])));
-    }
-    for (size_t j = 0; j < control_sgemm.size(); ++j) {
-      control_mfu.push_back(control_sgemm[j] / around(sample_sgemm, control_sample[j]));
-      if (j > 0 && j + 1 < control_sgemm.size()) {
-        control_matched.push_back(control_sgemm[j] /
-                                  (0.5 * (control_sgemm[j - 1] + control_sgemm[j + 1])));
-      }
-    }
-  }
-  auto if_control = [control](const std::vector<double>& v) {
-    return control && !v.empty() ? json(median(v)) : json();
-  };
-  double best = std::max(sgemm_before, sgemm_after);
-  for (double g : sample_sgemm) best = std::max(best, g);
-  // Every sgemm figure is null when no sgemm was timed (--sgemm-reps 0).
-  const bool timed = !step_mfu.empty();
-  auto if_timed = [timed](double v) { return timed ? json(v) : json(); };
-  const double local = median(local_peak);
   json out = {
       {"config", bc.name},
       {"model", bc.model},
@@ -538,25 +352,9 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs, PerfCo
       {"model_flops_forward", flops.forward},
       {"model_flops_backward", flops.backward},
       {"achieved_gflops", achieved},
-      {"sgemm", std::to_string(a.sgemm_n) + "^3"},
-      {"mfu", if_timed(median(step_mfu))},
-      {"mfu_per_step", step_mfu},
-      {"sgemm_gflops", if_timed(local)},
-      {"sgemm_sample_gflops", sample_sgemm},
-      {"sgemm_sample_reps", a.sgemm_sample_reps},
-      {"sgemm_peak_gflops", if_timed(best)},
-      {"mfu_vs_best_sgemm", if_timed(achieved / best)},
-      {"sgemm_median_over_best", if_timed(local / best)},
-      {"sgemm_burst_gflops_before", if_timed(sgemm_before)},
-      {"sgemm_burst_gflops_after", if_timed(sgemm_after)},
-      {"sgemm_burst_reps", a.sgemm_reps},
-      {"sgemm_control", control},
-      {"mfu_matched", if_control(step_matched)},
-      {"mfu_matched_per_step", step_matched},
-      {"sgemm_control_gflops", control_sgemm},
-      {"sgemm_control_mfu", if_control(control_mfu)},
-      {"sgemm_control_mfu_per_control", control_mfu},
-      {"sgemm_control_matched", if_control(control_matched)},
+      {"sgemm", std::to_string(a.sgemm_n) + "^3, best of " + std::to_string(kSgemmReps)},
+      {"sgemm_gflops", sgemm_gflops},
+      {"mfu", achieved / sgemm_gflops},
       {"peak_tracked_bytes", peak_tracked},
       {"max_rss_bytes", max_rss_bytes()},
       {"first_loss", first_loss},
@@ -573,13 +371,6 @@ int run(const Args& a) {
   ACC_CHECK(a.warmup >= 0, "--warmup must be >= 0, got ", a.warmup);
   ACC_CHECK(a.steps >= 1 || a.write_only, "--steps must be >= 1, got ", a.steps);
   ACC_CHECK(a.sgemm_n >= 1, "--sgemm-n must be >= 1, got ", a.sgemm_n);
-  ACC_CHECK(a.sgemm_reps >= 0, "--sgemm-reps must be >= 0, got ", a.sgemm_reps);
-  ACC_CHECK(!a.sgemm_control || a.warmup >= 1,
-            "--sgemm-control times its first control as long as the last warm-up step: needs "
-            "--warmup >= 1, got ",
-            a.warmup);
-  ACC_CHECK(a.sgemm_sample_reps >= 1, "--sgemm-sample-reps must be >= 1, got ",
-            a.sgemm_sample_reps);
   ACC_CHECK(a.data.empty() || a.write_data.empty(),
             "--write-data writes the synthetic tokens; it cannot be combined with --data");
   set_num_threads(a.threads);
@@ -595,9 +386,8 @@ int run(const Args& a) {
     json_out.open(a.json_out);
     ACC_CHECK_AS(IoError, json_out.good(), "cannot write --json-out file '", a.json_out, "'");
   }
-  PerfControl perf(a.perf_control);
   for (const auto& c : configs) {
-    json r = run_config(a, c, configs.size(), perf);
+    json r = run_config(a, c, configs.size());
     if (r.is_null()) continue;
     std::cout << r.dump() << std::endl;
     if (json_out.is_open()) json_out << r.dump() << "\n" << std::flush;
@@ -637,21 +427,8 @@ int main(int argc, char** argv) {
   app.add_flag("--write-only", a.write_only,
                "only write --write-init / --write-data files, do not train");
   app.add_option("--json-out", a.json_out, "also write the JSON lines to this file");
-  app.add_option("--sgemm-n", a.sgemm_n, "size of the square sgemm measurements")
+  app.add_option("--sgemm-n", a.sgemm_n, "size of the square sgemm the MFU is measured against")
       ->capture_default_str();
-  app.add_option("--sgemm-reps", a.sgemm_reps,
-                 "timed sgemm calls in the bursts before and after the run (0 skips every sgemm "
-                 "measurement, the samples around the steps too)")
-      ->capture_default_str();
-  app.add_option("--sgemm-sample-reps", a.sgemm_sample_reps,
-                 "timed sgemm calls in each sample around the measured steps (the best counts)")
-      ->capture_default_str();
-  app.add_flag("--sgemm-control", a.sgemm_control,
-               "between the measured steps also time sgemm sustained for as long as a step "
-               "(fields mfu_matched, sgemm_control_*; needs --warmup >= 1)");
-  app.add_option("--perf-control", a.perf_control,
-                 "CTL_FIFO[,ACK_FIFO] of perf record --control=fifo:... --delay=-1: sample only "
-                 "the measured steps (benchmarks/profile_step.sh uses it)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -4,9 +4,9 @@
 #   benchmarks/profile_step.sh [--build DIR] [--config gpt17m] [--threads 1] [--warmup 1]
 #                              [--steps 6]
 #
-# Runs `perf record -g` over bench_train with sampling switched on only during the measured
-# steps (bench_train --perf-control drives perf's control fifo, so the seeded init, the warm-up
-# steps and the sgemm measurements are not sampled), then prints a Markdown table of
+# Starts bench_train and attaches `perf record -g` to it once its log shows the last warm-up step
+# done, so the seeded init, the sgemm measurement and the warm-up steps are not sampled (the
+# benchmark knows nothing of perf); then prints a Markdown table of
 # `perf report --no-children --sort symbol` grouped into components, with each component's
 # share of the samples and its milliseconds per step (share x median step time). The raw report
 # stays in the output directory (printed on stderr). Needs perf (Debian: linux-perf).
@@ -33,15 +33,29 @@ done
 BENCH="$BUILD/benchmarks/bench_train"
 command -v perf > /dev/null || { echo "profile_step.sh: perf not found (apt-get install linux-perf)" >&2; exit 1; }
 [[ -x "$BENCH" ]] || { echo "profile_step.sh: $BENCH not found; make -C $BUILD bench_train" >&2; exit 1; }
+if [[ ! "$WARMUP" =~ ^[1-9][0-9]*$ ]]; then
+  echo "profile_step.sh: --warmup must be >= 1 (perf attaches after the last warm-up step)," \
+       "got '$WARMUP'" >&2
+  exit 2
+fi
 
 OUT="$(mktemp -d /tmp/autoacc-profile.XXXXXX)"
 echo "profile_step.sh: perf data and report in $OUT" >&2
-mkfifo "$OUT/ctl.fifo" "$OUT/ack.fifo"
-OPENBLAS_NUM_THREADS="$THREADS" ACC_LOG_LEVEL=warn perf record -q -g -o "$OUT/perf.data" \
-  --control="fifo:$OUT/ctl.fifo,$OUT/ack.fifo" --delay=-1 \
-  "$BENCH" --config "$CONFIG" --threads "$THREADS" --warmup "$WARMUP" --steps "$STEPS" \
-  --sgemm-reps 0 --perf-control "$OUT/ctl.fifo,$OUT/ack.fifo" --json-out "$OUT/bench.json" \
-  > /dev/null
+OPENBLAS_NUM_THREADS="$THREADS" ACC_LOG_LEVEL=debug "$BENCH" --config "$CONFIG" \
+  --threads "$THREADS" --warmup "$WARMUP" --steps "$STEPS" --json-out "$OUT/bench.json" \
+  > /dev/null 2> "$OUT/bench.log" &
+pid=$!
+# bench_train logs "<config>: step <s> loss ..." at debug level after each step.
+until grep -q ": step $((WARMUP - 1)) loss" "$OUT/bench.log"; do
+  if ! kill -0 "$pid" 2> /dev/null; then
+    echo "profile_step.sh: bench_train ended before its measured steps:" >&2
+    cat "$OUT/bench.log" >&2
+    exit 1
+  fi
+  sleep 0.05
+done
+perf record -q -g -o "$OUT/perf.data" -p "$pid" > /dev/null 2>&1
+wait "$pid"
 perf script -i "$OUT/perf.data" -F ip,sym,dso 2> /dev/null > "$OUT/script.txt"
 perf report -i "$OUT/perf.data" --no-children --sort symbol --stdio -g none --percent-limit 0 \
   2> /dev/null > "$OUT/report.txt"
