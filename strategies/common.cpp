@@ -1,32 +1,66 @@
-// Pieces shared by the data-parallel strategies, and the local (single-rank) one.
+// Pieces shared by the data-parallel strategies, the placement helpers, and the local
+// (single-rank) gradient synchronisation.
 
 #include <algorithm>
 #include <cstring>
 
-#include "acc/tensor/kernels.hpp"
 #include "acc/util/error.hpp"
-#include "data_parallel.hpp"
+#include "grad_sync.hpp"
 
 namespace acc::strategies {
 
-double grad_norm_sq(const NamedParams& params) {
-  double s = 0;
-  for (const auto& [name, p] : params) {
-    Tensor g = p.grad();
-    if (!g.defined() || g.is_meta()) continue;
-    Tensor c = g.contiguous();
-    s += kernels::sum_squares(c.data<float>(), c.numel());
+const char* tensor_kind_name(TensorKind k) {
+  switch (k) {
+    case TensorKind::kParameter:
+      return "parameter";
+    case TensorKind::kGradient:
+      return "gradient";
+    case TensorKind::kOptimizerState:
+      return "optimizer state";
   }
-  return s;
+  return "?";
 }
 
-int64_t optimizer_state_bytes(const optim::Optimizer& opt) {
-  int64_t b = 0;
-  for (const auto& [k, t] : opt.state_dict()) b += static_cast<int64_t>(t.nbytes());
-  return b;
+FlatRange shard_range(int64_t padded, int world, int rank) {
+  ACC_CHECK(world >= 1 && rank >= 0 && rank < world, "shard_range: rank ", rank,
+            " out of range for world ", world);
+  ACC_CHECK(padded >= 0 && padded % world == 0, "shard_range: ", padded,
+            " elements do not split into ", world, " equal chunks");
+  const int64_t chunk = padded / world;
+  return {rank * chunk, chunk};
 }
 
-BucketLayout::BucketLayout(const NamedParams& params, int world, int64_t bucket_bytes) {
+FlatRange intersect(const FlatRange& a, const FlatRange& b) {
+  const int64_t lo = std::max(a.offset, b.offset);
+  const int64_t hi = std::min(a.offset + a.length, b.offset + b.length);
+  return hi > lo ? FlatRange{lo, hi - lo} : FlatRange{lo, 0};
+}
+
+void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& group) {
+  std::vector<dist::WorkPtr> works;
+  NoGradGuard ng;
+  for (auto& [name, t] : model.state_dict()) {
+    Tensor x = t;
+    works.push_back(group.broadcast(x, 0));
+  }
+  for (auto& w : works) w->wait();
+}
+
+void add_whole(PlacementTable& table, const std::string& name, const Shape& shape,
+               const Tensor& local, TensorKind kind, int replica, int replicas) {
+  Placement p;
+  p.name = name;
+  p.param = name;
+  p.kind = kind;
+  p.global_shape = shape;
+  p.range = {0, numel_of(shape)};
+  p.replica = replica;
+  p.replicas = replicas;
+  p.local = local;
+  table.push_back(std::move(p));
+}
+
+BucketLayout::BucketLayout(const NamedTensors& params, int world, int64_t bucket_bytes) {
   ACC_CHECK(bucket_bytes > 0, "bucket size must be > 0 bytes, got ", bucket_bytes);
   Bucket cur;
   auto close = [&] {
@@ -52,6 +86,18 @@ size_t BucketLayout::bucket_of(const std::string& name) const {
     if (n == name) return b;
   }
   ACC_THROW(InternalError, "bucket layout: no parameter '", name, "'");
+}
+
+std::vector<SlotShard> shards_of(const BucketLayout::Bucket& bucket, int world, int rank) {
+  const FlatRange chunk = shard_range(bucket.padded, world, rank);
+  std::vector<SlotShard> out;
+  for (const auto& slot : bucket.slots) {
+    const FlatRange in_bucket = intersect({slot.offset, slot.param.numel()}, chunk);
+    if (in_bucket.length == 0) continue;
+    out.push_back({&slot, {in_bucket.offset - slot.offset, in_bucket.length},
+                   in_bucket.offset - chunk.offset});
+  }
+  return out;
 }
 
 void pack_bucket_grads(const BucketLayout::Bucket& bucket, float* dst, float scale,
@@ -85,43 +131,59 @@ void repoint(Tensor& param, const std::shared_ptr<Storage>& storage, int64_t off
   impl->strides = contiguous_strides(impl->shape);
 }
 
+void repoint_to_own(Tensor& param, const Tensor& values) {
+  NoGradGuard ng;
+  ACC_CHECK(values.numel() == param.numel(), "repoint: ", values.numel(),
+            " values for a parameter of shape ", to_string(param.shape()));
+  Tensor own = values.reshape(param.shape()).clone();
+  repoint(param, own.storage(), own.offset());
+}
+
 Tensor piece_of(const Tensor& base, int64_t start, int64_t n) {
   Tensor p = make_view(base, {n}, {1}, base.offset() + start);
   p.set_requires_grad(true);
   return p;
 }
 
+void ParamHooks::add(Tensor param, std::function<void(Tensor&)> fn) {
+  const int id = param.register_post_accumulate_grad_hook(std::move(fn));
+  hooks_.emplace_back(std::move(param), id);
+}
+
+void ParamHooks::remove_all() {
+  for (auto& [p, id] : hooks_) p.remove_post_accumulate_grad_hook(id);
+  hooks_.clear();
+}
+
 namespace {
 
 // One rank, nothing to synchronise.
-class Local : public DataParallel {
+class Local : public GradSync {
  public:
   explicit Local(models::LanguageModel& m) : model_(m) {}
-  std::unique_ptr<optim::Optimizer> make_optimizer(const optim::OptimizerFactory& f) override {
-    auto opt = f(model_.named_parameters());
-    opt_ = opt.get();
-    return opt;
-  }
-  double local_grad_norm_sq() override { return grad_norm_sq(model_.named_parameters()); }
-  MemoryReport memory_report() const override {
-    MemoryReport r;
-    for (const auto& [n, p] : model_.named_parameters()) {
-      r.parameters += static_cast<int64_t>(p.nbytes());
-      if (p.grad().defined()) r.gradients += static_cast<int64_t>(p.grad().nbytes());
+  ~Local() override { model_.zero_grad(); }
+  std::vector<OptimPiece> optimizer_pieces() override {
+    std::vector<OptimPiece> out;
+    for (const auto& [name, p] : model_.named_parameters()) {
+      out.push_back({name, p, {0, p.numel()}, 0, 1});
     }
-    if (opt_) r.optimizer_state = optimizer_state_bytes(*opt_);
-    return r;
+    return out;
   }
-  NamedParams full_parameters() override { return model_.named_parameters(); }
+  void add_placements(PlacementTable& table) const override {
+    for (const auto& [name, p] : model_.named_parameters()) {
+      add_whole(table, name, p.shape(), p, TensorKind::kParameter, 0, 1);
+      add_whole(table, name, p.shape(), p.grad(), TensorKind::kGradient, 0, 1);
+    }
+  }
+  NamedTensors full_parameters() override { return model_.named_parameters(); }
 
  private:
   models::LanguageModel& model_;
-  optim::Optimizer* opt_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<DataParallel> make_local(models::LanguageModel& model) {
+std::unique_ptr<GradSync> make_local(models::LanguageModel& model) {
   return std::make_unique<Local>(model);
 }
 

@@ -2,40 +2,26 @@
 // all-reduced while backward is still running (BucketReducer), so communication overlaps compute.
 // Config: {"bucket_mb": 25}.
 
-#include "acc/tensor/kernels.hpp"
-#include "data_parallel.hpp"
-#include "methods.hpp"
-
 #include "acc/util/error.hpp"
+#include "grad_sync.hpp"
+#include "method.hpp"
 #include "reducer.hpp"
 
 namespace acc::strategies {
 namespace {
 
-/// Rank 0's parameters and buffers on every rank, so that all replicas start identical.
-void broadcast_state(models::LanguageModel& model, dist::ProcessGroup& group) {
-  std::vector<dist::WorkPtr> works;
-  NoGradGuard ng;
-  for (auto& [name, t] : model.state_dict()) {
-    Tensor x = t;
-    works.push_back(group.broadcast(x, 0));
-  }
-  for (auto& w : works) w->wait();
-}
-
-class Ddp : public DataParallel {
+class Ddp : public GradSync {
  public:
-  Ddp(models::LanguageModel& m, dist::ProcessGroupPtr g, const DataParallelOptions& o)
+  Ddp(models::LanguageModel& m, dist::ProcessGroupPtr g, const GradSyncOptions& o)
       : model_(m), group_(std::move(g)) {
-    broadcast_state(model_, *group_);
+    broadcast_model_state(model_, *group_);
     reducer_ = std::make_unique<BucketReducer>(model_.named_parameters(), group_, o.bucket_bytes,
                                                BucketReducer::Mode::kAllreduce,
                                                o.bf16_communication, /*drop_param_grads=*/false);
   }
-  std::unique_ptr<optim::Optimizer> make_optimizer(const optim::OptimizerFactory& f) override {
-    auto opt = f(model_.named_parameters());
-    opt_ = opt.get();
-    return opt;
+  ~Ddp() override {
+    reducer_.reset();  // its hooks go with it
+    model_.zero_grad();  // the gradients are views of the reducer's buckets
   }
   void set_sync(bool sync) override {
     sync_ = sync;
@@ -44,48 +30,45 @@ class Ddp : public DataParallel {
   void finish_backward() override {
     if (sync_) reducer_->finish();
   }
-  double local_grad_norm_sq() override {
-    double s = 0;
-    for (size_t b = 0; b < reducer_->layout().buckets.size(); ++b) {
-      const Tensor& g = reducer_->bucket_grad(b);
-      s += kernels::sum_squares(g.data<float>(), g.numel());
+  std::vector<OptimPiece> optimizer_pieces() override {
+    std::vector<OptimPiece> out;
+    const int r = group_->rank(), W = group_->size();
+    for (const auto& [name, p] : model_.named_parameters()) {
+      out.push_back({name, p, {0, p.numel()}, r, W});
     }
-    return s;
+    return out;
   }
-  MemoryReport memory_report() const override {
-    MemoryReport r;
-    for (const auto& [n, p] : model_.named_parameters()) r.parameters += p.nbytes();
-    for (size_t b = 0; b < reducer_->layout().buckets.size(); ++b) {
-      r.gradients += reducer_->bucket_grad(b).nbytes();
+  void add_placements(PlacementTable& table) const override {
+    const int r = group_->rank(), W = group_->size();
+    for (const auto& [name, p] : model_.named_parameters()) {
+      add_whole(table, name, p.shape(), p, TensorKind::kParameter, r, W);
+      add_whole(table, name, p.shape(), p.grad(), TensorKind::kGradient, r, W);
     }
-    if (opt_) r.optimizer_state = optimizer_state_bytes(*opt_);
-    return r;
   }
-  NamedParams full_parameters() override { return model_.named_parameters(); }
+  NamedTensors full_parameters() override { return model_.named_parameters(); }
 
  private:
   models::LanguageModel& model_;
   dist::ProcessGroupPtr group_;
   std::unique_ptr<BucketReducer> reducer_;
-  optim::Optimizer* opt_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<DataParallel> make_ddp(models::LanguageModel& model, dist::ProcessGroupPtr group,
-                                       const DataParallelOptions& o) {
+std::unique_ptr<GradSync> make_ddp(models::LanguageModel& model, dist::ProcessGroupPtr group,
+                                   const GradSyncOptions& o) {
   return std::make_unique<Ddp>(model, std::move(group), o);
 }
 
-void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& group) {
-  broadcast_state(model, group);
-}
-
 MethodSpec ddp_method() {
-  return {"ddp", "data_parallel", [](const nlohmann::json& c, Plan& plan) {
-            check_keys("ddp", c, {"bucket_mb"});
-            plan.data_parallel = "ddp";
-            plan.dp_options.bucket_bytes = bucket_bytes_from("ddp", c);
+  return {.name = "ddp",
+          .slot = "grad_sync",
+          .exclusive_slot = true,
+          .config_keys = {"bucket_mb"},
+          .apply = [](const nlohmann::json& c, TrainingPlan& plan) {
+            plan.grad_sync_method = "ddp";
+            plan.sync_options.bucket_bytes = bucket_bytes_from("ddp", c);
+            plan.grad_sync = make_ddp;
           }};
 }
 

@@ -6,19 +6,20 @@
 // (a pre-hook on the block output's backward node) and freed once all its gradients are
 // accumulated, which is also when they are reduce-scattered into this rank's gradient chunk. So
 // at most one gathered block (plus the root unit, gathered for the whole step) is resident.
-// Config: {} (no options yet).
+// Destroying it gathers every unit once more and gives each parameter storage of its own (see
+// ~Fsdp). Config: {} (no options yet).
+
+#include <exception>
 
 #include "acc/autograd/engine.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
-#include "data_parallel.hpp"
-#include "methods.hpp"
+#include "acc/util/logging.hpp"
+#include "grad_sync.hpp"
+#include "method.hpp"
 
 namespace acc::strategies {
-
-void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& group);
-
 namespace {
 
 struct Unit {
@@ -33,7 +34,7 @@ struct Unit {
   dist::WorkPtr reduce_work;
   Tensor reduce_out;  // where the reduction lands (a bf16 buffer when amp)
 
-  Unit(std::string n, nn::ModulePtr m, const NamedParams& params, int world)
+  Unit(std::string n, nn::ModulePtr m, const NamedTensors& params, int world)
       : name(std::move(n)), module(std::move(m)), layout(params, world, int64_t{1} << 62) {}
   const BucketLayout::Bucket& bucket() const { return layout.buckets.at(0); }
 };
@@ -42,9 +43,6 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
   dist::ProcessGroupPtr group;
   bool bf16 = false;
   bool sync = true;
-  // Benchmark-only: no communication at all. A gather fills every chunk with this rank's own
-  // chunk, and a unit whose gradients are complete is released without a reduction.
-  bool skip_comm = false;
   bool round_active = false;
   std::vector<std::unique_ptr<Unit>> units;  // blocks first, the root unit last
   // Released parameters point at a meta storage: any use outside a gathered window (e.g. a forward
@@ -58,12 +56,7 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
     if (u.full.defined()) return;
     NoGradGuard ng;
     u.full = empty({u.bucket().padded});
-    if (skip_comm) {
-      const int64_t cb = u.shard.numel();
-      for (int64_t c = 0; c < u.full.numel(); c += cb) u.full.narrow(0, c, cb).copy_(u.shard);
-    } else {
-      group->allgather(u.full, u.shard)->wait();
-    }
+    group->allgather(u.full, u.shard)->wait();
     for (const auto& slot : u.bucket().slots) {
       Tensor p = slot.param;
       repoint(p, u.full.storage(), slot.offset);
@@ -98,7 +91,7 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
   }
 
   void on_ready(size_t unit) {
-    if (!sync && !skip_comm) return;
+    if (!sync) return;
     start_round();
     Unit& u = *units[unit];
     if (u.reduced) return;
@@ -111,14 +104,6 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
   void reduce(Unit& u) {
     NoGradGuard ng;
     u.reduced = true;
-    if (skip_comm) {
-      for (const auto& slot : u.bucket().slots) {
-        Tensor p = slot.param;
-        p.set_grad(Tensor());
-      }
-      if (u.module) release(u);
-      return;
-    }
     Tensor buf = empty({u.bucket().padded});
     pack_bucket_grads(u.bucket(), buf.data<float>(), 1.0f / static_cast<float>(group->size()),
                       /*drop_grads=*/true);
@@ -137,7 +122,7 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
     }
     NoGradGuard ng;
     for (auto& u : units) {
-      if (!u->reduce_work) continue;  // skip_comm
+      if (!u->reduce_work) continue;
       u->reduce_work->wait();
       if (bf16) u->grad_shard.copy_(u->reduce_out);
       u->reduce_work.reset();
@@ -148,9 +133,9 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
   }
 };
 
-class Fsdp : public DataParallel {
+class Fsdp : public GradSync {
  public:
-  Fsdp(models::LanguageModel& m, dist::ProcessGroupPtr g, const DataParallelOptions& o)
+  Fsdp(models::LanguageModel& m, dist::ProcessGroupPtr g, const GradSyncOptions& o)
       : model_(m), state_(std::make_shared<FsdpState>()) {
     state_->group = std::move(g);
     state_->bf16 = o.bf16_communication;
@@ -161,7 +146,7 @@ class Fsdp : public DataParallel {
     auto groups = trace::find_blocks(model_);
     ACC_CHECK(!groups.empty(), "fsdp: the model has no repeated blocks to shard by");
     std::vector<std::string> block_names = groups.front().blocks;
-    NamedParams all = model_.named_parameters(), rest;
+    NamedTensors all = model_.named_parameters(), rest;
     for (const auto& [name, p] : all) {
       bool in_block = false;
       for (const auto& b : block_names) in_block = in_block || name.rfind(b + ".", 0) == 0;
@@ -169,7 +154,7 @@ class Fsdp : public DataParallel {
     }
     for (const auto& b : block_names) {
       nn::ModulePtr mod = model_.submodule(b);
-      NamedParams params;
+      NamedTensors params;
       for (auto& [n, p] : mod->named_parameters()) params.emplace_back(b + "." + n, p);
       state_->units.push_back(std::make_unique<Unit>(b, mod, params, W));
     }
@@ -178,24 +163,25 @@ class Fsdp : public DataParallel {
     // Shards from the current (identical) full parameters; then free the full parameters.
     NoGradGuard ng;
     for (auto& u : state_->units) {
-      const int64_t cb = u->bucket().padded / W;
+      const FlatRange chunk = shard_range(u->bucket().padded, W, r);
       Tensor full = zeros({u->bucket().padded});
       for (const auto& slot : u->bucket().slots) {
         full.narrow(0, slot.offset, slot.param.numel()).copy_(slot.param.reshape({-1}));
       }
-      u->shard = full.narrow(0, r * cb, cb).clone();
-      u->grad_shard = zeros({cb});
+      u->shard = full.narrow(0, chunk.offset, chunk.length).clone();
+      u->grad_shard = zeros({chunk.length});
+      for (const SlotShard& sh : shards_of(u->bucket(), W, r)) {
+        pieces_.push_back({sh.slot->name, sh.slot->param.shape(), sh.in_param,
+                           piece_of(u->shard, sh.in_chunk, sh.in_param.length),
+                           u->grad_shard.narrow(0, sh.in_chunk, sh.in_param.length)});
+      }
       for (const auto& slot : u->bucket().slots) {
-        const int64_t s0 = std::max(slot.offset, r * cb);
-        const int64_t s1 = std::min(slot.offset + slot.param.numel(), (r + 1) * cb);
-        if (s1 > s0) {
-          pieces_.emplace_back(slot.name, piece_of(u->shard, s0 - r * cb, s1 - s0));
-          piece_grads_.push_back(u->grad_shard.narrow(0, s0 - r * cb, s1 - s0));
-        }
         Tensor p = slot.param;
         repoint(p, state_->released, 0);
       }
     }
+    order_pieces();
+    attach_piece_grads();
 
     // Hooks: gather before a block's forward, free after it; gather again when backward reaches
     // it; reduce-scatter and free once its gradients are complete.
@@ -203,65 +189,85 @@ class Fsdp : public DataParallel {
     for (size_t i = 0; i < state_->units.size(); ++i) {
       Unit& u = *state_->units[i];
       for (const auto& slot : u.bucket().slots) {
-        Tensor p = slot.param;
-        p.register_post_accumulate_grad_hook([weak, i](Tensor&) {
+        param_hooks_.add(slot.param, [weak, i](Tensor&) {
           if (auto s = weak.lock()) s->on_ready(i);
         });
       }
       if (!u.module) continue;
-      u.module->register_forward_pre_hook([weak, i](nn::Module&, const Tensor&) {
+      const int pre = u.module->register_forward_pre_hook([weak, i](nn::Module&, const Tensor&) {
         if (auto s = weak.lock()) s->gather(*s->units[i]);
       });
-      u.module->register_forward_hook([weak, i](nn::Module&, const Tensor&, const Tensor& out) {
-        auto s = weak.lock();
-        if (!s) return;
-        if (out.requires_grad() && out.grad_fn()) {
-          out.grad_fn()->add_pre_hook([weak, i](const std::vector<Tensor>&) {
-            if (auto st = weak.lock()) st->gather(*st->units[i]);
+      const int post = u.module->register_forward_hook(
+          [weak, i](nn::Module&, const Tensor&, const Tensor& out) {
+            auto s = weak.lock();
+            if (!s) return;
+            if (out.requires_grad() && out.grad_fn()) {
+              out.grad_fn()->add_pre_hook([weak, i](const std::vector<Tensor>&) {
+                if (auto st = weak.lock()) st->gather(*st->units[i]);
+              });
+            }
+            s->release(*s->units[i]);
           });
-        }
-        s->release(*s->units[i]);
-      });
+      module_hooks_.push_back({u.module, {pre, post}});
     }
   }
 
-  std::unique_ptr<optim::Optimizer> make_optimizer(const optim::OptimizerFactory& f) override {
-    attach_piece_grads();
-    auto opt = f(pieces_);
-    opt_ = opt.get();
-    return opt;
+  // Undoes the sharding: every unit gathered (a collective, so every rank must destroy its
+  // Trainer) and each parameter given storage of its own. While an exception unwinds, another
+  // rank may never reach this gather, so nothing is gathered and the parameters stay released
+  // (any use fails with a device error naming the op, never a hang or a stale value).
+  ~Fsdp() override {
+    param_hooks_.remove_all();
+    for (auto& [module, ids] : module_hooks_) {
+      for (int id : ids) module->remove_hook(id);
+    }
+    if (std::uncaught_exceptions() > 0) return;
+    try {
+      for (auto& u : state_->units) {
+        state_->gather(*u);
+        for (const auto& slot : u->bucket().slots) {
+          Tensor p = slot.param;
+          repoint_to_own(p, u->full.narrow(0, slot.offset, p.numel()));
+          p.set_grad(Tensor());
+        }
+        u->full = Tensor();
+      }
+    } catch (const Error& e) {
+      logging::error("fsdp: could not gather the parameters back into the model: {}", e.what());
+    }
   }
+
   void begin_step() override { state_->gather(state_->root()); }
   void set_sync(bool sync) override {
     sync_ = sync;
     state_->sync = sync;
   }
   void finish_backward() override {
-    if (!sync_ && !state_->skip_comm) return;
+    if (!sync_) return;
     state_->finish();
     attach_piece_grads();
   }
-  void set_benchmark_skip(bool skip) override { state_->skip_comm = skip; }
-  bool grads_sharded() const override { return true; }
-  double local_grad_norm_sq() override {
-    double s = 0;
-    for (const auto& u : state_->units) {
-      s += kernels::sum_squares(u->grad_shard.data<float>(), u->grad_shard.numel());
-    }
-    return s;
+  std::vector<OptimPiece> optimizer_pieces() override {
+    std::vector<OptimPiece> out;
+    for (const Piece& p : pieces_) out.push_back({p.name, p.leaf, p.range, 0, 1});
+    return out;
   }
-  MemoryReport memory_report() const override {
-    MemoryReport r;
-    for (const auto& u : state_->units) {
-      r.parameters += static_cast<int64_t>(u->shard.nbytes());
-      r.gradients += static_cast<int64_t>(u->grad_shard.nbytes());
+  void add_placements(PlacementTable& table) const override {
+    for (const Piece& p : pieces_) {
+      for (TensorKind kind : {TensorKind::kParameter, TensorKind::kGradient}) {
+        Placement e;
+        e.name = e.param = p.name;
+        e.kind = kind;
+        e.global_shape = p.shape;
+        e.range = p.range;
+        e.local = kind == TensorKind::kParameter ? p.leaf : p.grad;
+        table.push_back(std::move(e));
+      }
     }
-    if (opt_) r.optimizer_state = optimizer_state_bytes(*opt_);
-    r.peak_gathered_parameters = state_->peak_gathered_bytes;
-    return r;
   }
-  NamedParams full_parameters() override {
-    NamedParams gathered;
+  int64_t peak_gathered_bytes() const override { return state_->peak_gathered_bytes; }
+  NamedTensors full_parameters() override {
+    NamedTensors gathered;
     for (auto& u : state_->units) {
       const bool was = u->full.defined();
       state_->gather(*u);
@@ -271,7 +277,7 @@ class Fsdp : public DataParallel {
       if (!was) state_->release(*u);
     }
     // In the model's order, as every other strategy returns them.
-    NamedParams out;
+    NamedTensors out;
     for (const auto& [name, p] : model_.named_parameters()) {
       for (auto& [n, t] : gathered) {
         if (n == name) out.emplace_back(n, t);
@@ -281,28 +287,49 @@ class Fsdp : public DataParallel {
   }
 
  private:
+  struct Piece {
+    std::string name;
+    Shape shape;      // the parameter's
+    FlatRange range;  // within the flattened parameter
+    Tensor leaf;      // 1-D view of its unit's shard
+    Tensor grad;      // 1-D view of its unit's gradient shard
+  };
+
+  void order_pieces() {
+    std::vector<Piece> ordered;
+    for (const auto& [name, p] : model_.named_parameters()) {
+      for (Piece& piece : pieces_) {
+        if (piece.name == name) ordered.push_back(std::move(piece));
+      }
+    }
+    pieces_ = std::move(ordered);
+  }
   void attach_piece_grads() {
-    for (size_t i = 0; i < pieces_.size(); ++i) pieces_[i].second.set_grad(piece_grads_[i]);
+    for (Piece& p : pieces_) p.leaf.set_grad(p.grad);
   }
 
   models::LanguageModel& model_;
   std::shared_ptr<FsdpState> state_;
-  NamedParams pieces_;
-  std::vector<Tensor> piece_grads_;
-  optim::Optimizer* opt_ = nullptr;
+  std::vector<Piece> pieces_;
+  ParamHooks param_hooks_;
+  std::vector<std::pair<nn::ModulePtr, std::vector<int>>> module_hooks_;
 };
 
 }  // namespace
 
-std::unique_ptr<DataParallel> make_fsdp(models::LanguageModel& model, dist::ProcessGroupPtr group,
-                                        const DataParallelOptions& o) {
+std::unique_ptr<GradSync> make_fsdp(models::LanguageModel& model, dist::ProcessGroupPtr group,
+                                    const GradSyncOptions& o) {
   return std::make_unique<Fsdp>(model, std::move(group), o);
 }
 
 MethodSpec fsdp_method() {
-  return {"fsdp", "data_parallel", [](const nlohmann::json& c, Plan& plan) {
-            check_keys("fsdp", c, {});
-            plan.data_parallel = "fsdp";
+  return {.name = "fsdp",
+          .slot = "grad_sync",
+          .exclusive_slot = true,
+          .config_keys = {},
+          .apply = [](const nlohmann::json&, TrainingPlan& plan) {
+            plan.grad_sync_method = "fsdp";
+            plan.grad_sync = make_fsdp;
           }};
 }
 

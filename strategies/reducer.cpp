@@ -29,7 +29,7 @@ struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State>
   };
   std::vector<Pending> pending;
 
-  State(const NamedParams& params, dist::ProcessGroupPtr g, int64_t bucket_bytes, Mode m, bool b,
+  State(const NamedTensors& params, dist::ProcessGroupPtr g, int64_t bucket_bytes, Mode m, bool b,
         bool drop)
       : layout(params, g->size(), bucket_bytes),
         group(std::move(g)),
@@ -131,7 +131,7 @@ struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State>
   }
 };
 
-BucketReducer::BucketReducer(const NamedParams& params, dist::ProcessGroupPtr group,
+BucketReducer::BucketReducer(const NamedTensors& params, dist::ProcessGroupPtr group,
                              int64_t bucket_bytes, Mode mode, bool bf16_communication,
                              bool drop_param_grads)
     : state_(std::make_shared<State>(params, std::move(group), bucket_bytes, mode,
@@ -140,7 +140,7 @@ BucketReducer::BucketReducer(const NamedParams& params, dist::ProcessGroupPtr gr
   for (const auto& [name, p] : params) {
     Tensor t = p;
     ACC_CHECK(t.requires_grad(), "data parallel: parameter '", name, "' does not require grad");
-    t.register_post_accumulate_grad_hook([weak, name = name](Tensor&) {
+    hooks_.add(t, [weak, name = name](Tensor&) {
       if (auto s = weak.lock()) s->on_ready(name);
     });
   }

@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "data_parallel.hpp"
+#include "grad_sync.hpp"
 
 namespace acc::strategies {
 
@@ -24,8 +24,9 @@ class BucketReducer {
   };
   /// `drop_param_grads`: free each parameter's own gradient once copied into its bucket (the
   /// reduced gradients then live only in the reducer's buffers).
-  BucketReducer(const NamedParams& params, dist::ProcessGroupPtr group, int64_t bucket_bytes,
+  BucketReducer(const NamedTensors& params, dist::ProcessGroupPtr group, int64_t bucket_bytes,
                 Mode mode, bool bf16_communication, bool drop_param_grads);
+  /// Removes its gradient hooks from the parameters.
   ~BucketReducer();
 
   const BucketLayout& layout() const;
@@ -43,6 +44,7 @@ class BucketReducer {
 
  private:
   std::shared_ptr<State> state_;
+  ParamHooks hooks_;
 };
 
 }  // namespace acc::strategies

@@ -1,18 +1,19 @@
 // The registered methods and the composition rules, in one place.
 
 #include <fstream>
-#include <set>
+#include <map>
 
 #include "acc/util/error.hpp"
-#include "methods.hpp"
+#include "method.hpp"
 
 namespace acc::strategies {
 namespace {
 
 const std::vector<MethodSpec>& registry() {
-  static const std::vector<MethodSpec> methods = {ddp_method(),   zero1_method(),
-                                                  zero2_method(), fsdp_method(),
-                                                  amp_method(),   grad_accum_method()};
+  // One line per method. The order is the order of method_names().
+  static const std::vector<MethodSpec> methods = {
+      ddp_method(), zero1_method(),      zero2_method(),     fsdp_method(),
+      amp_method(), checkpoint_method(), grad_accum_method()};
   return methods;
 }
 
@@ -21,6 +22,19 @@ const MethodSpec* find(const std::string& name) {
     if (m.name == name) return &m;
   }
   return nullptr;
+}
+
+void check_keys(const std::string& method, const nlohmann::json& config,
+                const std::vector<std::string>& allowed) {
+  ACC_CHECK(config.is_object(), method, ": config must be a JSON object, got ", config.dump());
+  for (auto it = config.begin(); it != config.end(); ++it) {
+    bool ok = false;
+    for (const auto& a : allowed) ok = ok || it.key() == a;
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    ACC_CHECK(ok, method, ": unknown config key '", it.key(),
+              "' (known: ", list.empty() ? "none" : list, ")");
+  }
 }
 
 std::string known_names() {
@@ -37,19 +51,6 @@ std::vector<std::string> method_names() {
   return out;
 }
 
-void check_keys(const std::string& method, const nlohmann::json& config,
-                const std::vector<std::string>& allowed) {
-  ACC_CHECK(config.is_object(), method, ": config must be a JSON object, got ", config.dump());
-  for (auto it = config.begin(); it != config.end(); ++it) {
-    bool ok = false;
-    for (const auto& a : allowed) ok = ok || it.key() == a;
-    std::string list;
-    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-    ACC_CHECK(ok, method, ": unknown config key '", it.key(),
-              "' (known: ", list.empty() ? "none" : list, ")");
-  }
-}
-
 int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& config) {
   if (!config.contains("bucket_mb")) return int64_t{25} << 20;
   const auto& v = config["bucket_mb"];
@@ -58,13 +59,17 @@ int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& confi
   return static_cast<int64_t>(v.get<double>() * (1 << 20));
 }
 
+// The composition rules, all of them: a method at most once; at most one method per exclusive
+// slot (grad_sync: ddp, zero1, zero2, fsdp); pairs that do not compose are listed in kExcluded.
+// Each method's config is checked against its keys, then by its own apply on a scratch plan.
 Strategy parse_strategy(const nlohmann::json& j) {
   ACC_CHECK(j.is_array(), "strategy must be a JSON list of {\"name\", \"config\"} entries, got ",
             j.dump());
+  // Method pairs that do not compose (none yet: tensor and pipeline parallel will add some).
+  static const std::vector<std::pair<std::string, std::string>> kExcluded = {};
   Strategy s;
-  Plan plan;
-  std::set<std::string> seen;
-  std::string dp_method;
+  TrainingPlan plan;
+  std::map<std::string, std::string> slot_owner;
   for (size_t i = 0; i < j.size(); ++i) {
     const auto& e = j[i];
     ACC_CHECK(e.is_object() && e.contains("name") && e["name"].is_string(), "strategy entry ", i,
@@ -79,15 +84,23 @@ Strategy parse_strategy(const nlohmann::json& j) {
     const MethodSpec* spec = find(m.name);
     ACC_CHECK(spec != nullptr, "strategy entry ", i, ": unknown method '", m.name,
               "' (known: ", known_names(), ")");
-    ACC_CHECK(seen.insert(m.name).second, "strategy entry ", i, ": method '", m.name,
-              "' is given twice");
-    if (spec->family == "data_parallel") {
-      ACC_CHECK(dp_method.empty(), "strategy entry ", i, ": '", m.name,
-                "' cannot be combined with '", dp_method, "' (one data-parallel method at most)");
-      dp_method = m.name;
+    for (const auto& prev : s) {
+      ACC_CHECK(prev.name != m.name, "strategy entry ", i, ": method '", m.name,
+                "' is given twice");
+      for (const auto& [a, b] : kExcluded) {
+        ACC_CHECK(!((a == m.name && b == prev.name) || (b == m.name && a == prev.name)),
+                  "strategy entry ", i, ": '", m.name, "' cannot be combined with '", prev.name,
+                  "'");
+      }
+    }
+    if (spec->exclusive_slot) {
+      auto [it, fresh] = slot_owner.emplace(spec->slot, m.name);
+      ACC_CHECK(fresh, "strategy entry ", i, ": '", m.name, "' cannot be combined with '",
+                it->second, "' (one ", spec->slot, " method at most)");
     }
     try {
-      spec->configure(m.config, plan);
+      check_keys(m.name, m.config, spec->config_keys);
+      spec->apply(m.config, plan);
     } catch (const ValueError& err) {
       ACC_THROW(ValueError, "strategy entry ", i, " ('", m.name, "'): ", err.what());
     }
@@ -120,9 +133,13 @@ nlohmann::json to_json(const Strategy& s) {
   return j;
 }
 
-Plan make_plan(const Strategy& s) {
-  Plan plan;
-  for (const auto& m : s) find(m.name)->configure(m.config, plan);
+TrainingPlan make_plan(const Strategy& s) {
+  TrainingPlan plan;
+  for (const auto& m : s) {
+    const MethodSpec* spec = find(m.name);
+    ACC_CHECK(spec != nullptr, "unknown method '", m.name, "' (known: ", known_names(), ")");
+    spec->apply(m.config, plan);
+  }
   return plan;
 }
 

@@ -1,15 +1,34 @@
+// The Trainer runs a training plan (method.hpp) and names no method: model transforms, then the
+// gradient synchronisation the plan asks for (or the local one), the optimizer over the pieces
+// this rank updates, and the step schedule.
+
 #include <cmath>
+#include <map>
 
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/optim/clip_grad.hpp"
+#include "acc/tensor/kernels.hpp"
 #include "acc/util/error.hpp"
-#include "data_parallel.hpp"
-#include "methods.hpp"
+#include "grad_sync.hpp"
+#include "method.hpp"
 
 namespace acc::strategies {
 
-Plan make_plan(const Strategy& s);
+struct Trainer::Impl {
+  TrainingPlan plan;
+  std::vector<Undo> undos;  // of the model transforms, in the order they were applied
+  std::unique_ptr<GradSync> sync;
+  std::vector<OptimPiece> pieces;
+
+  // Everything the plan did to the model, undone in reverse.
+  void teardown() {
+    pieces.clear();
+    sync.reset();
+    for (auto it = undos.rbegin(); it != undos.rend(); ++it) (*it)();
+    undos.clear();
+  }
+};
 
 namespace {
 
@@ -17,61 +36,113 @@ dist::ProcessGroupPtr default_group() {
   return dist::is_initialized() ? dist::ProcessGroup::world() : nullptr;
 }
 
+// The optimizer over this rank's pieces. The factory's grouping sees the whole parameters (their
+// real shapes); each group then gets this rank's pieces of its parameters, under the same names
+// and options. A factory without a grouping of its own gets the pieces.
+std::unique_ptr<optim::Optimizer> build_optimizer(const optim::OptimizerFactory& factory,
+                                                  std::vector<optim::ParamGroup> groups,
+                                                  const std::vector<OptimPiece>& pieces) {
+  if (!factory.has_grouping()) {
+    NamedTensors params;
+    for (const auto& p : pieces) params.emplace_back(p.name, p.leaf);
+    return factory(std::move(params));
+  }
+  std::multimap<std::string, const OptimPiece*> by_name;
+  for (const auto& p : pieces) by_name.emplace(p.name, &p);
+  std::vector<optim::ParamGroup> local;
+  for (auto& g : groups) {
+    NamedTensors mine;
+    for (const auto& [name, whole] : g.params) {
+      auto [lo, hi] = by_name.equal_range(name);
+      for (auto it = lo; it != hi; ++it) mine.emplace_back(name, it->second->leaf);
+    }
+    if (mine.empty()) continue;
+    g.params = std::move(mine);
+    local.push_back(std::move(g));
+  }
+  return factory.build(std::move(local));
+}
+
 }  // namespace
 
 Trainer::Trainer(models::LanguageModelPtr model, optim::OptimizerFactory factory, Strategy strategy,
                  ApplyOptions options)
-    : model_(std::move(model)), strategy_(std::move(strategy)), options_(std::move(options)) {
+    : model_(std::move(model)),
+      strategy_(std::move(strategy)),
+      options_(std::move(options)),
+      impl_(std::make_unique<Impl>()) {
   ACC_CHECK(model_ != nullptr, "apply: model is null");
   ACC_CHECK(static_cast<bool>(factory), "apply: optimizer factory is empty");
   ACC_CHECK(options_.grad_clip >= 0, "apply: grad_clip must be >= 0, got ", options_.grad_clip);
-  const Plan plan = make_plan(strategy_);
+  impl_->plan = make_plan(strategy_);
+  const TrainingPlan& plan = impl_->plan;
   group_ = options_.group ? options_.group : default_group();
-  grad_accum_ = plan.grad_accum;
-  amp_ = plan.amp;
-  if (amp_) install_amp(*model_);
+  micro_batches_ = plan.micro_batches;
   const bool multi = group_ && group_->size() > 1;
-  if (plan.data_parallel == "local" || !group_) {
-    ACC_CHECK(!multi, "apply: ", group_->size(),
-              " ranks but no data-parallel method in the strategy (add ddp, zero1, zero2 or fsdp)");
-    dp_ = make_local(*model_);
-  } else if (plan.data_parallel == "ddp") {
-    dp_ = make_ddp(*model_, group_, plan.dp_options);
-  } else if (plan.data_parallel == "zero1") {
-    dp_ = make_zero(*model_, group_, 1, plan.dp_options);
-  } else if (plan.data_parallel == "zero2") {
-    dp_ = make_zero(*model_, group_, 2, plan.dp_options);
-  } else {
-    dp_ = make_fsdp(*model_, group_, plan.dp_options);
-  }
-  optimizer_ = dp_->make_optimizer(factory);
+  ACC_CHECK(!multi || plan.grad_sync, "apply: ", multi ? group_->size() : 1,
+            " ranks but no data-parallel method in the strategy (add ddp, zero1, zero2 or fsdp)");
+  // Groups of whole parameters, before any method reshapes them into pieces.
+  std::vector<optim::ParamGroup> groups;
+  if (factory.has_grouping()) groups = factory.group(model_->named_parameters());
+
+  // Undone while unwinding when anything below throws (the destructor does not run then).
+  struct Rollback {
+    Impl* impl;
+    bool armed = true;
+    ~Rollback() {
+      if (armed) impl->teardown();
+    }
+  } rollback{impl_.get()};
+  for (const auto& t : plan.model_transforms) impl_->undos.push_back(t.apply(*model_));
+  impl_->sync = plan.grad_sync && group_ ? plan.grad_sync(*model_, group_, plan.sync_options)
+                                         : make_local(*model_);
+  impl_->pieces = impl_->sync->optimizer_pieces();
+  optimizer_ = build_optimizer(factory, std::move(groups), impl_->pieces);
+  rollback.armed = false;
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  optimizer_.reset();  // holds the pieces
+  impl_->teardown();
+}
 
 double Trainer::train_step(const data::Batch& batch) {
   const int64_t B = batch.idx.size(0);
-  ACC_CHECK(B % grad_accum_ == 0, "train_step: batch of ", B, " sequences does not split into ",
-            grad_accum_, " micro-batches (grad_accum steps)");
-  const int64_t mb = B / grad_accum_;
+  ACC_CHECK(B % micro_batches_ == 0, "train_step: batch of ", B, " sequences does not split into ",
+            micro_batches_, " micro-batches (grad_accum steps)");
+  const int64_t mb = B / micro_batches_;
+  GradSync& sync = *impl_->sync;
   model_->zero_grad();
-  dp_->begin_step();
+  sync.begin_step();
   double loss_sum = 0;
-  const bool skip = options_.benchmark_skip_gradient_sync;
-  dp_->set_benchmark_skip(skip);
-  for (int i = 0; i < grad_accum_; ++i) {
-    dp_->set_sync(!skip && i + 1 == grad_accum_);
+  for (int i = 0; i < micro_batches_; ++i) {
+    sync.set_sync(i + 1 == micro_batches_);
     Tensor idx = batch.idx.narrow(0, i * mb, mb);
     Tensor tgt = batch.targets.narrow(0, i * mb, mb);
-    Tensor loss = model_->loss(idx, tgt);
+    Tensor loss = impl_->plan.loss(*model_, idx, tgt);
     loss_sum += loss.item();
-    Tensor scaled = grad_accum_ > 1 ? scale(loss, 1.0 / grad_accum_) : loss;
+    Tensor scaled = micro_batches_ > 1 ? scale(loss, 1.0 / micro_batches_) : loss;
     scaled.backward();
   }
-  dp_->finish_backward();
-  // Global gradient norm (sharded gradients: sum of squares over the ranks).
-  double norm_sq = dp_->local_grad_norm_sq();
-  if (dp_->grads_sharded() && group_ && !skip) {
+  sync.finish_backward();
+
+  // Global gradient norm from the placement table: whole replicas on every rank sum locally;
+  // sharded gradients sum replica 0's pieces over the group.
+  PlacementTable grads;
+  sync.add_placements(grads);
+  bool sharded = false;
+  for (const auto& e : grads) {
+    sharded = sharded || (e.kind == TensorKind::kGradient && e.range.length != numel_of(e.global_shape));
+  }
+  double norm_sq = 0;
+  for (const auto& e : grads) {
+    if (e.kind != TensorKind::kGradient || !e.local.defined() || (sharded && e.replica != 0)) {
+      continue;
+    }
+    Tensor c = e.local.contiguous();
+    norm_sq += kernels::sum_squares(c.data<float>(), c.numel());
+  }
+  if (sharded && group_ && group_->size() > 1) {
     Tensor t = from_vector(std::vector<float>{static_cast<float>(norm_sq)}, {1});
     // f32 is enough for a norm; summed in the group's reduction order.
     group_->allreduce(t, dist::ReduceOp::kSum)->wait();
@@ -81,8 +152,8 @@ double Trainer::train_step(const data::Batch& batch) {
   // Clipping is fused into the update: the same update as scaling the gradients first.
   optimizer_->step_scaled(
       options_.grad_clip > 0 ? optim::clip_coefficient(options_.grad_clip, last_grad_norm_) : 1.0);
-  if (!skip) dp_->end_step();
-  double loss = loss_sum / grad_accum_;
+  sync.end_step();
+  double loss = loss_sum / micro_batches_;
   if (group_ && group_->size() > 1) {
     Tensor t = from_vector(std::vector<float>{static_cast<float>(loss)}, {1});
     group_->allreduce(t, dist::ReduceOp::kAvg)->wait();
@@ -91,12 +162,51 @@ double Trainer::train_step(const data::Batch& batch) {
   return loss;
 }
 
+PlacementTable Trainer::placements() const {
+  PlacementTable table;
+  impl_->sync->add_placements(table);
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, p] : model_->named_parameters()) shapes[name] = p.shape();
+  std::map<std::string, Tensor> state;
+  for (const auto& [key, t] : optimizer_->state_dict()) state[key] = t;
+  for (const auto& piece : impl_->pieces) {
+    const std::string prefix = "state." + piece.name + ".";
+    for (auto it = state.lower_bound(prefix); it != state.end() && it->first.rfind(prefix, 0) == 0;
+         ++it) {
+      const std::string field = it->first.substr(prefix.size());
+      if (field == "step" || field.find('.') != std::string::npos) continue;
+      Placement e;
+      e.name = it->first;
+      e.param = piece.name;
+      e.kind = TensorKind::kOptimizerState;
+      e.field = field;
+      e.global_shape = shapes.at(piece.name);
+      e.dtype = it->second.dtype();
+      e.range = piece.range;
+      e.replica = piece.replica;
+      e.replicas = piece.replicas;
+      e.local = it->second;
+      table.push_back(std::move(e));
+    }
+  }
+  return table;
+}
+
 MemoryReport Trainer::memory_report() const {
-  return dp_->memory_report();
+  MemoryReport r;
+  for (const auto& e : placements()) {
+    if (!e.local.defined()) continue;
+    const auto bytes = static_cast<int64_t>(e.local.nbytes());
+    if (e.kind == TensorKind::kParameter) r.parameters += bytes;
+    if (e.kind == TensorKind::kGradient) r.gradients += bytes;
+  }
+  for (const auto& [k, t] : optimizer_->state_dict()) r.optimizer_state += t.nbytes();
+  r.peak_gathered_parameters = impl_->sync->peak_gathered_bytes();
+  return r;
 }
 
 std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
-  return dp_->full_parameters();
+  return impl_->sync->full_parameters();
 }
 
 std::unique_ptr<Trainer> apply(models::LanguageModelPtr model, optim::OptimizerFactory factory,

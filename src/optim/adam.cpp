@@ -149,18 +149,19 @@ Adam::Adam(std::vector<ParamGroup> groups, Options defaults) : defaults_(default
 
 OptimizerFactory Adam::factory(Options options) {
   validate(as_adam_like(options), "adam");
-  return [options](NamedParams params) -> std::unique_ptr<Optimizer> {
-    return std::make_unique<Adam>(std::move(params), options);
-  };
+  return {[options](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<Adam>(std::move(groups), options);
+          },
+          nullptr};
 }
 
 OptimizerFactory Adam::factory(Options options, ParamGrouping grouping) {
   validate(as_adam_like(options), "adam");
   ACC_CHECK(grouping != nullptr, "adam: factory got an empty grouping function");
-  return
-      [options, grouping = std::move(grouping)](NamedParams params) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<Adam>(grouping(std::move(params)), options);
-      };
+  return {[options](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<Adam>(std::move(groups), options);
+          },
+          std::move(grouping)};
 }
 
 void Adam::resolve_group(ParamGroup& group, size_t index) const {
@@ -188,18 +189,19 @@ AdamW::AdamW(std::vector<ParamGroup> groups, Options defaults) : defaults_(defau
 
 OptimizerFactory AdamW::factory(Options options) {
   validate(as_adam_like(options), "adamw");
-  return [options](NamedParams params) -> std::unique_ptr<Optimizer> {
-    return std::make_unique<AdamW>(std::move(params), options);
-  };
+  return {[options](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<AdamW>(std::move(groups), options);
+          },
+          nullptr};
 }
 
 OptimizerFactory AdamW::factory(Options options, ParamGrouping grouping) {
   validate(as_adam_like(options), "adamw");
   ACC_CHECK(grouping != nullptr, "adamw: factory got an empty grouping function");
-  return
-      [options, grouping = std::move(grouping)](NamedParams params) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<AdamW>(grouping(std::move(params)), options);
-      };
+  return {[options](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<AdamW>(std::move(groups), options);
+          },
+          std::move(grouping)};
 }
 
 void AdamW::resolve_group(ParamGroup& group, size_t index) const {

@@ -39,6 +39,34 @@ ParamGrouping decay_matrices_only() {
   };
 }
 
+OptimizerFactory::OptimizerFactory(Build build, ParamGrouping grouping)
+    : build_(std::move(build)), grouping_(std::move(grouping)) {}
+
+OptimizerFactory::OptimizerFactory(
+    std::function<std::unique_ptr<Optimizer>(NamedParams)> from_params)
+    : opaque_(std::move(from_params)) {}
+
+std::unique_ptr<Optimizer> OptimizerFactory::operator()(NamedParams params) const {
+  ACC_CHECK(static_cast<bool>(*this), "optimizer factory is empty");
+  if (opaque_) return opaque_(std::move(params));
+  return build(group(std::move(params)));
+}
+
+std::vector<ParamGroup> OptimizerFactory::group(NamedParams params) const {
+  ACC_CHECK(build_ != nullptr,
+            "optimizer factory: group() needs a factory made by SGD/Adam/AdamW::factory (this one "
+            "is a plain function of the parameters)");
+  if (!grouping_) return {ParamGroup{.params = std::move(params)}};
+  return grouping_(std::move(params));
+}
+
+std::unique_ptr<Optimizer> OptimizerFactory::build(std::vector<ParamGroup> groups) const {
+  ACC_CHECK(build_ != nullptr,
+            "optimizer factory: build() needs a factory made by SGD/Adam/AdamW::factory (this one "
+            "is a plain function of the parameters)");
+  return build_(std::move(groups));
+}
+
 Optimizer::~Optimizer() = default;
 
 void Optimizer::init(std::vector<ParamGroup> groups) {

@@ -95,18 +95,19 @@ SGD::SGD(std::vector<ParamGroup> groups, Options defaults) : defaults_(defaults)
 
 OptimizerFactory SGD::factory(Options options) {
   validate(options, "sgd");
-  return [options](NamedParams params) -> std::unique_ptr<Optimizer> {
-    return std::make_unique<SGD>(std::move(params), options);
-  };
+  return {[options](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<SGD>(std::move(groups), options);
+          },
+          nullptr};
 }
 
 OptimizerFactory SGD::factory(Options options, ParamGrouping grouping) {
   validate(options, "sgd");
   ACC_CHECK(grouping != nullptr, "sgd: factory got an empty grouping function");
-  return
-      [options, grouping = std::move(grouping)](NamedParams params) -> std::unique_ptr<Optimizer> {
-        return std::make_unique<SGD>(grouping(std::move(params)), options);
-      };
+  return {[options](std::vector<ParamGroup> groups) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<SGD>(std::move(groups), options);
+          },
+          std::move(grouping)};
 }
 
 void SGD::resolve_group(ParamGroup& group, size_t index) const {

@@ -52,7 +52,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   } else {
     Tensor(meta.grad).add_(g);
   }
-  for (auto& hook : meta.post_accumulate_grad_hooks) hook(leaf);
+  for (auto& [id, hook] : meta.post_accumulate_grad_hooks) hook(leaf);
   return {};
 }
 

@@ -771,10 +771,22 @@ uint32_t Tensor::output_nr() const {
   return has_autograd_meta() ? impl_->autograd->output_nr : 0;
 }
 
-void Tensor::register_post_accumulate_grad_hook(std::function<void(Tensor&)> fn) {
+int Tensor::register_post_accumulate_grad_hook(std::function<void(Tensor&)> fn) {
   ACC_CHECK(is_leaf() && requires_grad(),
             "post-accumulate-grad hooks need a leaf that requires grad (shape ", shape(), ")");
-  autograd_meta().post_accumulate_grad_hooks.push_back(std::move(fn));
+  AutogradMeta& meta = autograd_meta();
+  meta.post_accumulate_grad_hooks.emplace_back(meta.next_hook_id, std::move(fn));
+  return meta.next_hook_id++;
+}
+
+void Tensor::remove_post_accumulate_grad_hook(int id) {
+  if (!has_autograd_meta()) return;
+  std::erase_if(impl_->autograd->post_accumulate_grad_hooks,
+                [id](const auto& h) { return h.first == id; });
+}
+
+size_t Tensor::num_post_accumulate_grad_hooks() const {
+  return has_autograd_meta() ? impl_->autograd->post_accumulate_grad_hooks.size() : 0;
 }
 
 // ---------------------------------------------------------------------------------------------

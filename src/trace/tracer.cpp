@@ -3,7 +3,7 @@
 #include <atomic>
 #include <unordered_map>
 
-#include "acc/autograd/checkpoint.hpp"
+#include "acc/nn/recompute.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/tensor/observer.hpp"
@@ -220,32 +220,29 @@ class MetaSwap {
   std::vector<Saved> saved_;
 };
 
-// Wraps every repeated block in activation recomputation while alive.
+// The first `options.recompute_blocks` repeated blocks (all with -1) wrapped in activation
+// recomputation while alive: nn::recompute_blocks, the code path of the `checkpoint` strategy.
 class RecomputeBlocks {
  public:
-  RecomputeBlocks(nn::Module& root, Recompute r) {
-    if (r == Recompute::kNone) return;
+  RecomputeBlocks(nn::Module& root, const TraceOptions& options) {
+    if (options.recompute == Recompute::kNone) return;
     auto groups = find_blocks(root);
     if (groups.empty()) return;
-    for (const auto& name : groups.front().blocks) {
-      nn::ModulePtr block = root.submodule(name);
-      saved_.emplace_back(block, block->forward_wrapper());
-      nn::Module::ForwardWrapper inner = block->forward_wrapper();
-      block->set_forward_wrapper(
-          [inner](nn::Module& m, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
-            if (!inner) return checkpoint(fwd, x);
-            return checkpoint([&](const Tensor& y) { return inner(m, y, fwd); }, x);
-          });
+    std::vector<std::string> blocks = groups.front().blocks;
+    if (options.recompute_blocks >= 0 &&
+        options.recompute_blocks < static_cast<int64_t>(blocks.size())) {
+      blocks.resize(static_cast<size_t>(options.recompute_blocks));
     }
+    unwrap_ = nn::recompute_blocks(root, blocks);
   }
   ~RecomputeBlocks() {
-    for (auto& [block, wrapper] : saved_) block->set_forward_wrapper(wrapper);
+    if (unwrap_) unwrap_();
   }
   RecomputeBlocks(const RecomputeBlocks&) = delete;
   RecomputeBlocks& operator=(const RecomputeBlocks&) = delete;
 
  private:
-  std::vector<std::pair<nn::ModulePtr, nn::Module::ForwardWrapper>> saved_;
+  nn::Unwrap unwrap_;
 };
 
 Tensor default_loss(nn::Module& m, const std::vector<Tensor>& in) {
@@ -277,7 +274,7 @@ Trace trace(nn::Module& module, const LossFn& loss_fn, const std::vector<Tensor>
   {
     detail::ObserverGuard observe(&rec);
     MetaSwap swap(module, rec);
-    RecomputeBlocks recompute(module, options.recompute);
+    RecomputeBlocks recompute(module, options);
     std::vector<Tensor> inputs;
     for (size_t i = 0; i < sample_inputs.size(); ++i) {
       const Tensor& s = sample_inputs[i];

@@ -60,10 +60,16 @@ struct TrainRun {
   std::vector<std::pair<std::string, Tensor>> params;
 };
 
-TrainRun train(const std::string& strategy_json, dist::ProcessGroupPtr group) {
+// `decay_matrices`: AdamW with optim::decay_matrices_only() (weight decay on matrices only), which
+// sharded strategies must apply by the parameters' real shapes, not their 1-D pieces'.
+TrainRun train(const std::string& strategy_json, dist::ProcessGroupPtr group,
+               bool decay_matrices = false) {
   auto model = make_model();
+  const optim::AdamW::Options opts{.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1};
   auto trainer = strategies::apply(
-      model, optim::AdamW::factory({.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1}),
+      model,
+      decay_matrices ? optim::AdamW::factory(opts, optim::decay_matrices_only())
+                     : optim::AdamW::factory(opts),
       strategies::parse_strategy(nlohmann::json::parse(strategy_json)),
       {.group = group, .grad_clip = 1.0});
   data::BatchLoader loader(tokens(), {.batch_size = kGlobalBatch / group->size(),
@@ -77,14 +83,14 @@ TrainRun train(const std::string& strategy_json, dist::ProcessGroupPtr group) {
   return r;
 }
 
-const TrainRun& reference(bool accumulate) {
-  static std::map<bool, TrainRun> runs;
-  auto it = runs.find(accumulate);
+const TrainRun& reference(bool accumulate, bool decay_matrices) {
+  static std::map<std::pair<bool, bool>, TrainRun> runs;
+  auto it = runs.find({accumulate, decay_matrices});
   if (it == runs.end()) {
     it = runs.emplace(
-                 accumulate,
+                 std::make_pair(accumulate, decay_matrices),
                  train(accumulate ? R"([{"name": "grad_accum", "config": {"steps": 2}}])" : "[]",
-                       self_group()))
+                       self_group(), decay_matrices))
              .first;
   }
   return it->second;
@@ -95,14 +101,15 @@ struct Case {
   std::string strategy;
   bool accumulate;
   bool amp;
+  bool decay_matrices = false;
 };
 
 class Equivalence : public testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, MatchesOneProcessWithTheGlobalBatch) {
   const Case& c = GetParam();
-  const TrainRun& ref = reference(c.accumulate);
-  const TrainRun got = train(c.strategy, dist::ProcessGroup::world());
+  const TrainRun& ref = reference(c.accumulate, c.decay_matrices);
+  const TrainRun got = train(c.strategy, dist::ProcessGroup::world(), c.decay_matrices);
   const double loss_rtol = c.amp ? 2e-3 : 1e-5;
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   double worst_loss = 0;
@@ -148,7 +155,17 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"fsdp_accum", R"([{"name": "fsdp"}, {"name": "grad_accum", "config": {"steps": 2}}])",
              true, false},
         Case{"ddp_amp", R"([{"name": "ddp"}, {"name": "amp"}])", false, true},
-        Case{"fsdp_amp", R"([{"name": "fsdp"}, {"name": "amp"}])", false, true}),
+        Case{"fsdp_amp", R"([{"name": "fsdp"}, {"name": "amp"}])", false, true},
+        Case{"zero1_decay_matrices", R"([{"name": "zero1", "config": {"bucket_mb": 0.01}}])",
+             false, false, true},
+        Case{"zero2_decay_matrices", R"([{"name": "zero2", "config": {"bucket_mb": 0.01}}])",
+             false, false, true},
+        Case{"fsdp_decay_matrices", R"([{"name": "fsdp"}])", false, false, true},
+        Case{"ddp_checkpoint", R"([{"name": "ddp"}, {"name": "checkpoint"}])", false, false},
+        Case{"fsdp_checkpoint_accum",
+             R"([{"name": "fsdp"}, {"name": "checkpoint", "config": {"blocks": 1}},
+                 {"name": "grad_accum", "config": {"steps": 2}}])",
+             true, false}),
     [](const testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 TEST(Trainer, SeveralRanksNeedADataParallelMethod) {

@@ -104,6 +104,8 @@ class Module : public std::enable_shared_from_this<Module> {
   bool has_forward_wrapper() const { return static_cast<bool>(wrapper_); }
   const ForwardWrapper& forward_wrapper() const { return wrapper_; }
   void remove_hook(int id);
+  /// Forward pre-hooks and forward hooks registered on this module (not its children).
+  size_t num_forward_hooks() const { return pre_hooks_.size() + hooks_.size(); }
 
   /// RAII: while alive, this module's dotted name is the current scope of this thread.
   class Scope {

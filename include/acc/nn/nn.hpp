@@ -2,4 +2,5 @@
 // Umbrella header of the nn layer.
 #include "acc/nn/layers.hpp"
 #include "acc/nn/module.hpp"
+#include "acc/nn/recompute.hpp"
 #include "acc/nn/transformer.hpp"

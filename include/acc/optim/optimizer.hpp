@@ -57,12 +57,44 @@ struct ParamGroup {
 
 class Optimizer;
 
-/// Builds an optimizer over the parameters it is given; the accelerate layer calls it with the
-/// parameters it wants optimised (e.g. only one rank's shards).
-using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(NamedParams)>;
-
-/// Splits parameters into groups; used by the factories to give groups different options.
+/// Splits parameters into groups; used by the factories to give groups different options. It is
+/// called with whole parameters (their real shapes), never with shards.
 using ParamGrouping = std::function<std::vector<ParamGroup>(NamedParams)>;
+
+/// Builds an optimizer over the parameters a strategy wants optimised on this rank. Made by
+/// SGD/Adam/AdamW::factory, optionally with a ParamGrouping.
+///
+/// A sharded strategy (zero1, zero2, fsdp) hands each rank flat 1-D pieces of the parameters, on
+/// which a grouping rule such as "dim >= 2 decays" would be wrong. So the grouping is kept apart
+/// from the build: the strategy calls group() on the whole parameters, swaps each group's
+/// parameters for this rank's pieces of them (same names, same options) and calls build().
+/// operator() is group() then build(), for one process.
+class OptimizerFactory {
+ public:
+  using Build = std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>)>;
+  OptimizerFactory() = default;
+  /// `grouping` may be empty: every parameter in one group with the optimizer's defaults.
+  OptimizerFactory(Build build, ParamGrouping grouping);
+  /// A factory of one's own from parameters to optimizer. Its grouping is opaque: a sharded
+  /// strategy calls it with this rank's pieces (1-D), so it must not group by shape.
+  OptimizerFactory(std::function<std::unique_ptr<Optimizer>(NamedParams)> from_params);
+
+  explicit operator bool() const { return static_cast<bool>(build_) || static_cast<bool>(opaque_); }
+  /// group() then build().
+  std::unique_ptr<Optimizer> operator()(NamedParams params) const;
+  /// The groups of whole parameters (one group when there is no grouping). Throws acc::ValueError
+  /// for an opaque factory (has_grouping() is false there).
+  std::vector<ParamGroup> group(NamedParams params) const;
+  /// Builds over groups decided by group(), their parameters possibly replaced by pieces.
+  std::unique_ptr<Optimizer> build(std::vector<ParamGroup> groups) const;
+  /// False for a factory made from a plain function of the parameters.
+  bool has_grouping() const { return static_cast<bool>(build_); }
+
+ private:
+  Build build_;
+  ParamGrouping grouping_;
+  std::function<std::unique_ptr<Optimizer>(NamedParams)> opaque_;
+};
 
 /// The GPT convention (nanoGPT, Megatron): parameters with dim >= 2 (matmul weights, embeddings)
 /// get the optimizer's weight decay, the others (biases, norm gains) get weight_decay = 0. Empty

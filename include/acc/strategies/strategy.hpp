@@ -6,19 +6,28 @@
 //    {"name": "amp"},
 //    {"name": "grad_accum", "config": {"steps": 4}}]
 //
-// Methods available now (one file each under strategies/):
+// Methods available now (one file each under strategies/, registered in registry.cpp):
 //   ddp         gradients bucketed and all-reduced while backward still runs
 //   zero1       optimizer state sharded over the data-parallel ranks
 //   zero2       zero1 + gradients reduce-scattered (each rank keeps its shard)
 //   fsdp        ZeRO-3: parameters sharded too, gathered per block for forward and backward
 //   amp         bf16 for block activations and gradient communication, fp32 master weights
+//   checkpoint  activation recomputation: {"blocks": N | "all"} of the repeated blocks, from the
+//               first, keep only their inputs and recompute in backward
 //   grad_accum  k micro-batches per optimizer step, gradients synchronised on the last only
-// At most one of ddp/zero1/zero2/fsdp; amp and grad_accum compose with any. Unknown names, bad
-// configs and incompatible combinations are acc::ValueError naming the entry and the reason.
+// At most one of ddp/zero1/zero2/fsdp; the others compose with any. Unknown names, bad configs
+// and incompatible combinations are acc::ValueError naming the entry and the reason.
 //
 // apply() wraps a model and an optimizer factory into a Trainer whose train_step() runs one
 // optimizer step on this rank's slice of the global batch; every strategy trains to the same
 // losses as one process with the same global batch.
+//
+// Reversible: the Trainer changes the model in place (block wrappers, gradient hooks, parameters
+// moved into flat buffers or sharded) and undoes all of it when destroyed: the model is left with
+// the trained values, each parameter in storage of its own, no wrappers or hooks of the strategy,
+// no gradients. Destroying an fsdp Trainer gathers the parameters (a collective: every rank must
+// destroy it; during exception unwinding nothing is gathered and the parameters stay released,
+// so any later use fails with a device error rather than reading stale values).
 
 #include <nlohmann/json.hpp>
 
@@ -30,6 +39,7 @@
 #include "acc/dist/process_group.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/optim/optimizer.hpp"
+#include "acc/strategies/placement.hpp"
 
 namespace acc::strategies {
 
@@ -54,11 +64,6 @@ struct ApplyOptions {
   dist::ProcessGroupPtr group;
   /// Global gradient-norm clipping (0 = off), as torch.nn.utils.clip_grad_norm_.
   double grad_clip = 0.0;
-  /// Benchmark-only: skip the synchronisation of gradients (and the gathering of updated shards;
-  /// for fsdp also the parameter gathers, each rank's chunk standing in for the others) so that a
-  /// run measures compute alone; results are then wrong. bench_scaling uses it to
-  /// measure how much communication is exposed.
-  bool benchmark_skip_gradient_sync = false;
 };
 
 /// Bytes held by each kind of training state on this rank, measured from the tensors themselves.
@@ -69,7 +74,7 @@ struct MemoryReport {
   int64_t peak_gathered_parameters = 0;  // fsdp: most parameter bytes gathered at once
 };
 
-class DataParallel;  // the gradient synchronisation of a strategy (internal)
+class GradSync;  // the gradient synchronisation of a strategy (internal)
 
 class Trainer {
  public:
@@ -88,26 +93,27 @@ class Trainer {
   models::LanguageModel& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   const Strategy& strategy() const { return strategy_; }
-  int grad_accum_steps() const { return grad_accum_; }
+  int grad_accum_steps() const { return micro_batches_; }
   const dist::ProcessGroupPtr& group() const { return group_; }
   /// Global gradient norm of the last step (before clipping).
   double last_grad_norm() const { return last_grad_norm_; }
+  /// Measured from the placement table (gradients after the last backward).
   MemoryReport memory_report() const;
-  /// Benchmark-only: turns ApplyOptions::benchmark_skip_gradient_sync on or off from the next
-  /// step (bench_scaling alternates steps with and without synchronisation).
-  void set_benchmark_skip_gradient_sync(bool skip) { options_.benchmark_skip_gradient_sync = skip; }
-  /// The model's full parameters on every rank (gathers shards for fsdp), by name.
+  /// The model's full parameters on every rank (gathers shards for fsdp: collective), by name, in
+  /// the model's order.
   std::vector<std::pair<std::string, Tensor>> full_parameters();
+  /// Every parameter, gradient and optimizer state tensor this rank holds (placement.hpp).
+  PlacementTable placements() const;
 
  private:
+  struct Impl;
   models::LanguageModelPtr model_;
   Strategy strategy_;
   ApplyOptions options_;
   dist::ProcessGroupPtr group_;
-  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<Impl> impl_;
   std::unique_ptr<optim::Optimizer> optimizer_;
-  int grad_accum_ = 1;
-  bool amp_ = false;
+  int micro_batches_ = 1;
   double last_grad_norm_ = 0.0;
 };
 

@@ -77,8 +77,10 @@ struct AutogradMeta {
   uint32_t output_nr = 0;                          // which output of grad_fn this tensor is
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves only
   /// Called after this leaf's gradient for the current backward pass has been fully accumulated
-  /// into grad(): the data-parallel reducer attaches here.
-  std::vector<std::function<void(Tensor&)>> post_accumulate_grad_hooks;
+  /// into grad(): the data-parallel reducer attaches here. Each has the id its registration
+  /// returned, which removes it.
+  std::vector<std::pair<int, std::function<void(Tensor&)>>> post_accumulate_grad_hooks;
+  int next_hook_id = 0;
 };
 
 struct TensorImpl {
@@ -205,7 +207,11 @@ class Tensor {
   const std::shared_ptr<autograd::Node>& grad_fn() const;
   uint32_t output_nr() const;
   /// Registers fn(param) to run after this leaf's gradient is fully accumulated in a backward.
-  void register_post_accumulate_grad_hook(std::function<void(Tensor&)> fn);
+  /// Returns the id that removes it. Throws acc::ValueError unless this is a leaf requiring grad.
+  int register_post_accumulate_grad_hook(std::function<void(Tensor&)> fn);
+  /// Removes the hook registered under `id`; an id that is not (or no longer) there is ignored.
+  void remove_post_accumulate_grad_hook(int id);
+  size_t num_post_accumulate_grad_hooks() const;
   /// Computes gradients of this tensor w.r.t. the leaves. `grad` defaults to 1 for a scalar.
   /// Throws acc::ValueError when the tensor does not require grad, when `grad` is missing for a
   /// non-scalar, or when the graph was already freed by an earlier backward without

@@ -28,6 +28,9 @@ const char* recompute_name(Recompute r);
 struct TraceOptions {
   bool backward = true;
   Recompute recompute = Recompute::kNone;
+  /// With kBlock: how many of the repeated blocks, from the first (-1: all), as the `checkpoint`
+  /// strategy method's {"blocks": N}.
+  int64_t recompute_blocks = -1;
 };
 
 /// A captured step.

@@ -1,0 +1,43 @@
+// checkpoint: activation recomputation. The first N repeated blocks (trace::find_blocks, the same
+// blocks the tracer's recompute option wraps, through the same nn::recompute_blocks) keep only
+// their input during forward and run again in backward. Config: {"blocks": N | "all"} (default
+// "all"); N larger than the number of blocks means all of them.
+#include "acc/nn/recompute.hpp"
+#include "acc/trace/passes.hpp"
+#include "acc/util/error.hpp"
+#include "method.hpp"
+
+namespace acc::strategies {
+
+MethodSpec checkpoint_method() {
+  return {.name = "checkpoint",
+          .slot = "checkpoint",
+          .exclusive_slot = false,
+          .config_keys = {"blocks"},
+          .apply = [](const nlohmann::json& c, TrainingPlan& plan) {
+            int64_t n = -1;  // all
+            if (c.contains("blocks")) {
+              const auto& v = c["blocks"];
+              if (v.is_string()) {
+                ACC_CHECK(v == "all", "checkpoint: blocks must be a count >= 0 or \"all\", got ",
+                          v.dump());
+              } else {
+                ACC_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0,
+                          "checkpoint: blocks must be a count >= 0 or \"all\", got ", v.dump());
+                n = v.get<int64_t>();
+              }
+            }
+            plan.model_transforms.push_back(
+                {"checkpoint", [n](models::LanguageModel& model) -> Undo {
+                   auto groups = trace::find_blocks(model);
+                   ACC_CHECK(!groups.empty(), "checkpoint: the model has no repeated blocks");
+                   std::vector<std::string> blocks = groups.front().blocks;
+                   if (n >= 0 && n < static_cast<int64_t>(blocks.size())) {
+                     blocks.resize(static_cast<size_t>(n));
+                   }
+                   return nn::recompute_blocks(model, blocks);
+                 }});
+          }};
+}
+
+}  // namespace acc::strategies

@@ -1,0 +1,144 @@
+#pragma once
+// Gradient synchronisation and optimizer sharding: what a data-parallel method (ddp, zero1, zero2,
+// fsdp) contributes to the training plan, and the local one (one rank, nothing to synchronise).
+// Private to the strategies library.
+//
+// A GradSync is built on the model and undoes everything it did when destroyed: its hooks are
+// removed and parameters moved into flat buffers or sharded go back into storage of their own
+// (fsdp gathers them first, a collective: see ~Fsdp). Gradients are dropped.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "acc/dist/process_group.hpp"
+#include "acc/models/language_model.hpp"
+#include "acc/strategies/placement.hpp"
+
+namespace acc::strategies {
+
+using nn::NamedTensors;
+
+struct GradSyncOptions {
+  int64_t bucket_bytes = 25 << 20;
+  bool bf16_communication = false;  // amp
+};
+
+/// What this rank's optimizer updates: a leaf tensor (the parameter itself, or a 1-D piece of a
+/// flat buffer holding `range` of the parameter) whose grad() the GradSync keeps attached.
+struct OptimPiece {
+  std::string name;  // the parameter's dotted name
+  Tensor leaf;
+  FlatRange range;
+  int replica = 0;
+  int replicas = 1;
+};
+
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  /// Before the first micro-batch of a step.
+  virtual void begin_step() {}
+  /// False: gradients accumulate locally and are not synchronised (all but the last micro-batch).
+  virtual void set_sync(bool sync) { sync_ = sync; }
+  /// After the backward of a micro-batch: waits for the reductions launched during it and attaches
+  /// the synchronised gradients to the optimizer pieces. Idempotent.
+  virtual void finish_backward() {}
+  /// After the optimizer step (e.g. gather the updated parameter shards).
+  virtual void end_step() {}
+  /// This rank's optimizer pieces, in the model's parameter order.
+  virtual std::vector<OptimPiece> optimizer_pieces() = 0;
+  /// Appends the parameter and gradient entries of this rank to `table`.
+  virtual void add_placements(PlacementTable& table) const = 0;
+  /// Full parameters by name, in the model's order (copies when sharded; collective for fsdp).
+  virtual NamedTensors full_parameters() = 0;
+  /// fsdp: the most parameter bytes gathered at once.
+  virtual int64_t peak_gathered_bytes() const { return 0; }
+
+ protected:
+  bool sync_ = true;
+};
+
+std::unique_ptr<GradSync> make_local(models::LanguageModel& model);
+std::unique_ptr<GradSync> make_ddp(models::LanguageModel& model, dist::ProcessGroupPtr group,
+                                   const GradSyncOptions& o);
+/// ZeRO stage 1 (optimizer state sharded) or 2 (+ gradients sharded).
+std::unique_ptr<GradSync> make_zero(models::LanguageModel& model, dist::ProcessGroupPtr group,
+                                    int stage, const GradSyncOptions& o);
+std::unique_ptr<GradSync> make_fsdp(models::LanguageModel& model, dist::ProcessGroupPtr group,
+                                    const GradSyncOptions& o);
+
+// ---- shared pieces ----
+
+/// Rank 0's parameters and buffers on every rank, so that all replicas start identical.
+void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& group);
+
+/// The placement entry of a whole parameter or gradient of `shape` held in `local` (undefined for
+/// a gradient not computed yet): replica `replica` of `replicas`.
+void add_whole(PlacementTable& table, const std::string& name, const Shape& shape,
+               const Tensor& local, TensorKind kind, int replica, int replicas);
+
+/// Parameters in reverse registration order (the order gradients become ready), grouped into
+/// buckets of at most `bucket_bytes` (a larger parameter gets a bucket of its own), each bucket
+/// padded to a multiple of `world` elements so it splits into equal chunks.
+struct BucketLayout {
+  struct Slot {
+    std::string name;
+    Tensor param;
+    int64_t offset = 0;  // within the bucket, in elements
+  };
+  struct Bucket {
+    std::vector<Slot> slots;
+    int64_t numel = 0;        // real elements
+    int64_t padded = 0;       // multiple of world
+    int64_t flat_offset = 0;  // start within the flat concatenation of all buckets
+  };
+  BucketLayout(const NamedTensors& params, int world, int64_t bucket_bytes);
+  std::vector<Bucket> buckets;
+  int64_t total = 0;  // padded elements over all buckets
+  /// bucket index of each parameter name
+  std::vector<std::pair<std::string, size_t>> index;
+  size_t bucket_of(const std::string& name) const;
+};
+
+/// The part of a parameter inside this rank's chunk of a bucket (shard_range).
+struct SlotShard {
+  const BucketLayout::Slot* slot;
+  FlatRange in_param;  // elements of the parameter, flattened
+  int64_t in_chunk;    // where they start within this rank's chunk
+};
+/// Every parameter of `bucket` with a non-empty part in chunk `rank`, in slot order.
+std::vector<SlotShard> shards_of(const BucketLayout::Bucket& bucket, int world, int rank);
+
+/// Writes the gradients of `bucket`'s parameters times `scale` into `dst` (bucket.padded
+/// elements; a parameter without a gradient and the padding become zeros). Data-parallel
+/// strategies pass 1 / world: the average's division is folded into this copy (PyTorch DDP
+/// pre-divides too), so the reduction is a plain sum and nobody makes another pass over the
+/// bucket. With `drop_grads` each parameter's own gradient is released once copied.
+void pack_bucket_grads(const BucketLayout::Bucket& bucket, float* dst, float scale,
+                       bool drop_grads);
+
+/// Makes `param` a view of `storage` at `offset` (elements), keeping it the same tensor (same
+/// TensorImpl, so the module and autograd see it).
+void repoint(Tensor& param, const std::shared_ptr<Storage>& storage, int64_t offset);
+/// Gives `param` storage of its own holding `values` (same numel), as before a strategy moved it.
+void repoint_to_own(Tensor& param, const Tensor& values);
+
+/// A 1-D leaf view of `base` elements [start, start + n) that requires grad: an optimizer piece.
+Tensor piece_of(const Tensor& base, int64_t start, int64_t n);
+
+/// Post-accumulate-grad hooks registered on parameters, removed on destruction.
+class ParamHooks {
+ public:
+  ParamHooks() = default;
+  ~ParamHooks() { remove_all(); }
+  ParamHooks(const ParamHooks&) = delete;
+  ParamHooks& operator=(const ParamHooks&) = delete;
+  void add(Tensor param, std::function<void(Tensor&)> fn);
+  void remove_all();
+
+ private:
+  std::vector<std::pair<Tensor, int>> hooks_;
+};
+
+}  // namespace acc::strategies

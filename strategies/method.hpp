@@ -1,0 +1,97 @@
+#pragma once
+// Methods as registered transforms of a training plan. Private to the strategies library.
+//
+// A strategy is a list of methods; each method is one file under strategies/ that defines a
+// MethodSpec: its name, its config keys (validated), its slot (what it composes with) and an
+// `apply` that contributes to the TrainingPlan. registry.cpp lists the specs and holds the
+// composition rules; the Trainer builds and runs the plan and names no method.
+//
+// What a plan holds, in the order the Trainer applies it:
+//   1. model transforms (amp's bf16 block boundaries, checkpoint's recomputation), each returning
+//      its undo; undone in reverse when the Trainer goes;
+//   2. gradient synchronisation and optimizer sharding (at most one grad_sync method): a factory
+//      of the GradSync that owns the communication and says which pieces this rank optimises;
+//   3. the step schedule: micro-batches per step (grad_accum);
+//   4. the loss function (the model's next-token loss by default).
+//
+// DESIGN notes: how the coming methods register
+//  - tensor_parallel: slot "tensor_parallel"; a model transform that swaps the attention and MLP
+//    linears (found by trace::find_attention_patterns / find_mlp_patterns) for column/row-parallel
+//    ones over the plan's tp group, and a loss of its own (vocab-parallel cross-entropy). Its
+//    shards enter the placement table with a per-dimension box (placement.hpp). The plan grows a
+//    DeviceMesh so grad_sync runs over the dp group and tp over the tp group.
+//  - sequence_parallel: slot "sequence_parallel", requires tensor_parallel (or brings Ulysses'
+//    all-to-all of its own); a model transform on the norms/dropout regions between the tp ops.
+//  - pipeline_parallel: slot "pipeline_parallel"; a model transform that keeps only this stage's
+//    blocks (the placement table then has no entry for the others), and a schedule kind 1F1B that
+//    replaces the plain micro-batch loop in Trainer::train_step with sends/receives between stages.
+// Each is one more file and one more line in registry.cpp; the composition rules gain the pairs
+// they exclude.
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "acc/models/language_model.hpp"
+#include "acc/strategies/strategy.hpp"
+#include "grad_sync.hpp"
+
+namespace acc::strategies {
+
+/// Undoes a model transform.
+using Undo = std::function<void()>;
+
+struct TrainingPlan {
+  struct Transform {
+    std::string method;
+    std::function<Undo(models::LanguageModel&)> apply;
+  };
+  std::vector<Transform> model_transforms;
+
+  /// The grad_sync method's name ("" when none: the local, single-rank GradSync).
+  std::string grad_sync_method;
+  std::function<std::unique_ptr<GradSync>(models::LanguageModel&, dist::ProcessGroupPtr,
+                                          const GradSyncOptions&)>
+      grad_sync;
+  /// Options any method may set (amp turns bf16 communication on).
+  GradSyncOptions sync_options;
+
+  /// The step schedule: micro-batches per optimizer step, gradients synchronised on the last.
+  int micro_batches = 1;
+
+  /// idx (B, T), targets (B, T) -> the mean loss of the micro-batch.
+  std::function<Tensor(models::LanguageModel&, const Tensor&, const Tensor&)> loss =
+      [](models::LanguageModel& m, const Tensor& idx, const Tensor& tgt) {
+        return m.loss(idx, tgt);
+      };
+};
+
+struct MethodSpec {
+  std::string name;
+  /// Methods in the same exclusive slot cannot be combined (one grad_sync method at most).
+  std::string slot;
+  bool exclusive_slot = false;
+  /// Config keys the method accepts.
+  std::vector<std::string> config_keys;
+  /// Validates the config (acc::ValueError naming the key and value) and contributes to the plan.
+  std::function<void(const nlohmann::json& config, TrainingPlan& plan)> apply;
+};
+
+MethodSpec ddp_method();
+MethodSpec zero1_method();
+MethodSpec zero2_method();
+MethodSpec fsdp_method();
+MethodSpec amp_method();
+MethodSpec checkpoint_method();
+MethodSpec grad_accum_method();
+
+/// The bucket size from {"bucket_mb": x} (default 25), validated.
+int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& config);
+
+/// The plan of a parsed strategy.
+TrainingPlan make_plan(const Strategy& s);
+
+}  // namespace acc::strategies
