@@ -1,16 +1,18 @@
 // bench_scaling: data-parallel throughput under mpirun, one JSON line per strategy (rank 0).
 //
 //   mpirun -np 2 build/benchmarks/bench_scaling --config gpt17m --strategies ddp,zero1,zero2,fsdp
-//   mpirun -np 2 build/benchmarks/bench_scaling ... --sync alternate
 //
 // Every rank trains the same model on its own batch of --batch-size sequences (the global batch
-// grows with the ranks), one thread per rank unless --threads says otherwise. --sync off is the
-// benchmark-only switch that skips gradient synchronisation (and fsdp's parameter gathers):
-// compute alone. --sync alternate interleaves synchronised and skipped steps in one run, so the
-// machine's noise (this machine is shared) hits both alike, and reports the exposed communication
-// 1 - t(skipped) / t(sync) from the two medians, and the median over adjacent (synchronised,
-// skipped) pairs of the same ratio. A step's time is its slowest rank's (the maximum over ranks,
-// step by step), in both kinds of step. benchmarks/scaling.sh compares with PyTorch DDP.
+// grows with the ranks), one thread per rank unless --threads says otherwise. Every step starts
+// from a barrier; a step of the job ends when its slowest rank ends, so the job's step time is,
+// step by step, the maximum over ranks.
+//
+// Exposed communication is measured from outside the strategies: acc::dist::wait_seconds() read
+// before and after each step gives the time that rank spent blocked in Work::wait, i.e. the
+// communication that did not overlap its computation. exposed_comm is the median over steps of
+// the slowest rank's wait time over its step time (the slowest rank sets the job's pace; a faster
+// one also waits for it, which is imbalance, not communication). benchmarks/scaling.sh compares
+// with PyTorch DDP.
 
 #include <CLI/CLI.hpp>
 
@@ -47,7 +49,6 @@ int main(int argc, char** argv) {
   int64_t batch = 8, seq = 256, warmup = 2, steps = 6;
   int threads = 1;
   double bucket_mb = 0;
-  std::string sync = "on";
   CLI::App app{"Data-parallel training throughput per strategy"};
   app.add_option("--config", config, "gpt17m | gpt90m | llama17m | FILE.json")
       ->capture_default_str();
@@ -61,11 +62,6 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads per rank")->capture_default_str();
   app.add_option("--bucket-mb", bucket_mb,
                  "gradient bucket size of ddp, zero1 and zero2 (default: the strategy's own)");
-  app.add_option("--sync", sync,
-                 "on | off (benchmark-only: no gradient synchronisation) | alternate (both, "
-                 "step by step)")
-      ->check(CLI::IsMember({"on", "off", "alternate"}))
-      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   int rc = 0;
   try {
@@ -87,58 +83,54 @@ int main(int argc, char** argv) {
           model, optim::AdamW::factory({.lr = 1e-4, .betas = {0.9, 0.95}, .weight_decay = 0.1}),
           strategy, {.group = world, .grad_clip = 1.0});
       Generator gen = Generator(7).for_rank(world->rank());
-      // Step s synchronises unless --sync off, or --sync alternate and s is odd; the warm-up
-      // covers both kinds.
-      auto skipped = [&](int64_t s) { return sync == "off" || (sync == "alternate" && s % 2); };
-      std::vector<float> step_ms;  // this rank's timed steps, in order
+      // This rank's timed steps, in order: (step ms, ms blocked in Work::wait) pairs.
+      std::vector<float> mine;
       for (int64_t s = 0; s < warmup + steps; ++s) {
         data::Batch b{randint(0, model->vocab_size(), {batch, seq}, gen),
                       randint(0, model->vocab_size(), {batch, seq}, gen)};
-        trainer->set_benchmark_skip_gradient_sync(skipped(s));
-        world->barrier()->wait();  // every step starts together
+        world->barrier()->wait();  // every step starts together (its wait is not the step's)
+        const double wait0 = dist::wait_seconds();
         const auto t0 = std::chrono::steady_clock::now();
         trainer->train_step(b);
         const double t =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
-        if (s >= warmup) step_ms.push_back(static_cast<float>(t));
-      }
-      // A step of the job ends when its slowest rank ends (the next one starts from a barrier),
-      // in synchronised and skipped steps alike: per step, the maximum over ranks.
-      Tensor job = from_vector(step_ms, {static_cast<int64_t>(step_ms.size())});
-      world->allreduce(job, dist::ReduceOp::kMax)->wait();
-      const std::vector<float> job_ms = job.to_vector<float>();
-      std::vector<double> ms[2];   // [0] synchronised steps, [1] skipped ones
-      std::vector<double> paired;  // --sync alternate: 1 - skipped / the synchronised step before
-      for (int64_t i = 0; i < steps; ++i) {
-        ms[skipped(warmup + i) ? 1 : 0].push_back(job_ms[static_cast<size_t>(i)]);
-        if (i > 0 && skipped(warmup + i) && !skipped(warmup + i - 1)) {
-          paired.push_back(1.0 -
-                           job_ms[static_cast<size_t>(i)] / job_ms[static_cast<size_t>(i - 1)]);
+        const double waited = (dist::wait_seconds() - wait0) * 1e3;
+        if (s >= warmup) {
+          mine.push_back(static_cast<float>(t));
+          mine.push_back(static_cast<float>(waited));
         }
       }
-      const double sync_ms = median(ms[0]), skip_ms = median(ms[1]);
+      const int64_t n = static_cast<int64_t>(mine.size());
+      Tensor all = empty({world->size() * n});
+      world->allgather(all, from_vector(mine, {n}))->wait();
+      const std::vector<float> v = all.to_vector<float>();
+      std::vector<double> job_ms, wait_ms, exposed;  // per step, of its slowest rank
+      for (int64_t i = 0; i < steps; ++i) {
+        int slowest = 0;
+        auto at = [&](int r, int k) { return v[static_cast<size_t>(r * n + 2 * i + k)]; };
+        for (int r = 1; r < world->size(); ++r) {
+          if (at(r, 0) > at(slowest, 0)) slowest = r;
+        }
+        job_ms.push_back(at(slowest, 0));
+        wait_ms.push_back(at(slowest, 1));
+        exposed.push_back(at(slowest, 1) / at(slowest, 0));
+      }
       if (world->rank() == 0) {
         const double tokens = static_cast<double>(batch * seq * world->size());
-        // The headline figures are those of synchronised steps (of skipped ones under --sync off).
-        const double step_ms = sync == "off" ? skip_ms : sync_ms;
+        const double step_ms = median(job_ms);
         nlohmann::json out = {{"strategy", name},
                               {"config", config},
                               {"world", world->size()},
                               {"threads_per_rank", threads},
-                              {"sync", sync},
                               {"batch_per_rank", batch},
                               {"seq_len", seq},
                               {"steps", steps},
                               {"median_step_ms", step_ms},
                               {"tokens_per_s", tokens / (step_ms / 1e3)},
+                              {"median_wait_ms", median(wait_ms)},
+                              {"exposed_comm", median(exposed)},
                               {"peak_tracked_bytes", memory::peak_bytes()}};
-        if (sync == "alternate") {
-          out["median_step_ms_sync_skipped"] = skip_ms;
-          out["tokens_per_s_sync_skipped"] = tokens / (skip_ms / 1e3);
-          out["exposed_comm"] = 1.0 - skip_ms / sync_ms;
-          out["exposed_comm_paired"] = median(paired);
-        }
         std::printf("%s\n", out.dump().c_str());
         std::fflush(stdout);
       }

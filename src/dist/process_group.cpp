@@ -1,5 +1,6 @@
 #include "acc/dist/process_group.hpp"
 
+#include <atomic>
 #include <climits>
 #include <cstring>
 
@@ -30,6 +31,15 @@ std::chrono::milliseconds default_timeout() {
 
 // ---------------------------------------------------------------------------------------------
 // Work
+
+namespace {
+// Nanoseconds threads have spent blocked in Work::wait (wait_seconds()).
+std::atomic<int64_t> g_wait_ns{0};
+}  // namespace
+
+double wait_seconds() {
+  return static_cast<double>(g_wait_ns.load(std::memory_order_relaxed)) * 1e-9;
+}
 
 Work::Work(std::string op, std::string group, uint64_t seq, int rank, int size,
            std::chrono::milliseconds timeout, FlightRecorder* recorder, size_t record)
@@ -83,9 +93,14 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
   bool finished = done();
   if (!finished) {
     auto& engine = detail::CommEngine::instance();
+    const auto t0 = std::chrono::steady_clock::now();
     engine.waiter_enter();
     finished = cv_.wait_for(lock, limit, done);
     engine.waiter_leave();
+    g_wait_ns.fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count(),
+        std::memory_order_relaxed);
   }
   if (state_ == State::kFailed) {
     ACC_THROW(CommError, op_, " (seq ", seq_, ") on group '", group_, "' failed on rank ", rank_,

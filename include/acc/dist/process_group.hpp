@@ -7,10 +7,9 @@
 //  - Every call returns at once with a Work; the tensors it reads and writes must not be touched
 //    until wait() returns (the Work keeps them alive). Outputs are valid after wait().
 //  - Every collective has a finite timeout (CollectiveOptions::timeout, default
-//  ACC_COMM_TIMEOUT_SEC,
-//    300 s). wait() throws acc::TimeoutError naming the op, its sequence number and the group when
-//    it does not complete in time (the flight recorder is dumped to the log first); an MPI failure
-//    becomes acc::CommError with MPI's message.
+//    ACC_COMM_TIMEOUT_SEC, 300 s). wait() throws acc::TimeoutError naming the op, its sequence
+//    number and the group when it does not complete in time (the flight recorder is dumped to the
+//    log first); an MPI failure becomes acc::CommError with MPI's message.
 //  - All MPI calls are made by one communication thread per process, which starts operations in
 //    submission order and progresses every operation in flight while the caller computes: this is
 //    what lets gradient communication overlap the backward pass.
@@ -37,6 +36,13 @@ const char* reduce_op_name(ReduceOp op);
 
 /// The timeout every collective gets unless told otherwise: ACC_COMM_TIMEOUT_SEC (default 300).
 std::chrono::milliseconds default_timeout();
+
+/// Seconds that threads of this process have spent blocked in Work::wait since it started, summed
+/// over threads (two threads waiting for one second each add two); a wait on a completed Work adds
+/// nothing. The communication a region leaves exposed is the difference of two readings around
+/// it, which is how benchmarks measure it without a switch in the library. Per process, not per
+/// group; cheap enough to read every step (one relaxed atomic load). Never throws.
+double wait_seconds();
 
 struct CollectiveOptions {
   std::chrono::milliseconds timeout = default_timeout();
