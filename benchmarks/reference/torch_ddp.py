@@ -25,8 +25,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_train  # noqa: E402  (the same eager GPT/Llama as the throughput comparison)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "golden"))
+sys.dont_write_bytecode = True
+import models  # noqa: E402  (the reference GPT and Llama, shared with the golden tests)
 
 CONFIGS = {
     "gpt17m": ("gpt", "gpt_17m.json"),
@@ -49,11 +51,12 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     kind, cfg_file = CONFIGS[args.config]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(HERE))
     with open(os.path.join(root, "examples", "configs", cfg_file)) as f:
         cfg = json.load(f)
     torch.manual_seed(1)
-    model = {"gpt": torch_train.GPT, "llama": torch_train.Llama}[kind](cfg)
+    models.set_attention("auto")
+    model = models.build(kind, cfg)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             foreach=False)

@@ -1,7 +1,12 @@
-"""Plain-torch reference models for AutoAcc's golden tests (no `transformers` needed).
+"""Plain-torch reference models for AutoAcc (no `transformers` needed): the one definition that
+the golden tests (make_golden.py, make_train_reference.py) and the PyTorch side of the benchmarks
+(benchmarks/reference/torch_train.py, torch_ddp.py) share.
 
 GPT:   GPT-2 / nanoGPT layout, tied embeddings, parameter names as in nanoGPT.
 Llama: Hugging Face LlamaForCausalLM layout, RoPE and GQA as in HF, untied lm_head.
+
+Attention is computed the plain way (matmul, scale, masked_fill, softmax, matmul), which the
+golden files were generated with; the benchmarks pick a faster one with set_attention().
 
 Dimension letters: B batch, T time, C channels, NH heads, HS head size, V vocab.
 """
@@ -31,9 +36,42 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
 
 
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0
+ATTENTION_IMPLS = ("masked", "baddbmm", "sdpa", "auto")
+_attention = "masked"
+_additive_masks = {}  # T -> (T, T) additive causal mask, for "baddbmm"
+
+
+def set_attention(impl):
+    """How causal_attention computes: "masked" (the default; the golden files were generated with
+    it), "baddbmm" (one baddbmm computes mask + scale * q k^T, the mask and scale fused into the
+    GEMM's output pass; the fast path on torch 1.13), "sdpa" (F.scaled_dot_product_attention,
+    torch >= 2.0) or "auto" (sdpa when this torch has it, else baddbmm). Returns the one chosen."""
+    global _attention
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"unknown attention {impl!r}, expected one of {ATTENTION_IMPLS}")
+    if impl == "auto":
+        impl = "sdpa" if HAS_SDPA else "baddbmm"
+    if impl == "sdpa" and not HAS_SDPA:
+        raise ValueError(f"torch {torch.__version__} has no scaled_dot_product_attention")
+    _attention = impl
+    return impl
+
+
 def causal_attention(q, k, v):
     """q, k, v: (B, NH, T, HS) -> (B, NH, T, HS); softmax(q k^T / sqrt(HS)) with causal mask."""
     T, hs = q.size(-2), q.size(-1)
+    if _attention == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if _attention == "baddbmm":
+        if T not in _additive_masks:
+            _additive_masks[T] = torch.full((T, T), float("-inf")).triu_(1)
+        B, NH = q.shape[:2]
+        att = torch.baddbmm(_additive_masks[T].to(q.dtype), q.reshape(B * NH, T, hs),
+                            k.reshape(B * NH, T, hs).transpose(1, 2), beta=1.0,
+                            alpha=1.0 / math.sqrt(hs))
+        att = F.softmax(att, dim=-1)
+        return torch.bmm(att, v.reshape(B * NH, T, hs)).view(B, NH, T, hs)
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
     mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
     att = att.masked_fill(~mask, float("-inf"))
@@ -94,6 +132,8 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = dict(GPT_DEFAULTS, **cfg)
         cfg = self.cfg
+        if cfg.get("dropout", 0.0):
+            raise ValueError("the reference GPT has no dropout")
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg["vocab_size"], cfg["n_embd"]),
             wpe=nn.Embedding(cfg["block_size"], cfg["n_embd"]),
@@ -145,9 +185,9 @@ class LlamaAttention(nn.Module):
         super().__init__()
         C = cfg["hidden_size"]
         self.nh = cfg["num_attention_heads"]
-        self.nkv = cfg["num_key_value_heads"]
-        self.hd = C // self.nh
-        self.theta = cfg["rope_theta"]
+        self.nkv = cfg.get("num_key_value_heads", self.nh)
+        self.hd = cfg.get("head_dim", C // self.nh)
+        self.theta = cfg.get("rope_theta", 10000.0)
         if self.nh % self.nkv != 0:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         self.q_proj = nn.Linear(C, self.nh * self.hd, bias=False)
@@ -186,9 +226,10 @@ class LlamaMLP(nn.Module):
 class LlamaLayer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.input_layernorm = RMSNorm(cfg["hidden_size"], eps)
         self.self_attn = LlamaAttention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.post_attention_layernorm = RMSNorm(cfg["hidden_size"], eps)
         self.mlp = LlamaMLP(cfg)
 
     def forward(self, x):
@@ -202,20 +243,22 @@ class LlamaInner(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["hidden_size"])
         self.layers = nn.ModuleList([LlamaLayer(cfg) for _ in range(cfg["num_hidden_layers"])])
-        self.norm = RMSNorm(cfg["hidden_size"], cfg["rms_norm_eps"])
+        self.norm = RMSNorm(cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
 
 
 class Llama(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = dict(cfg)
+        if cfg.get("tie_word_embeddings", False):
+            raise ValueError("the reference Llama has an untied lm_head")
         self.model = LlamaInner(cfg)
         self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
 
     def forward(self, idx):
         """idx: (B, T) int64 -> logits (B, T, V)."""
         T = idx.shape[1]
-        if T > self.cfg["max_position_embeddings"]:
+        if T > self.cfg.get("max_position_embeddings", 2048):
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings")
         x = self.model.embed_tokens(idx)
         for layer in self.model.layers:
