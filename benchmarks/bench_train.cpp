@@ -37,7 +37,6 @@
 #include <string>
 
 #include "acc/acc.hpp"
-#include "acc/autograd/flops.hpp"
 #include "bench_util.hpp"
 
 namespace {

@@ -1,16 +1,31 @@
 #pragma once
-// AutoAcc umbrella header.
+// AutoAcc umbrella header: everything a user program needs, one include per public header (each
+// layer's own umbrella where it has one). Not included: acc/tensor/kernels.hpp (raw kernels that
+// do not check their arguments; the ops of acc/autograd/ops.hpp validate and call them) and
+// acc/tensor/observer.hpp (acc::detail hooks for the tracer).
+#include "acc/autograd/checkpoint.hpp"
 #include "acc/autograd/engine.hpp"
+#include "acc/autograd/flops.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/data/token_data.hpp"
+#include "acc/dist/dist.hpp"
+#include "acc/dist/flight_recorder.hpp"
 #include "acc/io/safetensors.hpp"
 #include "acc/models/models.hpp"
 #include "acc/nn/nn.hpp"
 #include "acc/optim/optim.hpp"
+#include "acc/strategies/placement.hpp"
+#include "acc/strategies/strategy.hpp"
 #include "acc/tensor/allocator.hpp"
+#include "acc/tensor/dtype.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/tensor.hpp"
 #include "acc/tensor/threading.hpp"
+#include "acc/trace/dump.hpp"
+#include "acc/trace/graph.hpp"
+#include "acc/trace/passes.hpp"
+#include "acc/trace/tracer.hpp"
+#include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/timer.hpp"
