@@ -13,25 +13,25 @@
 namespace acc::strategies {
 
 MethodSpec amp_method() {
-  return {.name = "amp",
-          .slot = "amp",
-          .exclusive_slot = false,
-          .config_keys = {"dtype"},
-          .apply = [](const nlohmann::json& c, TrainingPlan& plan) {
-            if (c.contains("dtype")) {
-              ACC_CHECK(c["dtype"] == "bf16", "amp: dtype must be \"bf16\", got ",
-                        c["dtype"].dump());
-            }
-            plan.sync_options.bf16_communication = true;
-            plan.model_transforms.push_back({"amp", [](models::LanguageModel& model) -> Undo {
-              std::vector<nn::ModulePtr> blocks(model.blocks().begin(), model.blocks().end());
-              return nn::wrap_forward(
-                  blocks, [](nn::Module&, const Tensor& x,
-                             const std::function<Tensor(const Tensor&)>& fwd) {
-                    return fwd(x).to(DType::kBFloat16).to(DType::kFloat32);
-                  });
-            }});
-          }};
+  return {
+      .name = "amp",
+      .slot = "amp",
+      .exclusive_slot = false,
+      .config_keys = {"dtype"},
+      .apply = [](const nlohmann::json& c, TrainingPlan& plan) {
+        if (c.contains("dtype")) {
+          ACC_CHECK(c["dtype"] == "bf16", "amp: dtype must be \"bf16\", got ", c["dtype"].dump());
+        }
+        plan.sync_options.bf16_communication = true;
+        plan.model_transforms.push_back(
+            {"amp", [](models::LanguageModel& model) -> Undo {
+               std::vector<nn::ModulePtr> blocks(model.blocks().begin(), model.blocks().end());
+               return nn::wrap_forward(blocks, [](nn::Module&, const Tensor& x,
+                                                  const std::function<Tensor(const Tensor&)>& fwd) {
+                 return fwd(x).to(DType::kBFloat16).to(DType::kFloat32);
+               });
+             }});
+      }};
 }
 
 }  // namespace acc::strategies

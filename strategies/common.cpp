@@ -94,7 +94,8 @@ std::vector<SlotShard> shards_of(const BucketLayout::Bucket& bucket, int world, 
   for (const auto& slot : bucket.slots) {
     const FlatRange in_bucket = intersect({slot.offset, slot.param.numel()}, chunk);
     if (in_bucket.length == 0) continue;
-    out.push_back({&slot, {in_bucket.offset - slot.offset, in_bucket.length},
+    out.push_back({&slot,
+                   {in_bucket.offset - slot.offset, in_bucket.length},
                    in_bucket.offset - chunk.offset});
   }
   return out;

@@ -20,7 +20,7 @@ class Ddp : public GradSync {
                                                o.bf16_communication, /*drop_param_grads=*/false);
   }
   ~Ddp() override {
-    reducer_.reset();  // its hooks go with it
+    reducer_.reset();    // its hooks go with it
     model_.zero_grad();  // the gradients are views of the reducer's buckets
   }
   void set_sync(bool sync) override {

@@ -197,8 +197,8 @@ class Fsdp : public GradSync {
       const int pre = u.module->register_forward_pre_hook([weak, i](nn::Module&, const Tensor&) {
         if (auto s = weak.lock()) s->gather(*s->units[i]);
       });
-      const int post = u.module->register_forward_hook(
-          [weak, i](nn::Module&, const Tensor&, const Tensor& out) {
+      const int post =
+          u.module->register_forward_hook([weak, i](nn::Module&, const Tensor&, const Tensor& out) {
             auto s = weak.lock();
             if (!s) return;
             if (out.requires_grad() && out.grad_fn()) {

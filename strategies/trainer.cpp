@@ -132,7 +132,8 @@ double Trainer::train_step(const data::Batch& batch) {
   sync.add_placements(grads);
   bool sharded = false;
   for (const auto& e : grads) {
-    sharded = sharded || (e.kind == TensorKind::kGradient && e.range.length != numel_of(e.global_shape));
+    sharded =
+        sharded || (e.kind == TensorKind::kGradient && e.range.length != numel_of(e.global_shape));
   }
   double norm_sq = 0;
   for (const auto& e : grads) {

@@ -128,8 +128,8 @@ class Zero : public GradSync {
  private:
   struct Piece {
     std::string name;
-    Shape shape;       // the parameter's
-    FlatRange range;   // within the flattened parameter
+    Shape shape;      // the parameter's
+    FlatRange range;  // within the flattened parameter
     size_t bucket = 0;
     int64_t in_bucket = 0;  // where it starts within its bucket
     int64_t in_chunk = 0;   // where it starts within this rank's chunk of the bucket

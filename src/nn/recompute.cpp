@@ -11,15 +11,15 @@ Unwrap wrap_forward(const std::vector<ModulePtr>& modules, const Module::Forward
   for (const ModulePtr& m : modules) {
     Module::ForwardWrapper inner = m->forward_wrapper();
     saved->emplace_back(m, inner);
-    m->set_forward_wrapper(
-        [inner, outer](Module& mod, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd)
-            -> Tensor {
-          if (!inner) return outer(mod, x, fwd);
-          // By value: acc::checkpoint keeps the function it is given for the recomputation in
-          // backward, after this call (and the `fwd` it was handed) is gone.
-          Module* self = &mod;
-          return outer(mod, x, [inner, self, fwd](const Tensor& y) { return inner(*self, y, fwd); });
-        });
+    m->set_forward_wrapper([inner, outer](
+                               Module& mod, const Tensor& x,
+                               const std::function<Tensor(const Tensor&)>& fwd) -> Tensor {
+      if (!inner) return outer(mod, x, fwd);
+      // By value: acc::checkpoint keeps the function it is given for the recomputation in
+      // backward, after this call (and the `fwd` it was handed) is gone.
+      Module* self = &mod;
+      return outer(mod, x, [inner, self, fwd](const Tensor& y) { return inner(*self, y, fwd); });
+    });
   }
   return [saved] {
     for (auto it = saved->rbegin(); it != saved->rend(); ++it) {
@@ -32,10 +32,10 @@ Unwrap wrap_forward(const std::vector<ModulePtr>& modules, const Module::Forward
 Unwrap recompute_blocks(Module& root, const std::vector<std::string>& blocks) {
   std::vector<ModulePtr> modules;
   for (const auto& name : blocks) modules.push_back(root.submodule(name));
-  return wrap_forward(modules, [](Module&, const Tensor& x,
-                                  const std::function<Tensor(const Tensor&)>& fwd) {
-    return checkpoint(fwd, x);
-  });
+  return wrap_forward(
+      modules, [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
+        return checkpoint(fwd, x);
+      });
 }
 
 }  // namespace acc::nn

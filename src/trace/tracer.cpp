@@ -3,9 +3,9 @@
 #include <atomic>
 #include <unordered_map>
 
-#include "acc/nn/recompute.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/models/language_model.hpp"
+#include "acc/nn/recompute.hpp"
 #include "acc/tensor/observer.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"

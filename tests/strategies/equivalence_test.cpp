@@ -66,12 +66,12 @@ TrainRun train(const std::string& strategy_json, dist::ProcessGroupPtr group,
                bool decay_matrices = false) {
   auto model = make_model();
   const optim::AdamW::Options opts{.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1};
-  auto trainer = strategies::apply(
-      model,
-      decay_matrices ? optim::AdamW::factory(opts, optim::decay_matrices_only())
-                     : optim::AdamW::factory(opts),
-      strategies::parse_strategy(nlohmann::json::parse(strategy_json)),
-      {.group = group, .grad_clip = 1.0});
+  auto trainer =
+      strategies::apply(model,
+                        decay_matrices ? optim::AdamW::factory(opts, optim::decay_matrices_only())
+                                       : optim::AdamW::factory(opts),
+                        strategies::parse_strategy(nlohmann::json::parse(strategy_json)),
+                        {.group = group, .grad_clip = 1.0});
   data::BatchLoader loader(tokens(), {.batch_size = kGlobalBatch / group->size(),
                                       .seq_len = kSeq,
                                       .order = data::SampleOrder::kSequential,
@@ -156,10 +156,10 @@ INSTANTIATE_TEST_SUITE_P(
              true, false},
         Case{"ddp_amp", R"([{"name": "ddp"}, {"name": "amp"}])", false, true},
         Case{"fsdp_amp", R"([{"name": "fsdp"}, {"name": "amp"}])", false, true},
-        Case{"zero1_decay_matrices", R"([{"name": "zero1", "config": {"bucket_mb": 0.01}}])",
-             false, false, true},
-        Case{"zero2_decay_matrices", R"([{"name": "zero2", "config": {"bucket_mb": 0.01}}])",
-             false, false, true},
+        Case{"zero1_decay_matrices", R"([{"name": "zero1", "config": {"bucket_mb": 0.01}}])", false,
+             false, true},
+        Case{"zero2_decay_matrices", R"([{"name": "zero2", "config": {"bucket_mb": 0.01}}])", false,
+             false, true},
         Case{"fsdp_decay_matrices", R"([{"name": "fsdp"}])", false, false, true},
         Case{"ddp_checkpoint", R"([{"name": "ddp"}, {"name": "checkpoint"}])", false, false},
         Case{"fsdp_checkpoint_accum",

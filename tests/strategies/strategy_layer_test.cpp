@@ -40,24 +40,26 @@ data::Batch batch_for(int64_t step, int64_t B, int rank) {
 }
 
 std::unique_ptr<strategies::Trainer> apply_strategy(const models::LanguageModelPtr& model,
-                                           const std::string& strategy) {
+                                                    const std::string& strategy) {
   return strategies::apply(
       model, optim::AdamW::factory({.lr = 1e-2, .weight_decay = 0.1}, optim::decay_matrices_only()),
-      strategies::parse_strategy(nlohmann::json::parse(strategy)), {.group = nullptr, .grad_clip = 1.0});
+      strategies::parse_strategy(nlohmann::json::parse(strategy)),
+      {.group = nullptr, .grad_clip = 1.0});
 }
 
 // Strategies valid at any world size (the world is the group).
 std::vector<std::string> strategies_for_world() {
-  std::vector<std::string> s = {R"([{"name": "ddp"}])",
-                                R"([{"name": "ddp", "config": {"bucket_mb": 0.01}}])",
-                                R"([{"name": "zero1", "config": {"bucket_mb": 0.01}}])",
-                                R"([{"name": "zero2"}])",
-                                R"([{"name": "zero2", "config": {"bucket_mb": 0.01}}])",
-                                R"([{"name": "fsdp"}])",
-                                R"([{"name": "fsdp"}, {"name": "amp"}])",
-                                R"([{"name": "zero1"}, {"name": "checkpoint"}])",
-                                R"([{"name": "fsdp"}, {"name": "checkpoint", "config": {"blocks": 1}}])",
-                                R"([{"name": "ddp"}, {"name": "grad_accum", "config": {"steps": 2}}])"};
+  std::vector<std::string> s = {
+      R"([{"name": "ddp"}])",
+      R"([{"name": "ddp", "config": {"bucket_mb": 0.01}}])",
+      R"([{"name": "zero1", "config": {"bucket_mb": 0.01}}])",
+      R"([{"name": "zero2"}])",
+      R"([{"name": "zero2", "config": {"bucket_mb": 0.01}}])",
+      R"([{"name": "fsdp"}])",
+      R"([{"name": "fsdp"}, {"name": "amp"}])",
+      R"([{"name": "zero1"}, {"name": "checkpoint"}])",
+      R"([{"name": "fsdp"}, {"name": "checkpoint", "config": {"blocks": 1}}])",
+      R"([{"name": "ddp"}, {"name": "grad_accum", "config": {"steps": 2}}])"};
   if (dist::world_size() == 1) {
     s.push_back("[]");
     s.push_back(R"([{"name": "amp"}, {"name": "checkpoint"}])");
@@ -120,8 +122,8 @@ TEST(Placement, EveryElementIsHeldExactlyOncePerReplica) {
     }
     // Every rank's entries to every rank: counts first, then the padded lists.
     Tensor count = from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size())}, {1});
-    Tensor counts = from_vector(std::vector<int64_t>(static_cast<size_t>(world->size()), 0),
-                                {world->size()});
+    Tensor counts =
+        from_vector(std::vector<int64_t>(static_cast<size_t>(world->size()), 0), {world->size()});
     world->allgather(counts, count)->wait();
     const auto all_counts = counts.to_vector<int64_t>();
     const int64_t most = *std::max_element(all_counts.begin(), all_counts.end());
@@ -147,8 +149,9 @@ TEST(Placement, EveryElementIsHeldExactlyOncePerReplica) {
     // Every parameter, its gradient and both AdamW fields are in the table.
     ASSERT_EQ(replicas.size(), index.size() * 4);
     for (const auto& [id, n_rep] : replicas) {
-      const auto name = std::find_if(index.begin(), index.end(),
-                                     [&](const auto& kv) { return kv.second == id / 4; })->first;
+      const auto name = std::find_if(index.begin(), index.end(), [&](const auto& kv) {
+                          return kv.second == id / 4;
+                        })->first;
       for (int64_t rep = 0; rep < n_rep; ++rep) {
         auto rs = ranges[{id, rep}];
         std::sort(rs.begin(), rs.end());
@@ -258,15 +261,15 @@ TEST(Checkpoint, LowersThePeakAsTheTracePredicts) {
     SCOPED_TRACE("blocks " + std::to_string(blocks));
     auto model = make_model(L);
     Tensor idx = batch_for(0, B, 0).idx;
-    trace::Trace t = trace::trace(
-        *model, {idx, idx},
-        {.recompute = blocks > 0 ? trace::Recompute::kBlock : trace::Recompute::kNone,
-         .recompute_blocks = blocks});
+    trace::Trace t =
+        trace::trace(*model, {idx, idx},
+                     {.recompute = blocks > 0 ? trace::Recompute::kBlock : trace::Recompute::kNone,
+                      .recompute_blocks = blocks});
     const trace::MemoryEstimate est = trace::estimate_memory(t, "adamw");
     auto trainer = strategies::apply(
         model, optim::AdamW::factory({}),
-        strategies::parse_strategy(nlohmann::json::array(
-            {{{"name", "checkpoint"}, {"config", {{"blocks", blocks}}}}})),
+        strategies::parse_strategy(
+            nlohmann::json::array({{{"name", "checkpoint"}, {"config", {{"blocks", blocks}}}}})),
         {.group = self});
     const data::Batch b = batch_for(1, B, 0);
     trainer->train_step(b);  // optimizer state exists from here on
