@@ -8,7 +8,7 @@
 // loss = model->loss(idx, targets), backward, clip_grad_norm_(1.0), AdamW step (lr 1e-3, betas
 // 0.9/0.95, eps 1e-8, weight decay 0.1); the clipping is fused into the AdamW update
 // (step_scaled(clip_coefficient(1.0, norm)), the same update as clip_grad_norm_ + step). Batches
-// come from --data-order sequential windows, so PyTorch sees the same tokens given the same file.
+// come from sequential windows (data::SampleOrder::kSequential), so PyTorch sees the same tokens.
 // Batch assembly is outside the timed region in both programs.
 //
 // FLOPs: model_flops_per_step is counted by acc::autograd::FlopCounter over the first step

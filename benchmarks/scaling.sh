@@ -12,14 +12,10 @@
 # half of them synchronised). Runs alternate AutoAcc and PyTorch, --rounds times; the figures are
 # medians over the rounds. One JSON line per implementation and strategy on stdout; every run's
 # output is kept in --out.
-#
-# On this machine two single-threaded processes share the floating-point throughput of about one
-# core, so tokens/s does not double from np = 1 to np = 2 for anyone; the runtime is judged by its
-# exposed communication and against PyTorch.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
-BUILD="$ROOT/build"
+BUILD="$ROOT/build-bench"
 CONFIG=gpt17m
 STEPS=6
 ROUNDS=2
@@ -31,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     --steps) STEPS="$2"; shift 2 ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scaling.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
