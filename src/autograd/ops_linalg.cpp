@@ -2,6 +2,7 @@
 
 #include "acc/autograd/flops.hpp"
 #include "acc/autograd/ops.hpp"
+#include "acc/autograd/saved.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "op_util.hpp"
 
@@ -145,8 +146,14 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   }
   std::vector<Tensor> inputs{x, w};
   if (has_bias) inputs.push_back(bias);
-  auto backward = [xc, ldx, wc, M, IN, OUT, has_bias](const std::vector<Tensor>& g,
-                                                      const std::vector<bool>& need) {
+  // The input as backward will read it: itself (with its row stride), or a contiguous bf16 copy
+  // under amp's activation storage.
+  const autograd::SavedTensor sx(xc, autograd::will_record({&x, &w, &bias}));
+  const int64_t ldx_saved = sx.packed() ? IN : ldx;
+  auto backward = [sx, ldx_saved, wc, M, IN, OUT, has_bias](const std::vector<Tensor>& g,
+                                                            const std::vector<bool>& need) {
+    const Tensor xc = sx.get();
+    const int64_t ldx = ldx_saved;
     const auto rows = detail::rows_of_matrix(g[0]);
     const Tensor& gc = rows.first;
     const int64_t ldg = rows.second;

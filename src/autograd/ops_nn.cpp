@@ -2,6 +2,7 @@
 
 #include "acc/autograd/flops.hpp"
 #include "acc/autograd/ops.hpp"
+#include "acc/autograd/saved.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/threading.hpp"
 #include "op_util.hpp"
@@ -26,8 +27,10 @@ Tensor gelu(const Tensor& x, GeluApprox approximate) {
   Tensor out = empty(x.shape(), x.options());
   if (!out.is_meta())
     kernels::gelu_forward(out.data<float>(), xc.data<float>(), x.numel(), tanh_approx);
+  const autograd::SavedTensor sx(xc, autograd::will_record({&x}));
   autograd::record_op("GeluBackward", {x}, {out},
-                      [xc, tanh_approx](const std::vector<Tensor>& g, const std::vector<bool>&) {
+                      [sx, tanh_approx](const std::vector<Tensor>& g, const std::vector<bool>&) {
+                        const Tensor xc = sx.get();
                         Tensor gc = g[0].contiguous();
                         Tensor dx = empty(xc.shape(), xc.options());
                         if (!dx.is_meta()) {
@@ -44,8 +47,10 @@ Tensor silu(const Tensor& x) {
   Tensor xc = x.contiguous();
   Tensor out = empty(x.shape(), x.options());
   if (!out.is_meta()) kernels::silu_forward(out.data<float>(), xc.data<float>(), x.numel());
+  const autograd::SavedTensor sx(xc, autograd::will_record({&x}));
   autograd::record_op(
-      "SiluBackward", {x}, {out}, [xc](const std::vector<Tensor>& g, const std::vector<bool>&) {
+      "SiluBackward", {x}, {out}, [sx](const std::vector<Tensor>& g, const std::vector<bool>&) {
+        const Tensor xc = sx.get();
         Tensor gc = g[0].contiguous();
         Tensor dx = empty(xc.shape(), xc.options());
         if (!dx.is_meta()) {
@@ -61,8 +66,10 @@ Tensor relu(const Tensor& x) {
   Tensor xc = x.contiguous();
   Tensor out = empty(x.shape(), x.options());
   if (!out.is_meta()) kernels::relu_forward(out.data<float>(), xc.data<float>(), x.numel());
+  const autograd::SavedTensor sx(xc, autograd::will_record({&x}));
   autograd::record_op(
-      "ReluBackward", {x}, {out}, [xc](const std::vector<Tensor>& g, const std::vector<bool>&) {
+      "ReluBackward", {x}, {out}, [sx](const std::vector<Tensor>& g, const std::vector<bool>&) {
+        const Tensor xc = sx.get();
         Tensor gc = g[0].contiguous();
         Tensor dx = empty(xc.shape(), xc.options());
         if (!dx.is_meta()) {
@@ -84,8 +91,11 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
   if (!out.is_meta()) {
     kernels::swiglu_forward(out.data<float>(), gc.data<float>(), uc.data<float>(), out.numel());
   }
+  const bool recorded = autograd::will_record({&gate, &up});
+  const autograd::SavedTensor sg(gc, recorded), su(uc, recorded);
   autograd::record_op("SwigluBackward", {gate, up}, {out},
-                      [gc, uc](const std::vector<Tensor>& g, const std::vector<bool>& need) {
+                      [sg, su](const std::vector<Tensor>& g, const std::vector<bool>& need) {
+                        const Tensor gc = sg.get(), uc = su.get();
                         Tensor d = g[0].contiguous();
                         Tensor dg = need[0] ? empty(gc.shape(), gc.options()) : Tensor();
                         Tensor du = need[1] ? empty(uc.shape(), uc.options()) : Tensor();
@@ -150,9 +160,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   std::vector<Tensor> inputs{x, weight};
   if (has_bias) inputs.push_back(bias);
   Tensor w = weight.contiguous();
+  const autograd::SavedTensor sx(xc, autograd::will_record({&x, &weight, &bias}));
   autograd::record_op("LayerNormBackward", inputs, {out},
-                      [xc, w, mean, rstd, N, C, has_bias](const std::vector<Tensor>& g,
+                      [sx, w, mean, rstd, N, C, has_bias](const std::vector<Tensor>& g,
                                                           const std::vector<bool>& need) {
+                        const Tensor xc = sx.get();
                         Tensor gc = g[0].contiguous();
                         Tensor dx = empty(xc.shape(), xc.options());
                         Tensor dw = need[1] ? zeros({C}, xc.options()) : Tensor();
@@ -186,9 +198,11 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     kernels::rmsnorm_forward(out.data<float>(), rstd.data<float>(), xc.data<float>(),
                              w.data<float>(), N, C, static_cast<float>(eps));
   }
+  const autograd::SavedTensor sx(xc, autograd::will_record({&x, &weight}));
   autograd::record_op(
       "RmsNormBackward", {x, weight}, {out},
-      [xc, w, rstd, N, C](const std::vector<Tensor>& g, const std::vector<bool>& need) {
+      [sx, w, rstd, N, C](const std::vector<Tensor>& g, const std::vector<bool>& need) {
+        const Tensor xc = sx.get();
         Tensor gc = g[0].contiguous();
         Tensor dx = empty(xc.shape(), xc.options());
         Tensor dw = need[1] ? zeros({C}, xc.options()) : Tensor();
@@ -313,11 +327,14 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     kernels::attention_forward(grad_operand(out), lse.data<float>(), operand(q), operand(k),
                                operand(v), B, NH, NKV, T, HS, sc, causal);
   }
-  Tensor o = detail::saved_output(out);
   const bool packed = !q.is_meta() && packed_qkv(q, k, v);
+  const bool recorded = autograd::will_record({&q_in, &k_in, &v_in});
+  const autograd::SavedTensor sq(q, recorded), sk(k, recorded), sv(v, recorded),
+      so(detail::saved_output(out), recorded);
   autograd::record_op("AttentionBackward", {q_in, k_in, v_in}, {out},
-                      [q, k, v, o, lse, B, NH, NKV, T, HS, sc, causal, attn_flops, packed](
+                      [sq, sk, sv, so, lse, B, NH, NKV, T, HS, sc, causal, attn_flops, packed](
                           const std::vector<Tensor>& g, const std::vector<bool>&) {
+                        const Tensor q = sq.get(), k = sk.get(), v = sv.get(), o = so.get();
                         Tensor go = with_unit_inner_stride(g[0]);
                         Tensor dq, dk, dv;
                         if (packed) {

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "acc/autograd/checkpoint.hpp"
+#include "acc/autograd/saved.hpp"
 
 namespace acc::nn {
 
@@ -35,6 +36,20 @@ Unwrap recompute_blocks(Module& root, const std::vector<std::string>& blocks) {
   return wrap_forward(
       modules, [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
         return checkpoint(fwd, x);
+      });
+}
+
+Unwrap bf16_activation_blocks(Module& root, const std::vector<std::string>& blocks) {
+  std::vector<ModulePtr> modules;
+  for (const auto& name : blocks) modules.push_back(root.submodule(name));
+  return wrap_forward(
+      modules, [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
+        Tensor y;
+        {
+          autograd::SaveActivationsInBf16 bf16;
+          y = fwd(x);
+        }
+        return y.to(DType::kBFloat16).to(DType::kFloat32);
       });
 }
 

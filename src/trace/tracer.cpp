@@ -220,29 +220,32 @@ class MetaSwap {
   std::vector<Saved> saved_;
 };
 
-// The first `options.recompute_blocks` repeated blocks (all with -1) wrapped in activation
-// recomputation while alive: nn::recompute_blocks, the code path of the `checkpoint` strategy.
-class RecomputeBlocks {
+// The strategies' block wrappers applied while alive, through the code paths of the `amp` and
+// `checkpoint` methods: bf16 activations in every repeated block (inner), then recomputation of
+// the first `options.recompute_blocks` of them (all with -1).
+class BlockWrappers {
  public:
-  RecomputeBlocks(nn::Module& root, const TraceOptions& options) {
-    if (options.recompute == Recompute::kNone) return;
+  BlockWrappers(nn::Module& root, const TraceOptions& options) {
+    if (options.recompute == Recompute::kNone && !options.bf16_activations) return;
     auto groups = find_blocks(root);
     if (groups.empty()) return;
     std::vector<std::string> blocks = groups.front().blocks;
+    if (options.bf16_activations) unwraps_.push_back(nn::bf16_activation_blocks(root, blocks));
+    if (options.recompute == Recompute::kNone) return;
     if (options.recompute_blocks >= 0 &&
         options.recompute_blocks < static_cast<int64_t>(blocks.size())) {
       blocks.resize(static_cast<size_t>(options.recompute_blocks));
     }
-    unwrap_ = nn::recompute_blocks(root, blocks);
+    unwraps_.push_back(nn::recompute_blocks(root, blocks));
   }
-  ~RecomputeBlocks() {
-    if (unwrap_) unwrap_();
+  ~BlockWrappers() {
+    for (auto it = unwraps_.rbegin(); it != unwraps_.rend(); ++it) (*it)();
   }
-  RecomputeBlocks(const RecomputeBlocks&) = delete;
-  RecomputeBlocks& operator=(const RecomputeBlocks&) = delete;
+  BlockWrappers(const BlockWrappers&) = delete;
+  BlockWrappers& operator=(const BlockWrappers&) = delete;
 
  private:
-  nn::Unwrap unwrap_;
+  std::vector<nn::Unwrap> unwraps_;
 };
 
 Tensor default_loss(nn::Module& m, const std::vector<Tensor>& in) {
@@ -274,7 +277,7 @@ Trace trace(nn::Module& module, const LossFn& loss_fn, const std::vector<Tensor>
   {
     detail::ObserverGuard observe(&rec);
     MetaSwap swap(module, rec);
-    RecomputeBlocks recompute(module, options);
+    BlockWrappers wrappers(module, options);
     std::vector<Tensor> inputs;
     for (size_t i = 0; i < sample_inputs.size(); ++i) {
       const Tensor& s = sample_inputs[i];

@@ -1,8 +1,8 @@
 #pragma once
-// Block wrappers that can be taken off again: activation recomputation, and the generic
-// forward wrapper strategies such as amp install. One code path for the `checkpoint` strategy
-// method and for the tracer's recompute option, so the memory the trace predicts is the memory the
-// method saves.
+// Block wrappers that can be taken off again: activation recomputation, bf16 activations, and
+// the generic forward wrapper they are built on. One code path for the `checkpoint` and `amp`
+// strategy methods and for the tracer's options, so the memory the trace predicts is the memory
+// the methods save.
 
 #include <functional>
 #include <string>
@@ -25,5 +25,10 @@ Unwrap wrap_forward(const std::vector<ModulePtr>& modules, const Module::Forward
 /// (acc::checkpoint around each block's forward). Throws acc::ValueError naming a path that is not
 /// a submodule of `root`.
 Unwrap recompute_blocks(Module& root, const std::vector<std::string>& blocks);
+
+/// amp's blocks: inside each of `blocks` the activations saved for backward are kept in bf16
+/// (autograd::SaveActivationsInBf16), and each block's output is rounded to bf16 (so is the
+/// gradient flowing back into it). Throws as recompute_blocks.
+Unwrap bf16_activation_blocks(Module& root, const std::vector<std::string>& blocks);
 
 }  // namespace acc::nn

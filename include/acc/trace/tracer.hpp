@@ -31,6 +31,8 @@ struct TraceOptions {
   /// With kBlock: how many of the repeated blocks, from the first (-1: all), as the `checkpoint`
   /// strategy method's {"blocks": N}.
   int64_t recompute_blocks = -1;
+  /// Activations saved inside the repeated blocks kept in bf16, as the `amp` strategy method does.
+  bool bf16_activations = false;
 };
 
 /// A captured step.
