@@ -39,11 +39,10 @@ struct Unit {
   const BucketLayout::Bucket& bucket() const { return layout.buckets.at(0); }
 };
 
-struct FsdpState : std::enable_shared_from_this<FsdpState> {
+struct FsdpState : BackwardRounds<FsdpState> {
   dist::ProcessGroupPtr group;
   bool bf16 = false;
   bool sync = true;
-  bool round_active = false;
   std::vector<std::unique_ptr<Unit>> units;  // blocks first, the root unit last
   // Released parameters point at a meta storage: any use outside a gathered window (e.g. a forward
   // outside Trainer::train_step) fails with a device error naming the op, never reads freed memory.
@@ -75,18 +74,10 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
     u.full = Tensor();
   }
 
-  void start_round() {
-    if (round_active) return;
-    round_active = true;
+  void reset_round() {
     for (auto& u : units) {
       u->ready = 0;
       u->reduced = false;
-    }
-    if (autograd::in_backward()) {
-      std::weak_ptr<FsdpState> weak = shared_from_this();
-      autograd::queue_callback([weak] {
-        if (auto s = weak.lock()) s->finish();
-      });
     }
   }
 
@@ -129,7 +120,7 @@ struct FsdpState : std::enable_shared_from_this<FsdpState> {
       u->reduce_out = Tensor();
     }
     release(root());
-    round_active = false;
+    end_round();
   }
 };
 

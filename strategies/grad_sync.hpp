@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "acc/autograd/engine.hpp"
 #include "acc/dist/process_group.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/strategies/placement.hpp"
@@ -126,6 +127,27 @@ void repoint_to_own(Tensor& param, const Tensor& values);
 
 /// A 1-D leaf view of `base` elements [start, start + n) that requires grad: an optimizer piece.
 Tensor piece_of(const Tensor& base, int64_t start, int64_t n);
+
+/// The round of one synchronised backward, shared by the bucket reducer and fsdp: the first
+/// gradient that becomes ready starts it (Derived::reset_round() clears the per-round state) and,
+/// when a backward pass is running, queues Derived::finish() to run as it ends; finish() checks
+/// round_active and ends the round (end_round()). Derived is owned by a shared_ptr.
+template <class Derived>
+struct BackwardRounds : std::enable_shared_from_this<Derived> {
+  bool round_active = false;
+  void start_round() {
+    if (round_active) return;
+    round_active = true;
+    static_cast<Derived*>(this)->reset_round();
+    if (autograd::in_backward()) {
+      std::weak_ptr<Derived> weak = this->shared_from_this();
+      autograd::queue_callback([weak] {
+        if (auto s = weak.lock()) s->finish();
+      });
+    }
+  }
+  void end_round() { round_active = false; }
+};
 
 /// Post-accumulate-grad hooks registered on parameters, removed on destruction.
 class ParamHooks {

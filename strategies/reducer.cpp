@@ -5,7 +5,7 @@
 
 namespace acc::strategies {
 
-struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State> {
+struct BucketReducer::State : BackwardRounds<BucketReducer::State> {
   static constexpr size_t kMaxInFlight = 2;
   BucketLayout layout;
   dist::ProcessGroupPtr group;
@@ -17,8 +17,7 @@ struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State>
   std::vector<Tensor> bucket_grads;  // kAllreduce: full padded buckets
   std::vector<Tensor> chunk_grads;   // kReduceScatter: this rank's chunks
 
-  // One round = one synchronised backward.
-  bool round_active = false;
+  // One round = one synchronised backward (BackwardRounds).
   std::vector<int> ready;      // per bucket: parameters ready
   std::vector<bool> launched;  // per bucket
   struct Pending {
@@ -47,17 +46,9 @@ struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State>
     launched.assign(layout.buckets.size(), false);
   }
 
-  void start_round() {
-    if (round_active) return;
-    round_active = true;
+  void reset_round() {
     std::fill(ready.begin(), ready.end(), 0);
     std::fill(launched.begin(), launched.end(), false);
-    if (autograd::in_backward()) {
-      std::weak_ptr<State> weak = shared_from_this();
-      autograd::queue_callback([weak] {
-        if (auto s = weak.lock()) s->finish();
-      });
-    }
   }
 
   void on_ready(const std::string& name) {
@@ -127,7 +118,7 @@ struct BucketReducer::State : std::enable_shared_from_this<BucketReducer::State>
         }
       }
     }
-    round_active = false;
+    end_round();
   }
 };
 
