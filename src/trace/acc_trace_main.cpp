@@ -55,8 +55,9 @@ int depth_of(const std::string& scope) {
 int main(int argc, char** argv) {
   std::string model_type = "gpt", config_path, json_out, dot_out, recompute = "none",
               optimizer = "adamw";
-  int64_t batch = 1, seq = 0;
+  int64_t batch = 1, seq = 0, recompute_blocks = -1;
   int depth = 3;
+  bool bf16_activations = false;
   CLI::App app{"Trace a model on the meta device and print its FLOPs, memory and structure"};
   app.add_option("--model", model_type, "gpt | llama")->capture_default_str();
   app.add_option("--config", config_path, "model config JSON")->required();
@@ -65,6 +66,12 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_out, "write the whole trace as JSON");
   app.add_option("--dot", dot_out, "write the graph as Graphviz DOT");
   app.add_option("--recompute", recompute, "none | block")->capture_default_str();
+  app.add_option("--recompute-blocks", recompute_blocks,
+                 "with --recompute block: how many blocks from the first (-1: all), as the "
+                 "checkpoint strategy's {\"blocks\": N}")
+      ->capture_default_str();
+  app.add_flag("--bf16-activations", bf16_activations,
+               "keep the activations saved inside blocks in bf16, as the amp strategy does");
   app.add_option("--optimizer", optimizer, "adamw | adam | sgd_momentum | sgd (state estimate)")
       ->capture_default_str();
   app.add_option("--depth", depth, "deepest scope level in the table")->capture_default_str();
@@ -76,6 +83,10 @@ int main(int argc, char** argv) {
     Timer timer;
     trace::TraceOptions opts;
     opts.recompute = trace::parse_recompute(recompute);
+    ACC_CHECK(recompute_blocks >= -1, "--recompute-blocks must be >= 0 or -1 (all), got ",
+              recompute_blocks);
+    opts.recompute_blocks = recompute_blocks;
+    opts.bf16_activations = bf16_activations;
     (void)trace::optimizer_state_factor(optimizer);  // validate before the work
     DefaultDeviceGuard meta(Device::kMeta);
     auto model = models::create_model(model_type, models::read_json_file(config_path));
@@ -92,9 +103,13 @@ int main(int argc, char** argv) {
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
 
-    std::printf("model        %s (%s), batch %lld x seq %lld, recompute %s\n", model_type.c_str(),
-                config_path.c_str(), static_cast<long long>(batch), static_cast<long long>(seq),
-                recompute.c_str());
+    std::printf("model        %s (%s), batch %lld x seq %lld, recompute %s%s%s\n",
+                model_type.c_str(), config_path.c_str(), static_cast<long long>(batch),
+                static_cast<long long>(seq), recompute.c_str(),
+                recompute_blocks >= 0 && recompute != "none"
+                    ? (" (" + std::to_string(recompute_blocks) + " blocks)").c_str()
+                    : "",
+                bf16_activations ? ", bf16 activations" : "");
     std::printf("parameters   %s (%lld)\n", human_count(t.num_parameters).c_str(),
                 static_cast<long long>(t.num_parameters));
     std::printf("FLOPs/step   %s (forward %s, backward %s); 6*N*tokens = %s\n",
