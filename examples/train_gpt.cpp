@@ -144,15 +144,6 @@ int run(const Args& a) {
   const bool leader = group->rank() == 0;
   const strategies::Strategy strategy =
       a.strategy.empty() ? strategies::Strategy{} : strategies::parse_strategy_arg(a.strategy);
-  const bool full_state_per_rank =
-      group->size() == 1 || std::all_of(strategy.begin(), strategy.end(), [](const auto& m) {
-        return m.name != "zero1" && m.name != "zero2" && m.name != "fsdp";
-      });
-  ACC_CHECK(full_state_per_rank || (a.save_checkpoint.empty() && a.resume.empty()),
-            "--save-checkpoint/--resume with a sharded strategy on ", group->size(),
-            " ranks is not supported yet (sharded checkpoints are a later issue); use ddp or one "
-            "rank");
-
   // Data: this rank's slice of the global batch (global batch = batch-size x ranks).
   auto tokens = std::make_shared<data::TokenFile>(
       data::TokenFile::load(a.data, data::parse_token_format(a.data_format), model->vocab_size()));
@@ -169,6 +160,16 @@ int run(const Args& a) {
       optim::AdamW::factory(
           {.lr = a.lr, .betas = {a.beta1, a.beta2}, .eps = a.eps, .weight_decay = a.weight_decay}),
       strategy, {.group = group, .grad_clip = a.grad_clip});
+  // Whether every rank holds the whole training state, from the placement table (not from method
+  // names): a checkpoint in today's one-file format needs it.
+  bool sharded = false;
+  for (const auto& e : trainer->placements()) {
+    sharded = sharded || e.range.length != numel_of(e.global_shape);
+  }
+  ACC_CHECK(!sharded || (a.save_checkpoint.empty() && a.resume.empty()),
+            "--save-checkpoint/--resume with a sharded strategy on ", group->size(),
+            " ranks is not supported yet (sharded checkpoints are a later issue); use ddp or one "
+            "rank");
   optim::Optimizer& opt = trainer->optimizer();
   std::unique_ptr<optim::LRScheduler> schedule;
   if (a.lr_schedule == "cosine") {
@@ -266,9 +267,10 @@ int run(const Args& a) {
     io::save_safetensors(a.save_checkpoint, all, ck_meta);
     logging::info("saved checkpoint to {}", a.save_checkpoint);
   }
-  const bool full_params_per_rank = std::none_of(strategy.begin(), strategy.end(),
-                                                 [](const auto& m) { return m.name == "fsdp"; });
-  if (a.sample > 0 && leader && full_params_per_rank) {
+  // Dropping the Trainer hands the model back whole on every rank (fsdp gathers it: all ranks
+  // take part), so any strategy can sample.
+  trainer.reset();
+  if (a.sample > 0 && leader) {
     std::string text = sample_text(*model, a.sample, a.seed, a.seq_len);
     std::cout << "----- sample -----\n" << text << "\n------------------\n";
   }
