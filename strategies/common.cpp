@@ -101,6 +101,33 @@ std::vector<SlotShard> shards_of(const BucketLayout::Bucket& bucket, int world, 
   return out;
 }
 
+void sort_by_model(std::vector<ShardPiece>& pieces, const models::LanguageModel& model) {
+  std::vector<ShardPiece> ordered;
+  for (const auto& [name, p] : model.named_parameters()) {
+    for (ShardPiece& piece : pieces) {
+      if (piece.name == name) ordered.push_back(std::move(piece));
+    }
+  }
+  pieces = std::move(ordered);
+}
+
+std::vector<OptimPiece> optim_pieces(const std::vector<ShardPiece>& pieces) {
+  std::vector<OptimPiece> out;
+  for (const ShardPiece& p : pieces) out.push_back({p.name, p.leaf, p.range, 0, 1});
+  return out;
+}
+
+void add_piece(PlacementTable& table, const ShardPiece& piece, TensorKind kind,
+               const Tensor& local) {
+  Placement e;
+  e.name = e.param = piece.name;
+  e.kind = kind;
+  e.global_shape = piece.shape;
+  e.range = piece.range;
+  e.local = local;
+  table.push_back(std::move(e));
+}
+
 void pack_bucket_grads(const BucketLayout::Bucket& bucket, float* dst, float scale,
                        bool drop_grads) {
   for (const auto& slot : bucket.slots) {

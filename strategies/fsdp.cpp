@@ -162,16 +162,21 @@ class Fsdp : public GradSync {
       u->shard = full.narrow(0, chunk.offset, chunk.length).clone();
       u->grad_shard = zeros({chunk.length});
       for (const SlotShard& sh : shards_of(u->bucket(), W, r)) {
-        pieces_.push_back({sh.slot->name, sh.slot->param.shape(), sh.in_param,
-                           piece_of(u->shard, sh.in_chunk, sh.in_param.length),
-                           u->grad_shard.narrow(0, sh.in_chunk, sh.in_param.length)});
+        ShardPiece piece;
+        piece.name = sh.slot->name;
+        piece.shape = sh.slot->param.shape();
+        piece.range = sh.in_param;
+        piece.in_chunk = sh.in_chunk;
+        piece.leaf = piece_of(u->shard, sh.in_chunk, sh.in_param.length);
+        piece.grad = u->grad_shard.narrow(0, sh.in_chunk, sh.in_param.length);
+        pieces_.push_back(std::move(piece));
       }
       for (const auto& slot : u->bucket().slots) {
         Tensor p = slot.param;
         repoint(p, state_->released, 0);
       }
     }
-    order_pieces();
+    sort_by_model(pieces_, model_);
     attach_piece_grads();
 
     // Hooks: gather before a block's forward, free after it; gather again when backward reaches
@@ -238,22 +243,11 @@ class Fsdp : public GradSync {
     state_->finish();
     attach_piece_grads();
   }
-  std::vector<OptimPiece> optimizer_pieces() override {
-    std::vector<OptimPiece> out;
-    for (const Piece& p : pieces_) out.push_back({p.name, p.leaf, p.range, 0, 1});
-    return out;
-  }
+  std::vector<OptimPiece> optimizer_pieces() override { return optim_pieces(pieces_); }
   void add_placements(PlacementTable& table) const override {
-    for (const Piece& p : pieces_) {
-      for (TensorKind kind : {TensorKind::kParameter, TensorKind::kGradient}) {
-        Placement e;
-        e.name = e.param = p.name;
-        e.kind = kind;
-        e.global_shape = p.shape;
-        e.range = p.range;
-        e.local = kind == TensorKind::kParameter ? p.leaf : p.grad;
-        table.push_back(std::move(e));
-      }
+    for (const ShardPiece& p : pieces_) {
+      add_piece(table, p, TensorKind::kParameter, p.leaf);
+      add_piece(table, p, TensorKind::kGradient, p.grad);
     }
   }
   int64_t peak_gathered_bytes() const override { return state_->peak_gathered_bytes; }
@@ -278,30 +272,13 @@ class Fsdp : public GradSync {
   }
 
  private:
-  struct Piece {
-    std::string name;
-    Shape shape;      // the parameter's
-    FlatRange range;  // within the flattened parameter
-    Tensor leaf;      // 1-D view of its unit's shard
-    Tensor grad;      // 1-D view of its unit's gradient shard
-  };
-
-  void order_pieces() {
-    std::vector<Piece> ordered;
-    for (const auto& [name, p] : model_.named_parameters()) {
-      for (Piece& piece : pieces_) {
-        if (piece.name == name) ordered.push_back(std::move(piece));
-      }
-    }
-    pieces_ = std::move(ordered);
-  }
   void attach_piece_grads() {
-    for (Piece& p : pieces_) p.leaf.set_grad(p.grad);
+    for (ShardPiece& p : pieces_) p.leaf.set_grad(p.grad);
   }
 
   models::LanguageModel& model_;
   std::shared_ptr<FsdpState> state_;
-  std::vector<Piece> pieces_;
+  std::vector<ShardPiece> pieces_;
   ParamHooks param_hooks_;
   std::vector<std::pair<nn::ModulePtr, std::vector<int>>> module_hooks_;
 };

@@ -111,6 +111,26 @@ struct SlotShard {
 /// Every parameter of `bucket` with a non-empty part in chunk `rank`, in slot order.
 std::vector<SlotShard> shards_of(const BucketLayout::Bucket& bucket, int world, int rank);
 
+/// A piece of a parameter this rank owns under a sharded strategy (zero, fsdp): its place in the
+/// parameter and the 1-D leaf the optimizer updates.
+struct ShardPiece {
+  std::string name;
+  Shape shape;      // the parameter's
+  FlatRange range;  // within the flattened parameter
+  Tensor leaf;      // 1-D view of the strategy's flat parameter buffer
+  size_t bucket = 0;
+  int64_t in_bucket = 0;  // where it starts within its bucket
+  int64_t in_chunk = 0;   // where it starts within this rank's chunk of the bucket
+  Tensor grad;            // fsdp: 1-D view of the gradient shard (zero re-derives it per step)
+};
+/// `pieces` in the model's parameter order (buckets run in reverse), as optimizers list them.
+void sort_by_model(std::vector<ShardPiece>& pieces, const models::LanguageModel& model);
+/// The optimizer pieces of a sharded strategy: one replica, split over the ranks.
+std::vector<OptimPiece> optim_pieces(const std::vector<ShardPiece>& pieces);
+/// The placement entry of a piece's parameter or gradient held in `local`.
+void add_piece(PlacementTable& table, const ShardPiece& piece, TensorKind kind,
+               const Tensor& local);
+
 /// Writes the gradients of `bucket`'s parameters times `scale` into `dst` (bucket.padded
 /// elements; a parameter without a gradient and the padding become zeros). Data-parallel
 /// strategies pass 1 / world: the average's division is folded into this copy (PyTorch DDP

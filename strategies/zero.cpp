@@ -43,7 +43,7 @@ class Zero : public GradSync {
     for (size_t b = 0; b < layout.buckets.size(); ++b) {
       const auto& bucket = layout.buckets[b];
       for (const SlotShard& s : shards_of(bucket, W, r)) {
-        Piece piece;
+        ShardPiece piece;
         piece.name = s.slot->name;
         piece.shape = s.slot->param.shape();
         piece.range = s.in_param;
@@ -54,7 +54,7 @@ class Zero : public GradSync {
         pieces_.push_back(std::move(piece));
       }
     }
-    order_pieces();
+    sort_by_model(pieces_, model_);
     attach_piece_grads();
   }
 
@@ -91,11 +91,7 @@ class Zero : public GradSync {
     }
     for (auto& w : works) w->wait();
   }
-  std::vector<OptimPiece> optimizer_pieces() override {
-    std::vector<OptimPiece> out;
-    for (const Piece& p : pieces_) out.push_back({p.name, p.leaf, p.range, 0, 1});
-    return out;
-  }
+  std::vector<OptimPiece> optimizer_pieces() override { return optim_pieces(pieces_); }
   void add_placements(PlacementTable& table) const override {
     const int r = group_->rank(), W = group_->size();
     const BucketLayout& layout = reducer_->layout();
@@ -112,45 +108,18 @@ class Zero : public GradSync {
       }
     }
     if (stage_ == 2) {  // this rank's pieces of the gradients
-      for (const Piece& piece : pieces_) {
-        Placement g;
-        g.name = g.param = piece.name;
-        g.kind = TensorKind::kGradient;
-        g.global_shape = piece.shape;
-        g.range = piece.range;
-        g.local = piece.leaf.grad();
-        table.push_back(std::move(g));
+      for (const ShardPiece& piece : pieces_) {
+        add_piece(table, piece, TensorKind::kGradient, piece.leaf.grad());
       }
     }
   }
   NamedTensors full_parameters() override { return model_.named_parameters(); }
 
  private:
-  struct Piece {
-    std::string name;
-    Shape shape;      // the parameter's
-    FlatRange range;  // within the flattened parameter
-    size_t bucket = 0;
-    int64_t in_bucket = 0;  // where it starts within its bucket
-    int64_t in_chunk = 0;   // where it starts within this rank's chunk of the bucket
-    Tensor leaf;            // 1-D view of flat_
-  };
-
-  // Pieces in the model's parameter order (buckets run in reverse), as optimizers list them.
-  void order_pieces() {
-    std::vector<Piece> ordered;
-    for (const auto& [name, p] : model_.named_parameters()) {
-      for (Piece& piece : pieces_) {
-        if (piece.name == name) ordered.push_back(std::move(piece));
-      }
-    }
-    pieces_ = std::move(ordered);
-  }
-
   // Piece gradients are views of the reducer's buffers (re-attached after every backward, as an
   // optimizer's zero_grad may have dropped them).
   void attach_piece_grads() {
-    for (Piece& p : pieces_) {
+    for (ShardPiece& p : pieces_) {
       Tensor g = stage_ == 1
                      ? reducer_->bucket_grad(p.bucket).narrow(0, p.in_bucket, p.range.length)
                      : reducer_->chunk_grad(p.bucket).narrow(0, p.in_chunk, p.range.length);
@@ -163,7 +132,7 @@ class Zero : public GradSync {
   int stage_;
   std::unique_ptr<BucketReducer> reducer_;
   Tensor flat_;
-  std::vector<Piece> pieces_;
+  std::vector<ShardPiece> pieces_;
 };
 
 MethodSpec zero_method(int stage) {
