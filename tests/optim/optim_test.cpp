@@ -410,6 +410,29 @@ TEST(AdamW, DecayMatricesOnlyGroupsBiasWithoutWeightDecay) {
   EXPECT_DOUBLE_EQ(*opt->param_groups()[1].lr, 3e-4);
 }
 
+// A sharded strategy groups the whole parameters, then builds over its 1-D pieces of them: the
+// groups keep their options (the matrix's pieces still decay, though they are 1-D).
+TEST(OptimizerFactory, GroupsWholeParametersAndBuildsOverPieces) {
+  auto make = AdamW::factory({.lr = 3e-4, .weight_decay = 0.1}, decay_matrices_only());
+  ASSERT_TRUE(make.has_grouping());
+  std::vector<ParamGroup> groups = make.group(make_params());
+  ASSERT_EQ(groups.size(), 2u);
+  groups[0].params = {{"layer.weight", from_vector({1.f, 2.f}, {2}, {.requires_grad = true})}};
+  groups[1].params = {{"layer.bias", from_vector({3.f}, {1}, {.requires_grad = true})}};
+  auto opt = make.build(std::move(groups));
+  EXPECT_DOUBLE_EQ(*opt->param_groups()[0].weight_decay, 0.1);
+  EXPECT_EQ(opt->param_groups()[0].params[0].second.dim(), 1);
+  EXPECT_DOUBLE_EQ(*opt->param_groups()[1].weight_decay, 0.0);
+  // A factory of one's own has no grouping to ask for: group() says so by name.
+  OptimizerFactory own([](NamedParams p) -> std::unique_ptr<Optimizer> {
+    return std::make_unique<SGD>(std::move(p), SGD::Options{.lr = 0.1});
+  });
+  EXPECT_FALSE(own.has_grouping());
+  EXPECT_EQ(own(make_params())->name(), "sgd");
+  expect_error<ValueError>([&] { own.group(make_params()); }, {"group()", "plain function"});
+  EXPECT_FALSE(static_cast<bool>(OptimizerFactory()));
+}
+
 // A parameter spanning many update chunks, on two threads, against a double-precision reference
 // of the AdamW formula: every element must be updated exactly once.
 TEST(AdamW, LargeParameterIsUpdatedInEveryChunk) {
