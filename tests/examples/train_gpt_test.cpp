@@ -2,8 +2,10 @@
 // (tests/golden/make_train_reference.py), exact resume, and clear errors for bad flags.
 
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -39,10 +41,13 @@ std::vector<double> losses_from_log(const std::string& path) {
   return out;
 }
 
+// One directory per test; a parameterised test's name ("TwentyStepsSameLosses/0") has a slash,
+// which would nest the directory and leave its parent behind when the test removes it.
 fs::path temp_dir() {
+  std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::replace(name.begin(), name.end(), '/', '_');
   fs::path d =
-      fs::temp_directory_path() / ("acc_train_gpt_test_" + std::to_string(::getpid()) + "_" +
-                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+      fs::temp_directory_path() / ("acc_train_gpt_test_" + std::to_string(::getpid()) + "_" + name);
   fs::create_directories(d);
   return d;
 }
