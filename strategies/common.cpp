@@ -203,7 +203,6 @@ class Local : public GradSync {
       add_whole(table, name, p.shape(), p.grad(), TensorKind::kGradient, 0, 1);
     }
   }
-  NamedTensors full_parameters() override { return model_.named_parameters(); }
 
  private:
   models::LanguageModel& model_;

@@ -45,7 +45,6 @@ class Ddp : public GradSync {
       add_whole(table, name, p.shape(), p.grad(), TensorKind::kGradient, r, W);
     }
   }
-  NamedTensors full_parameters() override { return model_.named_parameters(); }
 
  private:
   models::LanguageModel& model_;

@@ -251,25 +251,6 @@ class Fsdp : public GradSync {
     }
   }
   int64_t peak_gathered_bytes() const override { return state_->peak_gathered_bytes; }
-  NamedTensors full_parameters() override {
-    NamedTensors gathered;
-    for (auto& u : state_->units) {
-      const bool was = u->full.defined();
-      state_->gather(*u);
-      for (const auto& slot : u->bucket().slots) {
-        gathered.emplace_back(slot.name, slot.param.clone());
-      }
-      if (!was) state_->release(*u);
-    }
-    // In the model's order, as every other strategy returns them.
-    NamedTensors out;
-    for (const auto& [name, p] : model_.named_parameters()) {
-      for (auto& [n, t] : gathered) {
-        if (n == name) out.emplace_back(n, t);
-      }
-    }
-    return out;
-  }
 
  private:
   void attach_piece_grads() {

@@ -51,8 +51,6 @@ class GradSync {
   virtual std::vector<OptimPiece> optimizer_pieces() = 0;
   /// Appends the parameter and gradient entries of this rank to `table`.
   virtual void add_placements(PlacementTable& table) const = 0;
-  /// Full parameters by name, in the model's order (copies when sharded; collective for fsdp).
-  virtual NamedTensors full_parameters() = 0;
   /// fsdp: the most parameter bytes gathered at once.
   virtual int64_t peak_gathered_bytes() const { return 0; }
 

@@ -206,8 +206,45 @@ MemoryReport Trainer::memory_report() const {
   return r;
 }
 
+// From the placement table: when every rank holds every parameter whole, they are this rank's own
+// tensors; otherwise each rank writes the pieces of replica 0 it holds into zeroed full buffers
+// and one sum over the group assembles them (the pieces are disjoint, so the sum adds zeros only
+// and is exact).
 std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
-  return impl_->sync->full_parameters();
+  PlacementTable table;
+  impl_->sync->add_placements(table);
+  bool partial = false;
+  for (const auto& e : table) {
+    partial =
+        partial || (e.kind == TensorKind::kParameter && e.range.length != numel_of(e.global_shape));
+  }
+  const nn::NamedTensors params = model_->named_parameters();
+  std::vector<std::pair<std::string, Tensor>> out;
+  if (!partial) {
+    for (const auto& [name, p] : params) {
+      for (const auto& e : table) {
+        if (e.kind == TensorKind::kParameter && e.name == name) out.emplace_back(name, e.local);
+      }
+    }
+    return out;
+  }
+  std::map<std::string, int64_t> offset;
+  int64_t total = 0;
+  for (const auto& [name, p] : params) {
+    offset[name] = total;
+    total += p.numel();
+  }
+  NoGradGuard ng;
+  Tensor flat = zeros({total});
+  for (const auto& e : table) {
+    if (e.kind != TensorKind::kParameter || e.replica != 0 || e.range.length == 0) continue;
+    flat.narrow(0, offset.at(e.name) + e.range.offset, e.range.length).copy_(e.local.reshape({-1}));
+  }
+  if (group_ && group_->size() > 1) group_->allreduce(flat, dist::ReduceOp::kSum)->wait();
+  for (const auto& [name, p] : params) {
+    out.emplace_back(name, flat.narrow(0, offset.at(name), p.numel()).view(p.shape()));
+  }
+  return out;
 }
 
 std::unique_ptr<Trainer> apply(models::LanguageModelPtr model, optim::OptimizerFactory factory,

@@ -113,7 +113,6 @@ class Zero : public GradSync {
       }
     }
   }
-  NamedTensors full_parameters() override { return model_.named_parameters(); }
 
  private:
   // Piece gradients are views of the reducer's buffers (re-attached after every backward, as an
