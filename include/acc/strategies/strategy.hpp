@@ -99,8 +99,9 @@ class Trainer {
   double last_grad_norm() const { return last_grad_norm_; }
   /// Measured from the placement table (gradients after the last backward).
   MemoryReport memory_report() const;
-  /// The model's full parameters on every rank (gathers shards for fsdp: collective), by name, in
-  /// the model's order.
+  /// The model's full parameters on every rank, by name, in the model's order, assembled from the
+  /// placement table: this rank's own tensors when it holds them whole, otherwise copies summed
+  /// over the group (a collective: every rank must call it).
   std::vector<std::pair<std::string, Tensor>> full_parameters();
   /// Every parameter, gradient and optimizer state tensor this rank holds (placement.hpp).
   PlacementTable placements() const;
