@@ -23,7 +23,12 @@ namespace acc {
 
 int64_t numel_of(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    // A product that does not fit would wrap to a small or negative count: every size computed
+    // from it (bytes, FLOPs, memory estimates) would be silently wrong.
+    ACC_CHECK_SHAPE(!__builtin_mul_overflow(n, s, &n), "shape ", to_string(shape),
+                    " has more elements than fit in 64 bits");
+  }
   return n;
 }
 

@@ -36,6 +36,19 @@ TEST(Tensor, FactoriesHaveShapeDtypeAndValues) {
   EXPECT_EQ(scalar_tensor(3.0).item(), 3.0);
 }
 
+TEST(Tensor, ElementCountsThatOverflowAreRefusedNamingTheShape) {
+  EXPECT_EQ(numel_of({int64_t{1} << 31, int64_t{1} << 31}), int64_t{1} << 62);
+  try {
+    numel_of({int64_t{1} << 32, int64_t{1} << 32});
+    ADD_FAILURE() << "2^64 elements were counted";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("[4294967296, 4294967296]"), std::string::npos)
+        << e.what();
+  }
+  DefaultDeviceGuard meta(Device::kMeta);
+  EXPECT_THROW(empty({4611686018427387904, 4, 256}), ShapeError);
+}
+
 TEST(Tensor, CopiesAreShallowAndCloneIsDeep) {
   Tensor a = zeros({3});
   Tensor b = a;
