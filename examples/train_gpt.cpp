@@ -23,6 +23,7 @@
 #include "acc/dist/dist.hpp"
 #include "acc/io/safetensors.hpp"
 #include "acc/strategies/strategy.hpp"
+#include "acc/util/file.hpp"
 
 namespace {
 
@@ -125,6 +126,13 @@ int run(const Args& a) {
   ACC_CHECK(!a.data.empty(),
             "--data is required (a token file or, with --data-format text, "
             "any text file)");
+
+  // Output paths before any work, so a typo costs nothing (rank 0 writes them).
+  if (dist::rank() == 0) {
+    if (!a.save.empty()) check_output_path(a.save, "--save");
+    if (!a.save_checkpoint.empty()) check_output_path(a.save_checkpoint, "--save-checkpoint");
+    if (!a.log_json.empty()) check_output_path(a.log_json, "--log-json");
+  }
 
   // Model.
   nlohmann::json config =
@@ -234,6 +242,7 @@ int run(const Args& a) {
       if (a.grad_clip > 0) line["grad_norm"] = trainer->last_grad_norm();
       json_log << line.dump() << "\n";
       json_log.flush();
+      ACC_CHECK_AS(IoError, json_log.good(), "--log-json: writing '", a.log_json, "' failed");
     }
     if (leader && (step % a.log_every == 0 || step + 1 == a.steps)) {
       logging::info("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:7.1f} ms | {:8.0f} tok/s", step,

@@ -28,5 +28,6 @@
 #include "acc/trace/tracer.hpp"
 #include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/file.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/timer.hpp"

@@ -8,13 +8,13 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 
 #include "acc/models/models.hpp"
 #include "acc/trace/dump.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/file.hpp"
 #include "acc/util/timer.hpp"
 
 namespace {
@@ -88,6 +88,8 @@ int main(int argc, char** argv) {
     opts.recompute_blocks = recompute_blocks;
     opts.bf16_activations = bf16_activations;
     (void)trace::optimizer_state_factor(optimizer);  // validate before the work
+    if (!json_out.empty()) check_output_path(json_out, "--json");
+    if (!dot_out.empty()) check_output_path(dot_out, "--dot");
     DefaultDeviceGuard meta(Device::kMeta);
     auto model = models::create_model(model_type, models::read_json_file(config_path));
     if (seq == 0) seq = model->max_seq_len();
@@ -141,10 +143,8 @@ int main(int argc, char** argv) {
                   human_count(st.parameters).c_str(), human_count(st.forward_flops).c_str(),
                   human_count(st.backward_flops).c_str(), static_cast<long long>(st.ops));
     }
-    if (!json_out.empty()) {
-      std::ofstream(json_out) << trace::to_json(t).dump(1) << "\n";
-    }
-    if (!dot_out.empty()) std::ofstream(dot_out) << trace::to_dot(t);
+    if (!json_out.empty()) write_text_file(json_out, trace::to_json(t).dump(1) + "\n", "--json");
+    if (!dot_out.empty()) write_text_file(dot_out, trace::to_dot(t), "--dot");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "acc-trace: error: %s\n", e.what());

@@ -123,11 +123,19 @@ TEST(TrainGpt, BadFlagsGetClearErrors) {
       {"--data " + data + " --config /nonexistent.json", "/nonexistent.json"},
       {"--data " + data + " --init-from /nonexistent.safetensors", "/nonexistent.safetensors"},
       {"--data " + data + " --grad-clip -1", "--grad-clip must be >= 0"},
+      // Output paths are checked before any training (no step is logged).
+      {"--data " + data + " --save /nonexistent-dir/w.safetensors",
+       "--save '/nonexistent-dir/w.safetensors': directory '/nonexistent-dir' does not exist"},
+      {"--data " + data + " --save-checkpoint " + fs::temp_directory_path().string(),
+       "is a directory, not a file name"},
+      {"--data " + data + " --log-json /nonexistent-dir/log.jsonl",
+       "--log-json '/nonexistent-dir/log.jsonl'"},
   };
   for (const auto& c : cases) {
     ProcessResult r = run(c.args + " --threads 1");
     EXPECT_NE(r.exit_code, 0) << c.args;
     EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("| loss"), std::string::npos) << c.args << ": trained before failing";
   }
 }
 
