@@ -170,10 +170,7 @@ int run(const Args& a) {
       strategy, {.group = group, .grad_clip = a.grad_clip});
   // Whether every rank holds the whole training state, from the placement table (not from method
   // names): a checkpoint in today's one-file format needs it.
-  bool sharded = false;
-  for (const auto& e : trainer->placements()) {
-    sharded = sharded || e.range.length != numel_of(e.global_shape);
-  }
+  const bool sharded = strategies::any_sharded(trainer->placements());
   ACC_CHECK(!sharded || (a.save_checkpoint.empty() && a.resume.empty()),
             "--save-checkpoint/--resume with a sharded strategy on ", group->size(),
             " ranks is not supported yet (sharded checkpoints are a later issue); use ddp or one "

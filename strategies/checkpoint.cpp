@@ -1,9 +1,8 @@
-// checkpoint: activation recomputation. The first N repeated blocks (trace::find_blocks, the same
-// blocks the tracer's recompute option wraps, through the same nn::recompute_blocks) keep only
-// their input during forward and run again in backward. Config: {"blocks": N | "all"} (default
-// "all"); N larger than the number of blocks means all of them.
+// checkpoint: activation recomputation. The first N repeated blocks (repeated_blocks, i.e.
+// trace::find_blocks: the blocks the tracer's recompute option wraps, through the same
+// nn::recompute_blocks) keep only their input during forward and run again in backward. Config:
+// {"blocks": N | "all"} (default "all"); N larger than the number of blocks means all of them.
 #include "acc/nn/recompute.hpp"
-#include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
 #include "method.hpp"
 
@@ -29,9 +28,7 @@ MethodSpec checkpoint_method() {
             }
             plan.model_transforms.push_back(
                 {"checkpoint", [n](models::LanguageModel& model) -> Undo {
-                   auto groups = trace::find_blocks(model);
-                   ACC_CHECK(!groups.empty(), "checkpoint: the model has no repeated blocks");
-                   std::vector<std::string> blocks = groups.front().blocks;
+                   std::vector<std::string> blocks = repeated_blocks(model, "checkpoint");
                    if (n >= 0 && n < static_cast<int64_t>(blocks.size())) {
                      blocks.resize(static_cast<size_t>(n));
                    }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
 #include "grad_sync.hpp"
 
@@ -19,6 +20,15 @@ const char* tensor_kind_name(TensorKind k) {
       return "optimizer state";
   }
   return "?";
+}
+
+bool any_sharded(const PlacementTable& table) {
+  return std::any_of(table.begin(), table.end(), [](const Placement& e) { return !e.is_whole(); });
+}
+
+bool any_sharded(const PlacementTable& table, TensorKind kind) {
+  return std::any_of(table.begin(), table.end(),
+                     [kind](const Placement& e) { return e.kind == kind && !e.is_whole(); });
 }
 
 FlatRange shard_range(int64_t padded, int world, int rank) {
@@ -58,6 +68,31 @@ void add_whole(PlacementTable& table, const std::string& name, const Shape& shap
   p.replicas = replicas;
   p.local = local;
   table.push_back(std::move(p));
+}
+
+std::vector<OptimPiece> whole_pieces(const models::LanguageModel& model, int replica,
+                                     int replicas) {
+  std::vector<OptimPiece> out;
+  for (const auto& [name, p] : model.named_parameters()) {
+    out.push_back({name, p, {0, p.numel()}, replica, replicas});
+  }
+  return out;
+}
+
+void add_whole_params_and_grads(PlacementTable& table, const models::LanguageModel& model,
+                                int replica, int replicas) {
+  for (const auto& [name, p] : model.named_parameters()) {
+    add_whole(table, name, p.shape(), p, TensorKind::kParameter, replica, replicas);
+    add_whole(table, name, p.shape(), p.grad(), TensorKind::kGradient, replica, replicas);
+  }
+}
+
+std::vector<std::string> repeated_blocks(const models::LanguageModel& model,
+                                         const std::string& method) {
+  auto groups = trace::find_blocks(model);
+  ACC_CHECK(!groups.empty(), method,
+            ": the model has no repeated blocks (the units it wraps or shards)");
+  return groups.front().blocks;
 }
 
 BucketLayout::BucketLayout(const NamedTensors& params, int world, int64_t bucket_bytes) {
@@ -190,18 +225,9 @@ class Local : public GradSync {
  public:
   explicit Local(models::LanguageModel& m) : model_(m) {}
   ~Local() override { model_.zero_grad(); }
-  std::vector<OptimPiece> optimizer_pieces() override {
-    std::vector<OptimPiece> out;
-    for (const auto& [name, p] : model_.named_parameters()) {
-      out.push_back({name, p, {0, p.numel()}, 0, 1});
-    }
-    return out;
-  }
+  std::vector<OptimPiece> optimizer_pieces() override { return whole_pieces(model_, 0, 1); }
   void add_placements(PlacementTable& table) const override {
-    for (const auto& [name, p] : model_.named_parameters()) {
-      add_whole(table, name, p.shape(), p, TensorKind::kParameter, 0, 1);
-      add_whole(table, name, p.shape(), p.grad(), TensorKind::kGradient, 0, 1);
-    }
+    add_whole_params_and_grads(table, model_, 0, 1);
   }
 
  private:

@@ -31,19 +31,10 @@ class Ddp : public GradSync {
     if (sync_) reducer_->finish();
   }
   std::vector<OptimPiece> optimizer_pieces() override {
-    std::vector<OptimPiece> out;
-    const int r = group_->rank(), W = group_->size();
-    for (const auto& [name, p] : model_.named_parameters()) {
-      out.push_back({name, p, {0, p.numel()}, r, W});
-    }
-    return out;
+    return whole_pieces(model_, group_->rank(), group_->size());
   }
   void add_placements(PlacementTable& table) const override {
-    const int r = group_->rank(), W = group_->size();
-    for (const auto& [name, p] : model_.named_parameters()) {
-      add_whole(table, name, p.shape(), p, TensorKind::kParameter, r, W);
-      add_whole(table, name, p.shape(), p.grad(), TensorKind::kGradient, r, W);
-    }
+    add_whole_params_and_grads(table, model_, group_->rank(), group_->size());
   }
 
  private:

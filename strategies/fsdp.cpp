@@ -13,7 +13,6 @@
 
 #include "acc/autograd/engine.hpp"
 #include "acc/tensor/kernels.hpp"
-#include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/logging.hpp"
 #include "grad_sync.hpp"
@@ -134,9 +133,7 @@ class Fsdp : public GradSync {
     const int W = state_->group->size(), r = state_->group->rank();
 
     // Units: the blocks, then the root (every parameter not inside a block).
-    auto groups = trace::find_blocks(model_);
-    ACC_CHECK(!groups.empty(), "fsdp: the model has no repeated blocks to shard by");
-    std::vector<std::string> block_names = groups.front().blocks;
+    const std::vector<std::string> block_names = repeated_blocks(model_, "fsdp");
     NamedTensors all = model_.named_parameters(), rest;
     for (const auto& [name, p] : all) {
       bool in_block = false;

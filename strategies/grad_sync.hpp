@@ -77,6 +77,18 @@ void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& gro
 void add_whole(PlacementTable& table, const std::string& name, const Shape& shape,
                const Tensor& local, TensorKind kind, int replica, int replicas);
 
+/// Every parameter of `model` whole, as replica `replica` of `replicas` (local, ddp): the optimizer
+/// pieces, and the placement entries of the parameters and their gradients.
+std::vector<OptimPiece> whole_pieces(const models::LanguageModel& model, int replica, int replicas);
+void add_whole_params_and_grads(PlacementTable& table, const models::LanguageModel& model,
+                                int replica, int replicas);
+
+/// Dotted names of the model's repeated blocks (trace::find_blocks' largest group), the units that
+/// fsdp shards by and checkpoint and amp wrap. Throws acc::ValueError naming `method` when the
+/// model has none.
+std::vector<std::string> repeated_blocks(const models::LanguageModel& model,
+                                         const std::string& method);
+
 /// Parameters in reverse registration order (the order gradients become ready), grouped into
 /// buckets of at most `bucket_bytes` (a larger parameter gets a bucket of its own), each bucket
 /// padded to a multiple of `world` elements so it splits into equal chunks.

@@ -130,11 +130,7 @@ double Trainer::train_step(const data::Batch& batch) {
   // sharded gradients sum replica 0's pieces over the group.
   PlacementTable grads;
   sync.add_placements(grads);
-  bool sharded = false;
-  for (const auto& e : grads) {
-    sharded =
-        sharded || (e.kind == TensorKind::kGradient && e.range.length != numel_of(e.global_shape));
-  }
+  const bool sharded = any_sharded(grads, TensorKind::kGradient);
   double norm_sq = 0;
   for (const auto& e : grads) {
     if (e.kind != TensorKind::kGradient || !e.local.defined() || (sharded && e.replica != 0)) {
@@ -213,11 +209,7 @@ MemoryReport Trainer::memory_report() const {
 std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
   PlacementTable table;
   impl_->sync->add_placements(table);
-  bool partial = false;
-  for (const auto& e : table) {
-    partial =
-        partial || (e.kind == TensorKind::kParameter && e.range.length != numel_of(e.global_shape));
-  }
+  const bool partial = any_sharded(table, TensorKind::kParameter);
   const nn::NamedTensors params = model_->named_parameters();
   std::vector<std::pair<std::string, Tensor>> out;
   if (!partial) {

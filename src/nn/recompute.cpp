@@ -6,6 +6,15 @@
 #include "acc/autograd/saved.hpp"
 
 namespace acc::nn {
+namespace {
+
+std::vector<ModulePtr> submodules(const Module& root, const std::vector<std::string>& paths) {
+  std::vector<ModulePtr> out;
+  for (const auto& path : paths) out.push_back(root.submodule(path));
+  return out;
+}
+
+}  // namespace
 
 Unwrap wrap_forward(const std::vector<ModulePtr>& modules, const Module::ForwardWrapper& outer) {
   auto saved = std::make_shared<std::vector<std::pair<ModulePtr, Module::ForwardWrapper>>>();
@@ -31,19 +40,17 @@ Unwrap wrap_forward(const std::vector<ModulePtr>& modules, const Module::Forward
 }
 
 Unwrap recompute_blocks(Module& root, const std::vector<std::string>& blocks) {
-  std::vector<ModulePtr> modules;
-  for (const auto& name : blocks) modules.push_back(root.submodule(name));
   return wrap_forward(
-      modules, [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
+      submodules(root, blocks),
+      [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
         return checkpoint(fwd, x);
       });
 }
 
 Unwrap bf16_activation_blocks(Module& root, const std::vector<std::string>& blocks) {
-  std::vector<ModulePtr> modules;
-  for (const auto& name : blocks) modules.push_back(root.submodule(name));
   return wrap_forward(
-      modules, [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
+      submodules(root, blocks),
+      [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
         Tensor y;
         {
           autograd::SaveActivationsInBf16 bf16;

@@ -50,8 +50,15 @@ struct Placement {
   /// The held elements, `range.length` of them in row-major order (the parameter itself when whole,
   /// a 1-D view of a flat buffer when a shard). Undefined for a gradient not computed yet.
   Tensor local;
+
+  /// True when this rank holds the whole global tensor (not a shard of it).
+  bool is_whole() const { return range.length == numel_of(global_shape); }
 };
 using PlacementTable = std::vector<Placement>;
+
+/// True when some entry of `table` (of kind `kind`) holds only a shard of its tensor.
+bool any_sharded(const PlacementTable& table);
+bool any_sharded(const PlacementTable& table, TensorKind kind);
 
 /// Chunk `rank` of `world` equal chunks of a buffer of `padded` elements (a multiple of `world`):
 /// the one definition of "this rank's shard" for zero and fsdp. Throws acc::ValueError when
