@@ -4,6 +4,7 @@
 #include "acc/autograd/ops.hpp"
 #include "acc/autograd/saved.hpp"
 #include "acc/tensor/kernels.hpp"
+#include "acc/util/checked.hpp"
 #include "op_util.hpp"
 
 namespace acc {
@@ -51,7 +52,7 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
   Tensor b = as_mat(b_in, nullptr, &probe) ? b_in : b_in.contiguous();
   const int64_t L = a.size(0), M = a.size(1), K = a.size(2), N = b.size(2);
   Tensor out = empty({L, M, N}, a.options());
-  autograd::detail::add_flops(2 * L * M * N * K, false);
+  autograd::detail::add_flops(autograd::matmul_flops("bmm", L, M, K, N), false);
   if (!out.is_meta()) {
     for (int64_t l = 0; l < L; ++l) {
       Mat A, B;
@@ -67,8 +68,10 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
         Tensor da, db;
         if (need[0]) da = empty({L, M, K}, a.options());
         if (need[1]) db = empty({L, K, N}, b.options());
-        autograd::detail::add_flops(2 * L * M * N * K * (int64_t{need[0]} + int64_t{need[1]}),
-                                    true);
+        autograd::detail::add_flops(
+            checked_mul(autograd::matmul_flops("bmm backward", L, M, K, N),
+                        int64_t{need[0]} + int64_t{need[1]}, "bmm backward FLOPs"),
+            true);
         if (!gc.is_meta()) {
           for (int64_t l = 0; l < L; ++l) {
             Mat A, B;
@@ -136,7 +139,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(OUT);
   Tensor out = empty(out_shape, x.options());
-  autograd::detail::add_flops(2 * M * IN * OUT, false);
+  autograd::detail::add_flops(autograd::matmul_flops("linear", 1, M, IN, OUT), false);
   if (!out.is_meta() && M > 0) {
     float* y = out.data<float>();
     if (has_bias) kernels::fill_rows(y, M, OUT, OUT, bc.data<float>());
@@ -161,7 +164,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     if (need[0]) dx = empty(xc.shape(), xc.options());
     if (need[1]) dw = empty(wc.shape(), wc.options());
     if (has_bias && need[2]) db = zeros({OUT}, wc.options());
-    autograd::detail::add_flops(2 * M * IN * OUT * (int64_t{need[0]} + int64_t{need[1]}), true);
+    autograd::detail::add_flops(
+        autograd::matmul_flops("linear backward", int64_t{need[0]} + int64_t{need[1]}, M, IN, OUT),
+        true);
     if (!gc.is_meta()) {
       const float* pg = gc.data<float>();
       // The bias gradient first: g was just written by the op before, so part of it is still in

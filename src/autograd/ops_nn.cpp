@@ -5,6 +5,7 @@
 #include "acc/autograd/saved.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/threading.hpp"
+#include "acc/util/checked.hpp"
 #include "op_util.hpp"
 
 namespace acc {
@@ -321,7 +322,8 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   Tensor out = bthd_tensor(B, NH, T, HS, q.options());
   Tensor lse = empty({B, NH, T}, q.options());
   // Scores and values: 2 products of 2 * T * T * HS per head, half of them under a causal mask.
-  const int64_t attn_flops = (causal ? 2 : 4) * B * NH * T * T * HS;
+  const int64_t attn_flops = autograd::attention_flops(B, NH, T, HS, causal);
+  const int64_t bwd_flops = checked_mul(attn_flops, 2, "attention backward FLOPs");
   autograd::detail::add_flops(attn_flops, false);
   if (!out.is_meta() && out.numel() > 0) {
     kernels::attention_forward(grad_operand(out), lse.data<float>(), operand(q), operand(k),
@@ -332,7 +334,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   const autograd::SavedTensor sq(q, recorded), sk(k, recorded), sv(v, recorded),
       so(detail::saved_output(out), recorded);
   autograd::record_op("AttentionBackward", {q_in, k_in, v_in}, {out},
-                      [sq, sk, sv, so, lse, B, NH, NKV, T, HS, sc, causal, attn_flops, packed](
+                      [sq, sk, sv, so, lse, B, NH, NKV, T, HS, sc, causal, bwd_flops, packed](
                           const std::vector<Tensor>& g, const std::vector<bool>&) {
                         const Tensor q = sq.get(), k = sk.get(), v = sv.get(), o = so.get();
                         Tensor go = with_unit_inner_stride(g[0]);
@@ -350,7 +352,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                           dk = bthd_tensor(B, NKV, T, HS, q.options());
                           dv = bthd_tensor(B, NKV, T, HS, q.options());
                         }
-                        autograd::detail::add_flops(2 * attn_flops, true);
+                        autograd::detail::add_flops(bwd_flops, true);
                         if (!dq.is_meta() && dq.numel() > 0) {
                           kernels::attention_backward(
                               grad_operand(dq), grad_operand(dk), grad_operand(dv), operand(go),

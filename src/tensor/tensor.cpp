@@ -13,6 +13,7 @@
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/node.hpp"
 #include "acc/tensor/observer.hpp"
+#include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
 #include "strided.hpp"
 
@@ -30,6 +31,11 @@ int64_t numel_of(const Shape& shape) {
                     " has more elements than fit in 64 bits");
   }
   return n;
+}
+
+int64_t nbytes_of(const Shape& shape, DType dtype) {
+  return checked_mul<ShapeError>(numel_of(shape), static_cast<int64_t>(element_size(dtype)),
+                                 "bytes of shape ", to_string(shape), " (", dtype_name(dtype), ")");
 }
 
 std::string to_string(const Shape& shape) {
@@ -50,7 +56,11 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
     st[d] = s;
-    s *= std::max<int64_t>(shape[d], 1);
+    // Zero-size dimensions count as 1, so a stride can exceed the (zero) element count.
+    if (d > 0) {
+      s = checked_mul<ShapeError>(s, std::max<int64_t>(shape[d], 1), "strides of shape ",
+                                  to_string(shape));
+    }
   }
   return st;
 }
@@ -230,8 +240,7 @@ template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
 Tensor empty(Shape shape, TensorOptions options) {
   for (int64_t s : shape) ACC_CHECK_SHAPE(s >= 0, "negative size in shape ", shape);
   auto impl = std::make_shared<TensorImpl>();
-  const int64_t n = numel_of(shape);
-  impl->storage = std::make_shared<Storage>(static_cast<size_t>(n) * element_size(options.dtype),
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(nbytes_of(shape, options.dtype)),
                                             options.device);
   impl->strides = contiguous_strides(shape);
   impl->shape = std::move(shape);
@@ -318,6 +327,15 @@ Tensor scalar_tensor(double value, TensorOptions options) {
 }
 
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+  // The furthest element's offset fits, so every kernel's index arithmetic over the view does.
+  if (std::find(shape.begin(), shape.end(), 0) == shape.end()) {
+    int64_t last = offset;
+    for (size_t d = 0; d < shape.size() && d < strides.size(); ++d) {
+      last = checked_add<ShapeError>(
+          last, checked_mul<ShapeError>(shape[d] - 1, strides[d], "view of shape ", shape),
+          "view of shape ", shape, " at offset ", offset);
+    }
+  }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = base.storage();
   impl->offset = offset;
@@ -340,7 +358,7 @@ Shape infer_shape(Shape shape, int64_t numel, const Shape& from) {
       infer = static_cast<int64_t>(i);
     } else {
       ACC_CHECK_SHAPE(shape[i] >= 0, "invalid size in shape ", shape);
-      known *= shape[i];
+      known = checked_mul<ShapeError>(known, shape[i], "shape ", shape);
     }
   }
   if (infer >= 0) {
@@ -425,7 +443,8 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   ACC_CHECK_SHAPE(s <= e, "flatten: start_dim ", start_dim, " after end_dim ", end_dim);
   Shape sh(shape().begin(), shape().begin() + s);
   int64_t m = 1;
-  for (int64_t d = s; d <= e; ++d) m *= shape()[d];
+  for (int64_t d = s; d <= e; ++d)
+    m = checked_mul<ShapeError>(m, shape()[d], "flatten of ", shape());
   sh.push_back(m);
   sh.insert(sh.end(), shape().begin() + e + 1, shape().end());
   return reshape(sh);

@@ -2,12 +2,14 @@
 
 #include <cmath>
 
+#include "acc/autograd/flops.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/tensor/allocator.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/tensor.hpp"
 #include "acc/tensor/threading.hpp"
+#include "acc/util/checked.hpp"
 #include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 
@@ -47,6 +49,78 @@ TEST(Tensor, ElementCountsThatOverflowAreRefusedNamingTheShape) {
   }
   DefaultDeviceGuard meta(Device::kMeta);
   EXPECT_THROW(empty({4611686018427387904, 4, 256}), ShapeError);
+}
+
+// The message of the Exc that f throws, or "(no error)".
+template <class Exc, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Exc& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Checked, ProductsAndSumsThatOverflowNameTheirOperands) {
+  const int64_t big = int64_t{1} << 62;
+  EXPECT_EQ(checked_mul(int64_t{1} << 31, int64_t{1} << 31, "x"), big);
+  EXPECT_EQ(checked_add(big - 1, big, "x"), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(checked_product({2, 3, 4}, "x"), 24);
+  EXPECT_EQ(checked_product({}, "x"), 1);
+  EXPECT_EQ(error_of<ValueError>([&] { checked_mul(big, 2, "bytes of ", "w"); }),
+            "bytes of w: 4611686018427387904 * 2 overflows 64 bits");
+  EXPECT_EQ(
+      error_of<ValueError>([&] { checked_mul(std::numeric_limits<int64_t>::min(), -1, "n"); }),
+      "n: -9223372036854775808 * -1 overflows 64 bits");
+  EXPECT_EQ(error_of<ValueError>([&] { checked_add(big, big, "sum"); }),
+            "sum: 4611686018427387904 + 4611686018427387904 overflows 64 bits");
+  EXPECT_EQ(error_of<ValueError>([&] {
+              checked_product({2, big, 0}, "flops");
+            }),
+            "flops: the product of [2, 4611686018427387904, 0] overflows 64 bits");
+  EXPECT_NE(error_of<ShapeError>([&] { checked_mul<ShapeError>(big, 4, "s"); }), "(no error)");
+}
+
+TEST(Tensor, BytesStridesAndViewsThatOverflowAreRefusedNamingTheShape) {
+  EXPECT_EQ(nbytes_of({int64_t{1} << 60}, DType::kBFloat16), int64_t{1} << 61);
+  DefaultDeviceGuard meta(Device::kMeta);
+  // 3e18 elements fit in 64 bits, their 1.2e19 bytes do not (the old nbytes() wrapped them).
+  const std::string msg = error_of<ShapeError>([] { empty({3000000000, 1000000000}); });
+  EXPECT_NE(msg.find("bytes of shape [3000000000, 1000000000] (f32)"), std::string::npos) << msg;
+  EXPECT_NO_THROW(empty({3000000000, 1000000000}, {DType::kBFloat16}));
+  // A zero-size dimension keeps numel at 0 while the strides of the others multiply.
+  EXPECT_NE(error_of<ShapeError>([] {
+              empty({0, int64_t{1} << 40, int64_t{1} << 40});
+            }).find("strides of shape [0, 1099511627776, 1099511627776]"),
+            std::string::npos);
+  Tensor x = empty({0, 4});
+  EXPECT_NE(error_of<ShapeError>([&] {
+              x.view({int64_t{1} << 40, int64_t{1} << 40, -1});
+            }).find("shape [1099511627776, 1099511627776, -1]"),
+            std::string::npos);
+  Tensor base = empty({16});
+  EXPECT_NE(error_of<ShapeError>([&] {
+              make_view(base, {4, 4}, {int64_t{1} << 62, 1}, 0);
+            }).find("view of shape [4, 4]"),
+            std::string::npos);
+}
+
+TEST(Flops, ProductsThatOverflowNameTheOperandsInsteadOfWrapping) {
+  EXPECT_EQ(autograd::matmul_flops("linear", 2, 3, 4, 5), 2 * 2 * 3 * 4 * 5);
+  EXPECT_EQ(autograd::attention_flops(1, 2, 8, 4, /*causal=*/true), 2 * 2 * 8 * 8 * 4);
+  DefaultDeviceGuard meta(Device::kMeta);
+  // Both operands fit; 2 * 1024 * 1e8 * 3e8 FLOPs do not (they used to wrap to a negative count).
+  Tensor x = empty({1, 1024, 100000000}), w = empty({300000000, 100000000});
+  const std::string msg = error_of<ValueError>([&] { linear(x, w); });
+  EXPECT_NE(msg.find("linear: FLOPs of 1 x (1024, 100000000) @ (100000000, 300000000)"),
+            std::string::npos)
+      << msg;
+  Tensor q = empty({1, 1, int64_t{1} << 30, 1 << 10});
+  EXPECT_NE(error_of<ValueError>([&] {
+              scaled_dot_product_attention(q, q, q, true);
+            }).find("attention: FLOPs of q (B, NH, T, HS) [1, 1, 1073741824, 1024]"),
+            std::string::npos);
 }
 
 TEST(Tensor, CopiesAreShallowAndCloneIsDeep) {

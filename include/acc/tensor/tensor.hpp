@@ -29,10 +29,16 @@ namespace acc {
 
 using Shape = std::vector<int64_t>;
 
+/// Element count of a shape. Throws acc::ShapeError naming the shape when it does not fit in 64
+/// bits.
 int64_t numel_of(const Shape& shape);
+/// Bytes of a contiguous tensor of this shape and dtype. Throws acc::ShapeError naming the shape
+/// when the element count or the bytes do not fit in 64 bits (int64: see acc/util/checked.hpp).
+int64_t nbytes_of(const Shape& shape, DType dtype);
 std::string to_string(const Shape& shape);
 std::ostream& operator<<(std::ostream& os, const Shape& shape);
-/// Row-major strides of a contiguous tensor of this shape.
+/// Row-major strides of a contiguous tensor of this shape. Throws acc::ShapeError naming the shape
+/// when a stride does not fit in 64 bits (possible only with a zero-size dimension in front).
 Shape contiguous_strides(const Shape& shape);
 
 class Tensor;
@@ -133,7 +139,8 @@ class Tensor {
   Device device() const;
   bool is_meta() const { return device() == Device::kMeta; }
   bool is_contiguous() const;
-  size_t nbytes() const { return static_cast<size_t>(numel()) * element_size(dtype()); }
+  /// Logical bytes (numel x element size); throws acc::ShapeError when they do not fit in 64 bits.
+  size_t nbytes() const { return static_cast<size_t>(nbytes_of(shape(), dtype())); }
   TensorOptions options() const { return {dtype(), device(), false}; }
   const std::shared_ptr<Storage>& storage() const { return impl_->storage; }
   TensorImpl* impl() const { return impl_.get(); }
@@ -250,7 +257,8 @@ inline Tensor from_vector(std::initializer_list<float> values, Shape shape,
 Tensor from_vector(const std::vector<int64_t>& values, Shape shape);
 Tensor from_vector(const std::vector<int32_t>& values, Shape shape);
 Tensor scalar_tensor(double value, TensorOptions options = {});
-/// A tensor over existing storage with arbitrary strides (no checks on aliasing).
+/// A tensor over existing storage with arbitrary strides (no checks on aliasing or bounds). Throws
+/// acc::ShapeError when the furthest element's offset does not fit in 64 bits.
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset);
 
 /// Normalises a possibly negative dimension index; throws acc::ShapeError when out of range.
