@@ -1,9 +1,10 @@
 // The registered methods and the composition rules, in one place.
 
-#include <fstream>
+#include <filesystem>
 #include <map>
 
 #include "acc/util/error.hpp"
+#include "acc/util/json.hpp"
 #include "method.hpp"
 
 namespace acc::strategies {
@@ -110,20 +111,20 @@ Strategy parse_strategy(const nlohmann::json& j) {
 }
 
 Strategy parse_strategy_arg(const std::string& arg) {
-  const size_t first = arg.find_first_not_of(" \t\n");
+  const size_t first = arg.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && (arg[first] == '[' || arg[first] == '{')) {
-    try {
-      return parse_strategy(nlohmann::json::parse(arg));
-    } catch (const nlohmann::json::exception& e) {
-      ACC_THROW(ValueError, "strategy is not valid JSON: ", e.what());
-    }
+    return parse_strategy(parse_json(arg, "strategy"));
   }
-  std::ifstream in(arg);
-  ACC_CHECK_AS(IoError, in.good(), "cannot open strategy file '", arg, "'");
+  std::error_code ec;
+  ACC_CHECK_AS(IoError, std::filesystem::exists(arg, ec), "strategy '", arg,
+               "' is neither an existing file nor inline JSON (a strategy is a file or a JSON "
+               "list such as [{\"name\": \"ddp\"}])");
+  const std::string where = "strategy file '" + arg + "'";
+  const nlohmann::json j = read_json_file(arg, "strategy file");
   try {
-    return parse_strategy(nlohmann::json::parse(in));
-  } catch (const nlohmann::json::exception& e) {
-    ACC_THROW(ValueError, "strategy file '", arg, "' is not valid JSON: ", e.what());
+    return parse_strategy(j);
+  } catch (const ValueError& e) {
+    ACC_THROW(ValueError, where, ": ", e.what());
   }
 }
 

@@ -1,6 +1,9 @@
 // Strategy JSON: the format, the registry and the composition rules (no MPI needed).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
 #include "acc/strategies/strategy.hpp"
@@ -61,6 +64,45 @@ TEST(Strategy, BadEntriesNameTheEntryAndTheReason) {
   expect_error(nlohmann::json::parse(R"([{"name": "ddp", "extra": 1}])"), "unknown field 'extra'");
   EXPECT_THROW(strategies::parse_strategy_arg("[{\"name\": "), ValueError);
   EXPECT_THROW(strategies::parse_strategy_arg("/nonexistent/strategy.json"), IoError);
+}
+
+// parse_strategy_arg (train_gpt --strategy): a file or inline JSON; every refusal names it.
+TEST(Strategy, ArgumentErrorsNameTheFileOrTheText) {
+  const std::string dir = ::testing::TempDir() + "acc_strategy_arg_test";
+  std::filesystem::create_directories(dir);
+  const std::string dup = dir + "/dup.json";
+  std::ofstream(dup) << R"([{"name": "grad_accum", "config": {"steps": 2, "steps": 4}}])";
+  const std::string bad = dir + "/bad.json";
+  std::ofstream(bad) << R"([{"name": "ddp", "config": {"bucket": 3}}])";
+  const std::string ok = dir + "/ok.json";
+  std::ofstream(ok) << R"([{"name": "grad_accum", "config": {"steps": 4}}])";
+  struct Case {
+    std::string arg;
+    bool io;  // acc::IoError, else acc::ValueError
+    std::string needle;
+  };
+  const Case cases[] = {
+      {dir, true, "strategy file '" + dir + "': is a directory, not a file"},
+      {"ddp", true, "strategy 'ddp' is neither an existing file nor inline JSON"},
+      {"/nonexistent/strategy.json", true, "'/nonexistent/strategy.json' is neither"},
+      {dup, false, "strategy file '" + dup + "': duplicate key \"steps\" in /0/config"},
+      {bad, false,
+       "strategy file '" + bad + "': strategy entry 0 ('ddp'): ddp: unknown config key 'bucket'"},
+      {R"([{"name": "ddp", "name": "fsdp"}])", false, "strategy: duplicate key \"name\" in /0"},
+      {"[{\"name\": ", false, "strategy: invalid JSON: parse error at line 1, column 11"},
+  };
+  for (const Case& c : cases) {
+    try {
+      strategies::parse_strategy_arg(c.arg);
+      ADD_FAILURE() << "no error for " << c.arg;
+    } catch (const Error& e) {
+      EXPECT_EQ(dynamic_cast<const IoError*>(&e) != nullptr, c.io) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos)
+          << "'" << e.what() << "' lacks '" << c.needle << "'";
+    }
+  }
+  EXPECT_EQ(strategies::parse_strategy_arg(ok).at(0).config["steps"], 4);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Strategy, OneRankTrainerSplitsMicroBatches) {

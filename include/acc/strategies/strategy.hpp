@@ -53,7 +53,10 @@ using Strategy = std::vector<Method>;
 /// the entry index and name for an unknown method, a config key the method does not have, a bad
 /// value, a method given twice or an incompatible combination.
 Strategy parse_strategy(const nlohmann::json& j);
-/// A file path, or inline JSON (starting with '[' or '{').
+/// A file path, or inline JSON (starting with '[' or '{'), read with acc::parse_json /
+/// acc::read_json_file (a repeated key is refused). Throws acc::IoError naming the argument when it
+/// is neither inline JSON nor an existing path, or when the file is a directory or unreadable;
+/// acc::ValueError for invalid JSON and for what parse_strategy() refuses (naming the file).
 Strategy parse_strategy_arg(const std::string& file_or_json);
 nlohmann::json to_json(const Strategy& s);
 /// Names of the registered methods.
