@@ -167,7 +167,24 @@ int run(const Args& a) {
       model,
       optim::AdamW::factory(
           {.lr = a.lr, .betas = {a.beta1, a.beta2}, .eps = a.eps, .weight_decay = a.weight_decay}),
-      strategy, {.group = group, .grad_clip = a.grad_clip});
+      strategy,
+      {.group = group,
+       .grad_clip = a.grad_clip,
+       .agreement = {{"batch_size", a.batch_size},
+                     {"seq_len", a.seq_len},
+                     {"steps", a.steps},
+                     {"seed", a.seed},
+                     {"optimizer",
+                      {{"lr", a.lr},
+                       {"betas", {a.beta1, a.beta2}},
+                       {"eps", a.eps},
+                       {"weight_decay", a.weight_decay},
+                       {"schedule", a.lr_schedule},
+                       {"warmup_steps", a.warmup_steps},
+                       {"min_lr", a.min_lr}}},
+                     {"data", {{"tokens", tokens->size()}, {"order", a.data_order}}},
+                     {"init_from", a.init_from},
+                     {"resume", a.resume}}});
   // Whether every rank holds the whole training state, from the placement table (not from method
   // names): a checkpoint in today's one-file format needs it.
   const bool sharded = strategies::any_sharded(trainer->placements());

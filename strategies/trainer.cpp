@@ -74,9 +74,10 @@ Trainer::Trainer(models::LanguageModelPtr model, optim::OptimizerFactory factory
   ACC_CHECK(model_ != nullptr, "apply: model is null");
   ACC_CHECK(static_cast<bool>(factory), "apply: optimizer factory is empty");
   ACC_CHECK(options_.grad_clip >= 0, "apply: grad_clip must be >= 0, got ", options_.grad_clip);
+  group_ = options_.group ? options_.group : default_group();
+  if (group_ && group_->size() > 1) check_ranks_agree();
   impl_->plan = make_plan(strategy_);
   const TrainingPlan& plan = impl_->plan;
-  group_ = options_.group ? options_.group : default_group();
   micro_batches_ = plan.micro_batches;
   const bool multi = group_ && group_->size() > 1;
   ACC_CHECK(!multi || plan.grad_sync, "apply: ", multi ? group_->size() : 1,
@@ -99,6 +100,18 @@ Trainer::Trainer(models::LanguageModelPtr model, optim::OptimizerFactory factory
   impl_->pieces = impl_->sync->optimizer_pieces();
   optimizer_ = build_optimizer(factory, std::move(groups), impl_->pieces);
   rollback.armed = false;
+}
+
+void Trainer::check_ranks_agree() {
+  nlohmann::json parameters = nlohmann::json::object();
+  for (const auto& [name, p] : model_->named_parameters()) parameters[name] = p.shape();
+  const nlohmann::json facts = {
+      {"model", {{"type", model_->model_type()}, {"config", model_->config_json()}}},
+      {"parameters", parameters},
+      {"strategy", to_json(strategy_)},
+      {"grad_clip", options_.grad_clip},
+      {"run", options_.agreement}};
+  dist::check_agreement(*group_, facts);
 }
 
 Trainer::~Trainer() {

@@ -72,6 +72,7 @@ bool CommEngine::stop(int64_t drain_ms) {
     stopping_ = true;
   }
   cv_.notify_all();
+  if (faulted_.load()) drain_ms = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(drain_ms);
   bool drained = true;
   while (true) {
@@ -90,6 +91,13 @@ bool CommEngine::stop(int64_t drain_ms) {
   cv_.notify_all();
   thread_.join();
   running_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Task& t : inflight_) buried_.push_back(std::move(t));
+    for (Task& t : queue_) buried_.push_back(std::move(t));
+    inflight_.clear();
+    queue_.clear();
+  }
   if (drained) {
     MPI_Op_free(&bf16_sum_);
     MPI_Op_free(&bf16_max_);
@@ -106,6 +114,12 @@ void CommEngine::submit(WorkPtr work, StartFn start, FinishFn finish, NextFn nex
         Task{std::move(work), std::move(start), std::move(finish), std::move(next), {}, false});
   }
   cv_.notify_all();
+}
+
+void CommEngine::bury(Task&& t) {
+  faulted_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  buried_.push_back(std::move(t));
 }
 
 void CommEngine::waiter_enter() {
@@ -150,6 +164,7 @@ void CommEngine::loop() {
         t.requests = t.start();
       } catch (const std::exception& e) {
         t.work->mark_failed(e.what());
+        bury(std::move(t));  // it may have issued some of its requests before throwing
         continue;
       }
       std::lock_guard<std::mutex> lock(mu_);
@@ -188,7 +203,10 @@ void CommEngine::loop() {
     // Outside the lock: the next round of a multi-step operation (its local reduction work must
     // not hold up threads submitting new operations), or completion.
     for (Task& t : done) {
-      if (t.failed) continue;
+      if (t.failed) {
+        bury(std::move(t));
+        continue;
+      }
       try {
         if (t.next) {
           t.requests = t.next();
@@ -198,10 +216,16 @@ void CommEngine::loop() {
             continue;
           }
         }
+      } catch (const std::exception& e) {
+        t.work->mark_failed(e.what());
+        bury(std::move(t));  // next() may have issued part of its round
+        continue;
+      }
+      try {
         if (t.finish) t.finish();
         t.work->mark_completed();
       } catch (const std::exception& e) {
-        t.work->mark_failed(e.what());
+        t.work->mark_failed(e.what());  // every request had completed: nothing is in flight
       }
     }
     // Nothing moved: wait, doubling the wait up to max_poll_us_ while nothing moves, and wake at

@@ -48,8 +48,13 @@ class CommEngine {
 
   static CommEngine& instance();
   void start();
-  /// Drains what is in flight (up to `drain_ms`); returns false when something is still stuck.
+  /// Drains what is in flight (up to `drain_ms`; at once when an operation has already failed or
+  /// timed out: what is left is stuck); returns false when something is still in flight.
   bool stop(int64_t drain_ms);
+  /// Called when a Work fails or a wait on it times out: the job is failing, so stop() drains no
+  /// longer (a rank leaves within moments of reporting the fault).
+  void note_fault() { faulted_ = true; }
+  bool faulted() const { return faulted_.load(); }
   bool running() const { return running_.load(); }
 
   /// Queues an operation: `start` issues its non-blocking MPI calls on the comm thread; when they
@@ -78,11 +83,19 @@ class CommEngine {
     bool failed = false;
   };
   void loop();
+  // Keeps a failed task (its Work, tensors and buffers) alive for the life of the process.
+  void bury(Task&& t);
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
   std::vector<Task> inflight_;
+  // Failed tasks and tasks still in flight when stop() gave up. Their MPI requests may still be
+  // active (an MPI error ends MPI_Testall, not the other requests of the operation; a start() that
+  // threw may have issued some), so nothing they read or write is ever freed: a failure path must
+  // not become a use-after-free. Only failures add here, and a failure ends the job.
+  std::vector<Task> buried_;
+  std::atomic<bool> faulted_{false};
   std::atomic<bool> running_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> abandon_{false};

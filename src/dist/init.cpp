@@ -17,7 +17,7 @@ struct Runtime {
   std::mutex mu;
   bool initialized = false;
   bool we_initialized_mpi = false;
-  int rank = 0, world = 1, local_rank = 0;
+  int rank = 0, world = 1, local_rank = 0, local_world = 1;
   ProcessGroupPtr world_group;
 };
 
@@ -52,6 +52,7 @@ void init(int* argc, char*** argv) {
   detail::check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rt.rank), "MPI_Comm_rank");
   detail::check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &rt.world), "MPI_Comm_size");
   rt.local_rank = static_cast<int>(env::get_int("OMPI_COMM_WORLD_LOCAL_RANK", 0));
+  rt.local_world = static_cast<int>(env::get_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1));
   auto st = std::make_shared<detail::GroupState>();
   st->name = "world";
   st->comm = detail::dup_returning_errors(MPI_COMM_WORLD);
@@ -72,6 +73,9 @@ void finalize() {
   Runtime& rt = runtime();
   std::lock_guard<std::mutex> lock(rt.mu);
   if (!rt.initialized) return;
+  // A normal exit drains what is still in flight (the last step's collectives) for up to 10 s;
+  // after an operation failed or timed out the engine drains nothing (stop() knows), so a rank
+  // that reported a fault leaves at once instead of 10 s later.
   const bool drained = detail::CommEngine::instance().stop(10000);
   rt.world_group.reset();
   rt.initialized = false;
@@ -100,6 +104,9 @@ int world_size() {
 }
 int local_rank() {
   return runtime().local_rank;
+}
+int local_world_size() {
+  return runtime().local_world;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::world() {

@@ -82,7 +82,7 @@ void Work::mark_failed(const std::string& error) {
     error_ = error;
   }
   if (recorder_) recorder_->mark_finished(record_, "failed");
-  release_tensors();
+  // The tensors stay: MPI may still read or write them (the engine keeps the failed operation).
   cv_.notify_all();
 }
 
@@ -110,6 +110,7 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
     const char* where = state_ == State::kQueued ? "queued behind earlier operations" : "started";
     lock.unlock();
     const std::string msg = detail_str(limit, where);
+    detail::CommEngine::instance().note_fault();
     if (recorder_) {
       recorder_->mark_finished(record_, "timed_out");
       recorder_->dump_to_log(msg);

@@ -259,6 +259,35 @@ TEST(ProcessGroup, BadArgumentsAreRejectedBeforeCommunicating) {
   world().barrier()->wait();
 }
 
+TEST(Agreement, EqualFactsPassAndTheFirstDifferenceIsNamed) {
+  const int W = world().size(), r = world().rank();
+  EXPECT_NO_THROW(dist::check_agreement(world(), {{"a", 1}, {"b", {{"c", "x"}}}}));
+  if (W == 1) GTEST_SKIP() << "needs two ranks";
+  // Rank 1 differs in a nested value (and, later in key order, in another): the first is named.
+  const nlohmann::json facts = {{"model", {{"n_head", 4}, {"n_layer", r == 1 ? 3 : 2}}},
+                                {"z", r == 1 ? "other" : "same"}};
+  try {
+    dist::check_agreement(world(), facts);
+    FAIL() << "expected a disagreement";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("rank 1 has model.n_layer = 3, rank 0 has 2"), std::string::npos) << m;
+    EXPECT_EQ(m.find("rank 2"), std::string::npos) << m;  // ranks that agree are not named
+  }
+  // A key only one rank has.
+  nlohmann::json extra = {{"x", 1}};
+  if (r == W - 1) extra["y"] = true;
+  try {
+    dist::check_agreement(world(), extra);
+    FAIL() << "expected a disagreement";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    const std::string want = "rank " + std::to_string(W - 1) + " has y = true, rank 0 has (absent)";
+    EXPECT_NE(m.find(want), std::string::npos) << m;
+  }
+  world().barrier()->wait();  // the group still works after a disagreement
+}
+
 TEST(ProcessGroup, FlightRecorderKeepsSequenceAndState) {
   Tensor t = ones({16});
   const uint64_t before = world().sequence_number();

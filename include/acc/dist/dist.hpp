@@ -8,6 +8,7 @@
 // default 1 per rank so that ranks x threads never exceeds the cores). A process started without
 // mpirun is a world of one.
 
+#include "acc/dist/agreement.hpp"
 #include "acc/dist/device_mesh.hpp"
 #include "acc/dist/process_group.hpp"
 
@@ -27,6 +28,8 @@ int rank();
 int world_size();
 /// Rank among the processes of this node (OMPI_COMM_WORLD_LOCAL_RANK), 0 without mpirun.
 int local_rank();
+/// Processes of this job on this node (OMPI_COMM_WORLD_LOCAL_SIZE), 1 without mpirun.
+int local_world_size();
 
 /// RAII: init() on construction, finalize() on destruction.
 class Session {

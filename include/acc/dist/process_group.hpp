@@ -5,7 +5,10 @@
 //  - All ranks of a group call its collectives in the same order (MPI's rule); the per-group
 //    sequence number of each call is how a mismatch or a stall is diagnosed.
 //  - Every call returns at once with a Work; the tensors it reads and writes must not be touched
-//    until wait() returns (the Work keeps them alive). Outputs are valid after wait().
+//    until wait() returns (the Work keeps them alive). Outputs are valid after wait(). An
+//    operation that failed or timed out keeps its tensors for the life of the process (MPI may
+//    still touch them), so dropping a Work while an exception unwinds never frees memory that an
+//    abandoned collective reads or writes.
 //  - Every collective has a finite timeout (CollectiveOptions::timeout, default
 //    ACC_COMM_TIMEOUT_SEC, 300 s). wait() throws acc::TimeoutError naming the op, its sequence
 //    number and the group when it does not complete in time (the flight recorder is dumped to the

@@ -67,6 +67,11 @@ struct ApplyOptions {
   dist::ProcessGroupPtr group;
   /// Global gradient-norm clipping (0 = off), as torch.nn.utils.clip_grad_norm_.
   double grad_clip = 0.0;
+  /// What else every rank must agree on (batch size, sequence length, data, ...). Before its first
+  /// collective the Trainer checks that the ranks agree on this, the model's type, config and
+  /// parameter shapes, the strategy and grad_clip (dist::check_agreement: one hash allgather;
+  /// acc::ValueError naming the first difference, on every rank).
+  nlohmann::json agreement = nlohmann::json::object();
 };
 
 /// Bytes held by each kind of training state on this rank, measured from the tensors themselves.
@@ -110,6 +115,7 @@ class Trainer {
   PlacementTable placements() const;
 
  private:
+  void check_ranks_agree();
   struct Impl;
   models::LanguageModelPtr model_;
   Strategy strategy_;

@@ -1,0 +1,27 @@
+#pragma once
+// A check that every rank of a group is about to run the same thing. Ranks that disagree on the
+// model, the strategy or the batch issue collectives of different sizes or in a different order;
+// MPI then fails deep inside a collective ("MPI Error in NBC subrequest: 15") or corrupts memory.
+// One cheap check before the first such collective turns that into a message naming the first
+// difference.
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "acc/dist/process_group.hpp"
+
+namespace acc::dist {
+
+/// Every rank passes its `facts` (any JSON; objects are compared key by key). One allgather of a
+/// 64-bit hash of the canonical text (sorted keys) when the ranks agree; when they do not, the
+/// texts are gathered and every rank throws the same acc::ValueError naming, for each rank that
+/// differs from rank 0, the first differing entry by its dotted path and both values:
+///   "ranks disagree on what to run (checked before training): rank 1 has model.config.n_layer =
+///    3, rank 0 has 2"
+/// `what` prefixes the message. A collective over `group` (the group's usual timeout); nothing to
+/// do on a group of one.
+void check_agreement(ProcessGroup& group, const nlohmann::json& facts,
+                     const std::string& what = "ranks disagree on what to run");
+
+}  // namespace acc::dist

@@ -1,0 +1,108 @@
+#include "acc/dist/agreement.hpp"
+
+#include <map>
+#include <vector>
+
+#include "acc/util/error.hpp"
+
+namespace acc::dist {
+namespace {
+
+// FNV-1a: the same on every rank and build, which std::hash does not promise.
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Objects become dotted paths; everything else (arrays included) is one entry, its JSON text.
+void flatten(const nlohmann::json& j, const std::string& prefix,
+             std::map<std::string, std::string>& out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [k, v] : j.items()) flatten(v, prefix.empty() ? k : prefix + "." + k, out);
+    return;
+  }
+  out[prefix.empty() ? "(facts)" : prefix] = j.dump();
+}
+
+// The first entry (in path order) where `theirs` differs from `ours`.
+std::string first_difference(const std::map<std::string, std::string>& ours,
+                             const std::map<std::string, std::string>& theirs, int their_rank) {
+  auto a = ours.begin();
+  auto b = theirs.begin();
+  const std::string absent = "(absent)";
+  while (a != ours.end() || b != theirs.end()) {
+    const std::string* key;
+    const std::string *va = &absent, *vb = &absent;
+    if (b == theirs.end() || (a != ours.end() && a->first < b->first)) {
+      key = &a->first;
+      va = &a->second;
+      ++a;
+    } else if (a == ours.end() || b->first < a->first) {
+      key = &b->first;
+      vb = &b->second;
+      ++b;
+    } else {
+      key = &a->first;
+      va = &a->second;
+      vb = &b->second;
+      ++a;
+      ++b;
+    }
+    if (*va != *vb) {
+      return ::acc::detail::str_cat("rank ", their_rank, " has ", *key, " = ", *vb, ", rank 0 has ",
+                                    *va);
+    }
+  }
+  return ::acc::detail::str_cat("rank ", their_rank, " differs from rank 0");  // a hash collision
+}
+
+}  // namespace
+
+void check_agreement(ProcessGroup& group, const nlohmann::json& facts, const std::string& what) {
+  const int n = group.size();
+  if (n == 1) return;
+  const std::string text = facts.dump();
+  Tensor mine = from_vector(
+      std::vector<int64_t>{static_cast<int64_t>(fnv1a(text)), static_cast<int64_t>(text.size())},
+      {2});
+  Tensor all = empty({2 * static_cast<int64_t>(n)}, {DType::kInt64});
+  group.allgather(all, mine)->wait();
+  const auto summary = all.to_vector<int64_t>();
+  int64_t longest = 0;
+  bool same = true;
+  for (int r = 0; r < n; ++r) {
+    same = same && summary[2 * r] == summary[0];
+    longest = std::max(longest, summary[2 * r + 1]);
+  }
+  if (same) return;
+
+  // Disagreement: gather the texts (one i32 per byte; only on this failure path) and name the
+  // first difference of each rank from rank 0. Every rank computes the same message.
+  std::vector<int32_t> chars(static_cast<size_t>(longest), 0);
+  for (size_t i = 0; i < text.size(); ++i) chars[i] = static_cast<unsigned char>(text[i]);
+  Tensor padded = from_vector(chars, {longest});
+  Tensor texts = empty({longest * n}, {DType::kInt32});
+  group.allgather(texts, padded)->wait();
+  const auto bytes = texts.to_vector<int32_t>();
+  std::vector<std::map<std::string, std::string>> flat(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    std::string s(static_cast<size_t>(summary[2 * r + 1]), '\0');
+    for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>(bytes[r * longest + i]);
+    flatten(nlohmann::json::parse(s), "", flat[static_cast<size_t>(r)]);
+  }
+  std::string msg = what + " (checked before the first collective of the run):";
+  for (int r = 1; r < n; ++r) {
+    if (summary[2 * r] == summary[0]) continue;
+    msg += ' ';
+    msg += first_difference(flat[0], flat[static_cast<size_t>(r)], r);
+    msg += ';';
+  }
+  msg.pop_back();
+  throw ValueError(msg);
+}
+
+}  // namespace acc::dist
