@@ -40,4 +40,24 @@ inline void require_object(const nlohmann::json& j, const char* owner) {
   ACC_CHECK(j.is_object(), owner, " config must be a JSON object, got ", j.dump());
 }
 
+/// The fields without which a config describes no particular model: missing ones are an
+/// acc::ValueError naming them and the fields the config does have (a config for another model
+/// would otherwise build the defaults without a word: a GPT config given to llama built the 6.48B
+/// default Llama).
+inline void require_fields(const nlohmann::json& j, const char* owner,
+                           std::initializer_list<const char*> names) {
+  std::string missing;
+  for (const char* n : names) {
+    if (!j.contains(n) || j[n].is_null()) missing += std::string(missing.empty() ? "" : ", ") + n;
+  }
+  if (missing.empty()) return;
+  std::string present;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    present += std::string(present.empty() ? "" : ", ") + it.key();
+  }
+  ACC_THROW(ValueError, owner, " config is missing required field(s) ", missing, "; it has ",
+            present.empty() ? std::string("no fields") : present,
+            " (is it a config for another model?)");
+}
+
 }  // namespace acc::models::detail

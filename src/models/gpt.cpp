@@ -18,6 +18,7 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
               "' (known: n_layer, n_head, n_embd, vocab_size, block_size, bias, activation, "
               "dropout)");
   }
+  detail::require_fields(j, "gpt", {"n_layer", "n_head", "n_embd"});
   GPTConfig c;
   detail::read_field(j, "gpt", "n_layer", c.n_layer);
   detail::read_field(j, "gpt", "n_head", c.n_head);

@@ -1,10 +1,11 @@
 #include "acc/models/language_model.hpp"
 
-#include <fstream>
+#include <cstring>
 
 #include "acc/models/gpt.hpp"
 #include "acc/models/llama.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/json.hpp"
 
 namespace acc::models {
 
@@ -35,6 +36,27 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 }  // namespace
 
+void LanguageModel::check_tied_head(const Tensor& head, const nn::NamedTensors& tensors) const {
+  const std::string wte = tied_embedding_name();
+  const Tensor* emb = nullptr;
+  for (const auto& [n, t] : tensors) {
+    if (n == wte) emb = &t;
+  }
+  // Without the embedding the strict load below names what is missing.
+  if (emb == nullptr) return;
+  ACC_CHECK_SHAPE(head.shape() == emb->shape() && head.dtype() == emb->dtype(), model_type(),
+                  ": pretrained lm_head.weight ", head.shape(), " ", head.dtype(),
+                  " is not the tied ", wte, " ", emb->shape(), " ", emb->dtype(),
+                  "; this model ties its output projection to the embedding, so a different "
+                  "lm_head cannot be loaded");
+  const Tensor a = head.contiguous(), b = emb->contiguous();
+  const bool equal = std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+  ACC_CHECK(equal, model_type(), ": pretrained lm_head.weight differs from the tied ", wte,
+            " (max abs difference ", max_abs_diff(a, b),
+            "); this model ties its output projection to the embedding, so a different lm_head "
+            "cannot be loaded");
+}
+
 void LanguageModel::load_pretrained(const nn::NamedTensors& tensors) {
   nn::NamedTensors own = state_dict();
   nn::NamedTensors picked;
@@ -46,8 +68,11 @@ void LanguageModel::load_pretrained(const nn::NamedTensors& tensors) {
       picked.emplace_back(name, t);
       continue;
     }
-    const bool harmless = name == "lm_head.weight" || ends_with(name, ".attn.bias") ||
-                          ends_with(name, ".attn.masked_bias") ||
+    if (name == "lm_head.weight" && !tied_embedding_name().empty()) {
+      check_tied_head(t, tensors);
+      continue;
+    }
+    const bool harmless = ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
                           ends_with(name, ".rotary_emb.inv_freq");
     if (!harmless) unexpected.push_back(name);
   }
@@ -76,13 +101,7 @@ LanguageModelPtr create_model(const std::string& model_type, const nlohmann::jso
 }
 
 nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  ACC_CHECK_AS(IoError, in.good(), "cannot open '", path, "'");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    ACC_THROW(IoError, "'", path, "' is not valid JSON: ", e.what());
-  }
+  return ::acc::read_json_file(path, "config");
 }
 
 }  // namespace acc::models

@@ -7,6 +7,10 @@ namespace acc::models {
 
 LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
   detail::require_object(j, "llama");
+  // What Hugging Face's config.json always holds; other fields default as there.
+  detail::require_fields(j, "llama",
+                         {"hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "vocab_size"});
   LlamaConfig c;
   detail::read_field(j, "llama", "hidden_size", c.hidden_size);
   detail::read_field(j, "llama", "intermediate_size", c.intermediate_size);

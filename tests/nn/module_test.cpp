@@ -219,16 +219,33 @@ TEST(Models, BadConfigsNameTheField) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error("gpt", {{"n_embd", 10}, {"n_head", 4}}, "n_embd 10");
-  expect_error("gpt", {{"n_layers", 2}}, "unknown field 'n_layers'");
-  expect_error("gpt", {{"n_layer", "two"}}, "'n_layer' must be an integer");
-  expect_error("gpt", {{"activation", "swish2"}}, "swish2");
+  const nlohmann::json gpt = {{"n_layer", 2}, {"n_head", 4}, {"n_embd", 16}};
+  auto with = [](nlohmann::json j, const nlohmann::json& more) {
+    j.update(more);
+    return j;
+  };
+  expect_error("gpt", with(gpt, {{"n_embd", 10}}), "n_embd 10");
+  expect_error("gpt", with(gpt, {{"n_layers", 2}}), "unknown field 'n_layers'");
+  expect_error("gpt", with(gpt, {{"n_layer", "two"}}), "'n_layer' must be an integer");
+  expect_error("gpt", with(gpt, {{"activation", "swish2"}}), "swish2");
   expect_error("gpt", nlohmann::json::array(), "must be a JSON object");
-  expect_error("llama",
-               {{"num_attention_heads", 6}, {"num_key_value_heads", 4}, {"hidden_size", 48}},
-               "num_key_value_heads 4");
-  expect_error("llama", {{"hidden_act", "gelu"}}, "hidden_act 'gelu'");
-  expect_error("llama", {{"rope_scaling", {{"type", "linear"}}}}, "rope_scaling");
+  // A config without the fields that say which model it is (issue 16: a GPT config given to
+  // llama built the 6.48B default Llama).
+  expect_error("gpt", {{"n_embd", 10}, {"n_head", 4}},
+               "gpt config is missing required field(s) n_layer; it has n_embd, n_head");
+  expect_error("llama", gpt,
+               "llama config is missing required field(s) hidden_size, intermediate_size, "
+               "num_hidden_layers, num_attention_heads, vocab_size; it has n_embd, n_head, "
+               "n_layer (is it a config for another model?)");
+  expect_error("gpt", nlohmann::json::object(), "it has no fields");
+  const nlohmann::json llama = {{"hidden_size", 48},
+                                {"intermediate_size", 96},
+                                {"num_hidden_layers", 1},
+                                {"num_attention_heads", 6},
+                                {"vocab_size", 32}};
+  expect_error("llama", with(llama, {{"num_key_value_heads", 4}}), "num_key_value_heads 4");
+  expect_error("llama", with(llama, {{"hidden_act", "gelu"}}), "hidden_act 'gelu'");
+  expect_error("llama", with(llama, {{"rope_scaling", {{"type", "linear"}}}}), "rope_scaling");
   expect_error("bert", nlohmann::json::object(), "unknown model type 'bert'");
 }
 
@@ -328,6 +345,43 @@ TEST(Models, MlpClassifierLearns) {
     for (auto& [n, p] : mlp.named_parameters()) p.add_(p.grad(), -0.5);
   }
   EXPECT_LT(last, first * 0.5);
+}
+
+}  // namespace
+}  // namespace acc
+
+namespace acc {
+namespace {
+
+// A tied model's lm_head.weight in pretrained weights is accepted only when it is the embedding
+// (PyTorch saves the tied tensor under both names); other content or shape used to be dropped.
+TEST(Models, PretrainedLmHeadMustEqualTheTiedEmbedding) {
+  auto model = models::create_model("gpt", {{"n_layer", 1},
+                                            {"n_head", 2},
+                                            {"n_embd", 8},
+                                            {"vocab_size", 16},
+                                            {"block_size", 8}});
+  nn::NamedTensors weights;
+  for (const auto& [name, t] : model->state_dict()) weights.emplace_back(name, t.clone());
+  const Tensor wte = model->find_tensor("transformer.wte.weight").clone();
+  auto load_with_head = [&](const Tensor& head) {
+    nn::NamedTensors w = weights;
+    w.emplace_back("lm_head.weight", head);
+    model->load_pretrained(w);
+  };
+  EXPECT_NO_THROW(load_with_head(wte.clone()));
+  Tensor other = wte.clone();
+  other.data<float>()[5] += 0.25f;
+  try {
+    load_with_head(other);
+    FAIL() << "a different lm_head was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("lm_head.weight differs from the tied "
+                                         "transformer.wte.weight (max abs difference 0.25"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(load_with_head(zeros({16, 4})), ShapeError);
 }
 
 }  // namespace

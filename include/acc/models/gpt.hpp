@@ -39,6 +39,7 @@ class GPT : public LanguageModel {
   nn::ModuleList& blocks() override { return *h_; }
   Tensor head(const Tensor& x) override;
   void set_fused_attention(bool fused) override;
+  std::string tied_embedding_name() const override { return "transformer.wte.weight"; }
 
  private:
   GPTConfig config_;

@@ -38,12 +38,16 @@ class LanguageModel : public nn::Module {
   /// Cross-entropy of logits against targets (B, T), used by loss() and by pipeline stages.
   Tensor loss_from_logits(const Tensor& logits, const Tensor& targets) const;
 
+  /// The input embedding's weight when the output projection is tied to it ("" when untied).
+  virtual std::string tied_embedding_name() const = 0;
+
   /// Loads weights by name from a pretrained state (e.g. a safetensors file written by PyTorch).
   /// Every parameter of the model must be present with its shape. Entries PyTorch models carry
-  /// but AutoAcc does not need are skipped: a tied "lm_head.weight" equal in shape to the input
-  /// embedding, causal-mask buffers ("*.attn.bias" of shape (1,1,T,T), "*.attn.masked_bias") and
-  /// rotary "*.rotary_emb.inv_freq". Anything else unexpected is an acc::ValueError listing the
-  /// names.
+  /// but AutoAcc does not need are skipped: an "lm_head.weight" of a tied model when it equals
+  /// the input embedding bitwise (PyTorch saves the tied tensor twice; any other content or shape
+  /// is an acc::ValueError, since the model would silently train something else), causal-mask
+  /// buffers ("*.attn.bias", "*.attn.masked_bias") and rotary "*.rotary_emb.inv_freq". Anything
+  /// else unexpected is an acc::ValueError listing the names.
   void load_pretrained(const nn::NamedTensors& tensors);
 
   /// Chooses the fused flash attention (default) or the reference matmul/softmax path.
@@ -52,6 +56,10 @@ class LanguageModel : public nn::Module {
  protected:
   /// Checks idx is (B, T) integer with 0 < T <= max_seq_len(); throws acc::ShapeError/ValueError.
   void check_tokens(const Tensor& idx) const;
+
+ private:
+  // A pretrained lm_head.weight of a tied model must equal the embedding in `tensors`.
+  void check_tied_head(const Tensor& head, const nn::NamedTensors& tensors) const;
 };
 
 using LanguageModelPtr = std::shared_ptr<LanguageModel>;
@@ -59,7 +67,22 @@ using LanguageModelPtr = std::shared_ptr<LanguageModel>;
 /// Builds "gpt" or "llama" from its JSON config; throws acc::ValueError for another type.
 LanguageModelPtr create_model(const std::string& model_type, const nlohmann::json& config,
                               Generator& gen = default_generator());
-/// Reads a JSON file; throws acc::IoError when it is missing or not valid JSON.
+/// Reads a model config file as acc::read_json_file does (duplicate keys refused, the path named).
 nlohmann::json read_json_file(const std::string& path);
+
+// ---- depth of a config (src/models/depth.cpp) ----
+// What the tracer needs to estimate a deep model from shallow copies without building it.
+
+/// The config field holding the number of blocks: "n_layer" (gpt), "num_hidden_layers" (llama).
+/// Throws acc::ValueError for another model type.
+const char* config_num_layers_key(const std::string& model_type);
+/// The number of blocks `config` builds, its default applied when absent, as
+/// GPTConfig/LlamaConfig::from_json read it. Throws acc::ValueError as from_json does (the whole
+/// config is validated) or for another model type.
+int64_t config_num_layers(const std::string& model_type, const nlohmann::json& config);
+/// `config` with its number of blocks set to `num_layers`, every other field as given. Throws
+/// acc::ValueError when num_layers < 1 or the result is not a valid config.
+nlohmann::json config_with_num_layers(const std::string& model_type, const nlohmann::json& config,
+                                      int64_t num_layers);
 
 }  // namespace acc::models

@@ -47,6 +47,9 @@ class Llama : public LanguageModel {
   nn::ModuleList& blocks() override { return *layers_; }
   Tensor head(const Tensor& x) override;
   void set_fused_attention(bool fused) override;
+  std::string tied_embedding_name() const override {
+    return lm_head_ ? "" : "model.embed_tokens.weight";
+  }
 
  private:
   LlamaConfig config_;
