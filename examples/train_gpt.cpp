@@ -23,7 +23,11 @@
 #include "acc/dist/dist.hpp"
 #include "acc/io/safetensors.hpp"
 #include "acc/strategies/strategy.hpp"
+#include "acc/util/cli.hpp"
 #include "acc/util/file.hpp"
+#include "acc/util/json.hpp"
+#include "acc/util/parse.hpp"
+#include "acc/util/system.hpp"
 
 namespace {
 
@@ -114,13 +118,9 @@ std::string sample_text(acc::models::LanguageModel& model, int64_t n, uint64_t s
 int run(const Args& a) {
   using namespace acc;
   set_num_threads(a.threads);
+  // Numeric ranges are checked by the flags' validators (main); these are the choices.
   ACC_CHECK(a.model == "gpt" || a.model == "llama", "--model must be gpt or llama, got '", a.model,
             "'");
-  ACC_CHECK(a.steps > 0, "--steps must be > 0, got ", a.steps);
-  ACC_CHECK(a.batch_size > 0, "--batch-size must be > 0, got ", a.batch_size);
-  ACC_CHECK(a.seq_len > 0, "--seq-len must be > 0, got ", a.seq_len);
-  ACC_CHECK(a.grad_clip >= 0, "--grad-clip must be >= 0 (0 = off), got ", a.grad_clip);
-  ACC_CHECK(a.log_every > 0, "--log-every must be > 0, got ", a.log_every);
   ACC_CHECK(a.lr_schedule == "constant" || a.lr_schedule == "cosine",
             "--lr-schedule must be constant or cosine, got '", a.lr_schedule, "'");
   ACC_CHECK(!a.data.empty(),
@@ -134,16 +134,30 @@ int run(const Args& a) {
     if (!a.log_json.empty()) check_output_path(a.log_json, "--log-json");
   }
 
+  // More threads than cores time-slice every GEMM: say so (it ran 10x slower without a word).
+  const int cores = usable_cores();
+  if (a.threads * dist::local_world_size() > cores && dist::rank() == 0) {
+    logging::warn(
+        "--threads {} x {} rank(s) on this node = {} threads on {} usable core(s): they will "
+        "time-slice and run slower than --threads {}",
+        a.threads, dist::local_world_size(), a.threads * dist::local_world_size(), cores,
+        std::max(1, cores / dist::local_world_size()));
+  }
+
   // Model.
   nlohmann::json config =
-      a.config.empty() ? default_config(a.model) : models::read_json_file(a.config);
+      a.config.empty() ? default_config(a.model) : read_json_file(a.config, "--config");
   manual_seed(a.seed);
   models::LanguageModelPtr model = models::create_model(a.model, config);
   model->set_fused_attention(!a.reference_attention);
   ACC_CHECK(a.seq_len <= model->max_seq_len(), "--seq-len ", a.seq_len,
             " exceeds the model's maximum sequence length ", model->max_seq_len());
   if (!a.init_from.empty()) {
-    model->load_pretrained(io::load_safetensors(a.init_from).tensors);
+    try {
+      model->load_pretrained(io::load_safetensors(a.init_from).tensors);
+    } catch (const ValueError& e) {
+      ACC_THROW(ValueError, "--init-from '", a.init_from, "': ", e.what());
+    }
     logging::info("loaded weights from {}", a.init_from);
   }
 
@@ -205,19 +219,42 @@ int run(const Args& a) {
 
   int64_t start_step = 0;
   if (!a.resume.empty()) {
+    // Everything about the checkpoint is checked before any of it is loaded.
     io::SafetensorsFile ck = io::load_safetensors(a.resume);
+    const std::string what = "--resume '" + a.resume + "'";
+    for (const char* key : {"loader", "step", "model_type", "config"}) {
+      ACC_CHECK(ck.metadata.count(key), what, " is not a train_gpt checkpoint (no '", key,
+                "' in its metadata)");
+    }
+    start_step = parse_int64(ck.metadata.at("step"), what + ": metadata 'step'");
+    ACC_CHECK(start_step >= 0, what, ": metadata 'step' must be >= 0, got ", start_step);
+    ACC_CHECK(start_step < a.steps, what, " is at step ", start_step, " and --steps is ", a.steps,
+              ": nothing left to train (give --steps > ", start_step, ")");
+    // Same tensor shapes do not make the same model (n_head, activation, dropout): compare the
+    // stored config field by field.
+    ACC_CHECK(ck.metadata.at("model_type") == a.model, what, " holds a ",
+              ck.metadata.at("model_type"), " model, not --model ", a.model);
+    const nlohmann::json saved = parse_json(ck.metadata.at("config"), what + ": metadata 'config'");
+    const nlohmann::json now = model->config_json();
+    for (const auto& [key, value] : now.items()) {
+      const auto it = saved.find(key);
+      ACC_CHECK(it != saved.end() && *it == value, what, " was saved with ", key, " = ",
+                it == saved.end() ? std::string("(absent)") : it->dump(), ", this run has ", key,
+                " = ", value.dump(), ": resume with the checkpoint's model config");
+    }
     nn::NamedTensors weights;
     optim::StateDict ostate;
     for (const auto& [name, t] : ck.tensors) {
       if (name.rfind("model.", 0) == 0) weights.emplace_back(name.substr(6), t);
       if (name.rfind("optim.", 0) == 0) ostate.emplace_back(name.substr(6), t);
     }
+    const std::string non_finite = nn::describe_non_finite(weights);
+    ACC_CHECK(non_finite.empty(), what, ": the checkpoint's weights are not finite: ", non_finite);
+    const nlohmann::json loader_state =
+        parse_json(ck.metadata.at("loader"), what + ": metadata 'loader'");
     model->load_state_dict(weights);
     opt.load_state_dict(ostate);
-    ACC_CHECK(ck.metadata.count("loader") && ck.metadata.count("step"), "--resume: '", a.resume,
-              "' is not a train_gpt checkpoint (no loader/step metadata)");
-    loader.load_state(nlohmann::json::parse(ck.metadata.at("loader")));
-    start_step = std::stoll(ck.metadata.at("step"));
+    loader.load_state(loader_state);
     logging::info("resumed from {} at step {}", a.resume, start_step);
   }
 
@@ -244,8 +281,18 @@ int run(const Args& a) {
     const double lr = schedule->apply(opt, step);
     const double loss_v = trainer->train_step(batch);
     const double ms = timer.elapsed_ms();
-    ACC_CHECK(std::isfinite(loss_v), "loss became ", loss_v, " at step ", step,
-              "; lower --lr or set --grad-clip");
+    if (!std::isfinite(loss_v)) {
+      // Say where it came from: the weights were finite when loaded (checked there).
+      const std::string bad = nn::describe_non_finite(model->named_parameters());
+      ACC_THROW(ValueError, "loss became ", loss_v, " at step ", step, "; ",
+                !bad.empty() ? "the updates made the parameters non-finite (" + bad +
+                                   "): lower --lr or set --grad-clip"
+                : step == start_step
+                    ? std::string("every parameter is finite, so the forward pass overflowed on "
+                                  "this batch (weights or activations too large)")
+                    : std::string("every parameter is finite, so the forward pass overflowed: "
+                                  "lower --lr or set --grad-clip"));
+    }
     if (std::isnan(first_loss)) first_loss = loss_v;
     last_loss = loss_v;
     if (step > start_step) step_ms.push_back(ms);  // the first step warms caches up
@@ -317,26 +364,55 @@ int main(int argc, char** argv) {
   app.add_option("--save-checkpoint", a.save_checkpoint,
                  "write weights, optimizer state and data position to resume from");
   app.add_option("--resume", a.resume, "continue from a --save-checkpoint file");
-  app.add_option("--steps", a.steps, "total optimizer steps")->capture_default_str();
-  app.add_option("--batch-size", a.batch_size, "sequences per step")->capture_default_str();
-  app.add_option("--seq-len", a.seq_len, "tokens per sequence")->capture_default_str();
-  app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
+  // Every number is checked whole and in range before anything runs (acc::cli): no clamping,
+  // no inf or nan, no negative counts.
+  using acc::cli::integer;
+  using acc::cli::kOpen;
+  using acc::cli::number;
+  app.add_option("--steps", a.steps, "total optimizer steps")
+      ->check(integer(1))
+      ->capture_default_str();
+  app.add_option("--batch-size", a.batch_size, "sequences per step")
+      ->check(integer(1))
+      ->capture_default_str();
+  app.add_option("--seq-len", a.seq_len, "tokens per sequence")
+      ->check(integer(1))
+      ->capture_default_str();
+  app.add_option("--lr", a.lr, "peak learning rate")
+      ->check(number(0, kOpen))
+      ->capture_default_str();
   app.add_option("--lr-schedule", a.lr_schedule, "constant | cosine")->capture_default_str();
-  app.add_option("--warmup-steps", a.warmup_steps, "linear warmup steps")->capture_default_str();
-  app.add_option("--min-lr", a.min_lr, "final lr of the cosine schedule")->capture_default_str();
+  app.add_option("--warmup-steps", a.warmup_steps, "linear warmup steps")
+      ->check(integer(0))
+      ->capture_default_str();
+  app.add_option("--min-lr", a.min_lr, "final lr of the cosine schedule")
+      ->check(number(0))
+      ->capture_default_str();
   app.add_option("--weight-decay", a.weight_decay, "AdamW decoupled weight decay")
+      ->check(number(0))
       ->capture_default_str();
-  app.add_option("--beta1", a.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", a.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--eps", a.eps, "AdamW eps")->capture_default_str();
+  app.add_option("--beta1", a.beta1, "AdamW beta1")
+      ->check(number(0, acc::cli::kClosed, 1, kOpen))
+      ->capture_default_str();
+  app.add_option("--beta2", a.beta2, "AdamW beta2")
+      ->check(number(0, acc::cli::kClosed, 1, kOpen))
+      ->capture_default_str();
+  app.add_option("--eps", a.eps, "AdamW eps")->check(number(0, kOpen))->capture_default_str();
   app.add_option("--grad-clip", a.grad_clip, "max global gradient norm (0 = off)")
+      ->check(number(0))
       ->capture_default_str();
-  app.add_option("--seed", a.seed, "seed for init and data order")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed for init and data order")
+      ->check(integer(0))
+      ->capture_default_str();
   app.add_option("--threads", a.threads, "threads for OpenBLAS and TBB together")
+      ->check(integer(1, 4096))
       ->capture_default_str();
   app.add_option("--log-json", a.log_json, "one JSON line per step");
-  app.add_option("--log-every", a.log_every, "console log interval")->capture_default_str();
-  app.add_option("--sample", a.sample, "print this many sampled bytes at the end (text models)");
+  app.add_option("--log-every", a.log_every, "console log interval")
+      ->check(integer(1))
+      ->capture_default_str();
+  app.add_option("--sample", a.sample, "print this many sampled bytes at the end (text models)")
+      ->check(integer(0));
   app.add_option("--strategy", a.strategy,
                  "strategy JSON (file or inline), e.g. '[{\"name\": \"ddp\"}]'; run under "
                  "mpirun -np N");
@@ -345,7 +421,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // A bad command line exits 2 (CLI11's own codes are 100+); --help exits 0.
+    return app.exit(e) == 0 ? 0 : 2;
   }
   int rc = 0;
   try {

@@ -82,6 +82,8 @@ void LanguageModel::load_pretrained(const nn::NamedTensors& tensors) {
     ACC_THROW(ValueError, model_type(), ": pretrained weights hold ", unexpected.size(),
               " entries the model does not have: ", list);
   }
+  const std::string non_finite = nn::describe_non_finite(picked);
+  ACC_CHECK(non_finite.empty(), model_type(), ": pretrained weights are not finite: ", non_finite);
   load_state_dict(picked, /*strict=*/true);
 }
 

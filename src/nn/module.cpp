@@ -1,6 +1,7 @@
 #include "acc/nn/module.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "acc/tensor/node.hpp"
 #include "acc/tensor/observer.hpp"
@@ -215,8 +216,8 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
   std::vector<std::string> missing, unexpected;
   std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
   for (const auto& [name, dst] : own) {
-    auto it =
-        std::find_if(state.begin(), state.end(), [&](const auto& p) { return p.first == name; });
+    auto it = std::find_if(state.begin(), state.end(),
+                           [&n = name](const auto& p) { return p.first == n; });
     if (it == state.end()) {
       missing.push_back(name);
       continue;
@@ -233,7 +234,7 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
   }
   for (const auto& [name, src] : state) {
     bool known =
-        std::any_of(own.begin(), own.end(), [&](const auto& p) { return p.first == name; });
+        std::any_of(own.begin(), own.end(), [&n = name](const auto& p) { return p.first == n; });
     if (!known) unexpected.push_back(name);
   }
   if (strict && (!missing.empty() || !unexpected.empty())) {
@@ -314,6 +315,29 @@ Tensor ModuleList::forward(const Tensor& x) {
   Tensor h = x;
   for (auto& m : modules_) h = (*m)(h);
   return h;
+}
+
+std::string describe_non_finite(const NamedTensors& tensors) {
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined() || t.is_meta() ||
+        (t.dtype() != DType::kFloat32 && t.dtype() != DType::kBFloat16)) {
+      continue;
+    }
+    const std::vector<float> v = t.to_vector<float>();
+    int64_t bad = 0, first = -1;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!std::isfinite(v[i])) {
+        if (first < 0) first = static_cast<int64_t>(i);
+        ++bad;
+      }
+    }
+    if (bad > 0) {
+      return ::acc::detail::str_cat(name, " holds ", bad, " non-finite value(s) of ", v.size(),
+                                    ", the first ", v[static_cast<size_t>(first)], " at index ",
+                                    first);
+    }
+  }
+  return {};
 }
 
 }  // namespace acc::nn

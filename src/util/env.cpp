@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "acc/util/error.hpp"
+#include "acc/util/parse.hpp"
 
 namespace acc::env {
 
@@ -16,23 +17,13 @@ std::optional<std::string> get(const char* name) {
 int64_t get_int(const char* name, int64_t fallback) {
   auto v = get(name);
   if (!v) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  long long x = std::strtoll(v->c_str(), &end, 10);
-  ACC_CHECK(errno == 0 && end != v->c_str() && *end == '\0', "environment variable ", name, "='",
-            *v, "' is not an integer");
-  return x;
+  return parse_int64(*v, std::string("environment variable ") + name);
 }
 
 double get_double(const char* name, double fallback) {
   auto v = get(name);
   if (!v) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  double x = std::strtod(v->c_str(), &end);
-  ACC_CHECK(errno == 0 && end != v->c_str() && *end == '\0', "environment variable ", name, "='",
-            *v, "' is not a number");
-  return x;
+  return parse_double(*v, std::string("environment variable ") + name);
 }
 
 std::string get_string(const char* name, const std::string& fallback) {

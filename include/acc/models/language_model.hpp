@@ -47,7 +47,8 @@ class LanguageModel : public nn::Module {
   /// the input embedding bitwise (PyTorch saves the tied tensor twice; any other content or shape
   /// is an acc::ValueError, since the model would silently train something else), causal-mask
   /// buffers ("*.attn.bias", "*.attn.masked_bias") and rotary "*.rotary_emb.inv_freq". Anything
-  /// else unexpected is an acc::ValueError listing the names.
+  /// else unexpected is an acc::ValueError listing the names, and so is a NaN or infinite value
+  /// (nn::describe_non_finite names the tensor).
   void load_pretrained(const nn::NamedTensors& tensors);
 
   /// Chooses the fused flash attention (default) or the reference matmul/softmax path.
@@ -76,9 +77,9 @@ nlohmann::json read_json_file(const std::string& path);
 /// The config field holding the number of blocks: "n_layer" (gpt), "num_hidden_layers" (llama).
 /// Throws acc::ValueError for another model type.
 const char* config_num_layers_key(const std::string& model_type);
-/// The number of blocks `config` builds, its default applied when absent, as
-/// GPTConfig/LlamaConfig::from_json read it. Throws acc::ValueError as from_json does (the whole
-/// config is validated) or for another model type.
+/// The number of blocks a model built from `config` has, read as GPTConfig/LlamaConfig::from_json
+/// read it (the whole config is validated). Throws acc::ValueError as from_json does or for
+/// another model type.
 int64_t config_num_layers(const std::string& model_type, const nlohmann::json& config);
 /// `config` with its number of blocks set to `num_layers`, every other field as given. Throws
 /// acc::ValueError when num_layers < 1 or the result is not a valid config.

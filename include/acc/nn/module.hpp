@@ -23,6 +23,11 @@ namespace acc::nn {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+/// Describes the first floating tensor of `tensors` that holds a NaN or an infinity ("<name> holds
+/// 3 non-finite value(s) of 64, the first nan at index 17"); empty when every value is finite.
+/// Loading weights checks this, so that a NaN loss later can say where it came from.
+std::string describe_non_finite(const NamedTensors& tensors);
+
 class Module;
 using ModulePtr = std::shared_ptr<Module>;
 using NamedModules = std::vector<std::pair<std::string, ModulePtr>>;

@@ -1,0 +1,66 @@
+#pragma once
+// CLI11 validators for AutoAcc's command-line tools, so that every tool refuses the same things
+// with the same words: an integer flag takes exactly an integer that fits in 64 bits (CLI11 would
+// clamp 99999999999999999999 to the int64 maximum) within a range, a floating flag a finite
+// number (CLI11 accepts inf and nan) within a range. A refused value exits 2 through CLI11 with
+// "--flag: <reason>" naming the value.
+//
+//   app.add_option("--steps", steps)->check(acc::cli::integer(1));
+//   app.add_option("--lr", lr)->check(acc::cli::number(0, acc::cli::kOpen));
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "acc/util/parse.hpp"
+
+namespace acc::cli {
+
+/// Integers in [lo, hi].
+inline CLI::Validator integer(int64_t lo = std::numeric_limits<int64_t>::min(),
+                              int64_t hi = std::numeric_limits<int64_t>::max()) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        if (auto e = int64_error(s)) return *e;
+        const int64_t v = std::strtoll(s.c_str(), nullptr, 10);
+        if (v < lo) return "must be >= " + std::to_string(lo) + ", got " + s;
+        if (v > hi) return "must be <= " + std::to_string(hi) + ", got " + s;
+        return {};
+      },
+      "INT", "integer");
+}
+
+enum Bound { kClosed, kOpen };
+
+namespace detail {
+inline std::string bound_text(const char* op, double v) {
+  std::ostringstream o;
+  o << "must be " << op << " " << v;
+  return o.str();
+}
+}  // namespace detail
+
+/// Finite numbers from lo (inclusive unless kOpen) up to hi (inclusive unless hi_bound is kOpen).
+inline CLI::Validator number(double lo = -std::numeric_limits<double>::max(),
+                             Bound lo_bound = kClosed,
+                             double hi = std::numeric_limits<double>::max(),
+                             Bound hi_bound = kClosed) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        if (auto e = finite_double_error(s)) return *e;
+        const double v = std::strtod(s.c_str(), nullptr);
+        if (v < lo || (lo_bound == kOpen && v == lo)) {
+          return detail::bound_text(lo_bound == kOpen ? ">" : ">=", lo) + ", got " + s;
+        }
+        if (v > hi || (hi_bound == kOpen && v == hi)) {
+          return detail::bound_text(hi_bound == kOpen ? "<" : "<=", hi) + ", got " + s;
+        }
+        return {};
+      },
+      "FLOAT", "number");
+}
+
+}  // namespace acc::cli
