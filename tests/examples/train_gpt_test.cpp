@@ -118,11 +118,11 @@ TEST(TrainGpt, BadFlagsGetClearErrors) {
       {"--data " + data + " --data-format u8", "u8"},
       {"--data " + data + " --data-order shuffled", "shuffled"},
       {"--data /nonexistent/tokens.bin", "/nonexistent/tokens.bin"},
-      {"--data " + data + " --steps 0", "--steps must be > 0, got 0"},
+      {"--data " + data + " --steps 0", "--steps: must be >= 1, got 0"},
       {"--data " + data + " --seq-len 100000", "--seq-len 100000 exceeds"},
       {"--data " + data + " --config /nonexistent.json", "/nonexistent.json"},
       {"--data " + data + " --init-from /nonexistent.safetensors", "/nonexistent.safetensors"},
-      {"--data " + data + " --grad-clip -1", "--grad-clip must be >= 0"},
+      {"--data " + data + " --grad-clip -1", "--grad-clip: must be >= 0, got -1"},
       // Output paths are checked before any training (no step is logged).
       {"--data " + data + " --save /nonexistent-dir/w.safetensors",
        "--save '/nonexistent-dir/w.safetensors': directory '/nonexistent-dir' does not exist"},

@@ -1,0 +1,247 @@
+// Issue 16's table: what a hostile but fair user tried, and what each must now get. One row per
+// case: the command (train_gpt, or train_gpt under mpirun), the exit code, the words the output
+// must contain and the words it must not (no training step logged, no crash). Every row failed on
+// the code before issue 16 (wrong exit code, silent acceptance, a crash or a message without the
+// value). acc-trace's rows are in tests/trace/acc_trace_cli_test.cpp, output paths in
+// train_gpt_test's BadFlagsGetClearErrors.
+//
+// Exit codes: 2 a bad command line (CLI11 validators), 1 an error while running.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "acc/io/safetensors.hpp"
+#include "acc/util/system.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code;
+  std::string output;
+};
+
+Result run_shell(const std::string& cmd) {
+  Result r{0, ""};
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  char buf[4096];
+  while (fgets(buf, sizeof(buf), p)) r.output += buf;
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+void write(const fs::path& p, const std::string& text) {
+  std::ofstream(p) << text;
+}
+
+struct Case {
+  std::string item;     // issue 16 item
+  std::string command;  // {tg} = train_gpt with small common flags, {mpi} = mpirun prefix,
+                        // {dir} = the fixture directory
+  int exit_code;
+  std::vector<std::string> words;
+  std::vector<std::string> absent = {"| loss", "free()", "Signal:", "Aborted"};
+};
+
+class HostileInput : public testing::Test {
+ protected:
+  static fs::path dir;
+
+  static void SetUpTestSuite() {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);  // as scripts/setup.sh, for a run outside CTest
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    dir = fs::temp_directory_path() / ("acc_hostile_input_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+    write(dir / "text.txt", text);
+    const nlohmann::json a = {
+        {"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"vocab_size", 256}, {"block_size", 64}};
+    write(dir / "a.json", a.dump());
+    nlohmann::json b = a;
+    b["n_layer"] = 3;
+    write(dir / "b.json", b.dump());
+    nlohmann::json a4 = a;
+    a4["n_head"] = 4;
+    write(dir / "a_nhead4.json", a4.dump());
+    write(dir / "dup.json", R"({"n_layer": 2, "n_head": 2, "n_embd": 32, "n_layer": 3})");
+    fs::create_directories(dir / "a_directory");
+
+    // A checkpoint at step 2 and weights of the same model, then edited copies.
+    const Result ck = run_shell(tg() + " --steps 2 --save-checkpoint " + (dir / "ck.st").string() +
+                                " --save " + (dir / "w.st").string());
+    ASSERT_EQ(ck.exit_code, 0) << ck.output;
+    acc::io::SafetensorsFile w = acc::io::load_safetensors((dir / "w.st").string());
+    acc::Tensor wte;
+    for (auto& [n, t] : w.tensors) {
+      if (n == "transformer.wte.weight") wte = t;
+    }
+    ASSERT_TRUE(wte.defined());
+    auto with_extra = [&](const std::string& file, const std::string& name, acc::Tensor t) {
+      auto tensors = w.tensors;
+      tensors.emplace_back(name, t);
+      acc::io::save_safetensors((dir / file).string(), tensors, w.metadata);
+    };
+    with_extra("head_equal.st", "lm_head.weight", wte.clone());
+    acc::Tensor other = wte.clone();
+    other.data<float>()[3] += 1.0f;
+    with_extra("head_other.st", "lm_head.weight", other);
+    auto nan_weights = w.tensors;
+    for (auto& [n, t] : nan_weights) {
+      if (n == "transformer.h.1.mlp.c_fc.weight") {
+        t = t.clone();
+        t.data<float>()[7] = NAN;
+      }
+    }
+    acc::io::save_safetensors((dir / "nan.st").string(), nan_weights, w.metadata);
+    acc::io::SafetensorsFile c = acc::io::load_safetensors((dir / "ck.st").string());
+    auto meta = c.metadata;
+    meta["step"] = "3abc";
+    acc::io::save_safetensors((dir / "ck_badstep.st").string(), c.tensors, meta);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir); }
+
+  static std::string tg(const std::string& config = "a.json") {
+    return std::string(TRAIN_GPT_BIN) + " --config " + (dir / config).string() + " --data " +
+           (dir / "text.txt").string() + " --data-format text --seq-len 32 --batch-size 4";
+  }
+  static std::string expand(std::string s) {
+    const std::vector<std::pair<std::string, std::string>> vars = {
+        {"{tg_b}", tg("b.json")},
+        {"{tg}", tg()},
+        {"{mpi}", std::string(MPIEXEC_BIN) + " --oversubscribe"},
+        {"{dir}", dir.string()}};
+    for (const auto& [k, v] : vars) {
+      for (size_t at; (at = s.find(k)) != std::string::npos;) s.replace(at, k.size(), v);
+    }
+    return s;
+  }
+  static void check(const Case& c) {
+    const std::string cmd = expand(c.command);
+    const Result r = run_shell(cmd);
+    SCOPED_TRACE("item " + c.item + ": " + cmd + "\n" + r.output);
+    EXPECT_EQ(r.exit_code, c.exit_code);
+    for (const auto& w : c.words)
+      EXPECT_NE(r.output.find(w), std::string::npos) << "missing: " << w;
+    for (const auto& w : c.absent) EXPECT_EQ(r.output.find(w), std::string::npos) << "found: " << w;
+  }
+};
+
+fs::path HostileInput::dir;
+
+TEST_F(HostileInput, CommandLineNumbersAreCheckedWhole) {
+  const std::vector<Case> cases = {
+      {"6",
+       "{tg} --steps 99999999999999999999",
+       2,
+       {"--steps: '99999999999999999999' does not fit in a signed 64-bit integer"}},
+      {"6", "{tg} --seed -1", 2, {"--seed: must be >= 0, got -1"}},
+      {"6", "{tg} --sample -5", 2, {"--sample: must be >= 0, got -5"}},
+      {"6", "{tg} --lr inf", 2, {"--lr: must be a finite number, got 'inf'"}},
+      {"6", "{tg} --lr nan", 2, {"--lr: must be a finite number, got 'nan'"}},
+      {"6", "{tg} --beta2 1", 2, {"--beta2: must be < 1, got 1"}},
+      {"7", "{tg} --steps 3abc", 2, {"--steps: must be an integer, got '3abc'"}},
+      {"7", "{tg} --batch-size 0", 2, {"--batch-size: must be >= 1, got 0"}},
+  };
+  for (const auto& c : cases) check(c);
+}
+
+TEST_F(HostileInput, ConfigsThatSayTooMuchOrTheWrongThing) {
+  const std::vector<Case> cases = {
+      {"6",
+       "{tg} --config {dir}/dup.json",
+       1,
+       {"--config '" + dir.string() + "/dup.json'", "duplicate key", "n_layer"}},
+      {"6",
+       "{tg} --model llama",
+       1,
+       {"llama config is missing required field(s) hidden_size", "it has", "n_layer"}},
+      {"7",
+       "{tg} --config {dir}/a_directory",
+       1,
+       {"--config '" + dir.string() + "/a_directory': is a directory"}},
+      {"7", "{tg} --strategy {dir}/a_directory", 1, {dir.string() + "/a_directory"}},
+  };
+  for (const auto& c : cases) check(c);
+}
+
+TEST_F(HostileInput, PretrainedWeightsAreTakenOnlyAsTheyAre) {
+  const std::vector<Case> cases = {
+      {"6", "{tg} --steps 1 --init-from {dir}/head_equal.st", 0, {"loaded weights"}, {"error"}},
+      {"6",
+       "{tg} --steps 1 --init-from {dir}/head_other.st",
+       1,
+       {"--init-from '" + dir.string() + "/head_other.st'",
+        "lm_head.weight differs from the tied transformer.wte.weight (max abs difference 1"}},
+      {"9",
+       "{tg} --steps 1 --init-from {dir}/nan.st",
+       1,
+       {"pretrained weights are not finite: transformer.h.1.mlp.c_fc.weight holds 1 non-finite "
+        "value(s)",
+        "the first nan at index 7"}},
+  };
+  for (const auto& c : cases) check(c);
+}
+
+TEST_F(HostileInput, ResumeRefusesAnotherModelOrNothingToDo) {
+  const std::vector<Case> cases = {
+      {"5",
+       "{tg} --config {dir}/a_nhead4.json --steps 4 --resume {dir}/ck.st",
+       1,
+       {"was saved with n_head = 2, this run has n_head = 4"}},
+      {"5",
+       "{tg} --steps 2 --resume {dir}/ck.st",
+       1,
+       {"is at step 2 and --steps is 2: nothing left to train"}},
+      {"7",
+       "{tg} --steps 4 --resume {dir}/ck_badstep.st",
+       1,
+       {"metadata 'step' must be an integer, got '3abc'"}},
+  };
+  for (const auto& c : cases) check(c);
+}
+
+TEST_F(HostileInput, MoreThreadsThanCoresIsSaid) {
+  const int threads = acc::usable_cores() + 1;
+  check({"6",
+         "{tg} --steps 1 --threads " + std::to_string(threads),
+         0,
+         {"threads on " + std::to_string(acc::usable_cores()) + " usable core(s)"},
+         {"error"}});
+}
+
+// Ranks started with different configs, batches or strategies: before issue 16 rank 1 died in
+// free() while unwinding from "MPI Error in NBC subrequest: 15", printing no AutoAcc message.
+TEST_F(HostileInput, RanksThatDisagreeAreNamedBeforeTheFirstCollective) {
+  const std::string ddp = " --steps 2 --strategy '[{\"name\": \"ddp\"}]'";
+  const std::vector<Case> cases = {
+      {"1",
+       "{mpi} -np 1 {tg}" + ddp + " : -np 1 {tg_b}" + ddp,
+       1,
+       {"rank 1 has model.config.n_layer = 3, rank 0 has 2"}},
+      {"1",
+       "{mpi} -np 1 {tg}" + ddp + " : -np 1 {tg}" + ddp + " --batch-size 2",
+       1,
+       {"rank 1 has run.batch_size = 2, rank 0 has 4"}},
+      {"1",
+       "{mpi} -np 1 {tg}" + ddp + " : -np 1 {tg} --steps 2 --strategy '[{\"name\": \"zero1\"}]'",
+       1,
+       {"rank 1 has strategy = [{\"config\":{},\"name\":\"zero1\"}], rank 0 has "
+        "[{\"config\":{},\"name\":\"ddp\"}]"}},
+  };
+  for (const auto& c : cases) check(c);
+}
+
+}  // namespace
