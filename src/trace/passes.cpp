@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc::trace {
@@ -79,15 +80,19 @@ std::map<std::string, ScopeStats> scope_stats(const Trace& t) {
     if (vx.kind == VertexKind::kParameter) {
       const std::string owner = parent_of(vx.name);
       const int64_t n = numel_of(vx.outputs.at(0).shape);
-      for (const std::string& s : enclosing_scopes(owner)) out[s].parameters += n;
+      for (const std::string& s : enclosing_scopes(owner)) {
+        out[s].parameters = checked_add(out[s].parameters, n, "parameters of scope '", s, "'");
+      }
       continue;
     }
     if (vx.kind != VertexKind::kOp) continue;
     for (const std::string& s : enclosing_scopes(vx.scope)) {
       ScopeStats& st = out[s];
-      (vx.phase == Phase::kForward ? st.forward_flops : st.backward_flops) += vx.flops;
-      st.bytes_read += vx.bytes_read;
-      st.bytes_written += vx.bytes_written;
+      int64_t& flops = vx.phase == Phase::kForward ? st.forward_flops : st.backward_flops;
+      flops = checked_add(flops, vx.flops, phase_name(vx.phase), " FLOPs of scope '", s, "'");
+      st.bytes_read = checked_add(st.bytes_read, vx.bytes_read, "bytes read in scope '", s, "'");
+      st.bytes_written =
+          checked_add(st.bytes_written, vx.bytes_written, "bytes written in scope '", s, "'");
       st.ops += 1;
     }
   }
@@ -131,9 +136,11 @@ std::vector<BlockGroup> find_blocks(const nn::Module& module) {
     }
     if (!nested) top.push_back(g);
   }
+  // Ordered by parameters in double: only the order matters, and a product too large for int64
+  // must not stop the search for blocks.
   std::stable_sort(top.begin(), top.end(), [](const BlockGroup& a, const BlockGroup& b) {
-    return a.parameters_per_block * static_cast<int64_t>(a.blocks.size()) >
-           b.parameters_per_block * static_cast<int64_t>(b.blocks.size());
+    return static_cast<double>(a.parameters_per_block) * static_cast<double>(a.blocks.size()) >
+           static_cast<double>(b.parameters_per_block) * static_cast<double>(b.blocks.size());
   });
   return top;
 }
@@ -203,7 +210,7 @@ Liveness liveness(const Trace& t) {
   for (int64_t op = -1; op < nops; ++op) {
     for (; e < events.size() && events[e].op_index == op; ++e) {
       const MemoryEvent& ev = events[e];
-      live += ev.bytes;
+      live = checked_add(live, ev.bytes, "bytes alive after op ", op);
       if (ev.bytes > 0) {
         StorageLife s;
         s.storage = ev.storage;
@@ -237,7 +244,8 @@ Liveness liveness(const Trace& t) {
   for (const StorageLife& s : out.storages) {
     if (s.role != StorageLife::Role::kActivation) continue;
     if (s.born < boundary && (s.dies < 0 || s.dies >= boundary - 1)) {
-      out.saved_activation_bytes += s.bytes;
+      out.saved_activation_bytes =
+          checked_add(out.saved_activation_bytes, s.bytes, "activation bytes saved for backward");
     }
   }
   return out;
@@ -251,26 +259,33 @@ double optimizer_state_factor(const std::string& optimizer) {
             "' (expected adamw, adam, sgd_momentum or sgd)");
 }
 
+int64_t optimizer_state_bytes(const std::string& optimizer, int64_t parameter_bytes) {
+  // The factors are whole numbers: exact in int64, and checked like every other byte count.
+  return checked_mul(static_cast<int64_t>(optimizer_state_factor(optimizer)), parameter_bytes,
+                     optimizer, " state bytes of the parameters");
+}
+
 MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer) {
   MemoryEstimate m;
   const Graph& g = t.graph;
-  m.optimizer_state = static_cast<int64_t>(optimizer_state_factor(optimizer) *
-                                           static_cast<double>(t.parameter_bytes));
+  m.optimizer_state = optimizer_state_bytes(optimizer, t.parameter_bytes);
   int64_t live = 0, activations = 0;
   for (const MemoryEvent& ev : g.memory_events()) {
     const bool param = g.parameter_storages().count(ev.storage) > 0;
     const bool grad = g.gradient_storages().count(ev.storage) > 0;
     const bool input = g.input_storages().count(ev.storage) > 0;
     if (ev.bytes > 0) {
-      if (param) m.parameters += ev.bytes;
-      if (grad) m.gradients += ev.bytes;
+      if (param) m.parameters = checked_add(m.parameters, ev.bytes, "parameter bytes");
+      if (grad) m.gradients = checked_add(m.gradients, ev.bytes, "gradient bytes");
     }
-    live += ev.bytes;
-    if (!param && !grad && !input) activations += ev.bytes;
+    live = checked_add(live, ev.bytes, "bytes alive in the step");
+    if (!param && !grad && !input) {
+      activations = checked_add(activations, ev.bytes, "activation bytes alive in the step");
+    }
     m.activations_peak = std::max(m.activations_peak, activations);
     m.peak = std::max(m.peak, live);
   }
-  m.peak += m.optimizer_state;
+  m.peak = checked_add(m.peak, m.optimizer_state, "peak bytes of the step");
   return m;
 }
 
@@ -278,9 +293,14 @@ ComputeEstimate estimate_compute(const Trace& t) {
   ComputeEstimate c;
   for (VertexId v : t.graph.ops()) {
     const Vertex& vx = t.graph.vertex(v);
-    (vx.phase == Phase::kForward ? c.forward_flops : c.backward_flops) += vx.flops;
+    int64_t& flops = vx.phase == Phase::kForward ? c.forward_flops : c.backward_flops;
+    flops = checked_add(flops, vx.flops, phase_name(vx.phase), " FLOPs of the step");
   }
   return c;
+}
+
+int64_t ComputeEstimate::total() const {
+  return checked_add(forward_flops, backward_flops, "FLOPs forward + backward");
 }
 
 }  // namespace acc::trace

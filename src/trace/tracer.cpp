@@ -2,12 +2,14 @@
 
 #include <atomic>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "acc/autograd/ops.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/nn/recompute.hpp"
 #include "acc/tensor/observer.hpp"
 #include "acc/trace/passes.hpp"
+#include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc::trace {
@@ -95,7 +97,9 @@ class Recorder : public detail::OpObserver {
     bytes_.erase(it);
   }
 
-  void on_flops(int64_t flops, bool) override { pending_flops_ += flops; }
+  void on_flops(int64_t flops, bool) override {
+    pending_flops_ = checked_add(pending_flops_, flops, "FLOPs of one op");
+  }
 
   void on_backward_begin(const std::vector<Tensor>& grads) override {
     std::vector<TensorInfo> infos;
@@ -120,17 +124,20 @@ class Recorder : public detail::OpObserver {
     if (backward && !pending_inputs_.empty()) {
       v.inputs = std::move(pending_inputs_.back());
       pending_inputs_.pop_back();
-      for (const TensorInfo& ti : v.inputs) v.bytes_read += ti.nbytes;
+      for (const TensorInfo& ti : v.inputs) {
+        v.bytes_read = checked_add(v.bytes_read, ti.nbytes, "bytes read by ", v.name);
+      }
     }
     for (const Tensor& t : inputs) {
       if (!t.defined()) continue;
       v.inputs.push_back(info(t));
-      v.bytes_read += v.inputs.back().nbytes;
+      v.bytes_read = checked_add(v.bytes_read, v.inputs.back().nbytes, "bytes read by ", v.name);
     }
     for (const Tensor& t : outputs) {
       if (!t.defined()) continue;
       v.outputs.push_back(info(t));
-      v.bytes_written += v.outputs.back().nbytes;
+      v.bytes_written =
+          checked_add(v.bytes_written, v.outputs.back().nbytes, "bytes written by ", v.name);
     }
     VertexId id = boost::add_vertex(v, g_.g_);
     g_.ops_.push_back(id);
@@ -201,9 +208,8 @@ class MetaSwap {
   };
 
   void swap(Tensor& t, const std::string& name, Recorder& rec, VertexKind kind) {
-    for (const auto& s : saved_) {
-      if (s.tensor.is_same(t)) return;  // tied: already swapped
-    }
+    // A set, not a scan of saved_: a model with 10^5 parameters spent seconds here.
+    if (!swapped_.insert(t.impl()).second) return;  // tied: already swapped
     TensorImpl* impl = t.impl();
     Saved s{t, impl->storage, impl->offset, impl->strides, nullptr};
     if (impl->autograd) {
@@ -218,6 +224,7 @@ class MetaSwap {
   }
 
   std::vector<Saved> saved_;
+  std::unordered_set<const TensorImpl*> swapped_;  // identity within this guard only
 };
 
 // The strategies' block wrappers applied while alive, through the code paths of the `amp` and
@@ -270,8 +277,9 @@ Trace trace(nn::Module& module, const LossFn& loss_fn, const std::vector<Tensor>
   t.model_type = module.type_name();
   t.options = options;
   for (const auto& [name, p] : module.named_parameters()) {
-    t.num_parameters += p.numel();
-    t.parameter_bytes += static_cast<int64_t>(p.nbytes());
+    t.num_parameters = checked_add(t.num_parameters, p.numel(), "parameter count of the model");
+    t.parameter_bytes = checked_add(t.parameter_bytes, static_cast<int64_t>(p.nbytes()),
+                                    "parameter bytes of the model");
   }
   Recorder rec(t.graph);
   {

@@ -1,15 +1,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <fstream>
 #include <map>
+#include <thread>
 
 #include "acc/autograd/checkpoint.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
 #include "acc/tensor/allocator.hpp"
 #include "acc/trace/dump.hpp"
+#include "acc/trace/estimate.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/system.hpp"
 
 namespace acc {
 namespace {
@@ -335,6 +340,168 @@ TEST(Trace, RecomputeLowersTheActivationPeak) {
 TEST(Trace, BadOptionsAreRejected) {
   EXPECT_THROW(trace::parse_recompute("selective"), ValueError);
   EXPECT_THROW(trace::optimizer_state_factor("lamb"), ValueError);
+}
+
+// ---- the training need of a deep model, extrapolated from 1 and 2 blocks ----
+
+struct NeedCase {
+  std::string name;
+  std::string model;
+  trace::TraceOptions options;
+};
+
+class TrainingNeed : public testing::TestWithParam<NeedCase> {};
+
+// Against full traces of the same config at several depths, every figure equal: the counts are
+// linear in the depth, the peaks follow from the timeline of the runs of blocks cut short.
+TEST_P(TrainingNeed, ExtrapolationMatchesFullTraces) {
+  const NeedCase& nc = GetParam();
+  const nlohmann::json config = nc.model == "gpt" ? small_gpt(1).to_json() : small_llama();
+  const int64_t B = 2, T = 32;
+  for (int64_t n : {1, 2, 3, 4, 5, 8, 13}) {
+    const nlohmann::json deep = models::config_with_num_layers(nc.model, config, n);
+    const trace::TrainingNeed need =
+        trace::estimate_training_need(nc.model, deep, B, T, nc.options, "adamw");
+    DefaultDeviceGuard meta(Device::kMeta);
+    auto model = models::create_model(nc.model, deep);
+    Tensor idx = empty({B, T}, {DType::kInt64, Device::kMeta});
+    const trace::Trace t = trace::trace(*model, {idx, idx}, nc.options);
+    const auto mem = trace::estimate_memory(t, "adamw");
+    const auto flops = trace::estimate_compute(t);
+    const std::string at = nc.name + " at " + std::to_string(n) + " blocks";
+    EXPECT_EQ(need.num_layers, n) << at;
+    EXPECT_EQ(need.parameters, t.num_parameters) << at;
+    EXPECT_EQ(need.compute.forward_flops, flops.forward_flops) << at;
+    EXPECT_EQ(need.compute.backward_flops, flops.backward_flops) << at;
+    EXPECT_EQ(need.graph_vertices, static_cast<int64_t>(t.graph.num_vertices())) << at;
+    EXPECT_EQ(need.graph_ops, static_cast<int64_t>(t.graph.ops().size())) << at;
+    EXPECT_EQ(need.graph_forward_ops, t.graph.backward_begin()) << at;
+    EXPECT_EQ(need.memory.parameters, mem.parameters) << at;
+    EXPECT_EQ(need.memory.gradients, mem.gradients) << at;
+    EXPECT_EQ(need.memory.optimizer_state, mem.optimizer_state) << at;
+    EXPECT_EQ(need.memory.activations_peak, mem.activations_peak) << at;
+    EXPECT_EQ(need.memory.peak, mem.peak) << at;
+    EXPECT_EQ(need.total(), need.memory.peak);
+    EXPECT_EQ(need.parameters_per_block, trace::find_blocks(*model).at(0).parameters_per_block);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, TrainingNeed,
+    testing::Values(NeedCase{"gpt", "gpt", {}},
+                    NeedCase{"gpt_recompute", "gpt", {.recompute = trace::Recompute::kBlock}},
+                    NeedCase{"gpt_recompute_2",
+                             "gpt",
+                             {.recompute = trace::Recompute::kBlock, .recompute_blocks = 2}},
+                    NeedCase{"gpt_recompute_4",
+                             "gpt",
+                             {.recompute = trace::Recompute::kBlock, .recompute_blocks = 4}},
+                    NeedCase{"gpt_bf16", "gpt", {.bf16_activations = true}},
+                    NeedCase{"gpt_bf16_recompute_3",
+                             "gpt",
+                             {.recompute = trace::Recompute::kBlock,
+                              .recompute_blocks = 3,
+                              .bf16_activations = true}},
+                    NeedCase{"llama", "llama", {}},
+                    NeedCase{"llama_recompute", "llama", {.recompute = trace::Recompute::kBlock}},
+                    NeedCase{"llama_recompute_1",
+                             "llama",
+                             {.recompute = trace::Recompute::kBlock, .recompute_blocks = 1}}),
+    [](const testing::TestParamInfo<NeedCase>& info) { return info.param.name; });
+
+TEST(TrainingNeed, BillionsOfBlocksAnswerWithoutBuildingThem) {
+  nlohmann::json config = small_gpt(1).to_json();
+  config["n_layer"] = 1000000000;
+  const auto start = std::chrono::steady_clock::now();
+  const trace::TrainingNeed need = trace::estimate_training_need("gpt", config, 2, 32);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0) << "built the model?";  // milliseconds; generous for a loaded machine
+  const trace::TrainingNeed one =
+      trace::estimate_training_need("gpt", small_gpt(1).to_json(), 2, 32);
+  const trace::TrainingNeed two =
+      trace::estimate_training_need("gpt", small_gpt(2).to_json(), 2, 32);
+  EXPECT_EQ(need.parameters, one.parameters + 999999999 * (two.parameters - one.parameters));
+  EXPECT_EQ(need.parameters_per_block, two.parameters - one.parameters);
+  EXPECT_EQ(need.block_type, "GPTBlock");
+  EXPECT_GT(need.trace_host_bytes, int64_t{1} << 40);
+}
+
+TEST(TrainingNeed, FiguresThatDoNotFitNameTheBlockCountOrTheShape) {
+  nlohmann::json config = small_gpt(1).to_json();
+  config["n_layer"] = 1000000000000000000;
+  try {
+    trace::estimate_training_need("gpt", config, 2, 32);
+    ADD_FAILURE() << "10^18 blocks were estimated";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("gpt n_layer 1000000000000000000: "), std::string::npos)
+        << e.what();
+  }
+  config["n_layer"] = 2;
+  config["n_embd"] = 1000000000;
+  config["n_head"] = 1;
+  try {
+    trace::estimate_training_need("gpt", config, 1, 32);
+    ADD_FAILURE() << "n_embd 1e9 was estimated";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("shape [3000000000, 1000000000]"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(trace::estimate_training_need("gpt", small_gpt(1).to_json(), 0, 32), ValueError);
+  EXPECT_THROW(trace::estimate_training_need("gpt", small_gpt(1).to_json(), 1, -1), ValueError);
+  EXPECT_THROW(trace::estimate_training_need("gpt", small_gpt(1).to_json(), 1, 32, {}, "lamb"),
+               ValueError);
+  EXPECT_THROW(trace::estimate_training_need("bert", small_gpt(1).to_json(), 1, 32), ValueError);
+}
+
+TEST(TrainingNeed, CheckFitsRefusesWithBothFigures) {
+  const trace::TrainingNeed need =
+      trace::estimate_training_need("gpt", small_gpt(2).to_json(), 2, 32);
+  EXPECT_NO_THROW(trace::check_fits(need, need.total(), "train_gpt"));
+  try {
+    trace::check_fits(need, need.total() - 1, "train_gpt");
+    ADD_FAILURE() << "a need one byte over the memory passed";
+  } catch (const ValueError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(
+        msg.rfind("train_gpt: a training step of gpt n_layer 2 at batch 2 x seq 32 needs ", 0), 0u)
+        << msg;
+    EXPECT_NE(msg.find("(" + std::to_string(need.total()) + " bytes"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(" + std::to_string(need.total() - 1) + " bytes) of memory available"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST(TrainingNeed, ConfigDepthIsReadAndRewritten) {
+  EXPECT_EQ(models::config_num_layers("gpt", small_gpt(3).to_json()), 3);
+  EXPECT_EQ(models::config_num_layers("llama", small_llama()), 2);
+  const nlohmann::json deep = models::config_with_num_layers("llama", small_llama(), 7);
+  EXPECT_EQ(deep["num_hidden_layers"], 7);
+  EXPECT_EQ(deep["hidden_size"], 64);
+  EXPECT_THROW(models::config_with_num_layers("gpt", small_gpt(1).to_json(), 0), ValueError);
+  nlohmann::json bad = small_gpt(1).to_json();
+  bad["n_layer"] = -1;
+  EXPECT_THROW(models::config_num_layers("gpt", bad), ValueError);
+  bad.erase("n_layer");
+  EXPECT_THROW(models::config_num_layers("gpt", bad), ValueError);  // required since 20e00c4
+  EXPECT_THROW(models::config_num_layers("bert", bad), ValueError);
+}
+
+TEST(System, MemoryAndCoresArePositiveAndWithinTheMachine) {
+  const int64_t total = physical_memory_bytes();
+  const int64_t available = available_memory_bytes();
+  EXPECT_GT(total, 0);
+  EXPECT_GT(available, 0);
+  EXPECT_LE(available, total);
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  meminfo >> key >> kib;
+  ASSERT_EQ(key, "MemTotal:");
+  EXPECT_LE(total, kib * 1024);
+  EXPECT_GE(usable_cores(), 1);
+  EXPECT_LE(usable_cores(), static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 }  // namespace

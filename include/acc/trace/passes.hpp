@@ -2,6 +2,10 @@
 // Analyses over a trace: FLOPs and bytes per module scope, the repeated-block structure, the
 // patterns tensor parallelism shards, topological order, liveness of activations, and the memory
 // and compute estimates the strategy search trusts.
+//
+// Every count is int64 (elements, bytes, FLOPs: exact, and 9.2e18 exceeds any machine's memory and
+// any micro-batch step) and every sum or product is checked: a total that does not fit is an
+// acc::ValueError naming the quantity, never a wrapped negative number.
 
 #include <map>
 #include <string>
@@ -80,6 +84,9 @@ Liveness liveness(const Trace& t);
 /// Bytes of optimizer state per parameter byte: adamw/adam 2, sgd with momentum 1, sgd 0.
 /// Throws acc::ValueError for an unknown optimizer name.
 double optimizer_state_factor(const std::string& optimizer);
+/// optimizer_state_factor(optimizer) x parameter_bytes; throws acc::ValueError for an unknown
+/// optimizer or when the product does not fit in 64 bits.
+int64_t optimizer_state_bytes(const std::string& optimizer, int64_t parameter_bytes);
 
 struct MemoryEstimate {
   int64_t parameters = 0;
@@ -96,7 +103,8 @@ MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer = "a
 struct ComputeEstimate {
   int64_t forward_flops = 0;
   int64_t backward_flops = 0;
-  int64_t total() const { return forward_flops + backward_flops; }
+  /// Throws acc::ValueError when the sum does not fit in 64 bits.
+  int64_t total() const;
 };
 /// FLOPs per step exactly as counted from the ops (recomputed forwards included when present).
 ComputeEstimate estimate_compute(const Trace& t);

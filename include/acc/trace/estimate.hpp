@@ -1,0 +1,89 @@
+#pragma once
+// What one training step of a language model needs, known without building it: the parameters,
+// gradients, optimizer state, activation peak and FLOPs of a model of n blocks, and the size of
+// the graph a full trace of it would hold.
+//
+// Decision: building even a meta model of 10^9 blocks takes minutes and gigabytes of host
+// memory, so the model is never built. Shallow copies of the config are traced on the meta device
+// instead (each in milliseconds):
+//  - counts (parameters, gradient and optimizer bytes, FLOPs, graph vertices and ops) are linear in
+//    the block count for models that repeat one block, as GPT and Llama do:
+//    f(n) = f(1) + (n - 1 - k) * (f(2) - f(1)) + k * (f(2 with block 0 recomputed) - f(1)) when
+//    the first k of n blocks are recomputed (k = 0 when none or all are);
+//  - peaks are not linear where the peak moves (from the start of backward to its end as gradients
+//    outgrow the activations they replace), so they come from the memory timeline of a copy whose
+//    runs of blocks (recomputed, plain) are cut to their first, middle and last block: each block
+//    of the copy stands for `count` blocks of the deep model, repetition r of its segment of the
+//    timeline starts r x (the segment's net change) higher, and the highest point over the
+//    repetitions is in the first or the last. Exact wherever the peak falls.
+// tests/trace/trace_test.cpp compares every figure with full traces of 1 to 13 blocks (GPT, Llama;
+// none, all, the first k recomputed; bf16 activations): all equal. Every step of the arithmetic
+// is checked: a figure that does not fit in 64 bits is an acc::ValueError naming the block count.
+//
+// The figures are for one rank holding the whole model, as acc-trace prints them (a single process
+// or ddp); sharding strategies (zero, fsdp) and pipeline stages hold less.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "acc/trace/passes.hpp"
+#include "acc/trace/tracer.hpp"
+
+namespace acc::trace {
+
+/// Host memory a trace takes per graph vertex (the meta model, the autograd tape and the graph):
+/// measured 1.3-1.8 KiB per vertex in acc-trace's max RSS for GPT and Llama at 100 to 8000 blocks;
+/// rounded up so the estimate errs on the side of refusing.
+inline constexpr int64_t kTraceHostBytesPerVertex = 2048;
+
+struct TrainingNeed {
+  std::string model_type;   // "gpt" | "llama"
+  std::string layers_key;   // the config field counting blocks ("n_layer", "num_hidden_layers")
+  int64_t num_layers = 0;   // blocks of the full model
+  int64_t batch = 0;        // B
+  int64_t seq_len = 0;      // T
+  std::string optimizer;    // whose state memory.optimizer_state counts
+  int64_t parameters = 0;   // elements
+  MemoryEstimate memory;    // bytes, as estimate_memory() of the full trace would give
+  ComputeEstimate compute;  // FLOPs per step, as estimate_compute() of the full trace would give
+  // The repeated blocks (find_blocks() of the shallow model; the count is num_layers).
+  std::string block_type, block_container;
+  int64_t parameters_per_block = 0;
+  // The graph a full trace would hold, and the host memory it would take.
+  int64_t graph_vertices = 0;
+  int64_t graph_ops = 0;
+  int64_t graph_forward_ops = 0;
+  int64_t trace_host_bytes = 0;  // graph_vertices x kTraceHostBytesPerVertex
+
+  /// Bytes one training step needs on a rank holding the whole model: memory.peak (parameters
+  /// and optimizer state throughout, plus the peak of gradients and activations).
+  int64_t total() const { return memory.peak; }
+};
+
+/// Estimates a training step of `model_type` ("gpt" | "llama") built from `config` on micro-batches
+/// of batch x seq_len tokens (seq_len 0: the model's maximum), with the trace options'
+/// recomputation / bf16 activations and `optimizer`'s state (see optimizer_state_factor). Takes
+/// milliseconds for any block count. Throws acc::ValueError for a bad config, batch < 1,
+/// seq_len < 0, an unknown optimizer, or a figure that does not fit in 64 bits (naming the block
+/// count); acc::ShapeError when a tensor of the shallow model or the inputs is too large to
+/// describe (naming its shape); and what the model throws for a sequence longer than it allows.
+TrainingNeed estimate_training_need(const std::string& model_type, const nlohmann::json& config,
+                                    int64_t batch, int64_t seq_len,
+                                    const TraceOptions& options = {},
+                                    const std::string& optimizer = "adamw");
+
+/// Throws acc::ValueError "<what>: a training step needs N bytes (...), more than the M bytes
+/// available" with both figures (exact and human-readable) and the parts of the need, when
+/// need.total() > available_bytes; returns otherwise. A caller about to build a model passes
+/// acc::available_memory_bytes() (acc/util/system.hpp):
+///
+///   auto need = acc::trace::estimate_training_need("gpt", config, B, T, {}, "adamw");
+///   acc::trace::check_fits(need, acc::available_memory_bytes(), "train_gpt");
+void check_fits(const TrainingNeed& need, int64_t available_bytes, const std::string& what);
+
+/// "1.50 GiB" (B, KiB, MiB, GiB, TiB, PiB, EiB), for messages and tables.
+std::string human_bytes(double bytes);
+
+}  // namespace acc::trace

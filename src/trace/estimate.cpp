@@ -1,0 +1,304 @@
+#include "acc/trace/estimate.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+
+#include "acc/models/language_model.hpp"
+#include "acc/tensor/random.hpp"
+#include "acc/util/checked.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc::trace {
+namespace {
+
+// The memory timeline of a step cut where its N blocks begin and end: segment 0 before the
+// blocks, 1..N the forwards of blocks 0..N-1, N+1 between (head, loss), N+2..2N+1 the backwards of
+// blocks N-1..0, 2N+2 after. A deep model whose block i stands for counts[i] blocks of the same
+// kind and place runs each block's two segments counts[i] times. Repetition r of a segment starts
+// r x (its net change) higher than the first, so the highest point over the repetitions lies in
+// the first or the last: the peak of the deep step follows exactly, wherever in the step it falls.
+struct Segment {
+  int64_t delta = 0;  // net bytes born minus died over one repetition
+  int64_t high = 0;   // highest running total after an event, relative to the segment's start
+  bool any = false;   // has events at all
+};
+using Curve = std::vector<Segment>;
+
+// Parameters are all born before the first op and die after the last, so they sit under the whole
+// timeline as one constant (the deep model's parameter bytes) and are left out of `live`.
+struct Timeline {
+  bool ok = false;    // the ops fell into the segments above, in order
+  Curve live;         // every storage but the parameters (estimate_memory's peak)
+  Curve activations;  // activations only (estimate_memory's activations_peak)
+};
+
+Timeline timeline(const Trace& t, const std::vector<std::string>& blocks) {
+  Timeline tl;
+  const Graph& g = t.graph;
+  const int N = static_cast<int>(blocks.size());
+  const int between = N + 1, after = 2 * N + 2;
+  std::vector<int> seg_of_op;
+  std::vector<bool> seen(static_cast<size_t>(after + 1), false);
+  int seg = 0;
+  for (VertexId v : g.ops()) {
+    const Vertex& vx = g.vertex(v);
+    int block = -1;
+    for (int b = 0; b < N; ++b) {
+      if (vx.scope == blocks[b] || vx.scope.rfind(blocks[b] + ".", 0) == 0) block = b;
+    }
+    int s = -1;
+    if (block >= 0) {
+      s = vx.phase == Phase::kForward ? 1 + block : 2 * N + 1 - block;
+    } else if (seg == 0 || seg >= 2 * N + 1) {
+      s = seg == 0 ? 0 : after;
+    } else if (seg == N || seg == between) {
+      s = between;
+    }
+    if (s < seg) return tl;  // not the structure the extrapolation assumes
+    seg = s;
+    seen[s] = true;
+    seg_of_op.push_back(s);
+  }
+  for (int b = 1; b <= N; ++b) {
+    if (!seen[b]) return tl;
+  }
+  tl.live.resize(seen.size());
+  tl.activations.resize(seen.size());
+  for (const MemoryEvent& ev : g.memory_events()) {
+    const int s = ev.op_index < 0 ? 0 : seg_of_op.at(static_cast<size_t>(ev.op_index));
+    const bool parameter = g.parameter_storages().count(ev.storage) > 0;
+    const bool activation = !parameter && !g.gradient_storages().count(ev.storage) &&
+                            !g.input_storages().count(ev.storage);
+    for (Curve* c : {parameter ? nullptr : &tl.live, activation ? &tl.activations : nullptr}) {
+      if (c == nullptr) continue;
+      Segment& sg = (*c)[s];
+      sg.delta = checked_add(sg.delta, ev.bytes, "bytes alive in the step");
+      sg.high = sg.any ? std::max(sg.high, sg.delta) : sg.delta;
+      sg.any = true;
+    }
+  }
+  tl.ok = true;
+  return tl;
+}
+
+// The highest running total of `c` (from 0) with block i's segments repeated counts[i] times.
+int64_t peak_of(const Curve& c, const std::vector<int64_t>& counts, const std::string& label,
+                const char* what) {
+  const size_t N = counts.size();
+  std::vector<int64_t> reps(2 * N + 3, 1);
+  for (size_t b = 0; b < N; ++b) reps[1 + b] = reps[2 * N + 1 - b] = counts[b];
+  int64_t start = 0, peak = 0;
+  for (size_t s = 0; s < reps.size(); ++s) {
+    const Segment& sg = c.at(s);
+    if (reps[s] == 0) continue;
+    if (sg.any) {
+      const int64_t growth =
+          std::max<int64_t>(0, checked_mul(reps[s] - 1, sg.delta, label, ": ", what));
+      peak = std::max(peak, checked_add(checked_add(start, sg.high, label, ": ", what), growth,
+                                        label, ": ", what));
+    }
+    start =
+        checked_add(start, checked_mul(reps[s], sg.delta, label, ": ", what), label, ": ", what);
+  }
+  return peak;
+}
+
+// The figures of one trace: those linear in the block count, and the cut timeline.
+struct Sample {
+  int64_t parameters = 0;
+  MemoryEstimate memory;
+  ComputeEstimate compute;
+  int64_t vertices = 0, ops = 0, forward_ops = 0;
+  Timeline timeline;
+};
+
+// Traces `config` cut to `layers` blocks on the meta device.
+Sample sample(const std::string& model_type, const nlohmann::json& config, int64_t layers,
+              int64_t batch, int64_t seq_len, const TraceOptions& options,
+              const std::string& optimizer, TrainingNeed* blocks_out = nullptr) {
+  DefaultDeviceGuard meta(Device::kMeta);
+  // Not the default generator: a model the caller builds after this estimate initialises exactly
+  // as it would without it.
+  Generator gen(0);
+  auto model = models::create_model(
+      model_type, models::config_with_num_layers(model_type, config, layers), gen);
+  const Tensor idx = empty({batch, seq_len}, {DType::kInt64, Device::kMeta});
+  const Trace t = trace(*model, {idx, idx}, options);
+  Sample s;
+  s.parameters = t.num_parameters;
+  s.memory = estimate_memory(t, optimizer);
+  s.compute = estimate_compute(t);
+  s.vertices = static_cast<int64_t>(t.graph.num_vertices());
+  s.ops = static_cast<int64_t>(t.graph.ops().size());
+  s.forward_ops = t.graph.backward_begin();
+  const auto groups = find_blocks(*model);
+  if (!groups.empty()) {
+    s.timeline = timeline(t, groups.front().blocks);
+    if (blocks_out != nullptr) {
+      blocks_out->block_type = groups.front().type_name;
+      blocks_out->block_container = groups.front().container;
+      blocks_out->parameters_per_block = groups.front().parameters_per_block;
+    }
+  }
+  return s;
+}
+
+// A run of `count` blocks of one kind, as few blocks as keep its first, middle and last distinct
+// (each sees other neighbours), with how many of the deep model's blocks each stands for.
+void add_run(int64_t count, std::vector<int64_t>& counts) {
+  if (count >= 1) counts.push_back(1);
+  if (count >= 3) counts.push_back(count - 2);
+  if (count >= 2) counts.push_back(1);
+}
+
+// f = base + plain * (two - base) + recomputed * (mixed - base), every step checked: `base` is
+// the 1-block trace, `two` the 2-block one, `mixed` the 2-block one with its first block
+// recomputed; `plain` and `recomputed` count the full model's blocks beyond the first by kind.
+struct Extrapolation {
+  std::string label;  // "gpt n_layer 1000000000", for errors
+  int64_t plain = 0, recomputed = 0;
+
+  int64_t operator()(int64_t base, int64_t two, int64_t mixed, const char* what) const {
+    int64_t f =
+        checked_add(base, checked_mul(plain, two - base, label, ": ", what), label, ": ", what);
+    if (recomputed > 0) {
+      f = checked_add(f, checked_mul(recomputed, mixed - base, label, ": ", what), label, ": ",
+                      what);
+    }
+    return f;
+  }
+};
+
+}  // namespace
+
+TrainingNeed estimate_training_need(const std::string& model_type, const nlohmann::json& config,
+                                    int64_t batch, int64_t seq_len, const TraceOptions& options,
+                                    const std::string& optimizer) {
+  ACC_CHECK(batch >= 1, "batch size must be > 0, got ", batch);
+  ACC_CHECK(seq_len >= 0, "sequence length must be > 0 (or 0: the model's maximum), got ", seq_len);
+  ACC_CHECK(options.recompute_blocks >= -1, "recompute_blocks must be >= 0 or -1 (all), got ",
+            options.recompute_blocks);
+  (void)optimizer_state_factor(optimizer);  // validate before the work
+  TrainingNeed need;
+  need.model_type = model_type;
+  need.layers_key = models::config_num_layers_key(model_type);
+  need.num_layers = models::config_num_layers(model_type, config);
+  need.batch = batch;
+  need.optimizer = optimizer;
+  if (seq_len == 0) {
+    DefaultDeviceGuard meta(Device::kMeta);
+    Generator gen(0);
+    seq_len =
+        models::create_model(model_type, models::config_with_num_layers(model_type, config, 1), gen)
+            ->max_seq_len();
+  }
+  need.seq_len = seq_len;
+
+  const int64_t n = need.num_layers;
+  // Recomputation of the first k of n blocks mixes two kinds of block; all or none is one kind.
+  const bool partial = options.recompute == Recompute::kBlock && options.recompute_blocks >= 0 &&
+                       options.recompute_blocks < n;
+  const int64_t k = partial ? options.recompute_blocks : 0;
+  TraceOptions uniform = options;
+  if (partial) uniform.recompute_blocks = 0;
+  Extrapolation ex;
+  ex.label = model_type + " " + need.layers_key + " " + std::to_string(n);
+  // Counts, FLOPs and graph sizes from 1 and 2 blocks (and 2 with the first recomputed).
+  const bool direct = n <= 3 && !partial;  // as shallow as the samples: trace the model itself
+  Sample base, two, mixed;
+  if (direct) {
+    base = two = mixed = sample(model_type, config, n, batch, seq_len, options, optimizer, &need);
+  } else {
+    base = sample(model_type, config, 1, batch, seq_len, uniform, optimizer, &need);
+    two = sample(model_type, config, 2, batch, seq_len, uniform, optimizer);
+    ex.plain = n - 1;
+    if (k > 0) {
+      TraceOptions first = options;
+      first.recompute_blocks = 1;
+      mixed = sample(model_type, config, 2, batch, seq_len, first, optimizer);
+      ex.recomputed = k;
+      ex.plain = n - 1 - k;  // >= 0: partial means k < n
+    }
+  }
+  need.parameters = ex(base.parameters, two.parameters, mixed.parameters, "parameters");
+  need.memory.parameters =
+      ex(base.memory.parameters, two.memory.parameters, mixed.memory.parameters, "parameter bytes");
+  need.memory.gradients =
+      ex(base.memory.gradients, two.memory.gradients, mixed.memory.gradients, "gradient bytes");
+  need.memory.optimizer_state = ex(base.memory.optimizer_state, two.memory.optimizer_state,
+                                   mixed.memory.optimizer_state, "optimizer state bytes");
+  // Peaks from the timeline of the deep model's runs (k recomputed, n - k plain) cut to their
+  // first, middle and last block: at most 6 blocks.
+  if (direct) {
+    need.memory.activations_peak = base.memory.activations_peak;
+    need.memory.peak = base.memory.peak;
+  } else {
+    std::vector<int64_t> counts;
+    add_run(k, counts);
+    add_run(n - k, counts);
+    TraceOptions cut = options;
+    if (partial) cut.recompute_blocks = std::min<int64_t>(k, 3);
+    const Sample shape = sample(model_type, config, static_cast<int64_t>(counts.size()), batch,
+                                seq_len, cut, optimizer);
+    const Timeline& tl = shape.timeline;
+    const std::vector<int64_t> once(counts.size(), 1);
+    // The cut must give back the sample's own peaks; if the blocks do not run one after another,
+    // the peaks are extrapolated like the counts (exact only where the peak keeps its place).
+    if (tl.ok &&
+        peak_of(tl.live, once, ex.label, "peak bytes") ==
+            shape.memory.peak - shape.memory.optimizer_state - shape.memory.parameters &&
+        peak_of(tl.activations, once, ex.label, "activation peak bytes") ==
+            shape.memory.activations_peak) {
+      need.memory.activations_peak =
+          peak_of(tl.activations, counts, ex.label, "activation peak bytes");
+      need.memory.peak = checked_add(checked_add(peak_of(tl.live, counts, ex.label, "peak bytes"),
+                                                 need.memory.parameters, ex.label, ": peak bytes"),
+                                     need.memory.optimizer_state, ex.label, ": peak bytes");
+    } else {
+      need.memory.activations_peak = ex(base.memory.activations_peak, two.memory.activations_peak,
+                                        mixed.memory.activations_peak, "activation peak bytes");
+      need.memory.peak = ex(base.memory.peak, two.memory.peak, mixed.memory.peak, "peak bytes");
+    }
+  }
+  need.compute.forward_flops = ex(base.compute.forward_flops, two.compute.forward_flops,
+                                  mixed.compute.forward_flops, "forward FLOPs");
+  need.compute.backward_flops = ex(base.compute.backward_flops, two.compute.backward_flops,
+                                   mixed.compute.backward_flops, "backward FLOPs");
+  (void)need.compute.total();  // checked here, not first in a caller's printf
+  need.graph_vertices = ex(base.vertices, two.vertices, mixed.vertices, "graph vertices");
+  need.graph_ops = ex(base.ops, two.ops, mixed.ops, "graph ops");
+  need.graph_forward_ops =
+      ex(base.forward_ops, two.forward_ops, mixed.forward_ops, "graph forward ops");
+  need.trace_host_bytes = checked_mul(need.graph_vertices, kTraceHostBytesPerVertex, ex.label,
+                                      ": host bytes of the trace");
+  return need;
+}
+
+void check_fits(const TrainingNeed& need, int64_t available_bytes, const std::string& what) {
+  if (need.total() <= available_bytes) return;
+  const MemoryEstimate& m = need.memory;
+  ACC_THROW(ValueError, what, ": a training step of ", need.model_type, " ", need.layers_key, " ",
+            need.num_layers, " at batch ", need.batch, " x seq ", need.seq_len, " needs ",
+            human_bytes(static_cast<double>(need.total())), " (", need.total(),
+            " bytes: parameters ", human_bytes(static_cast<double>(m.parameters)), ", gradients ",
+            human_bytes(static_cast<double>(m.gradients)), ", ", need.optimizer, " state ",
+            human_bytes(static_cast<double>(m.optimizer_state)), ", activations peak ",
+            human_bytes(static_cast<double>(m.activations_peak)), "), more than the ",
+            human_bytes(static_cast<double>(available_bytes)), " (", available_bytes,
+            " bytes) of memory available");
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (b >= 1024 && u < 6) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.2f %s", b, units[u]);
+  return buf;
+}
+
+}  // namespace acc::trace
