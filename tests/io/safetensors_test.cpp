@@ -625,6 +625,43 @@ TEST_F(Safetensors, DuplicateNames) {
                     "duplicate tensor name 'a'");
 }
 
+// Found with fuzz_safetensors' round-trip check (on a hand-made input): a file with an empty tensor
+// name loaded, but save_safetensors refuses that name, so the loaded tensors could not be saved
+// again.
+TEST_F(Safetensors, EmptyTensorName) {
+  expect_load_error(
+      make_file(R"({"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", kEightBytes),
+      "a tensor has an empty name");
+}
+
+TEST_F(Safetensors, RepeatedKeysInsideAnEntryOrTheMetadata) {
+  // nlohmann kept the last "dtype" (I32) and loaded the tensor as such.
+  expect_load_error(
+      make_file(R"({"a":{"dtype":"F32","dtype":"I32","shape":[2],"data_offsets":[0,8]}})",
+                kEightBytes),
+      "duplicate key 'dtype' in the header entry 'a'");
+  expect_load_error(
+      make_file(R"({"__metadata__":{"k":"1","k":"2"},)" + kGoodEntry + "}", kEightBytes),
+      "duplicate key 'k' in the header entry '__metadata__'");
+}
+
+// Found while writing fuzz_safetensors (a hand-made input, deeper than libFuzzer's inputs go): a
+// shape (or dtype, or any value printed in an error message) nested 200,000 deep overflowed the
+// stack in nlohmann's recursive dump().
+TEST_F(Safetensors, DeepNestingIsRefusedNotAStackOverflow) {
+  const std::string deep = std::string(200'000, '[') + std::string(200'000, ']');
+  expect_load_error(
+      make_file(R"({"a":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", ""),
+      "header nests deeper than 128 levels");
+  expect_load_error(
+      make_file(R"({"a":{"dtype":)" + deep + R"(,"shape":[],"data_offsets":[0,0]}})", ""),
+      "header nests deeper than 128 levels");
+  // Shallow enough nesting still reaches the usual checks.
+  expect_load_error(
+      make_file(R"({"a":{"dtype":"F32","shape":[[[2]]],"data_offsets":[0,8]}})", kEightBytes),
+      "shape [[[2]]] must hold integers");
+}
+
 TEST_F(Safetensors, MetadataMustMapStringsToStrings) {
   expect_load_error(make_file(R"({"__metadata__":{"step":3},)" + kGoodEntry + "}", kEightBytes),
                     "__metadata__ value of 'step' must be a string");

@@ -97,7 +97,9 @@ std::string serialize_safetensors(const NamedTensors& tensors, const Metadata& m
 /// header length beyond the file or above 100 MB, a header that is not a JSON object, an entry
 /// without dtype/shape/data_offsets, an unknown or unsupported dtype, a negative dimension,
 /// data_offsets with begin > end or beyond the data section, a byte size that does not match
-/// shape x dtype size, overlapping or non-contiguous tensors, or a duplicate name.
+/// shape x dtype size, overlapping or non-contiguous tensors, an empty name (save_safetensors
+/// refuses it too), a duplicate name or any key repeated in an entry or the metadata, or JSON
+/// nested deeper than acc::kMaxJsonDepth.
 SafetensorsFile load_safetensors(const std::string& path);
 
 /// load_safetensors() from bytes in memory; `name` stands for the path in messages.
