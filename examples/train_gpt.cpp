@@ -23,6 +23,7 @@
 #include "acc/dist/dist.hpp"
 #include "acc/io/safetensors.hpp"
 #include "acc/strategies/strategy.hpp"
+#include "acc/trace/estimate.hpp"
 #include "acc/util/cli.hpp"
 #include "acc/util/file.hpp"
 #include "acc/util/json.hpp"
@@ -147,6 +148,27 @@ int run(const Args& a) {
   // Model.
   nlohmann::json config =
       a.config.empty() ? default_config(a.model) : read_json_file(a.config, "--config");
+  // Before building anything: does a step fit in this rank's share of the memory available now?
+  // (n_layer 1e9 or --batch-size 1e6 used to allocate until the OOM killer came.) The need is
+  // traced on shallow copies of the config and extrapolated, in milliseconds at any depth. With
+  // a strategy on W ranks the parameters, gradients and optimizer state count 1/W: the least any
+  // data-parallel layout holds, so a run that a sharding strategy would fit is never refused.
+  {
+    trace::TrainingNeed need =
+        trace::estimate_training_need(a.model, config, a.batch_size, a.seq_len);
+    const int64_t world = dist::world_size();
+    if (world > 1 && !a.strategy.empty()) {
+      auto& m = need.memory;
+      const int64_t state = m.parameters + m.gradients + m.optimizer_state;
+      m.peak -= state - state / world;
+      m.parameters /= world;
+      m.gradients /= world;
+      m.optimizer_state /= world;
+    }
+    trace::check_fits(need, available_memory_bytes() / dist::local_world_size(),
+                      "train_gpt (per rank, " + std::to_string(dist::local_world_size()) +
+                          " rank(s) on this node)");
+  }
   manual_seed(a.seed);
   models::LanguageModelPtr model = models::create_model(a.model, config);
   model->set_fused_attention(!a.reference_attention);

@@ -76,6 +76,9 @@ class HostileInput : public testing::Test {
     nlohmann::json a4 = a;
     a4["n_head"] = 4;
     write(dir / "a_nhead4.json", a4.dump());
+    nlohmann::json deep = a;
+    deep["n_layer"] = 1000000000;
+    write(dir / "deep.json", deep.dump());
     write(dir / "dup.json", R"({"n_layer": 2, "n_head": 2, "n_embd": 32, "n_layer": 3})");
     fs::create_directories(dir / "a_directory");
 
@@ -173,6 +176,24 @@ TEST_F(HostileInput, ConfigsThatSayTooMuchOrTheWrongThing) {
        1,
        {"--config '" + dir.string() + "/a_directory': is a directory"}},
       {"7", "{tg} --strategy {dir}/a_directory", 1, {dir.string() + "/a_directory"}},
+  };
+  for (const auto& c : cases) check(c);
+}
+
+// Refused before the model or a batch is built, with the need and the memory available (the
+// timeout of the test bounds the time: these used to allocate until killed).
+TEST_F(HostileInput, AbsurdSizesAreRefusedWithBothFigures) {
+  const std::vector<Case> cases = {
+      {"4",
+       "{tg} --config {dir}/deep.json",
+       1,
+       {"a training step of gpt n_layer 1000000000 at batch 4 x seq 32 needs", "TiB",
+        "more than the", "of memory available"}},
+      {"4",
+       "{tg} --batch-size 1000000",
+       1,
+       {"a training step of gpt n_layer 2 at batch 1000000 x seq 32 needs", "activations peak",
+        "of memory available"}},
   };
   for (const auto& c : cases) check(c);
 }
