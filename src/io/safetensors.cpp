@@ -17,7 +17,9 @@
 #include <set>
 
 #include "acc/util/error.hpp"
+#include "acc/util/file.hpp"
 #include "acc/util/json.hpp"
+#include "acc/util/logging.hpp"
 
 namespace acc::io {
 
@@ -524,9 +526,12 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const Metadata& metadata, const SaveOptions& options) {
   const Prepared p = prepare(tensors, metadata, options);  // validate before touching the disk
 
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  // A save killed mid-write (SIGKILL) leaves its temporary file: the next save of the path
+  // removes those whose process is gone.
+  for (const auto& stale : remove_stale_temp_files(path)) {
+    logging::info("removed '{}', left by an interrupted save of '{}'", stale, path);
+  }
+  const std::string tmp = temp_file_for(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   ACC_CHECK_AS(IoError, fd >= 0, "cannot save ", quoted(path), ": cannot create '", tmp,
                "': ", sys_error());

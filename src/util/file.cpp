@@ -1,8 +1,11 @@
 #include "acc/util/file.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +41,50 @@ void write_text_file(const std::string& path, const std::string& text, const std
   out.close();
   ACC_CHECK_AS(IoError, !out.fail(), what, ": writing '", path, "' failed (", std::strerror(errno),
                ")");
+}
+
+namespace {
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  std::string h(buf);
+  for (char& c : h) {
+    if (c == '.' || c == '/') c = '_';  // the name is split at dots below
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string temp_file_for(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + ".tmp." + host_name() + "." + std::to_string(::getpid()) + "." +
+         std::to_string(counter.fetch_add(1));
+}
+
+std::vector<std::string> remove_stale_temp_files(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = target.filename().string() + ".tmp." + host_name() + ".";
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    // <pid>.<n> after the prefix.
+    const std::string rest = name.substr(prefix.size());
+    const size_t dot = rest.find('.');
+    if (dot == std::string::npos || dot == 0) continue;
+    const std::string pid_text = rest.substr(0, dot);
+    if (pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;
+    std::error_code rm;
+    if (fs::remove(it->path(), rm) && !rm) removed.push_back(it->path().string());
+  }
+  return removed;
 }
 
 }  // namespace acc

@@ -1,6 +1,7 @@
 #include "acc/io/safetensors.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include "acc/tensor/tensor.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/file.hpp"
 
 namespace acc::io {
 namespace {
@@ -690,3 +692,35 @@ TEST_F(Safetensors, AcceptsOutOfOrderEntriesZeroSizeTensorsAndEmptyFiles) {
 
 }  // namespace
 }  // namespace acc::io
+
+namespace acc {
+namespace {
+
+// A save killed with SIGKILL leaves "<path>.tmp.<host>.<pid>.<n>" behind (issue 16 item 5): the
+// next save of the path removes it, and only it (a live process's or another host's stays).
+TEST(SafetensorsSave, NextSaveRemovesTheTempFileOfAKilledSave) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("acc_stale_tmp_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "w.safetensors").string();
+  // A pid that has just exited stands for the killed saver.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);
+  const std::string mine = temp_file_for(path);  // "<path>.tmp.<host>.<my pid>.<n>"
+  const std::string host_prefix = mine.substr(0, mine.rfind('.', mine.rfind('.') - 1) + 1);
+  const std::string stale = host_prefix + std::to_string(child) + ".0";
+  const std::string live = host_prefix + std::to_string(::getpid()) + ".7";
+  const std::string other_host = path + ".tmp.some-other-host." + std::to_string(child) + ".0";
+  for (const auto& f : {stale, live, other_host}) std::ofstream(f) << "partial";
+  io::save_safetensors(path, {{"x", ones({2})}});
+  EXPECT_FALSE(fs::exists(stale)) << stale;
+  EXPECT_TRUE(fs::exists(live)) << live;
+  EXPECT_TRUE(fs::exists(other_host)) << other_host;
+  EXPECT_EQ(io::load_safetensors(path).tensors.size(), 1u);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace acc

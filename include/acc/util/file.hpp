@@ -3,6 +3,7 @@
 // bad path fails at once with the path named instead of after a long run (or not at all).
 
 #include <string>
+#include <vector>
 
 namespace acc {
 
@@ -14,5 +15,15 @@ void check_output_path(const std::string& path, const std::string& what);
 /// Writes `text` to `path` (replacing it), checking the open, the write and the close; throws
 /// acc::IoError naming `what` and `path` on any failure.
 void write_text_file(const std::string& path, const std::string& text, const std::string& what);
+
+/// The name an atomic save of `path` writes first and renames into place:
+/// "<path>.tmp.<host>.<pid>.<n>", unique per host, process and call.
+std::string temp_file_for(const std::string& path);
+
+/// Removes the temporary files of earlier saves of `path` whose process is gone (a save killed
+/// with SIGKILL leaves one): those named by temp_file_for() on this host whose pid no longer
+/// runs. A save in progress in a live process, or on another host, is never touched. Returns the
+/// paths removed. Never throws (a file it cannot remove is left).
+std::vector<std::string> remove_stale_temp_files(const std::string& path);
 
 }  // namespace acc
