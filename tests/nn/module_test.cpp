@@ -356,11 +356,8 @@ namespace {
 // A tied model's lm_head.weight in pretrained weights is accepted only when it is the embedding
 // (PyTorch saves the tied tensor under both names); other content or shape used to be dropped.
 TEST(Models, PretrainedLmHeadMustEqualTheTiedEmbedding) {
-  auto model = models::create_model("gpt", {{"n_layer", 1},
-                                            {"n_head", 2},
-                                            {"n_embd", 8},
-                                            {"vocab_size", 16},
-                                            {"block_size", 8}});
+  auto model = models::create_model(
+      "gpt", {{"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}, {"vocab_size", 16}, {"block_size", 8}});
   nn::NamedTensors weights;
   for (const auto& [name, t] : model->state_dict()) weights.emplace_back(name, t.clone());
   const Tensor wte = model->find_tensor("transformer.wte.weight").clone();
