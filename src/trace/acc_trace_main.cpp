@@ -28,6 +28,7 @@
 #include "acc/trace/dump.hpp"
 #include "acc/trace/estimate.hpp"
 #include "acc/trace/passes.hpp"
+#include "acc/util/cli.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
 #include "acc/util/system.hpp"
@@ -71,39 +72,43 @@ int main(int argc, char** argv) {
   CLI::App app{"Trace a model on the meta device and print its FLOPs, memory and structure"};
   app.add_option("--model", model_type, "gpt | llama")->capture_default_str();
   app.add_option("--config", config_path, "model config JSON")->required();
-  app.add_option("--batch-size", batch, "micro-batch size B")->capture_default_str();
-  CLI::Option* seq_opt =
-      app.add_option("--seq-len", seq, "sequence length T (omitted: the model's maximum)");
+  // Numbers are taken whole and in range (acc::cli): no clamping past int64, no "3abc".
+  using acc::cli::integer;
+  app.add_option("--batch-size", batch, "micro-batch size B")
+      ->check(integer(1))
+      ->capture_default_str();
+  app.add_option("--seq-len", seq, "sequence length T (omitted: the model's maximum)")
+      ->check(integer(1));
   app.add_option("--json", json_out, "write the whole trace as JSON");
   app.add_option("--dot", dot_out, "write the graph as Graphviz DOT");
   app.add_option("--recompute", recompute, "none | block")->capture_default_str();
   app.add_option("--recompute-blocks", recompute_blocks,
                  "with --recompute block: how many blocks from the first (-1: all), as the "
                  "checkpoint strategy's {\"blocks\": N}")
+      ->check(integer(-1))
       ->capture_default_str();
   app.add_flag("--bf16-activations", bf16_activations,
                "keep the activations saved inside blocks in bf16, as the amp strategy does");
   app.add_option("--optimizer", optimizer, "adamw | adam | sgd_momentum | sgd (state estimate)")
       ->capture_default_str();
   app.add_option("--depth", depth, "deepest scope level in the table (0: the model only)")
+      ->check(integer(0, 1 << 20))
       ->capture_default_str();
   app.add_option("--max-vertices", max_vertices,
                  "largest graph traced in full (500000: about 7000 GPT blocks, 30 s and 1 GiB); "
                  "a deeper model gets the summary from its estimate only")
+      ->check(integer(1))
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // a bad command line exits 2, as train_gpt
+  }
   try {
     using namespace acc;
-    ACC_CHECK(batch > 0, "--batch-size must be > 0, got ", batch);
-    ACC_CHECK(seq_opt->count() == 0 || seq > 0, "--seq-len must be > 0, got ", seq,
-              " (omit it for the model's maximum)");
-    ACC_CHECK(depth >= 0, "--depth must be >= 0, got ", depth);
-    ACC_CHECK(max_vertices > 0, "--max-vertices must be > 0, got ", max_vertices);
     Timer timer;
     trace::TraceOptions opts;
     opts.recompute = trace::parse_recompute(recompute);
-    ACC_CHECK(recompute_blocks >= -1, "--recompute-blocks must be >= 0 or -1 (all), got ",
-              recompute_blocks);
     opts.recompute_blocks = recompute_blocks;
     opts.bf16_activations = bf16_activations;
     (void)trace::optimizer_state_factor(optimizer);  // validate before the work

@@ -74,7 +74,9 @@ TEST(AccTraceCli, BadArgumentsAreRefusedNamingTheValue) {
       {"--json " + tmp, "is a directory, not a file name"},
       {"--batch-size 4611686018427387904",
        "shape [4611686018427387904, 128] has more elements than fit in 64 bits"},
-      {"--recompute-blocks -3", "--recompute-blocks must be >= 0 or -1 (all), got -3"},
+      {"--recompute-blocks -3", "--recompute-blocks: must be >= -1, got -3"},
+      {"--batch-size 99999999999999999999", "does not fit in a signed 64-bit integer"},
+      {"--batch-size 3abc", "--batch-size: must be an integer, got '3abc'"},
       // n_embd 1e9: 3e18 elements of c_attn fit in 64 bits, their bytes do not (this printed
       // negative parameters and a negative memory peak with exit 0).
       {"--config " + wide.path, "bytes of shape [3000000000, 1000000000] (f32)"},
@@ -83,10 +85,10 @@ TEST(AccTraceCli, BadArgumentsAreRefusedNamingTheValue) {
        "--json needs the full graph, but gpt n_layer 1000000000 would make a graph of 71.000B "
        "vertices"},
       // An explicit 0 used the model's maximum; omitting the flag still does.
-      {"--seq-len 0", "--seq-len must be > 0, got 0"},
-      {"--seq-len -5", "--seq-len must be > 0, got -5"},
-      {"--depth -1", "--depth must be >= 0, got -1"},  // printed an empty table
-      {"--max-vertices 0", "--max-vertices must be > 0, got 0"},
+      {"--seq-len 0", "--seq-len: must be >= 1, got 0"},
+      {"--seq-len -5", "--seq-len: must be >= 1, got -5"},
+      {"--depth -1", "--depth: must be >= 0, got -1"},  // printed an empty table
+      {"--max-vertices 0", "--max-vertices: must be >= 1, got 0"},
   };
   for (const auto& c : cases) {
     const bool own_config = c.args.rfind("--config ", 0) == 0;
