@@ -21,25 +21,15 @@
 
 #include "acc/io/safetensors.hpp"
 #include "acc/util/system.hpp"
+#include "command.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code;
-  std::string output;
-};
-
+using Result = acc::test::CommandResult;
 Result run_shell(const std::string& cmd) {
-  Result r{0, ""};
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  char buf[4096];
-  while (fgets(buf, sizeof(buf), p)) r.output += buf;
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return acc::test::run_command(cmd);
 }
 
 void write(const fs::path& p, const std::string& text) {

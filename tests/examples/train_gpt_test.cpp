@@ -11,25 +11,16 @@
 #include <fstream>
 #include <string>
 
+#include "command.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct ProcessResult {
-  int exit_code;
-  std::string output;  // stdout + stderr
-};
+using ProcessResult = acc::test::CommandResult;
 
 ProcessResult run(const std::string& args) {
-  std::string cmd = std::string(TRAIN_GPT_BIN) + " " + args + " 2>&1";
-  ProcessResult r{0, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  char buf[4096];
-  while (fgets(buf, sizeof(buf), p)) r.output += buf;
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return acc::test::run_command(std::string(TRAIN_GPT_BIN) + " " + args);
 }
 
 std::vector<double> losses_from_log(const std::string& path) {

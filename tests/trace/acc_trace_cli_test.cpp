@@ -2,8 +2,10 @@
 // the bad value, before any tracing work (no summary printed). And its answer for a model too deep
 // to trace: the summary from the estimate, at once.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
+#include "command.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -16,22 +18,11 @@
 
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;
-};
+using Result = acc::test::CommandResult;
 
 // Under `timeout`: a regression that builds a model of 10^9 blocks again fails instead of hanging.
 Result run(const std::string& args) {
-  const std::string cmd = "timeout 120 " + std::string(ACC_TRACE_BIN) + " " + args + " 2>&1";
-  Result r{0, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  char buf[4096];
-  while (fgets(buf, sizeof(buf), p)) r.output += buf;
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return acc::test::run_command("timeout 120 " + std::string(ACC_TRACE_BIN) + " " + args);
 }
 
 // gpt_small.json with `field` set to `value`, in a file of the test's own removed with it.
