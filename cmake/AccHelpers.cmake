@@ -1,15 +1,36 @@
+include(GNUInstallDirs)
+
 # acc_add_library(<layer> SOURCES ... [PUBLIC ...] [PRIVATE ...])
 # One static library per layer, named acc_<layer> with the alias acc::<layer>. Public headers live
 # in include/acc/<layer>/; the PUBLIC/PRIVATE link lists are where the layering in DESIGN.md is
 # enforced by the build.
+# Every layer is also installed and exported as AutoAcc::<layer> (the export set AutoAccTargets,
+# written by the top-level CMakeLists.txt with AutoAccConfig.cmake), so a new layer is in the
+# package without being listed anywhere else. Whatever a PUBLIC list names, and the targets of a
+# PRIVATE list too (a static library's private dependencies are linked by its users),
+# cmake/AutoAccConfig.cmake.in must find.
 function(acc_add_library layer)
   cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC;PRIVATE" ${ARGN})
   add_library(acc_${layer} STATIC ${ARG_SOURCES})
   add_library(acc::${layer} ALIAS acc_${layer})
   target_include_directories(acc_${layer}
     PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+           $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   target_link_libraries(acc_${layer} PUBLIC ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE})
+  # The API is C++20 (options are passed as AdamW::Options{.lr = 3e-4}): a user's project gets
+  # the standard from the target, as it does not see our CMAKE_CXX_STANDARD.
+  target_compile_features(acc_${layer} PUBLIC cxx_std_20)
+  acc_install_library(acc_${layer} ${layer})
+endfunction()
+
+# acc_install_library(<target> <export name>)
+# Installs a library into lib/ and adds it to the export set as AutoAcc::<export name>.
+function(acc_install_library target export_name)
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${export_name})
+  install(TARGETS ${target} EXPORT AutoAccTargets
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endfunction()
 
 # acc_add_test(<name> SOURCES ... [LIBS ...] [MPI_RANKS n ...] [LABELS ...])
