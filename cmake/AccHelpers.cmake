@@ -25,9 +25,11 @@ function(acc_add_library layer)
 endfunction()
 
 # acc_install_library(<target> <export name>)
-# Installs a library into lib/ and adds it to the export set as AutoAcc::<export name>.
+# Installs a library into lib/ and adds it to the export set as AutoAcc::<export name>. The global
+# property ACC_INSTALLED_LIBRARIES lists them (tests/package requires their files before it runs).
 function(acc_install_library target export_name)
   set_target_properties(${target} PROPERTIES EXPORT_NAME ${export_name})
+  set_property(GLOBAL APPEND PROPERTY ACC_INSTALLED_LIBRARIES ${target})
   install(TARGETS ${target} EXPORT AutoAccTargets
     ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
     LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
