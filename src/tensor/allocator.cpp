@@ -36,6 +36,7 @@ struct State {
   std::atomic<int64_t> current{0};
   std::atomic<int64_t> peak{0};
   std::atomic<int64_t> reserved{0};
+  std::atomic<int64_t> limit{0};  // 0: none
   bool caching = env::get_string("ACC_ALLOCATOR", "caching") != "malloc";
   bool huge_pages = env::get_int("ACC_HUGE_PAGES", 1) != 0;
 };
@@ -84,8 +85,9 @@ void* system_alloc(size_t bytes) {
     empty_cache();
     p = try_alloc();
   }
-  ACC_CHECK_AS(Error, p != nullptr, "out of memory allocating ", bytes, " bytes (in use ",
-               state().current.load(), ", reserved ", state().reserved.load(), ")");
+  ACC_CHECK_AS(OutOfMemoryError, p != nullptr, "out of memory allocating ", bytes,
+               " bytes (in use ", state().current.load(), ", reserved ", state().reserved.load(),
+               ")");
   return p;
 }
 
@@ -94,6 +96,15 @@ void* system_alloc(size_t bytes) {
 Block allocate(size_t nbytes) {
   State& s = state();
   const size_t bin = bin_size(nbytes);
+  // Counted first, so that the budget is checked against the figure this allocation makes.
+  const int64_t n = static_cast<int64_t>(nbytes);
+  const int64_t cur = s.current.fetch_add(n) + n;
+  const int64_t limit = s.limit.load();
+  if (limit > 0 && cur > limit) {
+    s.current.fetch_sub(n);
+    ACC_THROW(OutOfMemoryError, "allocating ", nbytes, " bytes would bring tensor memory to ", cur,
+              " bytes, over the budget of ", limit, " bytes (acc::memory::set_limit)");
+  }
   Block b;
   if (s.caching) {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -105,10 +116,14 @@ Block allocate(size_t nbytes) {
     }
   }
   if (b.ptr == nullptr) {
-    b = {system_alloc(bin), bin};
+    try {
+      b = {system_alloc(bin), bin};
+    } catch (...) {
+      s.current.fetch_sub(n);
+      throw;
+    }
     s.reserved += static_cast<int64_t>(bin);
   }
-  int64_t cur = s.current.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
   int64_t pk = s.peak.load();
   while (cur > pk && !s.peak.compare_exchange_weak(pk, cur)) {
   }
@@ -126,6 +141,14 @@ void deallocate(const Block& block, size_t nbytes) {
   }
   s.reserved -= static_cast<int64_t>(block.capacity);
   system_free(block.ptr, block.capacity);
+}
+
+void set_limit(int64_t bytes) {
+  ACC_CHECK(bytes >= 0, "memory limit must be >= 0 bytes (0: none), got ", bytes);
+  state().limit = bytes;
+}
+int64_t limit() {
+  return state().limit.load();
 }
 
 int64_t current_bytes() {

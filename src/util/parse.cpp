@@ -36,6 +36,54 @@ std::optional<std::string> finite_double_error(const std::string& text) {
   return std::nullopt;
 }
 
+namespace {
+
+// The number and the multiplier of a size, or the reason it is not one.
+struct Bytes {
+  double value = 0;
+  std::string error;
+};
+
+Bytes read_bytes(const std::string& text) {
+  static const std::pair<const char*, double> units[] = {
+      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3},     {"MB", 1e6},        {"GB", 1e9},           {"TB", 1e12},
+      {"B", 1.0}};
+  const std::string bad = "must be a size such as 4096, 512MiB or 2GiB, got '" + text + "'";
+  size_t digits = text.find_first_not_of("0123456789.");
+  if (digits == std::string::npos) digits = text.size();
+  const std::string number = text.substr(0, digits), unit = text.substr(digits);
+  double scale = 1.0;
+  if (!unit.empty()) {
+    bool known = false;
+    for (const auto& [name, s] : units) {
+      if (unit == name) {
+        scale = s;
+        known = true;
+      }
+    }
+    if (!known) return {0, bad};
+  }
+  if (number.empty() || finite_double_error(number)) return {0, bad};
+  const double v = std::strtod(number.c_str(), nullptr) * scale;
+  if (!(v < 9.2e18)) return {0, "'" + text + "' does not fit in a signed 64-bit byte count"};
+  return {v, ""};
+}
+
+}  // namespace
+
+std::optional<std::string> bytes_error(const std::string& text) {
+  Bytes b = read_bytes(text);
+  if (!b.error.empty()) return b.error;
+  return std::nullopt;
+}
+
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  const Bytes b = read_bytes(text);
+  if (!b.error.empty()) ACC_THROW(ValueError, what, " ", b.error);
+  return static_cast<int64_t>(b.value);
+}
+
 int64_t parse_int64(const std::string& text, const std::string& what) {
   if (auto e = int64_error(text)) ACC_THROW(ValueError, what, " ", *e);
   return std::strtoll(text.c_str(), nullptr, 10);

@@ -247,6 +247,29 @@ TEST(Allocator, ReusesACachedBlockOfTheNextBinUp) {
   EXPECT_EQ(memory::reserved_bytes(), r0);
 }
 
+// A budget makes running out of memory real (the search's dry-runs): the allocation that would
+// pass it throws OutOfMemoryError, takes nothing, and the budget is restored after the scope.
+TEST(Allocator, LimitRefusesTheAllocationThatWouldPassIt) {
+  const int64_t base = memory::current_bytes();
+  {
+    memory::LimitGuard budget(base + (1 << 20));
+    Tensor fits = empty({128 * 1024});  // 512 KiB
+    try {
+      Tensor over = empty({256 * 1024});  // 1 MiB more
+      FAIL() << "allocated past the budget";
+    } catch (const OutOfMemoryError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("over the budget of " + std::to_string(base + (1 << 20))),
+          std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(memory::current_bytes(), base + 512 * 1024);  // the refused one took nothing
+  }
+  EXPECT_EQ(memory::limit(), 0);
+  Tensor after = empty({1024 * 1024});  // 4 MiB: no budget any more
+  EXPECT_THROW(memory::set_limit(-1), ValueError);
+}
+
 TEST(Random, SameSeedSameNumbersAnyThreadCount) {
   Generator g1(42), g2(42);
   set_num_threads(1);

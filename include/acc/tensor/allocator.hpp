@@ -22,11 +22,30 @@ struct Block {
 /// rounded up to a bin (below 1 MiB a multiple of 4 KiB, above it one of four steps per power of
 /// two); a cached block of that bin is reused, else one of the next bin up (so that a tensor just
 /// over a power of two, such as one with padded rows, and one of exactly that size can share
-/// blocks), else a new block is taken from the system. Throws acc::Error when the system is out
-/// of memory.
+/// blocks), else a new block is taken from the system. Throws acc::OutOfMemoryError when the
+/// system is out of memory or the allocation would pass set_limit()'s budget.
 Block allocate(size_t nbytes);
 /// Returns a block from allocate(); `nbytes` must be the size it was requested with.
 void deallocate(const Block& block, size_t nbytes);
+
+/// A budget for current_bytes(): an allocation that would take it past `bytes` throws
+/// acc::OutOfMemoryError naming both figures and allocates nothing (0: no budget, the default).
+/// Process-wide; the strategy search sets it around each dry-run so that a candidate over the
+/// budget fails as it would on a smaller machine. Throws acc::ValueError when negative.
+void set_limit(int64_t bytes);
+int64_t limit();
+
+/// Sets the limit for a scope and restores the previous one.
+class LimitGuard {
+ public:
+  explicit LimitGuard(int64_t bytes) : previous_(limit()) { set_limit(bytes); }
+  ~LimitGuard() { set_limit(previous_); }
+  LimitGuard(const LimitGuard&) = delete;
+  LimitGuard& operator=(const LimitGuard&) = delete;
+
+ private:
+  int64_t previous_;
+};
 
 /// Bytes held by live tensors (requested sizes, not rounded).
 int64_t current_bytes();

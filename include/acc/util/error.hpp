@@ -43,6 +43,11 @@ class TimeoutError : public Error {
 class CheckpointError : public Error {
   using Error::Error;
 };
+/// An allocation that the system refused, or that would take the tracked tensor memory past the
+/// budget set with acc::memory::set_limit (how a dry-run makes a memory budget real).
+class OutOfMemoryError : public Error {
+  using Error::Error;
+};
 /// A broken internal invariant: a bug in AutoAcc, not in the caller's input.
 class InternalError : public Error {
   using Error::Error;
