@@ -106,6 +106,7 @@ Tensor GPT::head(const Tensor& x) {
 }
 
 void GPT::set_fused_attention(bool fused) {
+  fused_attention_ = fused;
   for (const auto& block : *h_) static_cast<nn::GPTBlock&>(*block).attn().set_fused(fused);
 }
 

@@ -102,6 +102,18 @@ LanguageModelPtr create_model(const std::string& model_type, const nlohmann::jso
   ACC_THROW(ValueError, "unknown model type '", model_type, "' (expected gpt or llama)");
 }
 
+LanguageModelPtr clone_model(const LanguageModel& model) {
+  Generator scratch(0);
+  LanguageModelPtr copy = create_model(model.model_type(), model.config_json(), scratch);
+  NoGradGuard ng;
+  nn::NamedTensors state;
+  for (const auto& [name, t] : model.state_dict()) state.emplace_back(name, t.clone());
+  copy->load_state_dict(state, /*strict=*/true);
+  copy->set_fused_attention(model.fused_attention());
+  copy->train(model.is_training());
+  return copy;
+}
+
 nlohmann::json read_json_file(const std::string& path) {
   return ::acc::read_json_file(path, "config");
 }

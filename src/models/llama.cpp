@@ -126,6 +126,7 @@ Tensor Llama::head(const Tensor& x) {
 }
 
 void Llama::set_fused_attention(bool fused) {
+  fused_attention_ = fused;
   for (const auto& block : *layers_)
     static_cast<nn::LlamaBlock&>(*block).self_attn().set_fused(fused);
 }

@@ -383,3 +383,36 @@ TEST(Models, PretrainedLmHeadMustEqualTheTiedEmbedding) {
 
 }  // namespace
 }  // namespace acc
+
+namespace acc {
+namespace {
+
+// A copy for the search's dry-runs: equal values in storage of its own, the attention path and
+// mode kept, and the default generator untouched.
+TEST(Models, CloneModelIsAnIndependentEqualCopy) {
+  auto model = models::create_model("llama", {{"hidden_size", 16},
+                                              {"intermediate_size", 32},
+                                              {"num_hidden_layers", 2},
+                                              {"num_attention_heads", 2},
+                                              {"vocab_size", 32},
+                                              {"max_position_embeddings", 8}});
+  model->set_fused_attention(false);
+  model->eval();
+  manual_seed(99);
+  const uint64_t control = default_generator().next_u64();
+  manual_seed(99);
+  auto copy = models::clone_model(*model);
+  EXPECT_EQ(default_generator().next_u64(), control) << "clone_model drew from the generator";
+  EXPECT_FALSE(copy->fused_attention());
+  EXPECT_FALSE(copy->is_training());
+  const auto a = model->state_dict(), b = copy->state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(a[i].second.to_vector<float>(), b[i].second.to_vector<float>()) << a[i].first;
+    EXPECT_NE(a[i].second.raw_data(), b[i].second.raw_data()) << a[i].first << " shares storage";
+  }
+}
+
+}  // namespace
+}  // namespace acc

@@ -53,10 +53,12 @@ class LanguageModel : public nn::Module {
 
   /// Chooses the fused flash attention (default) or the reference matmul/softmax path.
   virtual void set_fused_attention(bool fused) = 0;
+  bool fused_attention() const { return fused_attention_; }
 
  protected:
   /// Checks idx is (B, T) integer with 0 < T <= max_seq_len(); throws acc::ShapeError/ValueError.
   void check_tokens(const Tensor& idx) const;
+  bool fused_attention_ = true;  // what set_fused_attention() chose last
 
  private:
   // A pretrained lm_head.weight of a tied model must equal the embedding in `tensors`.
@@ -68,6 +70,11 @@ using LanguageModelPtr = std::shared_ptr<LanguageModel>;
 /// Builds "gpt" or "llama" from its JSON config; throws acc::ValueError for another type.
 LanguageModelPtr create_model(const std::string& model_type, const nlohmann::json& config,
                               Generator& gen = default_generator());
+/// An independent copy of `model`: the same type, config, parameter and buffer values, training
+/// mode and attention path, in storage of its own. The default generator is not touched (the copy
+/// is built with a scratch one, then overwritten), so a search that trains copies leaves the
+/// user's RNG as it was. Gradients are not copied.
+LanguageModelPtr clone_model(const LanguageModel& model);
 /// Reads a model config file as acc::read_json_file does (duplicate keys refused, the path named).
 nlohmann::json read_json_file(const std::string& path);
 
