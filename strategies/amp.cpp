@@ -19,20 +19,31 @@ MethodSpec amp_method() {
           .slot = "amp",
           .exclusive_slot = false,
           .config_keys = {"dtype"},
-          .apply = [](const nlohmann::json& c, TrainingPlan& plan) {
-            if (c.contains("dtype")) {
-              ACC_CHECK(c["dtype"] == "bf16", "amp: dtype must be \"bf16\", got ",
-                        c["dtype"].dump());
-            }
-            plan.sync_options.bf16_communication = true;
-            plan.model_transforms.push_back({"amp", [](models::LanguageModel& model) -> Undo {
-                                               std::vector<std::string> blocks;
-                                               for (const auto& b : model.blocks()) {
-                                                 blocks.push_back(b->qualified_name());
-                                               }
-                                               return nn::bf16_activation_blocks(model, blocks);
-                                             }});
-          }};
+          .apply =
+              [](const nlohmann::json& c, TrainingPlan& plan) {
+                if (c.contains("dtype")) {
+                  ACC_CHECK(c["dtype"] == "bf16", "amp: dtype must be \"bf16\", got ",
+                            c["dtype"].dump());
+                }
+                plan.sync_options.bf16_communication = true;
+                plan.model_transforms.push_back({"amp", [](models::LanguageModel& model) -> Undo {
+                                                   std::vector<std::string> blocks;
+                                                   for (const auto& b : model.blocks()) {
+                                                     blocks.push_back(b->qualified_name());
+                                                   }
+                                                   return nn::bf16_activation_blocks(model, blocks);
+                                                 }});
+              },
+          .needs_bf16 = true,
+          .search_choices =
+              [](const SearchContext&) {
+                return std::vector<nlohmann::json>{nlohmann::json::object()};
+              },
+          .effects =
+              [](const nlohmann::json&, const SearchContext&, StepEffects& e) {
+                e.bf16_activations = true;
+                e.bf16_communication = true;
+              }};
 }
 
 }  // namespace acc::strategies

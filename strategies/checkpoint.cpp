@@ -2,6 +2,8 @@
 // trace::find_blocks: the blocks the tracer's recompute option wraps, through the same
 // nn::recompute_blocks) keep only their input during forward and run again in backward. Config:
 // {"blocks": N | "all"} (default "all"); N larger than the number of blocks means all of them.
+#include <algorithm>
+
 #include "acc/nn/recompute.hpp"
 #include "acc/util/error.hpp"
 #include "method.hpp"
@@ -13,28 +15,45 @@ MethodSpec checkpoint_method() {
           .slot = "checkpoint",
           .exclusive_slot = false,
           .config_keys = {"blocks"},
-          .apply = [](const nlohmann::json& c, TrainingPlan& plan) {
-            int64_t n = -1;  // all
-            if (c.contains("blocks")) {
-              const auto& v = c["blocks"];
-              if (v.is_string()) {
-                ACC_CHECK(v == "all", "checkpoint: blocks must be a count >= 0 or \"all\", got ",
-                          v.dump());
-              } else {
-                ACC_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0,
-                          "checkpoint: blocks must be a count >= 0 or \"all\", got ", v.dump());
-                n = v.get<int64_t>();
-              }
-            }
-            plan.model_transforms.push_back(
-                {"checkpoint", [n](models::LanguageModel& model) -> Undo {
-                   std::vector<std::string> blocks = repeated_blocks(model, "checkpoint");
-                   if (n >= 0 && n < static_cast<int64_t>(blocks.size())) {
-                     blocks.resize(static_cast<size_t>(n));
-                   }
-                   return nn::recompute_blocks(model, blocks);
-                 }});
-          }};
+          .apply =
+              [](const nlohmann::json& c, TrainingPlan& plan) {
+                int64_t n = -1;  // all
+                if (c.contains("blocks")) {
+                  const auto& v = c["blocks"];
+                  if (v.is_string()) {
+                    ACC_CHECK(v == "all",
+                              "checkpoint: blocks must be a count >= 0 or \"all\", got ", v.dump());
+                  } else {
+                    ACC_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0,
+                              "checkpoint: blocks must be a count >= 0 or \"all\", got ", v.dump());
+                    n = v.get<int64_t>();
+                  }
+                }
+                plan.model_transforms.push_back(
+                    {"checkpoint", [n](models::LanguageModel& model) -> Undo {
+                       std::vector<std::string> blocks = repeated_blocks(model, "checkpoint");
+                       if (n >= 0 && n < static_cast<int64_t>(blocks.size())) {
+                         blocks.resize(static_cast<size_t>(n));
+                       }
+                       return nn::recompute_blocks(model, blocks);
+                     }});
+              },
+          // Half of the blocks, and all of them (none: the method left out).
+          .search_choices =
+              [](const SearchContext& ctx) {
+                std::vector<nlohmann::json> out;
+                if (ctx.num_blocks >= 2) out.push_back({{"blocks", ctx.num_blocks / 2}});
+                if (ctx.num_blocks >= 1) out.push_back({{"blocks", "all"}});
+                return out;
+              },
+          .effects =
+              [](const nlohmann::json& c, const SearchContext& ctx, StepEffects& e) {
+                int64_t n = ctx.num_blocks;
+                if (c.contains("blocks") && c["blocks"].is_number_integer()) {
+                  n = std::min(n, c["blocks"].get<int64_t>());
+                }
+                e.recompute_blocks = n;
+              }};
 }
 
 }  // namespace acc::strategies

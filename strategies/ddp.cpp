@@ -55,11 +55,22 @@ MethodSpec ddp_method() {
           .slot = "grad_sync",
           .exclusive_slot = true,
           .config_keys = {"bucket_mb"},
-          .apply = [](const nlohmann::json& c, TrainingPlan& plan) {
-            plan.grad_sync_method = "ddp";
-            plan.sync_options.bucket_bytes = bucket_bytes_from("ddp", c);
-            plan.grad_sync = make_ddp;
-          }};
+          .apply =
+              [](const nlohmann::json& c, TrainingPlan& plan) {
+                plan.grad_sync_method = "ddp";
+                plan.sync_options.bucket_bytes = bucket_bytes_from("ddp", c);
+                plan.grad_sync = make_ddp;
+              },
+          .needs_ranks = true,
+          .search_choices = bucket_choices,
+          .effects =
+              [](const nlohmann::json& c, const SearchContext&, StepEffects& e) {
+                // Gradients accumulate in full padded buckets (kept) and are all-reduced bucket by
+                // bucket while backward runs.
+                e.bucket_bytes = bucket_bytes_from("ddp", c);
+                e.collectives.push_back({"allreduce", StepEffects::Collective::Of::kGradients,
+                                         StepEffects::Collective::When::kBackward});
+              }};
 }
 
 }  // namespace acc::strategies

@@ -273,10 +273,28 @@ MethodSpec fsdp_method() {
           .slot = "grad_sync",
           .exclusive_slot = true,
           .config_keys = {},
-          .apply = [](const nlohmann::json&, TrainingPlan& plan) {
-            plan.grad_sync_method = "fsdp";
-            plan.grad_sync = make_fsdp;
-          }};
+          .apply =
+              [](const nlohmann::json&, TrainingPlan& plan) {
+                plan.grad_sync_method = "fsdp";
+                plan.grad_sync = make_fsdp;
+              },
+          .needs_ranks = true,
+          .search_choices =
+              [](const SearchContext&) {
+                return std::vector<nlohmann::json>{nlohmann::json::object()};
+              },
+          .effects =
+              [](const nlohmann::json&, const SearchContext&, StepEffects& e) {
+                // Parameters, gradients and optimizer state sharded; each block's parameters are
+                // gathered for its forward and again for its backward (the root unit stays gathered
+                // for the step), gradients reduce-scattered block by block.
+                e.shard_parameters = e.shard_gradients = e.shard_optimizer_state = true;
+                e.gathered_blocks = 2;
+                e.collectives.push_back({"allgather", StepEffects::Collective::Of::kParameters,
+                                         StepEffects::Collective::When::kForward});
+                e.collectives.push_back({"reduce_scatter", StepEffects::Collective::Of::kGradients,
+                                         StepEffects::Collective::When::kBackward});
+              }};
 }
 
 }  // namespace acc::strategies

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "acc/models/language_model.hpp"
+#include "acc/strategies/search.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "grad_sync.hpp"
 
@@ -78,6 +79,12 @@ struct MethodSpec {
   std::vector<std::string> config_keys;
   /// Validates the config (acc::ValueError naming the key and value) and contributes to the plan.
   std::function<void(const nlohmann::json& config, TrainingPlan& plan)> apply;
+  /// The search's view of the method (search.hpp): when it is tried, with which configs, and what
+  /// it does to a step's memory and time. Each method file declares its own.
+  bool needs_bf16 = false;
+  bool needs_ranks = false;
+  std::function<std::vector<nlohmann::json>(const SearchContext&)> search_choices;
+  std::function<void(const nlohmann::json&, const SearchContext&, StepEffects&)> effects;
 };
 
 MethodSpec ddp_method();
@@ -90,6 +97,9 @@ MethodSpec grad_accum_method();
 
 /// The bucket size from {"bucket_mb": x} (default 25), validated.
 int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& config);
+/// The bucket sizes the search tries for a bucketed method: the default 25 MiB and 100 MiB (fewer,
+/// larger messages: less latency per step, less overlap with backward).
+std::vector<nlohmann::json> bucket_choices(const SearchContext&);
 
 /// The plan of a parsed strategy.
 TrainingPlan make_plan(const Strategy& s);

@@ -60,6 +60,27 @@ int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& confi
   return static_cast<int64_t>(v.get<double>() * (1 << 20));
 }
 
+std::vector<nlohmann::json> bucket_choices(const SearchContext&) {
+  return {nlohmann::json::object(), {{"bucket_mb", 100}}};
+}
+
+std::vector<MethodSearch> searchable_methods() {
+  std::vector<MethodSearch> out;
+  for (const auto& m : registry()) {
+    out.push_back(
+        {.name = m.name,
+         .slot = m.slot,
+         .exclusive_slot = m.exclusive_slot,
+         .needs_bf16 = m.needs_bf16,
+         .needs_ranks = m.needs_ranks,
+         .choices = m.search_choices
+                        ? m.search_choices
+                        : [](const SearchContext&) { return std::vector<nlohmann::json>{}; },
+         .effects = m.effects});
+  }
+  return out;
+}
+
 // The composition rules, all of them: a method at most once; at most one method per exclusive
 // slot (grad_sync: ddp, zero1, zero2, fsdp); pairs that do not compose are listed in kExcluded.
 // Each method's config is checked against its keys, then by its own apply on a scratch plan.

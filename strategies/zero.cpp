@@ -140,14 +140,32 @@ MethodSpec zero_method(int stage) {
           .slot = "grad_sync",
           .exclusive_slot = true,
           .config_keys = {"bucket_mb"},
-          .apply = [name, stage](const nlohmann::json& c, TrainingPlan& plan) {
-            plan.grad_sync_method = name;
-            plan.sync_options.bucket_bytes = bucket_bytes_from(name, c);
-            plan.grad_sync = [stage](models::LanguageModel& m, dist::ProcessGroupPtr g,
-                                     const GradSyncOptions& o) {
-              return make_zero(m, std::move(g), stage, o);
-            };
-          }};
+          .apply =
+              [name, stage](const nlohmann::json& c, TrainingPlan& plan) {
+                plan.grad_sync_method = name;
+                plan.sync_options.bucket_bytes = bucket_bytes_from(name, c);
+                plan.grad_sync = [stage](models::LanguageModel& m, dist::ProcessGroupPtr g,
+                                         const GradSyncOptions& o) {
+                  return make_zero(m, std::move(g), stage, o);
+                };
+              },
+          .needs_ranks = true,
+          .search_choices = bucket_choices,
+          .effects =
+              [name, stage](const nlohmann::json& c, const SearchContext&, StepEffects& e) {
+                // zero1: gradients all-reduced in full buckets; zero2: reduce-scattered, each rank
+                // keeping its chunk (at most two full buckets in flight). Both: optimizer state
+                // sharded, updated parameters all-gathered after the step.
+                e.bucket_bytes = bucket_bytes_from(name, c);
+                e.shard_optimizer_state = true;
+                e.shard_gradients = stage == 2;
+                if (stage == 2) e.buckets_in_flight = 2;
+                e.collectives.push_back({stage == 1 ? "allreduce" : "reduce_scatter",
+                                         StepEffects::Collective::Of::kGradients,
+                                         StepEffects::Collective::When::kBackward});
+                e.collectives.push_back({"allgather", StepEffects::Collective::Of::kParameters,
+                                         StepEffects::Collective::When::kAfterStep});
+              }};
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/strategies/search.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/util/error.hpp"
 
@@ -125,6 +127,57 @@ TEST(Strategy, OneRankTrainerSplitsMicroBatches) {
   }
   data::Batch ok{randint(0, 32, {6, 8}), randint(0, 32, {6, 8})};
   EXPECT_TRUE(std::isfinite(trainer->train_step(ok)));
+}
+
+}  // namespace
+}  // namespace acc
+
+namespace acc {
+namespace {
+
+// What the search reads of each method (search.hpp): every registered method declares itself,
+// its choices follow the run, and its effects say what it changes.
+TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
+  const auto methods = strategies::searchable_methods();
+  ASSERT_EQ(methods.size(), strategies::method_names().size());
+  strategies::SearchContext ctx{
+      .world = 2, .num_blocks = 4, .per_rank_batch = 8, .allow_bf16 = true};
+  std::map<std::string, std::vector<nlohmann::json>> choices;
+  for (const auto& m : methods) {
+    ASSERT_TRUE(m.choices) << m.name;
+    ASSERT_TRUE(m.effects) << m.name;
+    choices[m.name] = m.choices(ctx);
+    EXPECT_FALSE(choices[m.name].empty()) << m.name;
+    for (const auto& c : choices[m.name]) {
+      // Every choice is a valid config of the method.
+      EXPECT_NO_THROW(
+          strategies::parse_strategy(nlohmann::json::array({{{"name", m.name}, {"config", c}}})))
+          << m.name << " " << c.dump();
+    }
+  }
+  EXPECT_EQ(choices["grad_accum"],
+            (std::vector<nlohmann::json>{{{"steps", 2}}, {{"steps", 4}}, {{"steps", 8}}}));
+  EXPECT_EQ(choices["checkpoint"],
+            (std::vector<nlohmann::json>{{{"blocks", 2}}, {{"blocks", "all"}}}));
+  for (const auto& m : methods) {
+    EXPECT_EQ(m.needs_ranks, m.slot == "grad_sync") << m.name;
+    EXPECT_EQ(m.needs_bf16, m.name == "amp") << m.name;
+  }
+  auto effects_of = [&](const std::string& name, const nlohmann::json& config) {
+    strategies::StepEffects e;
+    for (const auto& m : methods) {
+      if (m.name == name) m.effects(config, ctx, e);
+    }
+    return e;
+  };
+  const auto zero2 = effects_of("zero2", nlohmann::json::object());
+  EXPECT_TRUE(zero2.shard_gradients && zero2.shard_optimizer_state && !zero2.shard_parameters);
+  EXPECT_EQ(zero2.bucket_bytes, 25 << 20);
+  const auto fsdp = effects_of("fsdp", nlohmann::json::object());
+  EXPECT_TRUE(fsdp.shard_parameters && fsdp.shard_gradients && fsdp.shard_optimizer_state);
+  EXPECT_EQ(effects_of("checkpoint", {{"blocks", "all"}}).recompute_blocks, 4);
+  EXPECT_EQ(effects_of("grad_accum", {{"steps", 4}}).micro_batches, 4);
+  EXPECT_TRUE(effects_of("amp", nlohmann::json::object()).bf16_communication);
 }
 
 }  // namespace

@@ -1,0 +1,75 @@
+#pragma once
+// What each registered method tells the strategy search (accelerate/): which configs of it to
+// try, when it may be tried at all, and what it does to a training step's memory and time. The
+// search builds its candidate space from these declarations and never names a method, so a new
+// method (tensor or pipeline parallel) joins the search by declaring itself in its own file.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace acc::strategies {
+
+/// What the search knows of the run when it asks a method for its choices.
+struct SearchContext {
+  int world = 1;               // ranks of the data-parallel group
+  int64_t num_blocks = 0;      // the model's repeated blocks (trace::find_blocks)
+  int64_t per_rank_batch = 0;  // samples per rank per optimizer step (global batch / world)
+  bool allow_bf16 = false;     // the user allows bf16 (amp)
+};
+
+/// What the methods of a candidate do to one training step, filled in by their `effects`; the
+/// search's memory and cost model read it. Starts as one rank holding everything, one
+/// micro-batch, nothing recomputed, f32 throughout, no communication.
+struct StepEffects {
+  // Activations (the trace's options).
+  int64_t recompute_blocks = 0;   // blocks recomputed in backward, from the first (-1: all)
+  bool bf16_activations = false;  // saved activations inside blocks kept in bf16
+  // Schedule.
+  int micro_batches = 1;  // the per-rank batch is split into this many
+  // Resident training state per rank: whole, or 1/world of it.
+  bool shard_parameters = false;
+  bool shard_gradients = false;
+  bool shard_optimizer_state = false;
+  /// Whole blocks' parameters gathered at once beyond the shard (fsdp), and the gradient buffers
+  /// a method keeps besides the parameters' own (bucket copies), in multiples of the bucket size.
+  int gathered_blocks = 0;
+  int64_t bucket_bytes = 0;
+  int buckets_in_flight = 0;
+  // Communication per optimizer step, in elements of the whole model's parameters/gradients
+  // (the model multiplies by the element size: 2 with bf16 communication, else 4).
+  bool bf16_communication = false;
+  struct Collective {
+    std::string op;  // "allreduce" | "reduce_scatter" | "allgather" | "broadcast"
+    enum class Of { kGradients, kParameters } of = Of::kGradients;
+    /// kBackward: issued bucket by bucket while backward runs (overlaps it, except the last
+    /// bucket); kForward: before each block's forward and again before its backward (fsdp,
+    /// once per micro-batch); kAfterStep: after the optimizer step, exposed.
+    enum class When { kBackward, kForward, kAfterStep } when = When::kBackward;
+  };
+  std::vector<Collective> collectives;
+  /// Names of the methods that filled this, in order (for reports).
+  std::vector<std::string> methods;
+};
+
+/// One registered method as the search sees it.
+struct MethodSearch {
+  std::string name;
+  std::string slot;  // methods in one exclusive slot exclude each other
+  bool exclusive_slot = false;
+  bool needs_bf16 = false;   // tried only when SearchContext::allow_bf16
+  bool needs_ranks = false;  // tried only when world > 1 (and then one of its slot is required)
+  /// The configs to try for this method in this run (empty: the method is not tried).
+  std::function<std::vector<nlohmann::json>(const SearchContext&)> choices;
+  /// Adds what the method with `config` does to a step. Methods of exclusive slots with
+  /// needs_ranks (the gradient synchronisation) run after the others.
+  std::function<void(const nlohmann::json& config, const SearchContext&, StepEffects&)> effects;
+};
+
+/// The registered methods' search declarations, in registry order.
+std::vector<MethodSearch> searchable_methods();
+
+}  // namespace acc::strategies
