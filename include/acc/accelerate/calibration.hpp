@@ -1,0 +1,257 @@
+#pragma once
+// Calibration for the strategy search's cost model: what this machine and this job's process
+// groups really deliver, so that a candidate's traced FLOPs, bytes and collective sizes become
+// seconds.
+//
+//  - MachineCalibration: GEMM throughput at the shapes the traced model runs (through
+//    acc::kernels::gemm, the path every linear and matmul of the engine takes, in the layout each
+//    call site uses) and the bandwidth of a memory-bound kernel the engine runs (the elementwise
+//    add of residuals and gradient accumulation) over arrays well beyond the last-level cache.
+//    Cached per machine: <cache_dir>/machine-<fingerprint key>-t<threads>.json, so a second run
+//    measures only the shapes the cache lacks.
+//  - CommCalibration: alpha-beta fits of allreduce, reduce_scatter, allgather and broadcast,
+//    measured on the job's own groups at start (never cached: the network, the placement of ranks
+//    and the load of the other jobs change from one job to the next).
+//
+// Figures are medians over repeats (each point: one warm-up call, then calls until
+// seconds_per_point has passed), so a neighbour's burst moves a figure less than it moves a mean;
+// on a shared machine they still vary by 10-20% from run to run. Measuring disturbs nothing the
+// caller owns: tensors are allocated and freed (through the caching allocator), random values
+// come from a private generator, the thread count is restored.
+//
+// Gemm dimension letters as in acc::kernels::gemm: C (m, n) = op(A) (m, k) @ op(B) (k, n), op a
+// transpose when trans_a / trans_b.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "acc/dist/process_group.hpp"
+#include "acc/trace/tracer.hpp"
+
+namespace acc::accelerate {
+
+// ---- the machine ----
+
+/// What decides a machine's compute figures. Two processes on the same machine and the same
+/// AutoAcc build (every rank of a job, every run) get equal fingerprints and keys; a change of
+/// CPU, core quota, memory, BLAS build or AutoAcc version gives another key, so a cache measured
+/// elsewhere is never trusted.
+struct HardwareFingerprint {
+  std::string cpu_model;  // "model name" of /proc/cpuinfo ("unknown" when absent)
+  /// The instruction-set extensions that change kernel speed, those of kIsaFlags this CPU has,
+  /// in kIsaFlags order ("amx" when /proc/cpuinfo lists amx_tile).
+  std::vector<std::string> isa;
+  int cores = 0;                // acc::usable_cores(): affinity and cgroup quota applied
+  int64_t memory_gib = 0;       // acc::physical_memory_bytes() rounded to the nearest GiB
+  std::string blas_core;        // openblas_get_corename(): the kernel set OpenBLAS chose
+  std::string blas_config;      // openblas_get_config(): version and build options
+  std::string autoacc_version;  // PROJECT_VERSION of the build
+
+  static constexpr const char* kIsaFlags[] = {"avx2", "fma", "avx512f", "avx512_bf16", "amx"};
+
+  /// 16 lower-case hex digits: FNV-1a 64 of the canonical JSON text (sorted keys) of every field.
+  std::string key() const;
+  /// "cores: 2 vs 4" (this one's value, then the other's) for the first field that differs, ""
+  /// when equal: what a log or an error says about a stale cache.
+  std::string difference(const HardwareFingerprint& other) const;
+
+  nlohmann::json to_json() const;
+  /// Every field required, no others. Throws acc::ValueError "hardware fingerprint: field
+  /// '<name>' ..." naming the missing, mistyped, unknown or invalid field.
+  static HardwareFingerprint from_json(const nlohmann::json& j);
+
+  bool operator==(const HardwareFingerprint&) const = default;
+};
+
+/// This machine's fingerprint, as this process sees it. Throws acc::IoError when /proc/meminfo
+/// cannot be read.
+HardwareFingerprint hardware_fingerprint();
+
+/// One GEMM as acc::kernels::gemm runs it. The layout is part of the shape because the engine
+/// runs the same (m, n, k) in different layouts (a linear's forward is NT, its input gradient NN,
+/// its weight gradient TN) and a BLAS may be faster in one than another (on this machine's
+/// OpenBLAS, an AMD EPYC with AVX-512, the three were within the run-to-run noise: 92-106 GFLOP/s
+/// on one core at the 90M GPT's shapes).
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+
+  /// 2 m n k. Throws acc::ValueError naming the shape when it does not fit in 64 bits.
+  int64_t flops() const;
+  /// "2048x2304x768 NT" (m x n x k, then the layouts of A and B).
+  std::string str() const;
+
+  auto operator<=>(const GemmShape&) const = default;
+};
+
+/// How often a traced training step runs one GEMM shape.
+struct GemmCount {
+  GemmShape shape;
+  int64_t forward = 0;   // calls in the forward pass
+  int64_t backward = 0;  // calls in the backward pass, recomputed forwards included
+};
+
+/// The GEMMs of a traced step, one entry per distinct shape (sorted by shape), read from its
+/// matrix-product ops:
+///   Linear          x (..., IN), w (OUT, IN), M = rows of x:  (M, OUT, IN) NT
+///   LinearBackward  dx = g w: (M, IN, OUT) NN;  dw = g^T x: (OUT, IN, M) TN (each when computed)
+///   Bmm             L x (M, N, K) NN (the layout of strided operands is not in the trace)
+///   BmmBackward     dA = G B^T: L x (M, K, N) NT;  dB = A^T G: L x (K, N, M) TN
+/// A backward op that computes only one of its two products is told apart by its output's shape;
+/// where both would have the same shape, they are the same (m, n, k) and only the layout may be
+/// wrong. The fused attention op has its own tile kernels, not a GEMM, and is not listed (its
+/// FLOPs are on its vertex). Throws acc::InternalError when an op's FLOPs do not match its shapes.
+std::vector<GemmCount> gemm_counts(const trace::Trace& t);
+/// The distinct shapes of gemm_counts(t): what calibrate_machine() should measure for `t`.
+std::vector<GemmShape> gemm_shapes(const trace::Trace& t);
+
+/// How a MachineCalibration was obtained; not stored in the cache.
+struct CalibrationSource {
+  int gemm_from_cache = 0;  // shapes taken from the cache file
+  int gemm_measured = 0;    // shapes measured by this call
+  bool memory_from_cache = false;
+  double seconds = 0;      // wall time of this call (reading, measuring, writing)
+  std::string cache_file;  // the file read or written ("" for calibrate_machine)
+  std::string note;        // why a cache file was not used, "" when it was or there was none
+};
+
+struct MachineCalibration {
+  HardwareFingerprint hardware;
+  int threads = 1;                          // acc::set_num_threads during the measurement
+  std::string gemm_threading;               // "openblas" or "tbb" (acc::gemm_threading())
+  std::map<GemmShape, double> gemm_gflops;  // measured GFLOP/s (1e9 FLOP/s) per shape
+  double memory_gbps = 0;  // GB/s (1e9 B/s) of logical bytes: read + written, as the trace counts
+  CalibrationSource source;
+
+  /// Seconds of one GEMM: its FLOPs at the measured throughput of that shape; for a shape not
+  /// measured, at the throughput of the nearest measured one, nearest by |log(m n k) - log(m' n'
+  /// k')|, equally near ones told apart by the per-dimension distance sum |log m - log m'| + ...,
+  /// then by having the same layout. 0 for an empty product. Throws acc::ValueError for a negative
+  /// dimension or when no GEMM was measured.
+  double gemm_seconds(const GemmShape& shape) const;
+  /// gemm_seconds({m, n, k}) (layout NN; a measured layout of the same m, n, k is the nearest).
+  double gemm_seconds(int64_t m, int64_t n, int64_t k) const;
+  /// bytes / memory_gbps: the time of memory-bound ops that read and write `bytes` in all. Throws
+  /// acc::ValueError for negative bytes or when memory_gbps is not positive.
+  double memory_seconds(int64_t bytes) const;
+
+  /// {"hardware": {...}, "threads": 1, "gemm_threading": "openblas", "memory_gbps": 9.1,
+  ///  "gemm": [{"m": 2048, "n": 2304, "k": 768, "trans_a": false, "trans_b": true,
+  ///            "gflops": 33.6}, ...]}
+  nlohmann::json to_json() const;
+  /// Every field required, no others; GFLOP/s and GB/s positive and finite, dimensions >= 1, no
+  /// shape twice. Throws acc::ValueError "machine calibration: field '<path>' ..." naming the
+  /// field by its path ("gemm[2].gflops", "hardware.cores").
+  static MachineCalibration from_json(const nlohmann::json& j);
+};
+
+struct CalibrationOptions {
+  int threads = 1;
+  /// Per point: one warm-up call, then calls until this much time has passed (at least one);
+  /// the figure is the median of those calls.
+  double seconds_per_point = 0.05;
+  /// "" means default_cache_dir().
+  std::string cache_dir;
+};
+
+/// $ACC_CACHE_DIR, else $XDG_CACHE_HOME/autoacc, else $HOME/.cache/autoacc. Throws
+/// acc::ValueError when none of the three is set.
+std::string default_cache_dir();
+
+/// <cache_dir or default_cache_dir()>/machine-<hardware_fingerprint().key()>-t<threads>.json.
+std::string machine_cache_path(const CalibrationOptions& options);
+
+/// Measures every shape (duplicates once) and the memory bandwidth with options.threads threads.
+/// Not collective, and not to be run by several ranks of a machine at once: they would share the
+/// cores and the memory bus and measure each other (measure on one rank per machine and share the
+/// result with broadcast_calibration). Throws acc::ValueError for threads < 1,
+/// seconds_per_point not positive and finite, or a shape with a dimension < 1.
+MachineCalibration calibrate_machine(const std::vector<GemmShape>& shapes,
+                                     const CalibrationOptions& options);
+
+/// calibrate_machine through the cache file machine_cache_path(options):
+///  - the shapes the file holds are taken from it (source.gemm_from_cache), the others measured
+///    (source.gemm_measured), the memory figure measured only when there is no usable file;
+///  - when anything was measured the file is rewritten with everything known (the shapes of the
+///    file not asked for too), atomically: a temporary file renamed into place, so a reader or
+///    another process writing at the same time sees a whole file, old or new;
+///  - a file of another machine (fingerprint), or measured under another GEMM threading mode, is
+///    not used: logged with the first difference (source.note) and replaced;
+///  - a malformed file (not JSON, truncated, a field missing or wrong) is acc::ValueError naming
+///    the file and the field, and is left as it is: measuring over it would hide whatever wrote
+///    it; the caller decides (delete it, or call calibrate_machine).
+/// Throws acc::IoError when the cache directory cannot be created or the file written, and what
+/// calibrate_machine throws.
+MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shapes,
+                                             const CalibrationOptions& options);
+
+/// Every rank of `group` gets root's `calibration` (what the others pass is ignored; source
+/// included). A collective over `group`: all ranks call it. Throws what the collectives throw.
+MachineCalibration broadcast_calibration(dist::ProcessGroup& group,
+                                         const MachineCalibration& calibration, int root = 0);
+
+// ---- the collectives ----
+
+/// t(bytes) = alpha + beta * bytes.
+struct AlphaBeta {
+  double alpha_s = 0;          // latency, seconds
+  double beta_s_per_byte = 0;  // inverse bandwidth, seconds per byte
+  /// Throws acc::ValueError for negative bytes.
+  double seconds(int64_t bytes) const;
+};
+
+/// One measured point of a collective: the max over ranks of the ranks' median times.
+struct CommPoint {
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
+struct CommCalibration {
+  int world = 1;  // ranks of the group measured
+  /// "allreduce", "reduce_scatter", "allgather", "broadcast". `bytes` is always the size of the
+  /// whole tensor: the one reduced or broadcast, the input of reduce_scatter, the output of
+  /// allgather (what a bucket, a ZeRO shard set or an FSDP block holds in full).
+  std::map<std::string, AlphaBeta> ops;
+  std::map<std::string, std::vector<CommPoint>> points;  // what the fits were made from
+
+  /// ops.at(op).seconds(bytes). Throws acc::ValueError naming an unknown op (and the known ones)
+  /// or negative bytes.
+  double seconds(const std::string& op, int64_t bytes) const;
+
+  /// {"world": 2, "ops": {"allreduce": {"alpha_s": ..., "beta_s_per_byte": ...}, ...},
+  ///  "points": {"allreduce": [[4096, 2.1e-05], ...], ...}}
+  nlohmann::json to_json() const;
+  /// "points" may be absent; nothing else. Throws acc::ValueError "comm calibration: field
+  /// '<path>' ..." naming the field (alpha and beta must be finite and >= 0).
+  static CommCalibration from_json(const nlohmann::json& j);
+};
+
+/// 4 KiB, 64 KiB, 256 KiB, 1 MiB, 4 MiB, 16 MiB.
+std::vector<int64_t> default_collective_sizes();
+
+/// Measures the four collectives of `group` at each size (f32 tensors; sizes rounded up to a
+/// multiple of 4 x world bytes) and fits t = alpha + beta * bytes to each. A collective over the
+/// group: every rank calls it with the same arguments, and every rank gets the same result.
+///  - Per point: one warm-up call (all ranks then agree, through an allreduce of the slowest
+///    warm-up, on how many timed calls fill seconds_per_point: at least 3, at most 1000); each
+///    rank times each call from issue to the end of wait() and takes the median; the point's time
+///    is the max over ranks of those medians (one allreduce for all points).
+///  - The fit is least squares of the relative error, sum(((alpha + beta b - t) / t)^2): the
+///    sizes span three orders of magnitude and plain least squares would fit the largest ones and
+///    leave alpha to their noise. alpha and beta are kept non-negative (a time does not fall as
+///    the size grows, nor below zero at size 0): when the free fit gives a negative one, that
+///    one is set to 0 and the other refitted alone.
+///  - Every rank fits the same all-reduced numbers with the same code, so the fits are identical.
+/// A group of one: every fit is zero (nothing to communicate), no points. Collectives wait with
+/// the group's own timeout (acc::dist::default_timeout()). Throws acc::ValueError for an empty
+/// size list, a size < 1 or seconds_per_point not positive and finite, and what the collectives
+/// throw (acc::TimeoutError, acc::CommError).
+CommCalibration calibrate_collectives(
+    dist::ProcessGroup& group, const std::vector<int64_t>& sizes_bytes = default_collective_sizes(),
+    double seconds_per_point = 0.05);
+
+}  // namespace acc::accelerate

@@ -1,0 +1,555 @@
+// The machine's calibration: fingerprint, GEMM and memory measurements, the cache file.
+
+#include "acc/accelerate/calibration.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "acc/tensor/kernels.hpp"
+#include "acc/tensor/random.hpp"
+#include "acc/tensor/threading.hpp"
+#include "acc/util/checked.hpp"
+#include "acc/util/env.hpp"
+#include "acc/util/error.hpp"
+#include "acc/util/file.hpp"
+#include "acc/util/json.hpp"
+#include "acc/util/logging.hpp"
+#include "acc/util/system.hpp"
+#include "acc/util/timer.hpp"
+#include "json_fields.hpp"
+#include "measure.hpp"
+
+#ifndef ACC_VERSION
+#error "ACC_VERSION (the project's version) must be defined by the build"
+#endif
+
+namespace acc::accelerate {
+
+// ---- fingerprint ----
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  const size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+// The value of the first "<key>\t: value" line of /proc/cpuinfo, "" when there is none.
+std::string cpuinfo_field(const std::string& cpuinfo, const std::string& key) {
+  std::istringstream in(cpuinfo);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (trim(line.substr(0, colon)) == key) return trim(line.substr(colon + 1));
+  }
+  return "";
+}
+
+uint64_t fnv1a64(const std::string& s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+const char* const kFingerprintFields[] = {"autoacc_version", "blas_config", "blas_core", "cores",
+                                          "cpu_model",       "isa",         "memory_gib"};
+
+}  // namespace
+
+HardwareFingerprint hardware_fingerprint() {
+  HardwareFingerprint f;
+  std::ifstream in("/proc/cpuinfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string cpuinfo = text.str();
+  f.cpu_model = cpuinfo_field(cpuinfo, "model name");
+  if (f.cpu_model.empty()) f.cpu_model = "unknown";
+  std::set<std::string> flags;
+  std::istringstream words(cpuinfo_field(cpuinfo, "flags"));
+  for (std::string w; words >> w;) flags.insert(w);
+  for (const char* isa : HardwareFingerprint::kIsaFlags) {
+    const bool has = std::string(isa) == "amx" ? flags.count("amx_tile") > 0 : flags.count(isa) > 0;
+    if (has) f.isa.push_back(isa);
+  }
+  f.cores = usable_cores();
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  f.memory_gib = (physical_memory_bytes() + kGiB / 2) / kGiB;
+  const char* core = openblas_get_corename();
+  const char* config = openblas_get_config();
+  f.blas_core = trim(core ? core : "");
+  f.blas_config = trim(config ? config : "");
+  f.autoacc_version = ACC_VERSION;
+  return f;
+}
+
+nlohmann::json HardwareFingerprint::to_json() const {
+  return {{"cpu_model", cpu_model},
+          {"isa", isa},
+          {"cores", cores},
+          {"memory_gib", memory_gib},
+          {"blas_core", blas_core},
+          {"blas_config", blas_config},
+          {"autoacc_version", autoacc_version}};
+}
+
+namespace detail {
+
+HardwareFingerprint fingerprint_from_json(const nlohmann::json& j, const std::string& what,
+                                          const std::string& path) {
+  Fields f(j, what, path);
+  HardwareFingerprint h;
+  h.cpu_model = f.string("cpu_model");
+  const nlohmann::json& isa = f.at("isa");
+  if (!isa.is_array()) f.fail(f.path("isa"), "must be a list of strings, got " + brief(isa));
+  for (size_t i = 0; i < isa.size(); ++i) {
+    if (!isa[i].is_string()) {
+      f.fail(f.path("isa") + "[" + std::to_string(i) + "]",
+             "must be a string, got " + brief(isa[i]));
+    }
+    h.isa.push_back(isa[i].get<std::string>());
+  }
+  h.cores = static_cast<int>(f.integer("cores", 1, 1 << 20));
+  h.memory_gib = f.integer("memory_gib", 0, int64_t{1} << 40);
+  h.blas_core = f.string("blas_core");
+  h.blas_config = f.string("blas_config");
+  h.autoacc_version = f.string("autoacc_version");
+  f.no_others();
+  return h;
+}
+
+}  // namespace detail
+
+HardwareFingerprint HardwareFingerprint::from_json(const nlohmann::json& j) {
+  return detail::fingerprint_from_json(j, "hardware fingerprint", "");
+}
+
+std::string HardwareFingerprint::key() const {
+  // nlohmann's objects keep their keys sorted, so the text is canonical.
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx",
+                static_cast<unsigned long long>(fnv1a64(to_json().dump())));
+  return buf;
+}
+
+std::string HardwareFingerprint::difference(const HardwareFingerprint& other) const {
+  const nlohmann::json a = to_json(), b = other.to_json();
+  for (const char* field : kFingerprintFields) {
+    if (a.at(field) != b.at(field)) {
+      return ::acc::detail::str_cat(field, ": ", a.at(field).dump(), " vs ", b.at(field).dump());
+    }
+  }
+  return "";
+}
+
+// ---- GEMM shapes ----
+
+int64_t GemmShape::flops() const {
+  return checked_mul(
+      checked_mul(checked_mul(int64_t{2}, m, "FLOPs of GEMM ", str()), n, "FLOPs of GEMM ", str()),
+      k, "FLOPs of GEMM ", str());
+}
+
+std::string GemmShape::str() const {
+  return ::acc::detail::str_cat(m, "x", n, "x", k, " ", trans_a ? "T" : "N", trans_b ? "T" : "N");
+}
+
+// ---- MachineCalibration ----
+
+namespace {
+
+void check_dims(int64_t m, int64_t n, int64_t k) {
+  ACC_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_seconds: dimensions must be >= 0, got m=", m,
+            " n=", n, " k=", k);
+}
+
+}  // namespace
+
+double MachineCalibration::gemm_seconds(const GemmShape& s) const {
+  check_dims(s.m, s.n, s.k);
+  if (s.m == 0 || s.n == 0 || s.k == 0) return 0;
+  ACC_CHECK(!gemm_gflops.empty(), "gemm_seconds(", s.str(), "): no GEMM shape was measured");
+  const double flops = static_cast<double>(s.flops());
+  auto exact = gemm_gflops.find(s);
+  if (exact != gemm_gflops.end()) return flops / (exact->second * 1e9);
+  const double lm = std::log(static_cast<double>(s.m)), ln = std::log(static_cast<double>(s.n)),
+               lk = std::log(static_cast<double>(s.k));
+  double best_gflops = 0;
+  std::tuple<double, double, bool> best{INFINITY, INFINITY, true};
+  for (const auto& [shape, gflops] : gemm_gflops) {
+    const double sm = std::log(static_cast<double>(shape.m)),
+                 sn = std::log(static_cast<double>(shape.n)),
+                 sk = std::log(static_cast<double>(shape.k));
+    const std::tuple<double, double, bool> d{
+        std::abs((lm + ln + lk) - (sm + sn + sk)),
+        std::abs(lm - sm) + std::abs(ln - sn) + std::abs(lk - sk),
+        shape.trans_a != s.trans_a || shape.trans_b != s.trans_b};
+    if (d < best) {
+      best = d;
+      best_gflops = gflops;
+    }
+  }
+  return flops / (best_gflops * 1e9);
+}
+
+double MachineCalibration::gemm_seconds(int64_t m, int64_t n, int64_t k) const {
+  return gemm_seconds(GemmShape{m, n, k});
+}
+
+double MachineCalibration::memory_seconds(int64_t bytes) const {
+  ACC_CHECK(bytes >= 0, "memory_seconds: bytes must be >= 0, got ", bytes);
+  ACC_CHECK(memory_gbps > 0 && std::isfinite(memory_gbps),
+            "memory_seconds: no memory bandwidth measured (memory_gbps = ", memory_gbps, ")");
+  return static_cast<double>(bytes) / (memory_gbps * 1e9);
+}
+
+nlohmann::json MachineCalibration::to_json() const {
+  nlohmann::json gemm = nlohmann::json::array();
+  for (const auto& [s, gflops] : gemm_gflops) {
+    gemm.push_back({{"m", s.m},
+                    {"n", s.n},
+                    {"k", s.k},
+                    {"trans_a", s.trans_a},
+                    {"trans_b", s.trans_b},
+                    {"gflops", gflops}});
+  }
+  return {{"hardware", hardware.to_json()},
+          {"threads", threads},
+          {"gemm_threading", gemm_threading},
+          {"memory_gbps", memory_gbps},
+          {"gemm", gemm}};
+}
+
+namespace detail {
+
+MachineCalibration machine_from_json(const nlohmann::json& j, const std::string& what) {
+  Fields f(j, what);
+  MachineCalibration c;
+  c.hardware = fingerprint_from_json(f.at("hardware"), what, "hardware");
+  c.threads = static_cast<int>(f.integer("threads", 1, 1024));
+  c.gemm_threading = f.string("gemm_threading");
+  if (c.gemm_threading != "openblas" && c.gemm_threading != "tbb") {
+    f.fail("gemm_threading", "must be \"openblas\" or \"tbb\", got \"" + c.gemm_threading + "\"");
+  }
+  c.memory_gbps = f.number("memory_gbps", 0, true);
+  const nlohmann::json& gemm = f.at("gemm");
+  if (!gemm.is_array()) f.fail("gemm", "must be a list, got " + brief(gemm));
+  for (size_t i = 0; i < gemm.size(); ++i) {
+    Fields g(gemm[i], what, "gemm[" + std::to_string(i) + "]");
+    constexpr int64_t kMaxDim = int64_t{1} << 40;
+    GemmShape s{g.integer("m", 1, kMaxDim), g.integer("n", 1, kMaxDim), g.integer("k", 1, kMaxDim),
+                g.boolean("trans_a"), g.boolean("trans_b")};
+    const double gflops = g.number("gflops", 0, true);
+    g.no_others();
+    if (!c.gemm_gflops.emplace(s, gflops).second) {
+      g.fail("gemm[" + std::to_string(i) + "]", "repeats the shape " + s.str());
+    }
+  }
+  f.no_others();
+  return c;
+}
+
+}  // namespace detail
+
+MachineCalibration MachineCalibration::from_json(const nlohmann::json& j) {
+  return detail::machine_from_json(j, "machine calibration");
+}
+
+// ---- measuring ----
+
+namespace {
+
+const char* threading_name(GemmThreading g) {
+  return g == GemmThreading::kTbb ? "tbb" : "openblas";
+}
+
+void check_options(const CalibrationOptions& o) {
+  ACC_CHECK(o.threads >= 1 && o.threads <= 1024, "calibration: threads must be in [1, 1024], got ",
+            o.threads);
+  ACC_CHECK(std::isfinite(o.seconds_per_point) && o.seconds_per_point > 0,
+            "calibration: seconds_per_point must be a positive finite number, got ",
+            o.seconds_per_point);
+}
+
+void check_shapes(const std::vector<GemmShape>& shapes) {
+  for (const GemmShape& s : shapes) {
+    ACC_CHECK(s.m >= 1 && s.n >= 1 && s.k >= 1, "calibration: GEMM dimensions must be >= 1, got ",
+              s.str());
+    s.flops();  // refuses a shape whose FLOPs overflow
+  }
+}
+
+// Sets the thread count for the measurement and restores the caller's.
+class ThreadsGuard {
+ public:
+  explicit ThreadsGuard(int n) : previous_(get_num_threads()) {
+    if (n != previous_) set_num_threads(n);
+  }
+  ~ThreadsGuard() {
+    if (get_num_threads() != previous_) set_num_threads(previous_);
+  }
+  ThreadsGuard(const ThreadsGuard&) = delete;
+  ThreadsGuard& operator=(const ThreadsGuard&) = delete;
+
+ private:
+  int previous_;
+};
+
+Tensor filled(int64_t n, Generator& gen) {
+  Tensor t = empty({n}, TensorOptions{.device = Device::kCPU});
+  uniform_(t, -1.0, 1.0, gen);
+  return t;
+}
+
+double measure_gemm(const GemmShape& s, double seconds_per_point, Generator& gen) {
+  const Tensor a = filled(checked_mul(s.m, s.k, "calibration: A of ", s.str()), gen);
+  const Tensor b = filled(checked_mul(s.k, s.n, "calibration: B of ", s.str()), gen);
+  Tensor c = empty({checked_mul(s.m, s.n, "calibration: C of ", s.str())},
+                   TensorOptions{.device = Device::kCPU});
+  const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
+  const double seconds = detail::median_seconds(
+      [&] {
+        kernels::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.f, a.data<float>(), lda,
+                      b.data<float>(), ldb, 0.f, c.data<float>(), s.n);
+      },
+      seconds_per_point);
+  return static_cast<double>(s.flops()) / seconds / 1e9;
+}
+
+// The last-level cache of CPU 0 in bytes (32 MiB when sysfs does not say).
+int64_t last_level_cache_bytes() {
+  int64_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
+    std::ifstream size_file(dir + "/size");
+    std::string size;
+    if (!(size_file >> size) || size.empty()) continue;
+    int64_t mult = 1;
+    if (size.back() == 'K') mult = 1 << 10;
+    if (size.back() == 'M') mult = 1 << 20;
+    try {
+      best = std::max<int64_t>(best, std::stoll(size) * mult);
+    } catch (const std::exception&) {
+      continue;
+    }
+  }
+  return best > 0 ? best : int64_t{32} << 20;
+}
+
+double measure_memory(double seconds_per_point, Generator& gen) {
+  // Three arrays of twice the last-level cache each (at least 32 MiB, at most 256 MiB): nothing of
+  // one call is left in cache for the next.
+  const int64_t array_bytes =
+      std::clamp<int64_t>(2 * last_level_cache_bytes(), int64_t{32} << 20, int64_t{256} << 20);
+  const int64_t n = array_bytes / 4;
+  const Tensor a = filled(n, gen), b = filled(n, gen);
+  // The residual adds and gradient accumulation of the engine: out = a + b, out allocated per
+  // call through the caching allocator as there (the block of the call before is reused).
+  const double seconds = detail::median_seconds(
+      [&] { (void)kernels::binary(kernels::BinaryOp::kAdd, a, b); }, seconds_per_point);
+  return 3.0 * static_cast<double>(array_bytes) / seconds / 1e9;
+}
+
+std::vector<GemmShape> distinct(std::vector<GemmShape> shapes) {
+  std::sort(shapes.begin(), shapes.end());
+  shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
+  return shapes;
+}
+
+// Measures `shapes` (and the memory bandwidth when `memory`) into `c`.
+void measure_into(MachineCalibration& c, const std::vector<GemmShape>& shapes, bool memory,
+                  const CalibrationOptions& o) {
+  ThreadsGuard threads(o.threads);
+  // A private stream: the caller's default generator (and so its training) is left as it was.
+  Generator gen(0x6361'6c69'6272'6174ull);
+  for (const GemmShape& s : shapes) {
+    const double gflops = measure_gemm(s, o.seconds_per_point, gen);
+    c.gemm_gflops[s] = gflops;
+    logging::debug("calibration: gemm {} {:.2f} GFLOP/s ({} threads)", s.str(), gflops, o.threads);
+  }
+  c.source.gemm_measured = static_cast<int>(shapes.size());
+  if (memory) {
+    c.memory_gbps = measure_memory(o.seconds_per_point, gen);
+    logging::debug("calibration: memory {:.2f} GB/s ({} threads)", c.memory_gbps, o.threads);
+  }
+}
+
+MachineCalibration fresh(const CalibrationOptions& o) {
+  MachineCalibration c;
+  c.hardware = hardware_fingerprint();
+  c.threads = o.threads;
+  c.gemm_threading = threading_name(gemm_threading());
+  return c;
+}
+
+}  // namespace
+
+MachineCalibration calibrate_machine(const std::vector<GemmShape>& shapes,
+                                     const CalibrationOptions& options) {
+  check_options(options);
+  check_shapes(shapes);
+  Timer timer;
+  MachineCalibration c = fresh(options);
+  measure_into(c, distinct(shapes), /*memory=*/true, options);
+  c.source.seconds = timer.elapsed_s();
+  return c;
+}
+
+// ---- the cache ----
+
+std::string default_cache_dir() {
+  if (auto dir = env::get("ACC_CACHE_DIR")) return *dir;
+  if (auto xdg = env::get("XDG_CACHE_HOME")) return *xdg + "/autoacc";
+  if (auto home = env::get("HOME")) return *home + "/.cache/autoacc";
+  ACC_THROW(ValueError,
+            "no cache directory: set ACC_CACHE_DIR (or XDG_CACHE_HOME or HOME), or pass "
+            "CalibrationOptions::cache_dir");
+}
+
+std::string machine_cache_path(const CalibrationOptions& options) {
+  check_options(options);
+  const std::string dir = options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
+  return (std::filesystem::path(dir) / ("machine-" + hardware_fingerprint().key() + "-t" +
+                                        std::to_string(options.threads) + ".json"))
+      .string();
+}
+
+namespace {
+
+void write_atomically(const std::string& path, const std::string& text) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!dir.empty()) fs::create_directories(dir, ec);
+  ACC_CHECK_AS(IoError, !ec, "machine calibration cache: cannot create the directory '",
+               dir.string(), "': ", ec.message());
+  remove_stale_temp_files(path);
+  const std::string tmp = temp_file_for(path);
+  write_text_file(tmp, text, "machine calibration cache");
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp);
+    ACC_THROW(IoError, "machine calibration cache: cannot rename '", tmp, "' to '", path,
+              "': ", ec.message());
+  }
+}
+
+}  // namespace
+
+MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shapes,
+                                             const CalibrationOptions& options) {
+  check_options(options);
+  check_shapes(shapes);
+  Timer timer;
+  const std::string path = machine_cache_path(options);
+  const std::vector<GemmShape> wanted = distinct(shapes);
+  MachineCalibration c = fresh(options);
+  bool usable = false;
+  std::string note;
+  if (std::filesystem::exists(path)) {
+    const std::string what = "machine calibration cache '" + path + "'";
+    const nlohmann::json j = read_json_file(path, "machine calibration cache");
+    // The fingerprint first: a file of another machine or another AutoAcc version is replaced
+    // even when the rest is in a form this build does not read.
+    detail::Fields top(j, what);
+    const HardwareFingerprint cached =
+        detail::fingerprint_from_json(top.at("hardware"), what, "hardware");
+    if (cached != c.hardware) {
+      note = "is of another machine (" + c.hardware.difference(cached) + " in the cache)";
+    } else {
+      MachineCalibration read = detail::machine_from_json(j, what);
+      if (read.threads != options.threads) {
+        top.fail("threads", ::acc::detail::str_cat("is ", read.threads, " in a file named for ",
+                                                   options.threads, " threads"));
+      }
+      if (read.gemm_threading != c.gemm_threading) {
+        note = "was measured with gemm threading " + read.gemm_threading + ", this process uses " +
+               c.gemm_threading;
+      } else {
+        c.gemm_gflops = std::move(read.gemm_gflops);
+        c.memory_gbps = read.memory_gbps;
+        usable = true;
+      }
+    }
+    if (!usable) logging::info("calibration: cache '{}' {}: measuring again", path, note);
+  }
+  std::vector<GemmShape> missing;
+  for (const GemmShape& s : wanted) {
+    if (c.gemm_gflops.count(s)) {
+      ++c.source.gemm_from_cache;
+    } else {
+      missing.push_back(s);
+    }
+  }
+  c.source.memory_from_cache = usable;
+  c.source.cache_file = path;
+  c.source.note = note;
+  if (!missing.empty() || !usable) {
+    measure_into(c, missing, /*memory=*/!usable, options);
+    write_atomically(path, c.to_json().dump(2) + "\n");
+  }
+  c.source.seconds = timer.elapsed_s();
+  logging::info(
+      "calibration: {} GEMM shapes from '{}', {} measured{}, memory {:.2f} GB/s{} in {:.2f} s",
+      c.source.gemm_from_cache, path, c.source.gemm_measured, usable ? "" : " (no usable cache)",
+      c.memory_gbps, usable ? " (cached)" : "", c.source.seconds);
+  return c;
+}
+
+// ---- sharing ----
+
+MachineCalibration broadcast_calibration(dist::ProcessGroup& group,
+                                         const MachineCalibration& calibration, int root) {
+  ACC_CHECK(root >= 0 && root < group.size(), "broadcast_calibration: root ", root,
+            " is not a rank of group '", group.name(), "' of ", group.size());
+  if (group.size() == 1) return calibration;
+  std::string text;
+  if (group.rank() == root) {
+    const CalibrationSource& s = calibration.source;
+    text = nlohmann::json{{"calibration", calibration.to_json()},
+                          {"source",
+                           {{"gemm_from_cache", s.gemm_from_cache},
+                            {"gemm_measured", s.gemm_measured},
+                            {"memory_from_cache", s.memory_from_cache},
+                            {"seconds", s.seconds},
+                            {"cache_file", s.cache_file},
+                            {"note", s.note}}}}
+               .dump();
+  }
+  Tensor length = from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1});
+  group.broadcast(length, root)->wait();
+  const int64_t n = length.data<int64_t>()[0];
+  Tensor bytes =
+      zeros({(n + 3) / 4}, TensorOptions{.dtype = DType::kInt32, .device = Device::kCPU});
+  if (group.rank() == root) std::memcpy(bytes.data<int32_t>(), text.data(), text.size());
+  group.broadcast(bytes, root)->wait();
+  // Every rank, root included, reads the text back: a calibration that does not read is then the
+  // same error on every rank instead of one on the others only.
+  text.assign(reinterpret_cast<const char*>(bytes.data<int32_t>()), static_cast<size_t>(n));
+  const nlohmann::json j = nlohmann::json::parse(text);
+  MachineCalibration c = MachineCalibration::from_json(j.at("calibration"));
+  const nlohmann::json& s = j.at("source");
+  c.source.gemm_from_cache = s.at("gemm_from_cache").get<int>();
+  c.source.gemm_measured = s.at("gemm_measured").get<int>();
+  c.source.memory_from_cache = s.at("memory_from_cache").get<bool>();
+  c.source.seconds = s.at("seconds").get<double>();
+  c.source.cache_file = s.at("cache_file").get<std::string>();
+  c.source.note = s.at("note").get<std::string>();
+  return c;
+}
+
+}  // namespace acc::accelerate

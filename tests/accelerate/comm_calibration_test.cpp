@@ -1,0 +1,129 @@
+// Collective calibration under mpirun at 1, 2 and 4 ranks: every rank gets the same fits, the fits
+// are non-negative and grow with the size. No timing assertion beyond that (the machine is shared).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "acc/accelerate/calibration.hpp"
+#include "acc/dist/dist.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc::accelerate {
+namespace {
+
+const std::vector<int64_t> kSizes = {4 << 10, 256 << 10, 4 << 20};
+constexpr double kFast = 0.005;
+const char* const kOps[] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
+
+TEST(CalibrateCollectives, EveryRankGetsTheSameNonNegativeFitsThatGrowWithSize) {
+  auto world = dist::ProcessGroup::world();
+  const CommCalibration c = calibrate_collectives(*world, kSizes, kFast);
+  EXPECT_EQ(c.world, world->size());
+  // Equal on every rank (throws naming the first difference otherwise).
+  EXPECT_NO_THROW(dist::check_agreement(*world, c.to_json(), "ranks disagree on the fits"));
+  ASSERT_EQ(c.ops.size(), 4u);
+  for (const char* op : kOps) {
+    SCOPED_TRACE(op);
+    const AlphaBeta& ab = c.ops.at(op);
+    EXPECT_TRUE(std::isfinite(ab.alpha_s) && std::isfinite(ab.beta_s_per_byte));
+    EXPECT_GE(ab.alpha_s, 0);
+    EXPECT_GE(ab.beta_s_per_byte, 0);
+    if (c.world == 1) {
+      EXPECT_EQ(c.seconds(op, 1 << 20), 0.0);
+      EXPECT_TRUE(c.points.empty());
+      continue;
+    }
+    EXPECT_GT(ab.beta_s_per_byte, 0);
+    EXPECT_LT(c.seconds(op, 4 << 10), c.seconds(op, 4 << 20));
+    EXPECT_LT(c.seconds(op, 4 << 20), c.seconds(op, 64 << 20));
+    ASSERT_EQ(c.points.at(op).size(), kSizes.size());
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      const CommPoint& p = c.points.at(op)[i];
+      EXPECT_GE(p.bytes, kSizes[i]);
+      EXPECT_EQ(p.bytes % (4 * c.world), 0);
+      EXPECT_GT(p.seconds, 0);
+      EXPECT_TRUE(std::isfinite(p.seconds));
+    }
+  }
+  // Through JSON and back, as a report or a cache would keep it.
+  const CommCalibration back =
+      CommCalibration::from_json(nlohmann::json::parse(c.to_json().dump()));
+  EXPECT_EQ(back.to_json(), c.to_json());
+}
+
+TEST(CalibrateCollectives, RefusesBadArgumentsOnEveryRankBeforeAnyCollective) {
+  auto world = dist::ProcessGroup::world();
+  const uint64_t seq = world->sequence_number();
+  EXPECT_THROW(calibrate_collectives(*world, {}, kFast), ValueError);
+  EXPECT_THROW(calibrate_collectives(*world, {4096, 0}, kFast), ValueError);
+  EXPECT_THROW(calibrate_collectives(*world, kSizes, 0.0), ValueError);
+  EXPECT_THROW(calibrate_collectives(*world, kSizes, NAN), ValueError);
+  EXPECT_EQ(world->sequence_number(), seq);
+}
+
+TEST(CommCalibration, SecondsAndJsonRefuseWhatTheyCannotRead) {
+  CommCalibration c;
+  c.world = 2;
+  for (const char* op : kOps) c.ops[op] = {1e-5, 1e-10};
+  EXPECT_DOUBLE_EQ(c.seconds("allreduce", 1000), 1e-5 + 1e-7);
+  try {
+    c.seconds("alltoall", 10);
+    ADD_FAILURE() << "unknown op accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown collective 'alltoall'"), std::string::npos);
+  }
+  EXPECT_THROW(c.seconds("allreduce", -1), ValueError);
+
+  const nlohmann::json good = c.to_json();
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string words;
+  };
+  const std::vector<Case> cases = {
+      {[](nlohmann::json& j) { j.erase("ops"); }, "field 'ops' is missing"},
+      {[](nlohmann::json& j) { j["ops"].erase("broadcast"); }, "field 'ops.broadcast' is missing"},
+      {[](nlohmann::json& j) { j["ops"]["allgather"]["beta_s_per_byte"] = -1; },
+       "field 'ops.allgather.beta_s_per_byte' must be a finite number >= 0"},
+      {[](nlohmann::json& j) { j["world"] = 0; }, "field 'world' must be an integer in [1,"},
+      {[](nlohmann::json& j) { j["points"]["alltoall"] = nlohmann::json::array(); },
+       "field 'points.alltoall' is not a collective"},
+      {[](nlohmann::json& j) {
+         j["points"]["allreduce"] = {{4096, "slow"}};
+       },
+       "field 'points.allreduce[0]' must be [bytes >= 1, seconds >= 0]"},
+  };
+  for (const Case& k : cases) {
+    nlohmann::json j = good;
+    k.edit(j);
+    try {
+      CommCalibration::from_json(j);
+      ADD_FAILURE() << "accepted: " << j.dump();
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("comm calibration: " + k.words), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(BroadcastCalibration, EveryRankGetsRootsCalibration) {
+  auto world = dist::ProcessGroup::world();
+  MachineCalibration mine;
+  if (world->rank() == 0) {
+    mine.hardware = hardware_fingerprint();
+    mine.gemm_threading = "openblas";
+    mine.memory_gbps = 7.25;
+    mine.gemm_gflops[{2048, 2304, 768, false, true}] = 33.5;
+    mine.source.gemm_measured = 1;
+    mine.source.note = "measured on rank 0";
+  }
+  const MachineCalibration got = broadcast_calibration(*world, mine, 0);
+  EXPECT_EQ(got.memory_gbps, 7.25);
+  EXPECT_EQ(got.gemm_gflops.size(), 1u);
+  EXPECT_EQ(got.hardware, hardware_fingerprint());
+  EXPECT_EQ(got.source.note, "measured on rank 0");
+  EXPECT_EQ(got.source.gemm_measured, 1);
+  EXPECT_THROW(broadcast_calibration(*world, mine, world->size()), ValueError);
+}
+
+}  // namespace
+}  // namespace acc::accelerate
