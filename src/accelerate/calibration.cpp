@@ -350,13 +350,14 @@ int64_t last_level_cache_bytes() {
   return best > 0 ? best : int64_t{32} << 20;
 }
 
-double measure_memory(double seconds_per_point, Generator& gen) {
+double measure_memory(double seconds_per_point) {
   // Three arrays of twice the last-level cache each (at least 32 MiB, at most 256 MiB): nothing of
   // one call is left in cache for the next.
   const int64_t array_bytes =
       std::clamp<int64_t>(2 * last_level_cache_bytes(), int64_t{32} << 20, int64_t{256} << 20);
   const int64_t n = array_bytes / 4;
-  const Tensor a = filled(n, gen), b = filled(n, gen);
+  const TensorOptions cpu{.device = Device::kCPU};
+  const Tensor a = full({n}, 0.5, cpu), b = full({n}, 0.25, cpu);
   // The residual adds and gradient accumulation of the engine: out = a + b, out allocated per
   // call through the caching allocator as there (the block of the call before is reused).
   const double seconds = detail::median_seconds(
@@ -383,7 +384,7 @@ void measure_into(MachineCalibration& c, const std::vector<GemmShape>& shapes, b
   }
   c.source.gemm_measured = static_cast<int>(shapes.size());
   if (memory) {
-    c.memory_gbps = measure_memory(o.seconds_per_point, gen);
+    c.memory_gbps = measure_memory(o.seconds_per_point);
     logging::debug("calibration: memory {:.2f} GB/s ({} threads)", c.memory_gbps, o.threads);
   }
 }
@@ -500,7 +501,14 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
   c.source.note = note;
   if (!missing.empty() || !usable) {
     measure_into(c, missing, /*memory=*/!usable, options);
-    write_atomically(path, c.to_json().dump(2) + "\n");
+    // The figures are good without the file: a cache that cannot be written (a read-only home
+    // on a cluster) costs the next run its calibration time, not this run its search.
+    try {
+      write_atomically(path, c.to_json().dump(2) + "\n");
+    } catch (const IoError& e) {
+      c.source.note += (c.source.note.empty() ? "" : "; ") + std::string("not saved: ") + e.what();
+      logging::warn("calibration: {}", e.what());
+    }
   }
   c.source.seconds = timer.elapsed_s();
   logging::info(

@@ -12,17 +12,34 @@
 namespace acc::accelerate {
 namespace {
 
-const char* const kOps[] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
+// The collectives measured: each issues its op on `whole` (the full tensor) and `block` (this
+// rank's 1/world of it).
+struct Collective {
+  const char* name;
+  dist::WorkPtr (*issue)(dist::ProcessGroup& g, Tensor& whole, Tensor& block);
+};
+const Collective kCollectives[] = {
+    {"allreduce", [](dist::ProcessGroup& g, Tensor& whole,
+                     Tensor&) { return g.allreduce(whole, dist::ReduceOp::kSum); }},
+    {"reduce_scatter",
+     [](dist::ProcessGroup& g, Tensor& whole, Tensor& block) {
+       return g.reduce_scatter(block, whole, dist::ReduceOp::kSum);
+     }},
+    {"allgather",
+     [](dist::ProcessGroup& g, Tensor& whole, Tensor& block) { return g.allgather(whole, block); }},
+    {"broadcast",
+     [](dist::ProcessGroup& g, Tensor& whole, Tensor&) { return g.broadcast(whole, 0); }},
+};
 
 std::string known_ops() {
   std::string s;
-  for (const char* op : kOps) s += (s.empty() ? "" : ", ") + std::string(op);
+  for (const Collective& c : kCollectives) s += (s.empty() ? "" : ", ") + std::string(c.name);
   return s;
 }
 
 bool is_op(const std::string& op) {
-  return std::find_if(std::begin(kOps), std::end(kOps), [&](const char* o) { return op == o; }) !=
-         std::end(kOps);
+  return std::any_of(std::begin(kCollectives), std::end(kCollectives),
+                     [&](const Collective& c) { return op == c.name; });
 }
 
 // Least squares of the relative error, alpha and beta kept >= 0 (see the header).
@@ -97,7 +114,8 @@ CommCalibration CommCalibration::from_json(const nlohmann::json& j) {
   CommCalibration c;
   c.world = static_cast<int>(f.integer("world", 1, 1 << 24));
   detail::Fields ops(f.at("ops"), what, "ops");
-  for (const char* op : kOps) {
+  for (const Collective& collective : kCollectives) {
+    const char* op = collective.name;
     detail::Fields ab(ops.at(op), what, ops.path(op));
     c.ops[op] = {ab.number("alpha_s", 0, false), ab.number("beta_s_per_byte", 0, false)};
     ab.no_others();
@@ -143,7 +161,7 @@ CommCalibration calibrate_collectives(dist::ProcessGroup& group,
             seconds_per_point);
   CommCalibration c;
   c.world = group.size();
-  for (const char* op : kOps) c.ops[op] = AlphaBeta{};
+  for (const Collective& op : kCollectives) c.ops[op.name] = AlphaBeta{};
   if (c.world == 1) return c;
 
   Timer timer;
@@ -153,20 +171,12 @@ CommCalibration calibrate_collectives(dist::ProcessGroup& group,
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   const TensorOptions cpu{.device = Device::kCPU};
   std::vector<float> medians;  // per (op, size), this rank's
-  for (const char* op : kOps) {
-    const std::string name = op;
+  for (const Collective& op : kCollectives) {
     for (int64_t bytes : sizes) {
       const int64_t n = elements_for(bytes, W);
       // Zeros: sums stay zero over any number of repeats (no overflow to inf).
       Tensor whole = zeros({n}, cpu), block = zeros({n / W}, cpu);
-      auto call = [&] {
-        dist::WorkPtr w;
-        if (name == "allreduce") w = group.allreduce(whole, dist::ReduceOp::kSum);
-        if (name == "reduce_scatter") w = group.reduce_scatter(block, whole, dist::ReduceOp::kSum);
-        if (name == "allgather") w = group.allgather(whole, block);
-        if (name == "broadcast") w = group.broadcast(whole, 0);
-        w->wait();
-      };
+      auto call = [&] { op.issue(group, whole, block)->wait(); };
       Timer warm;
       call();
       // Every rank must make the same number of calls: they agree on the slowest warm-up.
@@ -192,7 +202,8 @@ CommCalibration calibrate_collectives(dist::ProcessGroup& group,
   Tensor all = from_vector(medians, {static_cast<int64_t>(medians.size())});
   group.allreduce(all, dist::ReduceOp::kMax)->wait();
   size_t i = 0;
-  for (const char* op : kOps) {
+  for (const Collective& collective : kCollectives) {
+    const char* op = collective.name;
     std::vector<CommPoint>& pts = c.points[op];
     for (int64_t bytes : sizes) {
       pts.push_back({elements_for(bytes, W) * 4, static_cast<double>(all.data<float>()[i++])});

@@ -384,6 +384,18 @@ TEST_F(CacheDir, ACorruptCacheIsAnErrorNamingTheFileAndIsLeftAlone) {
       << msg;
 }
 
+TEST_F(CacheDir, ACacheThatCannotBeWrittenIsAWarningAndTheFiguresAreReturned) {
+  fs::create_directories(dir_);
+  write_file(dir_ / "file", "a file, not a directory");
+  options_.cache_dir = (dir_ / "file" / "cache").string();
+  const MachineCalibration c = load_or_calibrate_machine({{32, 32, 32}}, options_);
+  EXPECT_EQ(c.source.gemm_measured, 1);
+  EXPECT_GT(c.gemm_gflops.at({32, 32, 32}), 0);
+  EXPECT_GT(c.memory_gbps, 0);
+  EXPECT_NE(c.source.note.find("not saved: "), std::string::npos) << c.source.note;
+  EXPECT_NE(c.source.note.find(options_.cache_dir), std::string::npos) << c.source.note;
+}
+
 TEST(CalibrationCache, DefaultDirectoryFollowsTheEnvironment) {
   const char* saved = std::getenv("ACC_CACHE_DIR");
   const std::string keep = saved ? saved : "";

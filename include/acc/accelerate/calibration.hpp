@@ -116,7 +116,8 @@ struct CalibrationSource {
   bool memory_from_cache = false;
   double seconds = 0;      // wall time of this call (reading, measuring, writing)
   std::string cache_file;  // the file read or written ("" for calibrate_machine)
-  std::string note;        // why a cache file was not used, "" when it was or there was none
+  /// Why a cache file was not used or not written; "" when it was used or there was none.
+  std::string note;
 };
 
 struct MachineCalibration {
@@ -184,8 +185,9 @@ MachineCalibration calibrate_machine(const std::vector<GemmShape>& shapes,
 ///  - a malformed file (not JSON, truncated, a field missing or wrong) is acc::ValueError naming
 ///    the file and the field, and is left as it is: measuring over it would hide whatever wrote
 ///    it; the caller decides (delete it, or call calibrate_machine).
-/// Throws acc::IoError when the cache directory cannot be created or the file written, and what
-/// calibrate_machine throws.
+/// A file that cannot be written (the directory cannot be created, a read-only file system) is
+/// logged as a warning and said in source.note; the figures are returned all the same. Throws
+/// acc::IoError when an existing file cannot be read, and what calibrate_machine throws.
 MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shapes,
                                              const CalibrationOptions& options);
 
