@@ -42,12 +42,13 @@ bool is_op(const std::string& op) {
                      [&](const Collective& c) { return op == c.name; });
 }
 
-// Least squares of the relative error, alpha and beta kept >= 0 (see the header).
-AlphaBeta fit(const std::vector<CommPoint>& points) {
+}  // namespace
+
+AlphaBeta fit_alpha_beta(const std::vector<CommPoint>& points) {
   double s0 = 0, s1 = 0, s2 = 0, t0 = 0, t1 = 0;
   for (const CommPoint& p : points) {
     const double t = std::max(p.seconds, 1e-9), b = static_cast<double>(p.bytes);
-    const double w = 1.0 / (t * t);
+    const double w = 1.0 / t;
     s0 += w;
     s1 += w * b;
     s2 += w * b * b;
@@ -73,6 +74,8 @@ AlphaBeta fit(const std::vector<CommPoint>& points) {
   }
   return ab;
 }
+
+namespace {
 
 // f32 elements of the whole tensor for `bytes`: rounded up to a multiple of the world size, so
 // that reduce_scatter and allgather have equal blocks.
@@ -208,7 +211,7 @@ CommCalibration calibrate_collectives(dist::ProcessGroup& group,
     for (int64_t bytes : sizes) {
       pts.push_back({elements_for(bytes, W) * 4, static_cast<double>(all.data<float>()[i++])});
     }
-    c.ops[op] = fit(pts);
+    c.ops[op] = fit_alpha_beta(pts);
     logging::debug("calibration: {} on '{}' ({} ranks): alpha {:.3g} s, {:.3g} GB/s", op,
                    group.name(), W, c.ops[op].alpha_s,
                    c.ops[op].beta_s_per_byte > 0 ? 1e-9 / c.ops[op].beta_s_per_byte : INFINITY);

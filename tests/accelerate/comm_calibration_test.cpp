@@ -61,6 +61,30 @@ TEST(CalibrateCollectives, RefusesBadArgumentsOnEveryRankBeforeAnyCollective) {
   EXPECT_EQ(world->sequence_number(), seq);
 }
 
+TEST(FitAlphaBeta, RecoversALineAndClampsToNonNegative) {
+  // Exactly on a line: recovered whatever the weights.
+  std::vector<CommPoint> line;
+  for (int64_t b : {4096, 65536, 1 << 20, 16 << 20}) line.push_back({b, 2e-5 + 1e-10 * b});
+  AlphaBeta ab = fit_alpha_beta(line);
+  EXPECT_NEAR(ab.alpha_s, 2e-5, 1e-12);
+  EXPECT_NEAR(ab.beta_s_per_byte, 1e-10, 1e-17);
+  // Times that fall with the size: no bandwidth term, alpha the 1/t-weighted mean (n / sum 1/t).
+  ab = fit_alpha_beta({{1000, 4e-3}, {2000, 2e-3}, {4000, 1e-3}});
+  EXPECT_EQ(ab.beta_s_per_byte, 0);
+  EXPECT_NEAR(ab.alpha_s, 3 / (250.0 + 500 + 1000), 1e-15);
+  // A line through a negative intercept: alpha 0, beta through the origin.
+  ab = fit_alpha_beta({{1000, 1e-6}, {2000, 3e-6}, {3000, 5e-6}});
+  EXPECT_EQ(ab.alpha_s, 0);
+  EXPECT_GT(ab.beta_s_per_byte, 0);
+  // One size: all bandwidth.
+  ab = fit_alpha_beta({{1 << 20, 1e-3}});
+  EXPECT_EQ(ab.alpha_s, 0);
+  EXPECT_DOUBLE_EQ(ab.beta_s_per_byte, 1e-3 / (1 << 20));
+  ab = fit_alpha_beta({});
+  EXPECT_EQ(ab.alpha_s, 0);
+  EXPECT_EQ(ab.beta_s_per_byte, 0);
+}
+
 TEST(CommCalibration, SecondsAndJsonRefuseWhatTheyCannotRead) {
   CommCalibration c;
   c.world = 2;

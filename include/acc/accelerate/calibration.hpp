@@ -232,6 +232,10 @@ struct CommCalibration {
   static CommCalibration from_json(const nlohmann::json& j);
 };
 
+/// The fit calibrate_collectives makes (below): least squares weighted by 1 / t, alpha and beta
+/// kept >= 0. Zeros for no points; alpha 0 for one size.
+AlphaBeta fit_alpha_beta(const std::vector<CommPoint>& points);
+
 /// 4 KiB, 64 KiB, 256 KiB, 1 MiB, 4 MiB, 16 MiB.
 std::vector<int64_t> default_collective_sizes();
 
@@ -242,11 +246,14 @@ std::vector<int64_t> default_collective_sizes();
 ///    warm-up, on how many timed calls fill seconds_per_point: at least 3, at most 1000); each
 ///    rank times each call from issue to the end of wait() and takes the median; the point's time
 ///    is the max over ranks of those medians (one allreduce for all points).
-///  - The fit is least squares of the relative error, sum(((alpha + beta b - t) / t)^2): the
-///    sizes span three orders of magnitude and plain least squares would fit the largest ones and
-///    leave alpha to their noise. alpha and beta are kept non-negative (a time does not fall as
-///    the size grows, nor below zero at size 0): when the free fit gives a negative one, that
-///    one is set to 0 and the other refitted alone.
+///  - The fit is least squares weighted by 1 / t, sum((alpha + beta b - t)^2 / t): a time's noise
+///    grows with it, and the sizes span three orders of magnitude. Unweighted, the largest sizes
+///    decide alpha (2 ranks here: -26..-30% at 4-64 KiB); weighted by 1 / t^2 (relative error),
+///    the small sizes decide beta (-24% at 16 MiB, where a step's buckets are); 1 / t kept both
+///    within -19..+26%, the largest size within 8%. alpha and beta are kept non-negative (a time
+///    does not fall as the size grows, nor below zero at size 0): when the free fit gives a
+///    negative one, that one is set to 0 and the other refitted alone; one size alone gives
+///    alpha 0.
 ///  - Every rank fits the same all-reduced numbers with the same code, so the fits are identical.
 /// A group of one: every fit is zero (nothing to communicate), no points. Collectives wait with
 /// the group's own timeout (acc::dist::default_timeout()). Throws acc::ValueError for an empty
