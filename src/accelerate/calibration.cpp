@@ -34,6 +34,9 @@
 
 namespace acc::accelerate {
 
+using detail::brief;
+using detail::Fields;
+
 // ---- fingerprint ----
 
 namespace {
@@ -107,8 +110,9 @@ nlohmann::json HardwareFingerprint::to_json() const {
           {"autoacc_version", autoacc_version}};
 }
 
-namespace detail {
+namespace {
 
+// `path` is where the fingerprint sits in the document ("" at its root, "hardware" in a cache).
 HardwareFingerprint fingerprint_from_json(const nlohmann::json& j, const std::string& what,
                                           const std::string& path) {
   Fields f(j, what, path);
@@ -132,10 +136,10 @@ HardwareFingerprint fingerprint_from_json(const nlohmann::json& j, const std::st
   return h;
 }
 
-}  // namespace detail
+}  // namespace
 
 HardwareFingerprint HardwareFingerprint::from_json(const nlohmann::json& j) {
-  return detail::fingerprint_from_json(j, "hardware fingerprint", "");
+  return fingerprint_from_json(j, "hardware fingerprint", "");
 }
 
 std::string HardwareFingerprint::key() const {
@@ -234,7 +238,7 @@ nlohmann::json MachineCalibration::to_json() const {
           {"gemm", gemm}};
 }
 
-namespace detail {
+namespace {
 
 MachineCalibration machine_from_json(const nlohmann::json& j, const std::string& what) {
   Fields f(j, what);
@@ -255,6 +259,11 @@ MachineCalibration machine_from_json(const nlohmann::json& j, const std::string&
                 g.boolean("trans_a"), g.boolean("trans_b")};
     const double gflops = g.number("gflops", 0, true);
     g.no_others();
+    try {
+      s.flops();
+    } catch (const ValueError&) {
+      g.fail("gemm[" + std::to_string(i) + "]", "has FLOPs that overflow 64 bits: " + s.str());
+    }
     if (!c.gemm_gflops.emplace(s, gflops).second) {
       g.fail("gemm[" + std::to_string(i) + "]", "repeats the shape " + s.str());
     }
@@ -263,10 +272,10 @@ MachineCalibration machine_from_json(const nlohmann::json& j, const std::string&
   return c;
 }
 
-}  // namespace detail
+}  // namespace
 
 MachineCalibration MachineCalibration::from_json(const nlohmann::json& j) {
-  return detail::machine_from_json(j, "machine calibration");
+  return machine_from_json(j, "machine calibration");
 }
 
 // ---- measuring ----
@@ -466,13 +475,12 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
     const nlohmann::json j = read_json_file(path, "machine calibration cache");
     // The fingerprint first: a file of another machine or another AutoAcc version is replaced
     // even when the rest is in a form this build does not read.
-    detail::Fields top(j, what);
-    const HardwareFingerprint cached =
-        detail::fingerprint_from_json(top.at("hardware"), what, "hardware");
+    Fields top(j, what);
+    const HardwareFingerprint cached = fingerprint_from_json(top.at("hardware"), what, "hardware");
     if (cached != c.hardware) {
       note = "is of another machine (" + c.hardware.difference(cached) + " in the cache)";
     } else {
-      MachineCalibration read = detail::machine_from_json(j, what);
+      MachineCalibration read = machine_from_json(j, what);
       if (read.threads != options.threads) {
         top.fail("threads", ::acc::detail::str_cat("is ", read.threads, " in a file named for ",
                                                    options.threads, " threads"));

@@ -200,6 +200,11 @@ TEST(MachineCalibration, MalformedOrTruncatedJsonNamesTheField) {
        "field 'gemm[0].trans_b' must be true or false"},
       {"repeat", [](nlohmann::json& j) { j["gemm"].push_back(j["gemm"][0]); },
        "field 'gemm[3]' repeats the shape 64x64x64 NN"},
+      {"overflow",
+       [](nlohmann::json& j) {
+         for (const char* d : {"m", "n", "k"}) j["gemm"][0][d] = int64_t{1} << 40;
+       },
+       "field 'gemm[0]' has FLOPs that overflow 64 bits"},
       {"unknown", [](nlohmann::json& j) { j["gemm"][0]["l"] = 1; },
        "field 'gemm[0].l' is not known"},
   };

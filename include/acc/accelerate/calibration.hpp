@@ -15,7 +15,8 @@
 //
 // Figures are medians over repeats (each point: one warm-up call, then calls until
 // seconds_per_point has passed), so a neighbour's burst moves a figure less than it moves a mean;
-// on a shared machine they still vary by 10-20% from run to run. Measuring disturbs nothing the
+// on a shared machine they still vary from run to run (on this 2-core one, shared with other
+// jobs: GEMM figures by about 10%, collective points by up to 50%). Measuring disturbs nothing the
 // caller owns: tensors are allocated and freed (through the caching allocator), random values
 // come from a private generator, the thread count is restored.
 //
@@ -140,9 +141,9 @@ struct MachineCalibration {
   /// acc::ValueError for negative bytes or when memory_gbps is not positive.
   double memory_seconds(int64_t bytes) const;
 
-  /// {"hardware": {...}, "threads": 1, "gemm_threading": "openblas", "memory_gbps": 9.1,
+  /// {"hardware": {...}, "threads": 1, "gemm_threading": "openblas", "memory_gbps": 23.7,
   ///  "gemm": [{"m": 2048, "n": 2304, "k": 768, "trans_a": false, "trans_b": true,
-  ///            "gflops": 33.6}, ...]}
+  ///            "gflops": 105.3}, ...]}
   nlohmann::json to_json() const;
   /// Every field required, no others; GFLOP/s and GB/s positive and finite, dimensions >= 1, no
   /// shape twice. Throws acc::ValueError "machine calibration: field '<path>' ..." naming the
