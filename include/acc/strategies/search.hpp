@@ -38,7 +38,14 @@ struct StepEffects {
   /// a method keeps besides the parameters' own (bucket copies), in multiples of the bucket size.
   int gathered_blocks = 0;
   int64_t bucket_bytes = 0;
+  /// The whole gradient also lives in the method's flat buckets (all-reduce buckets), besides the
+  /// parameters' own gradients made by backward.
+  bool gradient_buckets = false;
+  /// Full buckets alive at once while they reduce (reduce-scatter buckets), at most the gradient.
   int buckets_in_flight = 0;
+  /// Whole copies of the parameters alive while updated shards are all-gathered after the
+  /// optimizer step (on top of the resident state): zero2 packs and gathers into full buffers.
+  int parameter_copies_after_step = 0;
   // Communication per optimizer step, in elements of the whole model's parameters/gradients
   // (the model multiplies by the element size: 2 with bf16 communication, else 4).
   bool bf16_communication = false;

@@ -1,0 +1,85 @@
+#pragma once
+// The candidate space of the strategy search and each candidate's predicted memory.
+//
+// The space comes from the methods' own declarations (strategies::searchable_methods()): per
+// exclusive slot one of its methods or none (a grad_sync method is required on more than one
+// rank, and none is tried on one), every other method in or out, each with the configs it
+// declares for this run; combinations the composition rules refuse are left out. Nothing here
+// names a method.
+//
+// Memory: the step's need is traced (trace::estimate_training_need: the micro-batch, the
+// recomputed blocks, bf16 activations; milliseconds at any depth) for one rank holding the whole
+// model, then the candidate's effects reshape it: sharded state counts 1/world, gathered blocks
+// and the gradient buffers of bucketed methods are added.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "acc/strategies/search.hpp"
+#include "acc/strategies/strategy.hpp"
+#include "acc/trace/estimate.hpp"
+
+namespace acc::accelerate {
+
+struct SpaceOptions {
+  int world = 1;
+  int64_t global_batch = 0;  // samples per optimizer step over all ranks
+  int64_t seq_len = 0;
+  bool allow_bf16 = false;
+  std::vector<std::string> excluded;  // methods never tried
+  std::vector<std::string> included;  // methods every candidate has
+};
+
+struct Candidate {
+  strategies::Strategy strategy;
+  strategies::StepEffects effects;
+  int world = 1;
+  int64_t per_rank_batch = 0;
+  int64_t micro_batch = 0;  // samples per forward/backward on a rank
+  /// "zero2 + amp + checkpoint{blocks:2} + grad_accum{steps:4}" ("single process" when empty).
+  std::string describe() const;
+};
+
+/// Every candidate for a model of `num_blocks` repeated blocks. Throws acc::ValueError naming the
+/// value for: world < 1, a global batch < 1 or not divisible by the world ("global batch 63 does
+/// not split evenly over 2 ranks"), an unknown method in excluded/included (listing the known
+/// ones), a method both excluded and included, an included method that cannot be tried in this
+/// run (amp without allow_bf16, a grad_sync method on one rank), or a space left empty.
+std::vector<Candidate> enumerate_candidates(const SpaceOptions& options, int64_t num_blocks);
+
+/// A candidate's predicted per-rank memory, bytes.
+struct MemoryPrediction {
+  int64_t parameters = 0;  // resident parameters (sharded or whole)
+  int64_t gradients = 0;   // gradients resident after backward
+  int64_t optimizer_state = 0;
+  int64_t buffers = 0;  // gathered blocks, gradient buckets
+  int64_t activations_peak = 0;
+  int64_t peak = 0;  // the step's predicted peak of tracked tensor memory
+  nlohmann::json to_json() const;
+};
+
+/// Predicts memory for candidates of one model, caching the traced need per (micro-batch,
+/// recomputed blocks, bf16 activations).
+class MemoryModel {
+ public:
+  MemoryModel(std::string model_type, nlohmann::json config, int64_t seq_len,
+              std::string optimizer = "adamw");
+  MemoryPrediction predict(const Candidate& c);
+  /// The traced need of a step of `micro_batch` samples with the candidate's activation options.
+  const trace::TrainingNeed& need(int64_t micro_batch, int64_t recompute_blocks, bool bf16);
+  int64_t num_blocks();
+
+ private:
+  std::string model_type_;
+  nlohmann::json config_;
+  int64_t seq_len_;
+  std::string optimizer_;
+  std::map<std::tuple<int64_t, int64_t, bool>, trace::TrainingNeed> needs_;
+};
+
+}  // namespace acc::accelerate

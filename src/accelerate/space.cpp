@@ -1,0 +1,229 @@
+#include "acc/accelerate/space.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "acc/util/checked.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc::accelerate {
+namespace {
+
+using strategies::MethodSearch;
+
+std::string known_methods(const std::vector<MethodSearch>& methods) {
+  std::string s;
+  for (const auto& m : methods) s += (s.empty() ? "" : ", ") + m.name;
+  return s;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// One choice of a group: a method with a config, or none (method == nullptr).
+struct Option {
+  const MethodSearch* method = nullptr;
+  nlohmann::json config;
+};
+
+}  // namespace
+
+std::string Candidate::describe() const {
+  std::string s;
+  for (const auto& m : strategy) {
+    s += (s.empty() ? "" : " + ") + m.name;
+    if (!m.config.empty()) s += m.config.dump();
+  }
+  return s.empty() ? "single process" : s;
+}
+
+std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_blocks) {
+  ACC_CHECK(o.world >= 1, "search: world size must be >= 1, got ", o.world);
+  ACC_CHECK(o.global_batch >= 1, "search: global batch must be >= 1, got ", o.global_batch);
+  ACC_CHECK(o.global_batch % o.world == 0, "search: global batch ", o.global_batch,
+            " does not split evenly over ", o.world, " ranks");
+  const auto methods = strategies::searchable_methods();
+  for (const auto* list : {&o.excluded, &o.included}) {
+    for (const auto& name : *list) {
+      const bool known = std::any_of(methods.begin(), methods.end(),
+                                     [&](const MethodSearch& m) { return m.name == name; });
+      ACC_CHECK(known, "search: unknown method '", name, "' in ",
+                list == &o.excluded ? "excluded" : "included", " (known: ", known_methods(methods),
+                ")");
+    }
+  }
+  for (const auto& name : o.included) {
+    ACC_CHECK(!contains(o.excluded, name), "search: method '", name,
+              "' is both excluded and included");
+  }
+  const strategies::SearchContext ctx{.world = o.world,
+                                      .num_blocks = num_blocks,
+                                      .per_rank_batch = o.global_batch / o.world,
+                                      .allow_bf16 = o.allow_bf16};
+
+  // Groups of options: one per exclusive slot, one per other method; registry order.
+  std::vector<std::vector<Option>> groups;
+  std::vector<std::string> group_slot;  // "" for a non-exclusive method's own group
+  std::set<std::string> required_slots;
+  for (const auto& m : methods) {
+    std::string why_not;
+    if (contains(o.excluded, m.name)) why_not = "it is excluded";
+    if (m.needs_bf16 && !o.allow_bf16) why_not = "bf16 is not allowed (allow_bf16)";
+    if (m.needs_ranks && o.world == 1) why_not = "it needs more than one rank";
+    if (m.needs_ranks && o.world > 1) required_slots.insert(m.slot);
+    std::vector<nlohmann::json> choices =
+        why_not.empty() ? m.choices(ctx) : std::vector<nlohmann::json>{};
+    if (why_not.empty() && choices.empty()) why_not = "it has no choice in this run";
+    ACC_CHECK(!contains(o.included, m.name) || why_not.empty(), "search: included method '", m.name,
+              "' cannot be tried: ", why_not);
+    size_t g = groups.size();
+    if (m.exclusive_slot) {
+      auto it = std::find(group_slot.begin(), group_slot.end(), m.slot);
+      g = static_cast<size_t>(it - group_slot.begin());
+    }
+    if (g == groups.size()) {
+      groups.push_back({Option{}});  // none
+      group_slot.push_back(m.exclusive_slot ? m.slot : "");
+    }
+    for (auto& c : choices) groups[g].push_back({&m, std::move(c)});
+  }
+  // A required slot (gradient synchronisation on several ranks) has no "none"; an included
+  // method's group keeps only that method.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    auto& opts = groups[g];
+    const bool required = !group_slot[g].empty() && required_slots.count(group_slot[g]);
+    bool has_included = false;
+    for (const auto& opt : opts)
+      has_included |= opt.method && contains(o.included, opt.method->name);
+    opts.erase(std::remove_if(opts.begin(), opts.end(),
+                              [&](const Option& opt) {
+                                if (has_included) {
+                                  return !opt.method || !contains(o.included, opt.method->name);
+                                }
+                                return required && !opt.method;
+                              }),
+               opts.end());
+    ACC_CHECK(!opts.empty(), "search: no method of slot '", group_slot[g], "' can be tried, and ",
+              o.world, " ranks need one (is every one excluded?)");
+  }
+
+  // The product of the groups.
+  std::vector<Candidate> out;
+  std::vector<size_t> pick(groups.size(), 0);
+  while (true) {
+    std::vector<const Option*> chosen;
+    for (size_t g = 0; g < groups.size(); ++g) chosen.push_back(&groups[g][pick[g]]);
+    strategies::Strategy s;
+    for (const auto* opt : chosen) {
+      if (opt->method) s.push_back({opt->method->name, opt->config});
+    }
+    bool valid = true;
+    try {
+      strategies::parse_strategy(strategies::to_json(s));  // the composition rules
+    } catch (const ValueError&) {
+      valid = false;
+    }
+    if (valid) {
+      Candidate c;
+      c.strategy = s;
+      c.world = o.world;
+      c.per_rank_batch = ctx.per_rank_batch;
+      // The gradient synchronisation reads what the others set (bf16 communication).
+      for (const bool ranks_pass : {false, true}) {
+        for (const auto* opt : chosen) {
+          if (opt->method && opt->method->needs_ranks == ranks_pass) {
+            opt->method->effects(opt->config, ctx, c.effects);
+            c.effects.methods.push_back(opt->method->name);
+          }
+        }
+      }
+      c.micro_batch = c.per_rank_batch / c.effects.micro_batches;
+      out.push_back(std::move(c));
+    }
+    size_t g = 0;
+    while (g < groups.size() && ++pick[g] == groups[g].size()) pick[g++] = 0;
+    if (g == groups.size()) break;
+  }
+  ACC_CHECK(!out.empty(), "search: no candidate is left (excluded ", o.excluded.size(),
+            " method(s), included ", o.included.size(), ")");
+  return out;
+}
+
+nlohmann::json MemoryPrediction::to_json() const {
+  return {{"parameters", parameters},
+          {"gradients", gradients},
+          {"optimizer_state", optimizer_state},
+          {"buffers", buffers},
+          {"activations_peak", activations_peak},
+          {"peak", peak}};
+}
+
+MemoryModel::MemoryModel(std::string model_type, nlohmann::json config, int64_t seq_len,
+                         std::string optimizer)
+    : model_type_(std::move(model_type)),
+      config_(std::move(config)),
+      seq_len_(seq_len),
+      optimizer_(std::move(optimizer)) {}
+
+const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, int64_t recompute_blocks,
+                                             bool bf16) {
+  const auto key = std::make_tuple(micro_batch, recompute_blocks, bf16);
+  auto it = needs_.find(key);
+  if (it != needs_.end()) return it->second;
+  trace::TraceOptions t;
+  t.recompute = recompute_blocks != 0 ? trace::Recompute::kBlock : trace::Recompute::kNone;
+  t.recompute_blocks = recompute_blocks;
+  t.bf16_activations = bf16;
+  return needs_
+      .emplace(key, trace::estimate_training_need(model_type_, config_, micro_batch, seq_len_, t,
+                                                  optimizer_))
+      .first->second;
+}
+
+int64_t MemoryModel::num_blocks() {
+  return need(1, 0, false).num_layers;
+}
+
+MemoryPrediction MemoryModel::predict(const Candidate& c) {
+  const strategies::StepEffects& e = c.effects;
+  const trace::TrainingNeed& n = need(c.micro_batch, e.recompute_blocks, e.bf16_activations);
+  const int64_t W = c.world;
+  const int64_t P = n.memory.parameters, G = n.memory.gradients, O = n.memory.optimizer_state;
+  // Gradients and activations at the step's peak (the trace's figure, one rank, whole model,
+  // gradients starting from none). With several micro-batches the later ones run with the
+  // accumulated gradients resident (whole: nothing is synchronised or sharded before the last
+  // micro-batch), so their activations peak on top of all of G.
+  int64_t live = n.memory.peak - P - O;
+  if (e.micro_batches > 1) live = std::max(live, G + n.memory.activations_peak);
+  const int64_t elem = P / std::max<int64_t>(1, n.parameters);  // bytes per parameter
+  const int64_t block_bytes = checked_mul(n.parameters_per_block, elem, "block bytes");
+  const int64_t root_bytes = P - checked_mul(block_bytes, n.num_layers, "blocks' bytes");
+  auto shard = [W](int64_t x) { return (x + W - 1) / W; };
+  MemoryPrediction m;
+  m.parameters = e.shard_parameters ? shard(P) : P;
+  m.gradients = e.shard_gradients ? shard(G) : G;
+  m.optimizer_state = e.shard_optimizer_state ? shard(O) : O;
+  if (e.shard_parameters) {
+    m.buffers += root_bytes + e.gathered_blocks * block_bytes;  // gathered for the step
+  }
+  if (e.gradient_buckets) m.buffers += G;  // bucket padding is at most a few elements
+  if (e.buckets_in_flight > 0) {
+    m.buffers += std::min(checked_mul(e.buckets_in_flight, e.bucket_bytes, "buckets"), G);
+  }
+  m.activations_peak = n.memory.activations_peak;
+  m.peak = m.parameters + m.optimizer_state + (live - G + m.gradients) + m.buffers;
+  // The end of backward, activations gone: the last bucket launches, with its bf16 copy when
+  // the communication is bf16.
+  if (e.bucket_bytes > 0) {
+    const int64_t copy = e.bf16_communication ? std::min(e.bucket_bytes, G) / 2 : 0;
+    m.peak = std::max(m.peak, m.parameters + m.optimizer_state + m.gradients + m.buffers + copy);
+  }
+  // After the step: the resident state plus the parameter copies of the all-gather.
+  const int64_t after_step = m.parameters + m.optimizer_state + m.gradients +
+                             checked_mul(e.parameter_copies_after_step, P, "gathered copies");
+  m.peak = std::max(m.peak, after_step);
+  return m;
+}
+
+}  // namespace acc::accelerate

@@ -1,0 +1,120 @@
+// The candidate space built from the methods' declarations, and the memory predicted for each
+// candidate against the tracked allocator's measured peak (one process here; several ranks in
+// space_mpi_test.cpp).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "acc/accelerate/dry_run.hpp"
+#include "acc/accelerate/space.hpp"
+#include "acc/models/models.hpp"
+#include "acc/optim/adam.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc::accelerate {
+namespace {
+
+SpaceOptions opts(int world, int64_t batch, bool bf16 = false,
+                  std::vector<std::string> excluded = {}, std::vector<std::string> included = {}) {
+  SpaceOptions o;
+  o.world = world;
+  o.global_batch = batch;
+  o.seq_len = 32;
+  o.allow_bf16 = bf16;
+  o.excluded = std::move(excluded);
+  o.included = std::move(included);
+  return o;
+}
+
+std::string error_of(const SpaceOptions& o, int64_t blocks = 4) {
+  try {
+    enumerate_candidates(o, blocks);
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Space, OneRankSpaceHasNoGradSyncAndEveryOtherCombination) {
+  const auto cands = enumerate_candidates(opts(1, 8), 4);
+  // checkpoint: none, half, all (3) x grad_accum: none, 2, 4, 8 (4); amp not allowed.
+  EXPECT_EQ(cands.size(), 12u);
+  std::set<std::string> seen;
+  for (const auto& c : cands) {
+    EXPECT_TRUE(seen.insert(c.describe()).second) << "twice: " << c.describe();
+    for (const auto& m : c.strategy) {
+      EXPECT_NE(m.name, "ddp");
+      EXPECT_NE(m.name, "amp");
+    }
+    EXPECT_EQ(c.micro_batch * c.effects.micro_batches, 8);
+  }
+  EXPECT_TRUE(seen.count("single process"));
+  EXPECT_TRUE(seen.count("checkpoint{\"blocks\":\"all\"} + grad_accum{\"steps\":8}"));
+}
+
+TEST(Space, SeveralRanksAlwaysSynchroniseGradients) {
+  const auto cands = enumerate_candidates(opts(2, 8, true), 4);
+  // grad_sync: ddp x2 buckets, zero1 x2, zero2 x2, fsdp (7) x amp (2) x checkpoint (3) x
+  // grad_accum on 4 per rank: none, 2, 4 (3).
+  EXPECT_EQ(cands.size(), 7u * 2 * 3 * 3);
+  for (const auto& c : cands) {
+    int sync = 0;
+    for (const auto& m : c.strategy) {
+      sync += m.name == "ddp" || m.name == "zero1" || m.name == "zero2" || m.name == "fsdp";
+    }
+    EXPECT_EQ(sync, 1) << c.describe();
+  }
+  const auto only_fsdp_amp =
+      enumerate_candidates(opts(2, 8, true, {"ddp", "zero1", "zero2"}, {"amp"}), 4);
+  EXPECT_EQ(only_fsdp_amp.size(), 3u * 3);
+  for (const auto& c : only_fsdp_amp) {
+    EXPECT_EQ(c.strategy.front().name, "fsdp");
+    EXPECT_TRUE(c.effects.bf16_communication);
+  }
+}
+
+TEST(Space, BadOptionsNameTheValue) {
+  EXPECT_EQ(error_of(opts(2, 7)), "search: global batch 7 does not split evenly over 2 ranks");
+  EXPECT_NE(error_of(opts(1, 8, false, {"tensor_parallel"}))
+                .find("unknown method 'tensor_parallel' in excluded (known: ddp, zero1"),
+            std::string::npos);
+  EXPECT_EQ(error_of(opts(1, 8, false, {}, {"amp"})),
+            "search: included method 'amp' cannot be tried: bf16 is not allowed (allow_bf16)");
+  EXPECT_NE(error_of(opts(2, 8, false, {"ddp", "zero1", "zero2", "fsdp"}))
+                .find("no method of slot 'grad_sync' can be tried"),
+            std::string::npos);
+  EXPECT_EQ(error_of(opts(1, 0)), "search: global batch must be >= 1, got 0");
+  EXPECT_NE(error_of(opts(1, 8, true, {"amp"}, {"amp"})).find("both excluded and included"),
+            std::string::npos);
+}
+
+nlohmann::json tiny_gpt() {
+  return {{"n_layer", 4}, {"n_head", 4}, {"n_embd", 64}, {"vocab_size", 256}, {"block_size", 64}};
+}
+
+// Every one-rank candidate's predicted peak against the measured one (AdamW, 2 steps).
+TEST(MemoryModel, OneRankPredictionsMatchTheMeasuredPeak) {
+  const int64_t T = 32, B = 8;
+  auto model = models::create_model("gpt", tiny_gpt());
+  MemoryModel mm("gpt", tiny_gpt(), T);
+  const auto cands = enumerate_candidates(opts(1, B), mm.num_blocks());
+  std::vector<int64_t> idx(B * T);
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>((i * 37) % 256);
+  data::Batch batch{from_vector(idx, {B, T}), from_vector(idx, {B, T})};
+  double worst = 0;
+  for (const auto& c : cands) {
+    const MemoryPrediction p = mm.predict(c);
+    const DryRunResult r = dry_run(*model, optim::AdamW::factory({.lr = 1e-3}), c, batch, nullptr,
+                                   {.warmup_steps = 1, .measured_steps = 1});
+    ASSERT_EQ(r.status, "ok") << c.describe() << ": " << r.error;
+    const double err = std::abs(static_cast<double>(p.peak - r.peak_bytes)) / r.peak_bytes;
+    worst = std::max(worst, err);
+    EXPECT_LE(err, 0.05) << c.describe() << ": predicted " << p.peak << ", measured "
+                         << r.peak_bytes;
+  }
+  std::printf("one rank: %zu candidates, worst peak error %.2f%%\n", cands.size(), 100 * worst);
+}
+
+}  // namespace
+}  // namespace acc::accelerate
