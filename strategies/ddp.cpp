@@ -68,7 +68,7 @@ MethodSpec ddp_method() {
                 // Gradients accumulate in full padded buckets (kept) and are all-reduced bucket by
                 // bucket while backward runs.
                 e.bucket_bytes = bucket_bytes_from("ddp", c);
-            e.gradient_buckets = true;
+                e.gradient_buckets = true;
                 e.collectives.push_back({"allreduce", StepEffects::Collective::Of::kGradients,
                                          StepEffects::Collective::When::kBackward});
               }};
