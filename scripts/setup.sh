@@ -13,6 +13,8 @@ acc_packages=(
   nlohmann-json3-dev libspdlog-dev libzstd-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
+# Only for scripts/test's fuzz stage: clang and its libFuzzer runtime (libclang_rt.fuzzer).
+acc_fuzz_packages=(clang libclang-rt-dev)
 
 acc_install() {
   local want=("$@") missing=()
