@@ -3,6 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "acc/util/error.hpp"
@@ -18,11 +21,22 @@ void read_field(const nlohmann::json& j, const char* owner, const char* name, T&
       ACC_CHECK(it->is_boolean(), owner, " config: field '", name, "' must be a boolean, got ",
                 it->dump());
     } else if constexpr (std::is_integral_v<T>) {
-      ACC_CHECK(
-          it->is_number_integer() ||
-              (it->is_number_float() &&
-               it->get<double>() == static_cast<double>(static_cast<int64_t>(it->get<double>()))),
-          owner, " config: field '", name, "' must be an integer, got ", it->dump());
+      // Whole numbers within T's range only; the range is checked before any conversion (a
+      // float such as 1e300 cast to an integer is undefined behaviour, found by fuzz_config).
+      using Lim = std::numeric_limits<T>;
+      bool ok = false;
+      if (it->is_number_unsigned()) {
+        ok = it->template get<uint64_t>() <= static_cast<uint64_t>(Lim::max());
+      } else if (it->is_number_integer()) {
+        const int64_t v = it->template get<int64_t>();
+        ok = v >= static_cast<int64_t>(Lim::min()) && v <= static_cast<int64_t>(Lim::max());
+      } else if (it->is_number_float()) {
+        const double d = it->template get<double>();
+        ok = std::isfinite(d) && std::trunc(d) == d && d >= static_cast<double>(Lim::min()) &&
+             d < static_cast<double>(Lim::max()) + 1.0;
+      }
+      ACC_CHECK(ok, owner, " config: field '", name, "' must be an integer that fits in ",
+                sizeof(T) * 8, " bits, got ", it->dump());
     } else if constexpr (std::is_floating_point_v<T>) {
       ACC_CHECK(it->is_number(), owner, " config: field '", name, "' must be a number, got ",
                 it->dump());

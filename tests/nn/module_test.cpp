@@ -227,6 +227,11 @@ TEST(Models, BadConfigsNameTheField) {
   expect_error("gpt", with(gpt, {{"n_embd", 10}}), "n_embd 10");
   expect_error("gpt", with(gpt, {{"n_layers", 2}}), "unknown field 'n_layers'");
   expect_error("gpt", with(gpt, {{"n_layer", "two"}}), "'n_layer' must be an integer");
+  // Out of range before any conversion (1e300 cast to int64 was undefined behaviour).
+  expect_error("gpt", with(gpt, {{"n_layer", 1e300}}),
+               "field 'n_layer' must be an integer that fits in 64 bits, got 1e+300");
+  expect_error("gpt", with(gpt, {{"n_layer", 18446744073709551615ull}}), "fits in 64 bits");
+  expect_error("gpt", with(gpt, {{"n_layer", 2.5}}), "must be an integer");
   expect_error("gpt", with(gpt, {{"activation", "swish2"}}), "swish2");
   expect_error("gpt", nlohmann::json::array(), "must be a JSON object");
   // A config without the fields that say which model it is (issue 16: a GPT config given to
