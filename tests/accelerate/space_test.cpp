@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 
+#include "acc/accelerate/cost.hpp"
 #include "acc/accelerate/dry_run.hpp"
 #include "acc/accelerate/space.hpp"
 #include "acc/models/models.hpp"
@@ -114,6 +115,55 @@ TEST(MemoryModel, OneRankPredictionsMatchTheMeasuredPeak) {
                          << r.peak_bytes;
   }
   std::printf("one rank: %zu candidates, worst peak error %.2f%%\n", cands.size(), 100 * worst);
+}
+
+}  // namespace
+}  // namespace acc::accelerate
+
+namespace acc::accelerate {
+namespace {
+
+// The time model on a made-up machine (every GEMM at 100 GFLOP/s, 20 GB/s, collectives 50 us +
+// 1 ns/byte): what each effect does to the predicted step.
+TEST(CostModel, EffectsMoveThePredictionTheWayTheyShould) {
+  const nlohmann::json config = tiny_gpt();
+  const int64_t T = 32;
+  MachineCalibration m;
+  m.memory_gbps = 20;
+  for (const auto& s : CostModel::shapes_to_measure("gpt", config, {1, 2, 4, 8}, T)) {
+    m.gemm_gflops[s] = 100;
+  }
+  CommCalibration comm;
+  comm.world = 2;
+  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}) {
+    comm.ops[op] = {50e-6, 1e-9};
+  }
+  CostModel cm("gpt", config, T, m, comm);
+  const auto cands = enumerate_candidates(opts(2, 8, true), 4);
+  auto find = [&](const std::string& name) {
+    for (const auto& c : cands) {
+      if (c.describe() == name) return cm.predict(c);
+    }
+    ADD_FAILURE() << "no candidate " << name;
+    return TimePrediction{};
+  };
+  const TimePrediction ddp = find("ddp"), amp = find("ddp + amp"),
+                       ckpt = find("ddp + checkpoint{\"blocks\":\"all\"}"), zero1 = find("zero1"),
+                       fsdp = find("fsdp");
+  EXPECT_GT(ddp.compute_s, 0);
+  EXPECT_GT(ddp.comm_s, 0);
+  EXPECT_NEAR(ddp.step_s, ddp.compute_s + ddp.optimizer_s + ddp.exposed_comm_s, 1e-12);
+  EXPECT_LT(amp.comm_s, ddp.comm_s);                   // bf16 gradients: half the bytes
+  EXPECT_GT(ckpt.compute_s, ddp.compute_s);            // the forward again in backward
+  EXPECT_LT(zero1.optimizer_s, ddp.optimizer_s);       // half the optimizer state per rank
+  EXPECT_GT(zero1.comm_s, ddp.comm_s);                 // plus the parameters' all-gather
+  EXPECT_GT(fsdp.exposed_comm_s, ddp.exposed_comm_s);  // gathers before every block, waited for
+  // One rank: no communication at all.
+  CostModel one("gpt", config, T, m, CommCalibration{});
+  for (const auto& c : enumerate_candidates(opts(1, 8), 4)) {
+    const TimePrediction t = one.predict(c);
+    EXPECT_EQ(t.comm_s, 0) << c.describe();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,164 @@
+#include "acc/accelerate/cost.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "acc/models/language_model.hpp"
+#include "acc/tensor/random.hpp"
+#include "acc/trace/tracer.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc::accelerate {
+namespace {
+
+bool is_gemm(const std::string& op) {
+  return op == "Linear" || op == "LinearBackward" || op == "Bmm" || op == "BmmBackward";
+}
+
+// A trace of the model at `depth` blocks for a micro-batch, on the meta device.
+trace::Trace shallow_trace(const std::string& type, const nlohmann::json& config, int64_t depth,
+                           int64_t micro_batch, int64_t seq_len, int64_t recompute_blocks,
+                           bool bf16) {
+  DefaultDeviceGuard meta(Device::kMeta);
+  Generator scratch(0);
+  auto model =
+      models::create_model(type, models::config_with_num_layers(type, config, depth), scratch);
+  const int64_t T = seq_len > 0 ? seq_len : model->max_seq_len();
+  Tensor idx = empty({micro_batch, T}, {DType::kInt64, Device::kMeta});
+  trace::TraceOptions o;
+  o.recompute = recompute_blocks != 0 ? trace::Recompute::kBlock : trace::Recompute::kNone;
+  o.recompute_blocks = recompute_blocks;
+  o.bf16_activations = bf16;
+  return trace::trace(*model, {idx, idx}, o);
+}
+
+struct Times {
+  double forward = 0, backward = 0;
+};
+
+Times trace_times(const trace::Trace& t, const MachineCalibration& m) {
+  Times out;
+  for (const auto& g : gemm_counts(t)) {
+    const double s = m.gemm_seconds(g.shape);
+    out.forward += static_cast<double>(g.forward) * s;
+    out.backward += static_cast<double>(g.backward) * s;
+  }
+  double best_gflops = 0;
+  for (const auto& [shape, gf] : m.gemm_gflops) best_gflops = std::max(best_gflops, gf);
+  const auto& graph = t.graph;
+  for (auto v : graph.ops()) {
+    const trace::Vertex& op = graph.vertex(v);
+    if (is_gemm(op.op)) continue;
+    double s = m.memory_seconds(op.bytes_read + op.bytes_written);
+    if (op.flops > 0 && best_gflops > 0)
+      s = std::max(s, static_cast<double>(op.flops) / (best_gflops * 1e9));
+    (op.phase == trace::Phase::kForward ? out.forward : out.backward) += s;
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json TimePrediction::to_json() const {
+  return {{"compute_s", compute_s},           {"backward_s", backward_s},
+          {"optimizer_s", optimizer_s},       {"comm_s", comm_s},
+          {"exposed_comm_s", exposed_comm_s}, {"step_s", step_s}};
+}
+
+CostModel::CostModel(std::string model_type, nlohmann::json config, int64_t seq_len,
+                     MachineCalibration machine, CommCalibration comm)
+    : model_type_(std::move(model_type)),
+      config_(std::move(config)),
+      seq_len_(seq_len),
+      machine_(std::move(machine)),
+      comm_(std::move(comm)) {}
+
+std::vector<GemmShape> CostModel::shapes_to_measure(const std::string& model_type,
+                                                    const nlohmann::json& config,
+                                                    const std::vector<int64_t>& micro_batches,
+                                                    int64_t seq_len) {
+  std::set<GemmShape> shapes;
+  for (const int64_t b : micro_batches) {
+    for (const auto& s : gemm_shapes(shallow_trace(model_type, config, 1, b, seq_len, 0, false))) {
+      shapes.insert(s);
+    }
+  }
+  return {shapes.begin(), shapes.end()};
+}
+
+const CostModel::PassCost& CostModel::pass(int64_t micro_batch, int64_t recompute_blocks,
+                                           bool bf16) {
+  const auto key = std::make_tuple(micro_batch, recompute_blocks, bf16);
+  if (auto it = passes_.find(key); it != passes_.end()) return it->second;
+  // cost(L, n) = base + L * block + n * recompute, from traces of 1 and 2 blocks (and one block
+  // recomputed when the candidate recomputes any).
+  const trace::Trace t1 = shallow_trace(model_type_, config_, 1, micro_batch, seq_len_, 0, bf16);
+  const trace::Trace t2 = shallow_trace(model_type_, config_, 2, micro_batch, seq_len_, 0, bf16);
+  const Times c1 = trace_times(t1, machine_), c2 = trace_times(t2, machine_);
+  Times rc;
+  if (recompute_blocks != 0) {
+    const Times r1 = trace_times(
+        shallow_trace(model_type_, config_, 1, micro_batch, seq_len_, 1, bf16), machine_);
+    rc = {r1.forward - c1.forward, r1.backward - c1.backward};
+  }
+  PassCost p;
+  p.num_blocks = models::config_num_layers(model_type_, config_);
+  const double L = static_cast<double>(p.num_blocks);
+  const int64_t n_rc =
+      recompute_blocks < 0 ? p.num_blocks : std::min(recompute_blocks, p.num_blocks);
+  p.forward_s = c1.forward + (L - 1) * (c2.forward - c1.forward) + n_rc * rc.forward;
+  p.backward_s = c1.backward + (L - 1) * (c2.backward - c1.backward) + n_rc * rc.backward;
+  p.block_parameters = t2.num_parameters - t1.num_parameters;
+  p.parameters = t1.num_parameters + (p.num_blocks - 1) * p.block_parameters;
+  return passes_.emplace(key, p).first->second;
+}
+
+TimePrediction CostModel::predict(const Candidate& c) {
+  const strategies::StepEffects& e = c.effects;
+  const PassCost& p = pass(c.micro_batch, e.recompute_blocks, e.bf16_activations);
+  TimePrediction t;
+  const double k = static_cast<double>(e.micro_batches);
+  t.compute_s = k * (p.forward_s + p.backward_s);
+  t.backward_s = p.backward_s;
+  const int64_t W = c.world;
+  const int64_t local = e.shard_optimizer_state ? (p.parameters + W - 1) / W : p.parameters;
+  t.optimizer_s = machine_.memory_seconds(28 * local);  // AdamW: p, g, m, v read; p, m, v written
+  if (W > 1) {
+    const int64_t comm_elem = e.bf16_communication ? 2 : 4;
+    for (const auto& col : e.collectives) {
+      using Of = strategies::StepEffects::Collective::Of;
+      using When = strategies::StepEffects::Collective::When;
+      if (col.when == When::kForward) {
+        // A block's parameters (f32) gathered before its forward and its backward, per
+        // micro-batch; the caller waits for each.
+        const double n = k * 2.0 * static_cast<double>(p.num_blocks) + 1.0;
+        const double s = n * comm_.seconds(col.op, p.block_parameters * 4);
+        t.comm_s += s;
+        t.exposed_comm_s += s;
+        continue;
+      }
+      const int64_t elem = col.of == Of::kGradients ? comm_elem : 4;
+      const int64_t total = p.parameters * elem;
+      // Messages: buckets (bucket_bytes counts f32 gradient bytes), else one per block and the
+      // root unit (fsdp's reduce-scatter).
+      int64_t messages = p.num_blocks + 1;
+      if (e.bucket_bytes > 0) {
+        const int64_t per_msg = std::max<int64_t>(1, e.bucket_bytes / 4 * elem);
+        messages = std::max<int64_t>(1, (total + per_msg - 1) / per_msg);
+      }
+      const int64_t msg = (total + messages - 1) / messages;
+      const double one = comm_.seconds(col.op, msg);
+      const double s = static_cast<double>(messages) * one;
+      t.comm_s += s;
+      if (col.when == When::kBackward) {
+        t.exposed_comm_s += std::max(one, s - p.backward_s);  // the last message is never hidden
+      } else {
+        t.exposed_comm_s += s;
+      }
+    }
+  }
+  t.step_s = t.compute_s + t.optimizer_s + t.exposed_comm_s;
+  return t;
+}
+
+}  // namespace acc::accelerate
