@@ -1,0 +1,71 @@
+#pragma once
+// auto_accelerate: the one call a user makes. It traces the model, builds every candidate
+// strategy the registered methods declare, rejects those whose predicted memory does not fit the
+// budget, ranks the rest by the calibrated time model, dry-runs the best few for real on copies of
+// the model, and applies the fastest measured one to the model. Every candidate trains the same
+// global batch, so the choice never changes the training math.
+//
+//   acc::AccelerateOptions opts;
+//   opts.global_batch = 64; opts.seq_len = 256;
+//   auto acc = acc::auto_accelerate(model, acc::optim::AdamW::factory({.lr = 3e-4}), opts);
+//   for (...) { double loss = acc.train_step(loader.next()); }
+//
+// Collective over the group: every rank calls it with the same arguments, and every rank gets
+// the same decision (the dry-run figures are reduced over the ranks and the choice is checked
+// with dist::check_agreement).
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "acc/data/token_data.hpp"
+#include "acc/dist/process_group.hpp"
+#include "acc/models/language_model.hpp"
+#include "acc/optim/optimizer.hpp"
+#include "acc/strategies/strategy.hpp"
+
+namespace acc {
+
+struct AccelerateOptions {
+  /// Samples per optimizer step over all ranks, and tokens per sample: fixed for every candidate.
+  int64_t global_batch = 0;
+  int64_t seq_len = 0;
+  /// This rank's batch (global_batch / ranks samples) for the dry-runs; random tokens when unset.
+  std::optional<data::Batch> sample_batch;
+  std::vector<std::string> excluded;  // methods never tried
+  std::vector<std::string> included;  // methods every candidate has
+  bool allow_bf16 = false;            // amp is searched only when allowed
+  /// Tracked tensor bytes a rank may use (0: physical memory / local ranks, minus 10% headroom).
+  int64_t mem_per_rank = 0;
+  /// Seconds the dry-runs may take in all (0: no limit); the search stops dry-running when it
+  /// runs out and says so in the report.
+  double time_budget_s = 0;
+  int top_k = 3;  // candidates dry-run, best predicted first
+  int warmup_steps = 1;
+  int measured_steps = 3;
+  bool verbose = true;          // rank 0 logs the table
+  dist::ProcessGroupPtr group;  // default: the world when acc::dist is initialised
+  std::string cache_dir;        // machine calibration cache ("" : the default)
+};
+
+struct AccelerateResult {
+  models::LanguageModelPtr model;
+  std::unique_ptr<strategies::Trainer> trainer;
+  strategies::Strategy strategy;
+  /// {"chosen": ..., "budget_bytes": ..., "candidates": [{"strategy", "predicted": {...},
+  ///  "measured": {...}, "status", "reason"}, ...], "timing": {...}}
+  nlohmann::json report;
+  /// One optimizer step on this rank's batch (global_batch / ranks samples).
+  double train_step(const data::Batch& batch) { return trainer->train_step(batch); }
+  optim::Optimizer& optimizer() { return trainer->optimizer(); }
+};
+
+/// Throws acc::ValueError for bad options (naming the value), and when no candidate fits the
+/// memory budget (naming the smallest predicted need); the model is left untouched then.
+AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::OptimizerFactory factory,
+                                 const AccelerateOptions& options);
+
+}  // namespace acc
