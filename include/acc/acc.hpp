@@ -3,6 +3,7 @@
 // layer's own umbrella where it has one). Not included: acc/tensor/kernels.hpp (raw kernels that
 // do not check their arguments; the ops of acc/autograd/ops.hpp validate and call them) and
 // acc/tensor/observer.hpp (acc::detail hooks for the tracer).
+#include "acc/accelerate.hpp"
 #include "acc/autograd/checkpoint.hpp"
 #include "acc/autograd/engine.hpp"
 #include "acc/autograd/flops.hpp"
