@@ -61,6 +61,7 @@ struct Args {
   int64_t log_every = 10;
   int64_t sample = 0;
   bool reference_attention = false;
+  bool allow_bf16 = false;
 };
 
 // Built-in configs for a quick start without --config: small byte-level models.
@@ -195,8 +196,9 @@ int run(const Args& a) {
   // Strategy and the data-parallel group (one rank without mpirun).
   auto group = dist::ProcessGroup::world();
   const bool leader = group->rank() == 0;
-  const strategies::Strategy strategy =
-      a.strategy.empty() ? strategies::Strategy{} : strategies::parse_strategy_arg(a.strategy);
+  strategies::Strategy strategy = a.strategy.empty() || a.strategy == "auto"
+                                      ? strategies::Strategy{}
+                                      : strategies::parse_strategy_arg(a.strategy);
   // Data: this rank's slice of the global batch (global batch = batch-size x ranks).
   auto tokens = std::make_shared<data::TokenFile>(
       data::TokenFile::load(a.data, data::parse_token_format(a.data_format), model->vocab_size()));
@@ -207,29 +209,41 @@ int run(const Args& a) {
                                     .rank = group->rank(),
                                     .world = group->size()});
 
-  // Optimizer, schedule, strategy.
-  auto trainer = strategies::apply(
-      model,
-      optim::AdamW::factory(
-          {.lr = a.lr, .betas = {a.beta1, a.beta2}, .eps = a.eps, .weight_decay = a.weight_decay}),
-      strategy,
-      {.group = group,
-       .grad_clip = a.grad_clip,
-       .agreement = {{"batch_size", a.batch_size},
-                     {"seq_len", a.seq_len},
-                     {"steps", a.steps},
-                     {"seed", a.seed},
-                     {"optimizer",
-                      {{"lr", a.lr},
-                       {"betas", {a.beta1, a.beta2}},
-                       {"eps", a.eps},
-                       {"weight_decay", a.weight_decay},
-                       {"schedule", a.lr_schedule},
-                       {"warmup_steps", a.warmup_steps},
-                       {"min_lr", a.min_lr}}},
-                     {"data", {{"tokens", tokens->size()}, {"order", a.data_order}}},
-                     {"init_from", a.init_from},
-                     {"resume", a.resume}}});
+  // Optimizer, schedule, strategy: given, or chosen by the search (--strategy auto).
+  const auto factory = optim::AdamW::factory(
+      {.lr = a.lr, .betas = {a.beta1, a.beta2}, .eps = a.eps, .weight_decay = a.weight_decay});
+  const nlohmann::json agreement = {{"batch_size", a.batch_size},
+                                    {"seq_len", a.seq_len},
+                                    {"steps", a.steps},
+                                    {"seed", a.seed},
+                                    {"optimizer",
+                                     {{"lr", a.lr},
+                                      {"betas", {a.beta1, a.beta2}},
+                                      {"eps", a.eps},
+                                      {"weight_decay", a.weight_decay},
+                                      {"schedule", a.lr_schedule},
+                                      {"warmup_steps", a.warmup_steps},
+                                      {"min_lr", a.min_lr}}},
+                                    {"data", {{"tokens", tokens->size()}, {"order", a.data_order}}},
+                                    {"init_from", a.init_from},
+                                    {"resume", a.resume}};
+  std::unique_ptr<strategies::Trainer> trainer;
+  if (a.strategy == "auto") {
+    AccelerateOptions ao;
+    ao.global_batch = a.batch_size * group->size();
+    ao.seq_len = a.seq_len;
+    ao.allow_bf16 = a.allow_bf16;
+    ao.group = group;
+    ao.grad_clip = a.grad_clip;
+    ao.agreement = agreement;
+    AccelerateResult chosen = auto_accelerate(model, factory, ao);
+    if (leader) std::cout << report_table(chosen.report) << std::flush;
+    strategy = chosen.strategy;
+    trainer = std::move(chosen.trainer);
+  } else {
+    trainer = strategies::apply(model, factory, strategy,
+                                {.group = group, .grad_clip = a.grad_clip, .agreement = agreement});
+  }
   // Whether every rank holds the whole training state, from the placement table (not from method
   // names): a checkpoint in today's one-file format needs it.
   const bool sharded = strategies::any_sharded(trainer->placements());
@@ -445,8 +459,10 @@ int main(int argc, char** argv) {
   app.add_option("--sample", a.sample, "print this many sampled bytes at the end (text models)")
       ->check(integer(0));
   app.add_option("--strategy", a.strategy,
-                 "strategy JSON (file or inline), e.g. '[{\"name\": \"ddp\"}]'; run under "
+                 "strategy JSON (file or inline), e.g. '[{\"name\": \"ddp\"}]', or auto (the "
+                 "search chooses: acc::auto_accelerate); run under "
                  "mpirun -np N");
+  app.add_flag("--allow-bf16", a.allow_bf16, "with --strategy auto: amp may be chosen");
   app.add_flag("--reference-attention", a.reference_attention,
                "use the unfused matmul/softmax attention (to find regressions)");
   try {

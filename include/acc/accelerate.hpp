@@ -48,7 +48,11 @@ struct AccelerateOptions {
   int measured_steps = 3;
   bool verbose = true;          // rank 0 logs the table
   dist::ProcessGroupPtr group;  // default: the world when acc::dist is initialised
-  std::string cache_dir;        // machine calibration cache ("" : the default)
+  /// Global gradient-norm clipping (0 = off) for the dry-runs and the applied strategy, and what
+  /// else the ranks must agree on (strategies::ApplyOptions).
+  double grad_clip = 0.0;
+  nlohmann::json agreement = nlohmann::json::object();
+  std::string cache_dir;  // machine calibration cache ("" : the default)
 };
 
 struct AccelerateResult {
@@ -62,6 +66,10 @@ struct AccelerateResult {
   double train_step(const data::Batch& batch) { return trainer->train_step(batch); }
   optim::Optimizer& optimizer() { return trainer->optimizer(); }
 };
+
+/// The report's candidates as a text table, best predicted first, the chosen one marked with '*':
+/// every dry-run candidate and the best others up to `max_rows` lines, then a count of the rest.
+std::string report_table(const nlohmann::json& report, size_t max_rows = 12);
 
 /// Throws acc::ValueError for bad options (naming the value), and when no candidate fits the
 /// memory budget (naming the smallest predicted need); the model is left untouched then.

@@ -41,6 +41,56 @@ struct Row {
 
 }  // namespace
 
+std::string report_table(const nlohmann::json& report, size_t max_rows) {
+  struct Line {
+    bool measured;
+    double order;
+    std::string text;
+  };
+  std::vector<Line> lines;
+  char buf[512];
+  size_t rejected = 0;
+  for (const auto& row : report.at("candidates")) {
+    const auto& pred = row.at("predicted");
+    const double mem = static_cast<double>(pred.at("memory").at("peak").get<int64_t>());
+    const double t = pred.contains("time") ? pred.at("time").at("step_s").get<double>() : -1;
+    if (t < 0) ++rejected;
+    char predicted[32] = "-";
+    if (t >= 0) std::snprintf(predicted, sizeof(predicted), "%.1f ms", 1e3 * t);
+    std::string measured = "-";
+    if (row.contains("measured") && row["measured"].at("status") == "ok") {
+      std::snprintf(
+          buf, sizeof(buf), "%.1f ms, %s", 1e3 * row["measured"].at("step_seconds").get<double>(),
+          trace::human_bytes(static_cast<double>(row["measured"].at("peak_bytes").get<int64_t>()))
+              .c_str());
+      measured = buf;
+    }
+    std::snprintf(buf, sizeof(buf), "%s %-76s %10s %12s  %-22s %s",
+                  row.contains("chosen") ? "*" : " ", row.at("name").get<std::string>().c_str(),
+                  predicted, trace::human_bytes(mem).c_str(), measured.c_str(),
+                  row.at("status").get<std::string>().c_str());
+    lines.push_back({row.contains("measured"), t < 0 ? 1e30 : t, buf});
+  }
+  // Best predicted first; every dry-run row is shown, then the best others up to max_rows.
+  std::stable_sort(lines.begin(), lines.end(),
+                   [](const Line& a, const Line& b) { return a.order < b.order; });
+  std::snprintf(buf, sizeof(buf), "  %-76s %10s %12s  %-22s %s\n", "candidate", "predicted",
+                "pred. memory", "measured", "status");
+  std::string out = buf;
+  size_t shown = 0;
+  for (const auto& l : lines) {
+    if (l.measured || shown < max_rows) {
+      out += l.text + "\n";
+      ++shown;
+    }
+  }
+  if (shown < lines.size()) {
+    out += "  ... " + std::to_string(lines.size() - shown) + " more (" + std::to_string(rejected) +
+           " rejected by memory in all); the report has every row\n";
+  }
+  return out;
+}
+
 AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::OptimizerFactory factory,
                                  const AccelerateOptions& o) {
   ACC_CHECK(model != nullptr, "auto_accelerate: model is null");
@@ -151,7 +201,8 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
     r->measured = accelerate::dry_run(*model, factory, *r->candidate, batch, group,
                                       {.warmup_steps = o.warmup_steps,
                                        .measured_steps = o.measured_steps,
-                                       .memory_budget = budget});
+                                       .memory_budget = budget,
+                                       .grad_clip = o.grad_clip});
     r->status = r->measured->status;
     r->reason = r->measured->error;
     ++tried;
@@ -211,7 +262,9 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
         tried, out_of_time ? " (time budget ran out)" : "", best->candidate->describe(),
         1e3 * best->measured->step_seconds, 1e3 * best->time.step_s);
   }
-  result.trainer = strategies::apply(model, std::move(factory), result.strategy, {.group = group});
+  result.trainer =
+      strategies::apply(model, std::move(factory), result.strategy,
+                        {.group = group, .grad_clip = o.grad_clip, .agreement = o.agreement});
   return result;
 }
 

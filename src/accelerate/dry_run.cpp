@@ -31,7 +31,8 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
     memory::LimitGuard budget(options.memory_budget > 0 ? base + options.memory_budget : 0);
     try {
       auto copy = models::clone_model(model);
-      auto trainer = strategies::apply(copy, factory, candidate.strategy, {.group = group});
+      auto trainer = strategies::apply(copy, factory, candidate.strategy,
+                                       {.group = group, .grad_clip = options.grad_clip});
       for (int i = 0; i < options.warmup_steps + options.measured_steps; ++i) {
         Timer t;
         r.losses.push_back(trainer->train_step(batch));

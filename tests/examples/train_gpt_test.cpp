@@ -99,6 +99,21 @@ TEST(TrainGpt, ResumeFromCheckpointIsExact) {
   fs::remove_all(dir);
 }
 
+// --strategy auto: the search runs, prints its table, and training goes on with the choice.
+TEST(TrainGpt, StrategyAutoSearchesThenTrains) {
+  const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
+  const fs::path dir = temp_dir();
+  const ProcessResult r =
+      run("--model gpt --data " + data + " --batch-size 4 --seq-len 16 --steps 3 --threads 1 " +
+          "--strategy auto --log-json " + (dir / "log.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("auto_accelerate: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("candidate"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\n* "), std::string::npos) << "no chosen row: " << r.output;
+  EXPECT_EQ(losses_from_log((dir / "log.jsonl").string()).size(), 3u);
+  fs::remove_all(dir);
+}
+
 TEST(TrainGpt, BadFlagsGetClearErrors) {
   const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
   struct Case {

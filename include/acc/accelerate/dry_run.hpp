@@ -21,6 +21,7 @@ struct DryRunOptions {
   /// Tracked tensor bytes the candidate may use on a rank above what is held before it starts
   /// (0: no budget). An allocation past it throws acc::OutOfMemoryError: status "oom".
   int64_t memory_budget = 0;
+  double grad_clip = 0.0;  // as strategies::ApplyOptions
 };
 
 struct DryRunResult {
