@@ -21,6 +21,7 @@
 #include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
+#include "acc/util/hash.hpp"
 #include "acc/util/json.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/system.hpp"
@@ -58,15 +59,6 @@ std::string cpuinfo_field(const std::string& cpuinfo, const std::string& key) {
     if (trim(line.substr(0, colon)) == key) return trim(line.substr(colon + 1));
   }
   return "";
-}
-
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 const char* const kFingerprintFields[] = {"autoacc_version", "blas_config", "blas_core", "cores",

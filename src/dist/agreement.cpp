@@ -4,19 +4,10 @@
 #include <vector>
 
 #include "acc/util/error.hpp"
+#include "acc/util/hash.hpp"
 
 namespace acc::dist {
 namespace {
-
-// FNV-1a: the same on every rank and build, which std::hash does not promise.
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 // Objects become dotted paths; everything else (arrays included) is one entry, its JSON text.
 void flatten(const nlohmann::json& j, const std::string& prefix,
@@ -67,7 +58,7 @@ void check_agreement(ProcessGroup& group, const nlohmann::json& facts, const std
   if (n == 1) return;
   const std::string text = facts.dump();
   Tensor mine = from_vector(
-      std::vector<int64_t>{static_cast<int64_t>(fnv1a(text)), static_cast<int64_t>(text.size())},
+      std::vector<int64_t>{static_cast<int64_t>(fnv1a64(text)), static_cast<int64_t>(text.size())},
       {2});
   Tensor all = empty({2 * static_cast<int64_t>(n)}, {DType::kInt64});
   group.allgather(all, mine)->wait();
