@@ -154,17 +154,10 @@ int run(const Args& a) {
   // traced on shallow copies of the config and extrapolated, in milliseconds at any depth. With
   // a strategy on W ranks the parameters, gradients and optimizer state count 1/W: the least any
   // data-parallel layout holds, so a run that a sharding strategy would fit is never refused.
-  {
-    // The sequence length against the model's maximum first, on a one-block meta copy (its own
-    // generator: the real model initialises as without this check).
-    DefaultDeviceGuard meta(Device::kMeta);
-    Generator scratch(0);
-    const int64_t max_seq =
-        models::create_model(a.model, models::config_with_num_layers(a.model, config, 1), scratch)
-            ->max_seq_len();
-    ACC_CHECK(a.seq_len <= max_seq, "--seq-len ", a.seq_len,
-              " exceeds the model's maximum sequence length ", max_seq);
-  }
+  // The sequence length against the model's maximum first, on a one-block meta copy.
+  const int64_t max_seq = models::create_meta_model(a.model, config, 1)->max_seq_len();
+  ACC_CHECK(a.seq_len <= max_seq, "--seq-len ", a.seq_len,
+            " exceeds the model's maximum sequence length ", max_seq);
   {
     trace::TrainingNeed need =
         trace::estimate_training_need(a.model, config, a.batch_size, a.seq_len);

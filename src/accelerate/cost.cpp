@@ -4,7 +4,6 @@
 #include <set>
 
 #include "acc/models/language_model.hpp"
-#include "acc/tensor/random.hpp"
 #include "acc/trace/tracer.hpp"
 #include "acc/util/error.hpp"
 
@@ -19,10 +18,8 @@ bool is_gemm(const std::string& op) {
 trace::Trace shallow_trace(const std::string& type, const nlohmann::json& config, int64_t depth,
                            int64_t micro_batch, int64_t seq_len, int64_t recompute_blocks,
                            bool bf16) {
-  DefaultDeviceGuard meta(Device::kMeta);
-  Generator scratch(0);
-  auto model =
-      models::create_model(type, models::config_with_num_layers(type, config, depth), scratch);
+  DefaultDeviceGuard meta(Device::kMeta);  // what the forward creates is meta too
+  auto model = models::create_meta_model(type, config, depth);
   const int64_t T = seq_len > 0 ? seq_len : model->max_seq_len();
   Tensor idx = empty({micro_batch, T}, {DType::kInt64, Device::kMeta});
   trace::TraceOptions o;

@@ -4,6 +4,7 @@
 #include "acc/models/gpt.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/models/llama.hpp"
+#include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc::models {
@@ -31,6 +32,13 @@ nlohmann::json config_with_num_layers(const std::string& model_type, const nlohm
   out[key] = num_layers;
   (void)config_num_layers(model_type, out);
   return out;
+}
+
+LanguageModelPtr create_meta_model(const std::string& model_type, const nlohmann::json& config,
+                                   int64_t num_layers) {
+  DefaultDeviceGuard meta(Device::kMeta);
+  Generator scratch(0);
+  return create_model(model_type, config_with_num_layers(model_type, config, num_layers), scratch);
 }
 
 }  // namespace acc::models

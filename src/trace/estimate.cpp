@@ -5,7 +5,6 @@
 #include <cstdio>
 
 #include "acc/models/language_model.hpp"
-#include "acc/tensor/random.hpp"
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
 
@@ -117,12 +116,8 @@ struct Sample {
 Sample sample(const std::string& model_type, const nlohmann::json& config, int64_t layers,
               int64_t batch, int64_t seq_len, const TraceOptions& options,
               const std::string& optimizer, TrainingNeed* blocks_out = nullptr) {
-  DefaultDeviceGuard meta(Device::kMeta);
-  // Not the default generator: a model the caller builds after this estimate initialises exactly
-  // as it would without it.
-  Generator gen(0);
-  auto model = models::create_model(
-      model_type, models::config_with_num_layers(model_type, config, layers), gen);
+  DefaultDeviceGuard meta(Device::kMeta);  // what the forward creates is meta too
+  auto model = models::create_meta_model(model_type, config, layers);
   const Tensor idx = empty({batch, seq_len}, {DType::kInt64, Device::kMeta});
   const Trace t = trace(*model, {idx, idx}, options);
   Sample s;
@@ -186,13 +181,7 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
   need.num_layers = models::config_num_layers(model_type, config);
   need.batch = batch;
   need.optimizer = optimizer;
-  if (seq_len == 0) {
-    DefaultDeviceGuard meta(Device::kMeta);
-    Generator gen(0);
-    seq_len =
-        models::create_model(model_type, models::config_with_num_layers(model_type, config, 1), gen)
-            ->max_seq_len();
-  }
+  if (seq_len == 0) seq_len = models::create_meta_model(model_type, config, 1)->max_seq_len();
   need.seq_len = seq_len;
 
   const int64_t n = need.num_layers;

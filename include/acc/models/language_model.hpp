@@ -92,5 +92,11 @@ int64_t config_num_layers(const std::string& model_type, const nlohmann::json& c
 /// acc::ValueError when num_layers < 1 or the result is not a valid config.
 nlohmann::json config_with_num_layers(const std::string& model_type, const nlohmann::json& config,
                                       int64_t num_layers);
+/// A model of `config` cut to `num_layers` blocks, on the meta device (shapes only, no memory),
+/// built with a generator of its own: a model the caller builds afterwards initialises exactly as
+/// it would without this one. What the estimates trace, and how a caller reads a config's
+/// max_seq_len() without building the model. Throws what config_with_num_layers throws.
+LanguageModelPtr create_meta_model(const std::string& model_type, const nlohmann::json& config,
+                                   int64_t num_layers);
 
 }  // namespace acc::models
