@@ -10,10 +10,6 @@
 namespace acc::accelerate {
 namespace {
 
-bool is_gemm(const std::string& op) {
-  return op == "Linear" || op == "LinearBackward" || op == "Bmm" || op == "BmmBackward";
-}
-
 // A trace of the model at `depth` blocks for a micro-batch, on the meta device.
 trace::Trace shallow_trace(const std::string& type, const nlohmann::json& config, int64_t depth,
                            int64_t micro_batch, int64_t seq_len, int64_t recompute_blocks,
@@ -22,11 +18,7 @@ trace::Trace shallow_trace(const std::string& type, const nlohmann::json& config
   auto model = models::create_meta_model(type, config, depth);
   const int64_t T = seq_len > 0 ? seq_len : model->max_seq_len();
   Tensor idx = empty({micro_batch, T}, {DType::kInt64, Device::kMeta});
-  trace::TraceOptions o;
-  o.recompute = recompute_blocks != 0 ? trace::Recompute::kBlock : trace::Recompute::kNone;
-  o.recompute_blocks = recompute_blocks;
-  o.bf16_activations = bf16;
-  return trace::trace(*model, {idx, idx}, o);
+  return trace::trace(*model, {idx, idx}, activation_trace_options(recompute_blocks, bf16));
 }
 
 struct Times {
@@ -45,7 +37,7 @@ Times trace_times(const trace::Trace& t, const MachineCalibration& m) {
   const auto& graph = t.graph;
   for (auto v : graph.ops()) {
     const trace::Vertex& op = graph.vertex(v);
-    if (is_gemm(op.op)) continue;
+    if (is_gemm_op(op.op)) continue;  // priced above, from gemm_counts
     double s = m.memory_seconds(op.bytes_read + op.bytes_written);
     if (op.flops > 0 && best_gflops > 0)
       s = std::max(s, static_cast<double>(op.flops) / (best_gflops * 1e9));

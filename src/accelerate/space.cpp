@@ -150,6 +150,14 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
   return out;
 }
 
+trace::TraceOptions activation_trace_options(int64_t recompute_blocks, bool bf16_activations) {
+  trace::TraceOptions t;
+  t.recompute = recompute_blocks != 0 ? trace::Recompute::kBlock : trace::Recompute::kNone;
+  t.recompute_blocks = recompute_blocks;
+  t.bf16_activations = bf16_activations;
+  return t;
+}
+
 nlohmann::json MemoryPrediction::to_json() const {
   return {{"parameters", parameters},
           {"gradients", gradients},
@@ -171,12 +179,9 @@ const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, int64_t recomp
   const auto key = std::make_tuple(micro_batch, recompute_blocks, bf16);
   auto it = needs_.find(key);
   if (it != needs_.end()) return it->second;
-  trace::TraceOptions t;
-  t.recompute = recompute_blocks != 0 ? trace::Recompute::kBlock : trace::Recompute::kNone;
-  t.recompute_blocks = recompute_blocks;
-  t.bf16_activations = bf16;
   return needs_
-      .emplace(key, trace::estimate_training_need(model_type_, config_, micro_batch, seq_len_, t,
+      .emplace(key, trace::estimate_training_need(model_type_, config_, micro_batch, seq_len_,
+                                                  activation_trace_options(recompute_blocks, bf16),
                                                   optimizer_))
       .first->second;
 }

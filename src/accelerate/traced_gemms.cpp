@@ -24,6 +24,10 @@ int64_t products(const trace::Vertex& v, int64_t per_product) {
 
 }  // namespace
 
+bool is_gemm_op(const std::string& op) {
+  return op == "Linear" || op == "LinearBackward" || op == "Bmm" || op == "BmmBackward";
+}
+
 std::vector<GemmCount> gemm_counts(const trace::Trace& t) {
   std::map<GemmShape, GemmCount> counts;
   auto add = [&](const trace::Vertex& v, const GemmShape& s, int64_t calls) {

@@ -107,6 +107,8 @@ struct GemmCount {
 /// wrong. The fused attention op has its own tile kernels, not a GEMM, and is not listed (its
 /// FLOPs are on its vertex). Throws acc::InternalError when an op's FLOPs do not match its shapes.
 std::vector<GemmCount> gemm_counts(const trace::Trace& t);
+/// Whether gemm_counts() reads a vertex of this op (Linear, LinearBackward, Bmm, BmmBackward).
+bool is_gemm_op(const std::string& op);
 /// The distinct shapes of gemm_counts(t): what calibrate_machine() should measure for `t`.
 std::vector<GemmShape> gemm_shapes(const trace::Trace& t);
 

@@ -52,6 +52,10 @@ struct Candidate {
 /// run (amp without allow_bf16, a grad_sync method on one rank), or a space left empty.
 std::vector<Candidate> enumerate_candidates(const SpaceOptions& options, int64_t num_blocks);
 
+/// The trace options of a candidate's activation effects (StepEffects::recompute_blocks: 0 none,
+/// -1 all, else the first n blocks; bf16_activations), as the memory and the time model trace it.
+trace::TraceOptions activation_trace_options(int64_t recompute_blocks, bool bf16_activations);
+
 /// A candidate's predicted per-rank memory, bytes.
 struct MemoryPrediction {
   int64_t parameters = 0;  // resident parameters (sharded or whole)
