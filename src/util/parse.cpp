@@ -72,12 +72,6 @@ Bytes read_bytes(const std::string& text) {
 
 }  // namespace
 
-std::optional<std::string> bytes_error(const std::string& text) {
-  Bytes b = read_bytes(text);
-  if (!b.error.empty()) return b.error;
-  return std::nullopt;
-}
-
 int64_t parse_bytes(const std::string& text, const std::string& what) {
   const Bytes b = read_bytes(text);
   if (!b.error.empty()) ACC_THROW(ValueError, what, " ", b.error);

@@ -63,31 +63,4 @@ inline CLI::Validator number(double lo = -std::numeric_limits<double>::max(),
       "FLOAT", "number");
 }
 
-/// A size with an optional unit (acc::parse_bytes: "512MiB", "2GiB", "4096"), at least `lo` bytes.
-/// The option's variable is a std::string, read with acc::parse_bytes after the parse; or an
-/// int64_t with ->transform(bytes_transform()).
-inline CLI::Validator bytes(int64_t lo = 0) {
-  return CLI::Validator(
-      [lo](std::string& s) -> std::string {
-        if (auto e = bytes_error(s)) return *e;
-        if (parse_bytes(s, "") < lo)
-          return "must be at least " + std::to_string(lo) + " bytes, got " + s;
-        return {};
-      },
-      "SIZE", "bytes");
-}
-
-/// Rewrites a size with a unit to its byte count, so an int64_t option takes "2GiB".
-inline CLI::Validator bytes_transform(int64_t lo = 0) {
-  return CLI::Validator(
-      [lo](std::string& s) -> std::string {
-        if (auto e = bytes_error(s)) return *e;
-        const int64_t v = parse_bytes(s, "");
-        if (v < lo) return "must be at least " + std::to_string(lo) + " bytes, got " + s;
-        s = std::to_string(v);
-        return {};
-      },
-      "SIZE", "bytes");
-}
-
 }  // namespace acc::cli

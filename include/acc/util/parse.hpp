@@ -25,6 +25,5 @@ int64_t parse_bytes(const std::string& text, const std::string& what);
 /// The same checks without throwing: the reason, or nothing when `text` is fine.
 std::optional<std::string> int64_error(const std::string& text);
 std::optional<std::string> finite_double_error(const std::string& text);
-std::optional<std::string> bytes_error(const std::string& text);
 
 }  // namespace acc
