@@ -27,10 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using Result = acc::test::CommandResult;
-Result run_shell(const std::string& cmd) {
-  return acc::test::run_command(cmd);
-}
+using acc::test::run_command;
 
 void write(const fs::path& p, const std::string& text) {
   std::ofstream(p) << text;
@@ -73,7 +70,7 @@ class HostileInput : public testing::Test {
     fs::create_directories(dir / "a_directory");
 
     // A checkpoint at step 2 and weights of the same model, then edited copies.
-    const Result ck = run_shell(tg() + " --steps 2 --save-checkpoint " + (dir / "ck.st").string() +
+    const auto ck = run_command(tg() + " --steps 2 --save-checkpoint " + (dir / "ck.st").string() +
                                 " --save " + (dir / "w.st").string());
     ASSERT_EQ(ck.exit_code, 0) << ck.output;
     acc::io::SafetensorsFile w = acc::io::load_safetensors((dir / "w.st").string());
@@ -123,7 +120,7 @@ class HostileInput : public testing::Test {
   }
   static void check(const Case& c) {
     const std::string cmd = expand(c.command);
-    const Result r = run_shell(cmd);
+    const auto r = run_command(cmd);
     SCOPED_TRACE("item " + c.item + ": " + cmd + "\n" + r.output);
     EXPECT_EQ(r.exit_code, c.exit_code);
     for (const auto& w : c.words)
