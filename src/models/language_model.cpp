@@ -106,9 +106,7 @@ LanguageModelPtr clone_model(const LanguageModel& model) {
   Generator scratch(0);
   LanguageModelPtr copy = create_model(model.model_type(), model.config_json(), scratch);
   NoGradGuard ng;
-  nn::NamedTensors state;
-  for (const auto& [name, t] : model.state_dict()) state.emplace_back(name, t.clone());
-  copy->load_state_dict(state, /*strict=*/true);
+  copy->load_state_dict(model.state_dict(), /*strict=*/true);  // copies into the copy's storage
   copy->set_fused_attention(model.fused_attention());
   copy->train(model.is_training());
   return copy;
