@@ -12,6 +12,7 @@
 #include "acc/optim/adam.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
+#include "error_of.hpp"
 
 namespace acc {
 namespace {
@@ -78,13 +79,8 @@ TEST(AutoAccelerate, ChoosesAlikeAndTrainsAsTheChoiceAppliedByHand) {
 TEST(AutoAccelerate, BudgetsAndBadOptionsAreClearErrors) {
   auto model = models::create_model("gpt", kConfig);
   const auto factory = optim::AdamW::factory({.lr = 1e-2});
-  auto error_of = [&](AccelerateOptions o) -> std::string {
-    try {
-      auto_accelerate(model, factory, o);
-    } catch (const ValueError& e) {
-      return e.what();
-    }
-    return "(no error)";
+  auto error_of = [&](const AccelerateOptions& o) {
+    return test::error_of<ValueError>([&] { auto_accelerate(model, factory, o); });
   };
   AccelerateOptions tiny = small_options();
   tiny.mem_per_rank = 1000;

@@ -12,6 +12,7 @@
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
 #include "acc/util/error.hpp"
+#include "error_of.hpp"
 
 namespace acc::accelerate {
 namespace {
@@ -29,12 +30,7 @@ SpaceOptions opts(int world, int64_t batch, bool bf16 = false,
 }
 
 std::string error_of(const SpaceOptions& o, int64_t blocks = 4) {
-  try {
-    enumerate_candidates(o, blocks);
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return test::error_of<ValueError>([&] { enumerate_candidates(o, blocks); });
 }
 
 TEST(Space, OneRankSpaceHasNoGradSyncAndEveryOtherCombination) {

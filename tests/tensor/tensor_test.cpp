@@ -12,6 +12,7 @@
 #include "acc/util/checked.hpp"
 #include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
+#include "error_of.hpp"
 
 namespace acc {
 namespace {
@@ -51,16 +52,7 @@ TEST(Tensor, ElementCountsThatOverflowAreRefusedNamingTheShape) {
   EXPECT_THROW(empty({4611686018427387904, 4, 256}), ShapeError);
 }
 
-// The message of the Exc that f throws, or "(no error)".
-template <class Exc, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Exc& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(Checked, ProductsAndSumsThatOverflowNameTheirOperands) {
   const int64_t big = int64_t{1} << 62;

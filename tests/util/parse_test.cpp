@@ -3,20 +3,17 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
+#include <utility>
 
 #include "acc/util/error.hpp"
+#include "error_of.hpp"
 
 namespace acc {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "(no error)";
+template <class F>
+std::string error_of(F&& f) {
+  return test::error_of<ValueError>(std::forward<F>(f));
 }
 
 TEST(Parse, IntegersWholeAndInRange) {
