@@ -62,6 +62,10 @@ struct Args {
   int64_t sample = 0;
   bool reference_attention = false;
   bool allow_bf16 = false;
+  int64_t mem_per_rank = 0;   // with the search: bytes a rank may use (0: the default)
+  std::string save_strategy;  // with --strategy auto: write the choice as a strategy cache
+  std::string search_report;  // with --strategy auto: report.json and report.html here
+  std::string on_stale = "search";
 };
 
 // Built-in configs for a quick start without --config: small byte-level models.
@@ -189,9 +193,17 @@ int run(const Args& a) {
   // Strategy and the data-parallel group (one rank without mpirun).
   auto group = dist::ProcessGroup::world();
   const bool leader = group->rank() == 0;
-  strategies::Strategy strategy = a.strategy.empty() || a.strategy == "auto"
+  // --strategy: auto (the search), a strategy cache (acc-search's --out: its key checked, then
+  // used, re-planned for another world size, or searched again / refused when stale), or a plain
+  // strategy list applied as given.
+  const bool search = a.strategy == "auto";
+  const bool cached = !a.strategy.empty() && !search &&
+                      accelerate::is_strategy_cache(strategies::read_strategy_arg(a.strategy));
+  strategies::Strategy strategy = a.strategy.empty() || search || cached
                                       ? strategies::Strategy{}
                                       : strategies::parse_strategy_arg(a.strategy);
+  ACC_CHECK(search || cached || (a.save_strategy.empty() && a.search_report.empty()),
+            "--save-strategy and --search-report go with --strategy auto or a strategy cache");
   // Data: this rank's slice of the global batch (global batch = batch-size x ranks).
   auto tokens = std::make_shared<data::TokenFile>(
       data::TokenFile::load(a.data, data::parse_token_format(a.data_format), model->vocab_size()));
@@ -221,8 +233,14 @@ int run(const Args& a) {
                                     {"init_from", a.init_from},
                                     {"resume", a.resume}};
   std::unique_ptr<strategies::Trainer> trainer;
-  if (a.strategy == "auto") {
+  if (search || cached) {
     AccelerateOptions ao;
+    if (cached) ao.load_strategy = a.strategy;
+    ao.on_stale = a.on_stale == "refuse" ? AccelerateOptions::OnStale::kRefuse
+                                         : AccelerateOptions::OnStale::kSearch;
+    ao.mem_per_rank = a.mem_per_rank;
+    ao.save_strategy_to = a.save_strategy;
+    ao.report_dir = a.search_report;
     ao.global_batch = a.batch_size * group->size();
     ao.seq_len = a.seq_len;
     ao.allow_bf16 = a.allow_bf16;
@@ -230,7 +248,9 @@ int run(const Args& a) {
     ao.grad_clip = a.grad_clip;
     ao.agreement = agreement;
     AccelerateResult chosen = auto_accelerate(model, factory, ao);
-    if (leader) std::cout << report_table(chosen.report) << std::flush;
+    if (leader && chosen.report.at("source") == "search") {
+      std::cout << report_table(chosen.report) << std::flush;
+    }
     strategy = chosen.strategy;
     trainer = std::move(chosen.trainer);
   } else {
@@ -452,10 +472,24 @@ int main(int argc, char** argv) {
   app.add_option("--sample", a.sample, "print this many sampled bytes at the end (text models)")
       ->check(integer(0));
   app.add_option("--strategy", a.strategy,
-                 "strategy JSON (file or inline), e.g. '[{\"name\": \"ddp\"}]', or auto (the "
-                 "search chooses: acc::auto_accelerate); run under "
-                 "mpirun -np N");
+                 "strategy JSON (file or inline), e.g. '[{\"name\": \"ddp\"}]', a strategy cache "
+                 "(acc-search --out, --save-strategy), or auto (the search chooses: "
+                 "acc::auto_accelerate); run under mpirun -np N");
   app.add_flag("--allow-bf16", a.allow_bf16, "with --strategy auto: amp may be chosen");
+  app.add_option("--mem-per-rank", a.mem_per_rank,
+                 "with --strategy auto: tracked memory a rank may use, with a unit (512MiB, 2GiB; "
+                 "default: physical memory / local ranks, less 10%)")
+      ->transform(acc::cli::bytes(1));
+  app.add_option("--save-strategy", a.save_strategy,
+                 "with --strategy auto: write the chosen strategy as a cache file (as acc-search "
+                 "--out) for later runs' --strategy");
+  app.add_option("--search-report", a.search_report,
+                 "with --strategy auto: write report.json and report.html into this directory");
+  app.add_option("--on-stale", a.on_stale,
+                 "a --strategy cache made for another run (model, batch, machine): search again "
+                 "or refuse")
+      ->check(CLI::IsMember({"search", "refuse"}))
+      ->capture_default_str();
   app.add_flag("--reference-attention", a.reference_attention,
                "use the unfused matmul/softmax attention (to find regressions)");
   try {

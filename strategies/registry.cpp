@@ -131,21 +131,26 @@ Strategy parse_strategy(const nlohmann::json& j) {
   return s;
 }
 
-Strategy parse_strategy_arg(const std::string& arg) {
+nlohmann::json read_strategy_arg(const std::string& arg) {
   const size_t first = arg.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && (arg[first] == '[' || arg[first] == '{')) {
-    return parse_strategy(parse_json(arg, "strategy"));
+    return parse_json(arg, "strategy");
   }
   std::error_code ec;
   ACC_CHECK_AS(IoError, std::filesystem::exists(arg, ec), "strategy '", arg,
                "' is neither an existing file nor inline JSON (a strategy is a file or a JSON "
                "list such as [{\"name\": \"ddp\"}])");
-  const std::string where = "strategy file '" + arg + "'";
-  const nlohmann::json j = read_json_file(arg, "strategy file");
+  return read_json_file(arg, "strategy file");
+}
+
+Strategy parse_strategy_arg(const std::string& arg) {
+  const nlohmann::json j = read_strategy_arg(arg);
   try {
     return parse_strategy(j);
   } catch (const ValueError& e) {
-    ACC_THROW(ValueError, where, ": ", e.what());
+    const size_t first = arg.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos && (arg[first] == '[' || arg[first] == '{')) throw;
+    ACC_THROW(ValueError, "strategy file '", arg, "': ", e.what());
   }
 }
 

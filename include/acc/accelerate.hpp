@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "acc/accelerate/cache.hpp"
+#include "acc/accelerate/calibration.hpp"
 #include "acc/data/token_data.hpp"
 #include "acc/dist/process_group.hpp"
 #include "acc/models/language_model.hpp"
@@ -53,14 +55,28 @@ struct AccelerateOptions {
   double grad_clip = 0.0;
   nlohmann::json agreement = nlohmann::json::object();
   std::string cache_dir;  // machine calibration cache ("" : the default)
+
+  /// Skip the search: a strategy cache (accelerate/cache.hpp; a file, or its JSON inline) or a
+  /// plain strategy list (file or inline, applied as given). A cache whose key matches this run
+  /// is used after its memory is checked against the budget; one whose key differs only in the
+  /// world size is re-planned for this world; any other difference is logged by field and, by
+  /// `on_stale`, the search runs or acc::ValueError names the field. Read on rank 0 only.
+  std::string load_strategy;
+  enum class OnStale { kSearch, kRefuse };
+  OnStale on_stale = OnStale::kSearch;
+  /// Where rank 0 writes the chosen strategy as a cache ("" : nowhere); checked before the search.
+  std::string save_strategy_to;
+  /// Where rank 0 writes report.json and report.html ("" : nowhere); checked before the search.
+  std::string report_dir;
 };
 
 struct AccelerateResult {
   models::LanguageModelPtr model;
   std::unique_ptr<strategies::Trainer> trainer;
   strategies::Strategy strategy;
-  /// {"chosen": ..., "budget_bytes": ..., "candidates": [{"strategy", "predicted": {...},
-  ///  "measured": {...}, "status", "reason"}, ...], "timing": {...}}
+  /// {"source": "search" | "cache" | "replanned" | "given", "chosen": ..., "budget_bytes": ...,
+  ///  "candidates": [{"strategy", "name", "predicted": {...}, "measured": {...}, "status",
+  ///  "reason"}, ...], "timing": {...}, "key": {...}, "cache": {...}}
   nlohmann::json report;
   /// One optimizer step on this rank's batch (global_batch / ranks samples).
   double train_step(const data::Batch& batch) { return trainer->train_step(batch); }
@@ -75,5 +91,21 @@ std::string report_table(const nlohmann::json& report, size_t max_rows = 12);
 /// memory budget (naming the smallest predicted need); the model is left untouched then.
 AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::OptimizerFactory factory,
                                  const AccelerateOptions& options);
+
+/// The search without running anything, for acc-search --plan-only: every candidate of a model
+/// of `model_type` / `config` on `world` ranks with its predicted memory and time (the machine
+/// calibration from the cache, measured when missing; collectives priced by `comm`, which must be
+/// for `world` ranks unless world is 1), rejected by the budget, the best predicted that fits as
+/// "chosen". Options used: global_batch, seq_len, excluded, included, allow_bf16, mem_per_rank
+/// (0: this machine's default), cache_dir, verbose. The report is auto_accelerate's with
+/// nothing measured ("source": "plan"). Throws as auto_accelerate does.
+nlohmann::json plan_strategy(const std::string& model_type, const nlohmann::json& config, int world,
+                             const AccelerateOptions& options,
+                             const accelerate::CommCalibration& comm);
+
+/// The chosen candidate of a report as a strategy cache for `key` (its strategy, description,
+/// micro-batch, predicted and measured figures).
+accelerate::StrategyCache cache_from_report(const nlohmann::json& report,
+                                            const accelerate::StrategyKey& key);
 
 }  // namespace acc

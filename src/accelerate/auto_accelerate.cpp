@@ -1,15 +1,21 @@
 #include "acc/accelerate.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <set>
 
-#include "acc/accelerate/calibration.hpp"
 #include "acc/accelerate/cost.hpp"
 #include "acc/accelerate/dry_run.hpp"
+#include "acc/accelerate/report.hpp"
 #include "acc/accelerate/space.hpp"
+#include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/file.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/system.hpp"
 #include "acc/util/timer.hpp"
@@ -33,11 +39,317 @@ data::Batch random_batch(int64_t b, int64_t t, int64_t vocab) {
 struct Row {
   const Candidate* candidate;
   accelerate::MemoryPrediction memory;
-  accelerate::TimePrediction time;
-  std::string status = "ranked";  // "rejected: memory" | "ranked" | "ok" | "oom" | "error" | ...
+  std::optional<accelerate::TimePrediction> time;
+  /// "rejected" (memory) | "fits" (not costed: a cache was used) | "ranked" | "ok" | "oom" |
+  /// "error" (the last three after a dry-run)
+  std::string status;
   std::string reason;
   std::optional<accelerate::DryRunResult> measured;
 };
+
+// Every candidate of the run with its predicted memory; those over the budget rejected.
+struct Space {
+  std::vector<Candidate> candidates;
+  std::vector<Row> rows;
+  int64_t budget = 0;
+  int64_t smallest = -1;  // the least predicted peak of any candidate
+  bool any_fits() const {
+    return std::any_of(rows.begin(), rows.end(),
+                       [](const Row& r) { return r.status != "rejected"; });
+  }
+};
+
+void check_options(const AccelerateOptions& o, int64_t max_seq_len) {
+  ACC_CHECK(o.global_batch >= 1, "auto_accelerate: global_batch must be >= 1, got ",
+            o.global_batch);
+  ACC_CHECK(o.seq_len >= 1 && o.seq_len <= max_seq_len, "auto_accelerate: seq_len must be in [1, ",
+            max_seq_len, "], got ", o.seq_len);
+  ACC_CHECK(o.mem_per_rank >= 0, "auto_accelerate: mem_per_rank must be >= 0 bytes, got ",
+            o.mem_per_rank);
+  ACC_CHECK(std::isfinite(o.time_budget_s) && o.time_budget_s >= 0,
+            "auto_accelerate: time_budget_s must be >= 0, got ", o.time_budget_s);
+  ACC_CHECK(o.top_k >= 1, "auto_accelerate: top_k must be >= 1, got ", o.top_k);
+  ACC_CHECK(o.warmup_steps >= 0 && o.measured_steps >= 1,
+            "auto_accelerate: needs warmup_steps >= 0 and measured_steps >= 1, got ",
+            o.warmup_steps, " and ", o.measured_steps);
+}
+
+int64_t budget_of(const AccelerateOptions& o) {
+  // Default: physical memory shared by the ranks of this host, 10% kept for what the tracking
+  // allocator does not see (the program, MPI's buffers, the OS).
+  return o.mem_per_rank > 0
+             ? o.mem_per_rank
+             : static_cast<int64_t>(0.9 * static_cast<double>(physical_memory_bytes()) /
+                                    std::max(1, dist::local_world_size()));
+}
+
+Space build_space(const std::string& type, const nlohmann::json& config, int world,
+                  const AccelerateOptions& o) {
+  Space s;
+  s.budget = budget_of(o);
+  accelerate::MemoryModel memory(type, config, o.seq_len);
+  accelerate::SpaceOptions so;
+  so.world = world;
+  so.global_batch = o.global_batch;
+  so.seq_len = o.seq_len;
+  so.allow_bf16 = o.allow_bf16;
+  so.excluded = o.excluded;
+  so.included = o.included;
+  s.candidates = accelerate::enumerate_candidates(so, memory.num_blocks());
+  for (const auto& c : s.candidates) {
+    Row r{&c, memory.predict(c), std::nullopt, "fits", "", std::nullopt};
+    s.smallest = s.smallest < 0 ? r.memory.peak : std::min(s.smallest, r.memory.peak);
+    if (r.memory.peak > s.budget) {
+      r.status = "rejected";
+      r.reason = "predicted peak " + trace::human_bytes(static_cast<double>(r.memory.peak)) +
+                 " over the budget of " + trace::human_bytes(static_cast<double>(s.budget));
+    }
+    s.rows.push_back(std::move(r));
+  }
+  ACC_CHECK(s.any_fits(), "auto_accelerate: no candidate fits the memory budget of ",
+            trace::human_bytes(static_cast<double>(s.budget)), " per rank (", s.budget,
+            " bytes); the smallest predicted need is ",
+            trace::human_bytes(static_cast<double>(s.smallest)), " (", s.smallest, " bytes), over ",
+            s.candidates.size(), " candidates");
+  return s;
+}
+
+// The machine's calibration for the micro-batches of the candidates that fit (rank 0 measures or
+// reads its cache, the others get it), then each such candidate's predicted time; returns them
+// best first.
+std::vector<Row*> rank_by_time(Space& s, const std::string& type, const nlohmann::json& config,
+                               const AccelerateOptions& o, dist::ProcessGroup* group,
+                               const accelerate::CommCalibration& comm,
+                               accelerate::MachineCalibration& machine) {
+  std::set<int64_t> micro;
+  for (const auto& r : s.rows) {
+    if (r.status != "rejected") micro.insert(r.candidate->micro_batch);
+  }
+  accelerate::CalibrationOptions co;
+  co.cache_dir = o.cache_dir;
+  if (!group || group->rank() == 0) {
+    machine = accelerate::load_or_calibrate_machine(
+        accelerate::CostModel::shapes_to_measure(type, config, {micro.begin(), micro.end()},
+                                                 o.seq_len),
+        co);
+  }
+  if (group && group->size() > 1) machine = accelerate::broadcast_calibration(*group, machine);
+  accelerate::CostModel cost(type, config, o.seq_len, machine, comm);
+  std::vector<Row*> ranked;
+  for (auto& r : s.rows) {
+    if (r.status == "rejected") continue;
+    r.time = cost.predict(*r.candidate);
+    r.status = "ranked";
+    ranked.push_back(&r);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const Row* a, const Row* b) { return a->time->step_s < b->time->step_s; });
+  return ranked;
+}
+
+nlohmann::json rows_json(const Space& s, const Row* chosen) {
+  nlohmann::json table = nlohmann::json::array();
+  for (const auto& r : s.rows) {
+    nlohmann::json row = {{"strategy", strategies::to_json(r.candidate->strategy)},
+                          {"name", r.candidate->describe()},
+                          {"micro_batch", r.candidate->micro_batch},
+                          {"predicted", {{"memory", r.memory.to_json()}}},
+                          {"status", r.status}};
+    if (r.time) row["predicted"]["time"] = r.time->to_json();
+    if (r.measured) row["measured"] = r.measured->to_json();
+    if (!r.reason.empty()) row["reason"] = r.reason;
+    if (&r == chosen) row["chosen"] = true;
+    table.push_back(std::move(row));
+  }
+  return table;
+}
+
+// Progress of the dry-runs on rank 0: a bar redrawn in place on a terminal, plain lines otherwise
+// (a log file or a pipe gets one line per candidate, nothing to strip).
+class Progress {
+ public:
+  Progress(bool on, int total) : on_(on), total_(total), tty_(on && isatty(STDERR_FILENO) == 1) {}
+  void start(int i, const std::string& name) {
+    if (!on_) return;
+    const double done = timer_.elapsed_s();
+    const double eta = i == 0 ? -1 : done / i * (total_ - i);
+    char eta_text[32] = "ETA -";
+    if (eta >= 0) std::snprintf(eta_text, sizeof(eta_text), "ETA %.1f s", eta);
+    if (tty_) {
+      std::string bar(20, ' ');
+      std::fill_n(bar.begin(), 20 * i / std::max(1, total_), '#');
+      std::fprintf(stderr, "\r\033[K[%s] dry-run %d/%d, %s: %s", bar.c_str(), i + 1, total_,
+                   eta_text, name.c_str());
+    } else {
+      std::fprintf(stderr, "auto_accelerate: dry-run %d/%d (%s): %s\n", i + 1, total_, eta_text,
+                   name.c_str());
+    }
+    std::fflush(stderr);
+  }
+  void finish(const std::string& outcome) {
+    if (!on_) return;
+    if (tty_) {
+      std::fprintf(stderr, "\r\033[K[%s] %d dry-run(s) in %.1f s%s\n", std::string(20, '#').c_str(),
+                   total_, timer_.elapsed_s(), outcome.c_str());
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  bool on_;
+  int total_;
+  bool tty_;
+  Timer timer_;
+};
+
+// ---- loading a strategy (AccelerateOptions::load_strategy) ----
+
+// What rank 0 decided about the strategy it was given; every rank acts on it.
+struct LoadDecision {
+  std::string action;       // "search" | "use" (a row of the space) | "given" (a plain strategy)
+  int row = -1;             // with "use"
+  std::string source;       // "cache" | "replanned" | "given"
+  std::string note;         // for the log and the report (a stale key's field, a re-plan)
+  nlohmann::json strategy;  // with "given"
+  nlohmann::json key = nullptr;
+  nlohmann::json to_json() const {
+    return {{"action", action}, {"row", row},           {"source", source},
+            {"note", note},     {"strategy", strategy}, {"key", key}};
+  }
+  static LoadDecision from_json(const nlohmann::json& j) {
+    LoadDecision d;
+    d.action = j.at("action");
+    d.row = j.at("row");
+    d.source = j.at("source");
+    d.note = j.at("note");
+    d.strategy = j.at("strategy");
+    d.key = j.at("key");
+    return d;
+  }
+};
+
+int find_row(const Space& s, const strategies::Strategy& strategy) {
+  const nlohmann::json want = strategies::to_json(strategy);
+  for (size_t i = 0; i < s.rows.size(); ++i) {
+    if (strategies::to_json(s.rows[i].candidate->strategy) == want) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// A cache made for another world size, re-planned for this one: among the candidates that fit,
+// the one with most of the cache's methods (by name), then the micro-batch nearest the cache's
+// (activation memory and GEMM shapes stay), then most methods with the cache's exact config.
+int replan(const Space& s, const accelerate::StrategyCache& cache) {
+  int best = -1;
+  std::tuple<int, double, int> best_score;
+  for (size_t i = 0; i < s.rows.size(); ++i) {
+    const Row& r = s.rows[i];
+    if (r.status == "rejected") continue;
+    int names = 0, exact = 0;
+    for (const auto& m : cache.strategy) {
+      for (const auto& n : r.candidate->strategy) {
+        if (n.name != m.name) continue;
+        ++names;
+        exact += n.config == m.config;
+      }
+    }
+    const double distance = std::abs(std::log2(static_cast<double>(r.candidate->micro_batch) /
+                                               static_cast<double>(cache.micro_batch)));
+    const std::tuple<int, double, int> score{names, -distance, exact};
+    if (best < 0 || score > best_score) {
+      best = static_cast<int>(i);
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+// Rank 0: reads the strategy and decides. Throws what reading it throws, and acc::ValueError for
+// a stale cache under OnStale::kRefuse.
+LoadDecision decide_from_load(const AccelerateOptions& o, const Space& s,
+                              const accelerate::StrategyKey& run) {
+  const nlohmann::json j = strategies::read_strategy_arg(o.load_strategy);
+  LoadDecision d;
+  if (!accelerate::is_strategy_cache(j)) {
+    d.action = "given";
+    d.source = "given";
+    d.strategy = strategies::to_json(strategies::parse_strategy(j));
+    d.row = find_row(s, strategies::parse_strategy(j));
+    return d;
+  }
+  const bool inline_json = o.load_strategy.find_first_not_of(" \t\r\n") != std::string::npos &&
+                           o.load_strategy[o.load_strategy.find_first_not_of(" \t\r\n")] == '{';
+  const std::string what =
+      inline_json ? std::string("strategy cache") : "strategy cache '" + o.load_strategy + "'";
+  const accelerate::StrategyCache cache = accelerate::StrategyCache::from_json(j, what);
+  d.key = cache.key.to_json();
+  std::string stale = cache.key.difference(run);
+  if (stale.empty()) {
+    d.row = find_row(s, cache.strategy);
+    if (d.row < 0) {
+      stale = "its strategy " + cache.name + " is not in this run's candidate space";
+    } else if (s.rows[static_cast<size_t>(d.row)].status == "rejected") {
+      stale = "its strategy " + cache.name + ": " + s.rows[static_cast<size_t>(d.row)].reason;
+    } else {
+      d.action = "use";
+      d.source = "cache";
+      d.note = "strategy from " + what + ": " + cache.name;
+      return d;
+    }
+  } else if (cache.key.differs_only_in_world(run)) {
+    d.row = replan(s, cache);
+    if (d.row >= 0) {
+      d.action = "use";
+      d.source = "replanned";
+      d.note = what + " was chosen for " + std::to_string(cache.key.world) +
+               " rank(s); re-planned for " + std::to_string(run.world) + ": " + cache.name +
+               " -> " + s.rows[static_cast<size_t>(d.row)].candidate->describe();
+      return d;
+    }
+    stale += " and no candidate of this world fits the memory budget";
+  }
+  ACC_CHECK(o.on_stale != AccelerateOptions::OnStale::kRefuse, what, " does not match this run (",
+            stale, "); refusing it as asked (on_stale = refuse)");
+  d.action = "search";
+  d.note = what + " does not match this run (" + stale + "): searching again";
+  return d;
+}
+
+// Rank 0 runs `fn` (reading or writing files only it touches); its result, or its error, reaches
+// every rank, so a failure there is the same error everywhere instead of a hang elsewhere.
+nlohmann::json on_rank0(dist::ProcessGroup* group, const std::function<nlohmann::json()>& fn) {
+  nlohmann::json message;
+  if (!group || group->rank() == 0) {
+    try {
+      message = {{"result", fn()}};
+    } catch (const IoError& e) {
+      if (!group || group->size() == 1) throw;
+      message = {{"error", e.what()}, {"kind", "io"}};
+    } catch (const Error& e) {
+      if (!group || group->size() == 1) throw;
+      message = {{"error", e.what()}, {"kind", "value"}};
+    }
+  }
+  if (group && group->size() > 1) {
+    message = nlohmann::json::parse(dist::broadcast_text(*group, message.dump()));
+  }
+  if (message.contains("error")) {
+    const std::string text = "(on rank 0) " + message["error"].get<std::string>();
+    if (message["kind"] == "io") ACC_THROW(IoError, text);
+    ACC_THROW(ValueError, text);
+  }
+  return message.at("result");
+}
+
+// Output paths are checked before any work (rank 0 writes them); a bad one fails every rank.
+void check_outputs(const AccelerateOptions& o, dist::ProcessGroup* group) {
+  if (o.save_strategy_to.empty() && o.report_dir.empty()) return;
+  on_rank0(group, [&] {
+    if (!o.save_strategy_to.empty()) check_output_path(o.save_strategy_to, "save_strategy_to");
+    if (!o.report_dir.empty()) accelerate::check_report_dir(o.report_dir);
+    return nlohmann::json();
+  });
+}
 
 }  // namespace
 
@@ -54,7 +366,7 @@ std::string report_table(const nlohmann::json& report, size_t max_rows) {
     const auto& pred = row.at("predicted");
     const double mem = static_cast<double>(pred.at("memory").at("peak").get<int64_t>());
     const double t = pred.contains("time") ? pred.at("time").at("step_s").get<double>() : -1;
-    if (t < 0) ++rejected;
+    if (row.at("status") == "rejected") ++rejected;
     char predicted[32] = "-";
     if (t >= 0) std::snprintf(predicted, sizeof(predicted), "%.1f ms", 1e3 * t);
     std::string measured = "-";
@@ -69,9 +381,10 @@ std::string report_table(const nlohmann::json& report, size_t max_rows) {
                   row.contains("chosen") ? "*" : " ", row.at("name").get<std::string>().c_str(),
                   predicted, trace::human_bytes(mem).c_str(), measured.c_str(),
                   row.at("status").get<std::string>().c_str());
-    lines.push_back({row.contains("measured"), t < 0 ? 1e30 : t, buf});
+    // Chosen first, then best predicted (rejected last, by memory).
+    const double order = row.contains("chosen") ? -1 : t >= 0 ? t : 1e30 + mem;
+    lines.push_back({row.contains("measured") || row.contains("chosen"), order, buf});
   }
-  // Best predicted first; every dry-run row is shown, then the best others up to max_rows.
   std::stable_sort(lines.begin(), lines.end(),
                    [](const Line& a, const Line& b) { return a.order < b.order; });
   std::snprintf(buf, sizeof(buf), "  %-76s %10s %12s  %-22s %s\n", "candidate", "predicted",
@@ -91,177 +404,211 @@ std::string report_table(const nlohmann::json& report, size_t max_rows) {
   return out;
 }
 
+accelerate::StrategyCache cache_from_report(const nlohmann::json& report,
+                                            const accelerate::StrategyKey& key) {
+  for (const auto& row : report.at("candidates")) {
+    if (!row.contains("chosen")) continue;
+    accelerate::StrategyCache c;
+    c.key = key;
+    c.strategy = strategies::parse_strategy(row.at("strategy"));
+    c.name = row.at("name").get<std::string>();
+    c.micro_batch = row.at("micro_batch").get<int64_t>();
+    c.predicted = row.at("predicted");
+    c.measured = row.contains("measured") ? row.at("measured") : nlohmann::json::object();
+    return c;
+  }
+  ACC_THROW(ValueError, "the report has no chosen candidate among its ",
+            report.at("candidates").size(), " rows");
+}
+
+nlohmann::json plan_strategy(const std::string& type, const nlohmann::json& config, int world,
+                             const AccelerateOptions& o, const accelerate::CommCalibration& comm) {
+  check_options(o, models::create_meta_model(type, config, 1)->max_seq_len());
+  ACC_CHECK(world == 1 || comm.world == world, "plan_strategy: the collectives were calibrated on ",
+            comm.world, " rank(s), the plan is for ", world);
+  Timer total;
+  Space s = build_space(type, config, world, o);
+  accelerate::MachineCalibration machine;
+  Timer calib;
+  std::vector<Row*> ranked = rank_by_time(s, type, config, o, nullptr, comm, machine);
+  const Row* best = ranked.front();
+  nlohmann::json report = {
+      {"source", "plan"},
+      {"chosen", strategies::to_json(best->candidate->strategy)},
+      {"chosen_name", best->candidate->describe()},
+      {"world", world},
+      {"global_batch", o.global_batch},
+      {"seq_len", o.seq_len},
+      {"budget_bytes", s.budget},
+      {"dry_runs", 0},
+      {"out_of_time", false},
+      {"candidates", rows_json(s, best)},
+      {"comm", comm.to_json()},
+      {"timing",
+       {{"calibration_s", calib.elapsed_s()},
+        {"dry_run_s", 0.0},
+        {"total_s", total.elapsed_s()},
+        {"machine_calibration_from_cache", machine.source.gemm_measured == 0}}}};
+  return report;
+}
+
 AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::OptimizerFactory factory,
                                  const AccelerateOptions& o) {
   ACC_CHECK(model != nullptr, "auto_accelerate: model is null");
-  ACC_CHECK(o.global_batch >= 1, "auto_accelerate: global_batch must be >= 1, got ",
-            o.global_batch);
-  ACC_CHECK(o.seq_len >= 1 && o.seq_len <= model->max_seq_len(),
-            "auto_accelerate: seq_len must be in [1, ", model->max_seq_len(), "], got ", o.seq_len);
-  ACC_CHECK(o.mem_per_rank >= 0, "auto_accelerate: mem_per_rank must be >= 0 bytes, got ",
-            o.mem_per_rank);
-  ACC_CHECK(o.time_budget_s >= 0, "auto_accelerate: time_budget_s must be >= 0, got ",
-            o.time_budget_s);
-  ACC_CHECK(o.top_k >= 1, "auto_accelerate: top_k must be >= 1, got ", o.top_k);
-  ACC_CHECK(o.warmup_steps >= 0 && o.measured_steps >= 1,
-            "auto_accelerate: needs warmup_steps >= 0 and measured_steps >= 1, got ",
-            o.warmup_steps, " and ", o.measured_steps);
+  check_options(o, model->max_seq_len());
   Timer total;
   dist::ProcessGroupPtr group =
       o.group ? o.group : (dist::is_initialized() ? dist::ProcessGroup::world() : nullptr);
   const int world = group ? group->size() : 1;
   const bool leader = !group || group->rank() == 0;
-  const int64_t budget =
-      o.mem_per_rank > 0 ? o.mem_per_rank
-                         : static_cast<int64_t>(0.9 * static_cast<double>(physical_memory_bytes()) /
-                                                std::max(1, dist::local_world_size()));
+  check_outputs(o, group.get());
 
   // The space and each candidate's memory: rejected ones are never run.
   const std::string type = model->model_type();
   const nlohmann::json config = model->config_json();
-  accelerate::MemoryModel memory(type, config, o.seq_len);
-  accelerate::SpaceOptions so;
-  so.world = world;
-  so.global_batch = o.global_batch;
-  so.seq_len = o.seq_len;
-  so.allow_bf16 = o.allow_bf16;
-  so.excluded = o.excluded;
-  so.included = o.included;
-  const std::vector<Candidate> candidates =
-      accelerate::enumerate_candidates(so, memory.num_blocks());
-  std::vector<Row> rows;
-  int64_t smallest = -1;
-  for (const auto& c : candidates) {
-    Row r{&c, memory.predict(c), {}, "ranked", "", std::nullopt};
-    smallest = smallest < 0 ? r.memory.peak : std::min(smallest, r.memory.peak);
-    if (r.memory.peak > budget) {
-      r.status = "rejected";
-      r.reason = "predicted peak " + trace::human_bytes(static_cast<double>(r.memory.peak)) +
-                 " over the budget of " + trace::human_bytes(static_cast<double>(budget));
-    }
-    rows.push_back(std::move(r));
+  Space s = build_space(type, config, world, o);
+  // The key of this run (rank 0's: its machine is the one the figures were measured on).
+  std::optional<accelerate::StrategyKey> key;
+  if (leader && (!o.load_strategy.empty() || !o.save_strategy_to.empty())) {
+    key = accelerate::strategy_key(type, config, world, o.global_batch, o.seq_len);
   }
-  const bool any_fits =
-      std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.status == "ranked"; });
-  ACC_CHECK(any_fits, "auto_accelerate: no candidate fits the memory budget of ",
-            trace::human_bytes(static_cast<double>(budget)), " per rank (", budget,
-            " bytes); the smallest predicted need is ",
-            trace::human_bytes(static_cast<double>(smallest)), " (", smallest, " bytes), over ",
-            candidates.size(), " candidates");
 
-  // Calibrate (the machine on rank 0, cached, shared; the collectives on this group) and rank.
-  Timer calib;
-  std::set<int64_t> micro;
-  for (const auto& r : rows) {
-    if (r.status == "ranked") micro.insert(r.candidate->micro_batch);
-  }
-  accelerate::CalibrationOptions co;
-  co.cache_dir = o.cache_dir;
-  accelerate::MachineCalibration machine;
-  if (leader) {
-    machine = accelerate::load_or_calibrate_machine(
-        accelerate::CostModel::shapes_to_measure(type, config, {micro.begin(), micro.end()},
-                                                 o.seq_len),
-        co);
-  }
-  if (group && world > 1) machine = accelerate::broadcast_calibration(*group, machine);
-  accelerate::CommCalibration comm;
-  comm.world = 1;
-  if (group && world > 1) {
-    comm = accelerate::calibrate_collectives(*group, accelerate::default_collective_sizes(), 0.02);
-  }
-  const double calibration_s = calib.elapsed_s();
-  accelerate::CostModel cost(type, config, o.seq_len, machine, comm);
-  for (auto& r : rows) {
-    if (r.status == "ranked") r.time = cost.predict(*r.candidate);
-  }
-  std::vector<Row*> ranked;
-  for (auto& r : rows) {
-    if (r.status == "ranked") ranked.push_back(&r);
-  }
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const Row* a, const Row* b) { return a->time.step_s < b->time.step_s; });
-
-  // Dry-run the best predicted, in that order, under the budget and the time limit.
-  const int64_t per_rank = o.global_batch / world;
-  const data::Batch batch =
-      o.sample_batch ? *o.sample_batch : random_batch(per_rank, o.seq_len, model->vocab_size());
-  ACC_CHECK(batch.idx.size(0) == per_rank, "auto_accelerate: sample_batch has ", batch.idx.size(0),
-            " samples, this rank's share of global_batch ", o.global_batch, " over ", world,
-            " rank(s) is ", per_rank);
-  Timer dry;
-  bool out_of_time = false;
-  int tried = 0;
-  for (Row* r : ranked) {
-    if (tried == o.top_k) break;
-    if (o.time_budget_s > 0 && dry.elapsed_s() > o.time_budget_s && tried > 0) {
-      out_of_time = true;
-      break;
-    }
-    r->measured = accelerate::dry_run(*model, factory, *r->candidate, batch, group,
-                                      {.warmup_steps = o.warmup_steps,
-                                       .measured_steps = o.measured_steps,
-                                       .memory_budget = budget,
-                                       .grad_clip = o.grad_clip});
-    r->status = r->measured->status;
-    r->reason = r->measured->error;
-    ++tried;
-  }
-  const double dry_run_s = dry.elapsed_s();
-  const Row* best = nullptr;
-  for (const Row* r : ranked) {
-    if (r->measured && r->status == "ok" &&
-        (!best || r->measured->step_seconds < best->measured->step_seconds)) {
-      best = r;
-    }
-  }
-  ACC_CHECK(best != nullptr, "auto_accelerate: every dry-run candidate failed (", tried,
-            " tried; the first: ", ranked.empty() ? "" : ranked.front()->reason, ")");
-  if (group && world > 1) {
-    dist::check_agreement(*group, strategies::to_json(best->candidate->strategy),
-                          "auto_accelerate: ranks chose different strategies");
+  // A strategy given or cached skips the search (rank 0 reads it and decides for all).
+  LoadDecision decision{"search"};
+  if (!o.load_strategy.empty()) {
+    decision = LoadDecision::from_json(
+        on_rank0(group.get(), [&] { return decide_from_load(o, s, *key).to_json(); }));
+    if (leader && !decision.note.empty()) logging::info("auto_accelerate: {}", decision.note);
   }
 
   AccelerateResult result;
   result.model = model;
-  result.strategy = best->candidate->strategy;
-  nlohmann::json table = nlohmann::json::array();
-  for (const auto& r : rows) {
-    nlohmann::json row = {{"strategy", strategies::to_json(r.candidate->strategy)},
-                          {"name", r.candidate->describe()},
-                          {"micro_batch", r.candidate->micro_batch},
-                          {"predicted", {{"memory", r.memory.to_json()}}},
-                          {"status", r.status}};
-    if (r.status != "rejected") row["predicted"]["time"] = r.time.to_json();
-    if (r.measured) row["measured"] = r.measured->to_json();
-    if (!r.reason.empty()) row["reason"] = r.reason;
-    if (&r == best) row["chosen"] = true;
-    table.push_back(std::move(row));
+  nlohmann::json report = {{"world", world},       {"global_batch", o.global_batch},
+                           {"seq_len", o.seq_len}, {"budget_bytes", s.budget},
+                           {"dry_runs", 0},        {"out_of_time", false}};
+  if (!decision.note.empty()) report["note"] = decision.note;
+  if (!decision.key.is_null()) report["cache_key"] = decision.key;
+  const Row* best = nullptr;
+  if (decision.action == "use" || (decision.action == "given" && decision.row >= 0)) {
+    best = &s.rows.at(static_cast<size_t>(decision.row));
+    ACC_CHECK(best->status != "rejected", "auto_accelerate: the strategy given (",
+              best->candidate->describe(), ") does not fit: ", best->reason);
+    result.strategy = best->candidate->strategy;
+    report["source"] = decision.source;
+  } else if (decision.action == "given") {
+    ACC_CHECK(o.save_strategy_to.empty(), "auto_accelerate: save_strategy_to: the strategy given (",
+              decision.strategy.dump(),
+              ") is not a candidate of the search, so there are no figures to cache; save it as a "
+              "plain strategy list instead");
+    // Outside the search space (a config the search does not try): applied as given, its
+    // memory not predicted.
+    result.strategy = strategies::parse_strategy(decision.strategy);
+    report["source"] = "given";
+    if (leader) {
+      logging::warn(
+          "auto_accelerate: the strategy given ({}) is not in the search space; applied as given, "
+          "its memory not predicted",
+          decision.strategy.dump());
+    }
+  } else {
+    report["source"] = "search";
+    // Calibrate (the machine on rank 0, cached, shared; the collectives on this group) and rank.
+    Timer calib;
+    accelerate::CommCalibration comm;
+    comm.world = 1;
+    if (group && world > 1) {
+      comm =
+          accelerate::calibrate_collectives(*group, accelerate::default_collective_sizes(), 0.02);
+    }
+    accelerate::MachineCalibration machine;
+    std::vector<Row*> ranked = rank_by_time(s, type, config, o, group.get(), comm, machine);
+    const double calibration_s = calib.elapsed_s();
+
+    // Dry-run the best predicted, in that order, under the budget and the time limit.
+    const int64_t per_rank = o.global_batch / world;
+    const data::Batch batch =
+        o.sample_batch ? *o.sample_batch : random_batch(per_rank, o.seq_len, model->vocab_size());
+    ACC_CHECK(batch.idx.size(0) == per_rank, "auto_accelerate: sample_batch has ",
+              batch.idx.size(0), " samples, this rank's share of global_batch ", o.global_batch,
+              " over ", world, " rank(s) is ", per_rank);
+    Timer dry;
+    bool out_of_time = false;
+    const int to_try = std::min<int>(o.top_k, static_cast<int>(ranked.size()));
+    Progress progress(leader && o.verbose, to_try);
+    int tried = 0;
+    for (Row* r : ranked) {
+      if (tried == to_try) break;
+      // Every rank decides alike: the elapsed time is rank 0's.
+      bool stop = o.time_budget_s > 0 && dry.elapsed_s() > o.time_budget_s && tried > 0;
+      if (group && world > 1) {
+        Tensor flag = from_vector(std::vector<int64_t>{stop ? 1 : 0}, {1});
+        group->broadcast(flag, 0)->wait();
+        stop = flag.to_vector<int64_t>()[0] != 0;
+      }
+      if (stop) {
+        out_of_time = true;
+        break;
+      }
+      progress.start(tried, r->candidate->describe());
+      // A collective waits at most 10 predicted steps (10 s at least) for the slowest rank.
+      const auto limit = std::chrono::milliseconds(
+          static_cast<int64_t>(1e3 * std::max(10.0, 10 * r->time->step_s)));
+      r->measured = accelerate::dry_run(*model, factory, *r->candidate, batch, group,
+                                        {.warmup_steps = o.warmup_steps,
+                                         .measured_steps = o.measured_steps,
+                                         .memory_budget = s.budget,
+                                         .grad_clip = o.grad_clip,
+                                         .collective_timeout = limit});
+      r->status = r->measured->status;
+      r->reason = r->measured->error;
+      ++tried;
+    }
+    for (Row* r : ranked) {
+      if (r->measured && r->status == "ok" &&
+          (!best || r->measured->step_seconds < best->measured->step_seconds)) {
+        best = r;
+      }
+    }
+    progress.finish(out_of_time ? " (time budget ran out)" : "");
+    ACC_CHECK(best != nullptr, "auto_accelerate: every dry-run candidate failed (", tried,
+              " tried; the first: ", ranked.front()->reason, ")");
+    result.strategy = best->candidate->strategy;
+    report["dry_runs"] = tried;
+    report["out_of_time"] = out_of_time;
+    report["timing"] = {{"calibration_s", calibration_s},
+                        {"dry_run_s", dry.elapsed_s()},
+                        {"total_s", total.elapsed_s()},
+                        {"machine_calibration_from_cache", machine.source.gemm_measured == 0}};
+    if (leader && o.verbose) {
+      logging::info(
+          "auto_accelerate: {} candidates, {} rejected by memory, {} dry-run{}; chose {} "
+          "({:.1f} ms/step measured, {:.1f} predicted)",
+          s.rows.size(),
+          std::count_if(s.rows.begin(), s.rows.end(),
+                        [](const Row& r) { return r.status == "rejected"; }),
+          tried, out_of_time ? " (time budget ran out)" : "", best->candidate->describe(),
+          1e3 * best->measured->step_seconds, 1e3 * best->time->step_s);
+    }
   }
-  result.report = {{"chosen", strategies::to_json(result.strategy)},
-                   {"chosen_name", best->candidate->describe()},
-                   {"world", world},
-                   {"global_batch", o.global_batch},
-                   {"seq_len", o.seq_len},
-                   {"budget_bytes", budget},
-                   {"dry_runs", tried},
-                   {"out_of_time", out_of_time},
-                   {"candidates", table},
-                   {"timing",
-                    {{"calibration_s", calibration_s},
-                     {"dry_run_s", dry_run_s},
-                     {"total_s", total.elapsed_s()},
-                     {"machine_calibration_from_cache", machine.source.gemm_measured == 0}}}};
-  if (leader && o.verbose) {
-    logging::info(
-        "auto_accelerate: {} candidates, {} rejected by memory, {} dry-run{}; chose {} "
-        "({:.1f} ms/step measured, {:.1f} predicted)",
-        rows.size(),
-        std::count_if(rows.begin(), rows.end(),
-                      [](const Row& r) { return r.status == "rejected"; }),
-        tried, out_of_time ? " (time budget ran out)" : "", best->candidate->describe(),
-        1e3 * best->measured->step_seconds, 1e3 * best->time.step_s);
+  if (group && world > 1) {
+    dist::check_agreement(*group, strategies::to_json(result.strategy),
+                          "auto_accelerate: ranks chose different strategies");
   }
+  report["chosen"] = strategies::to_json(result.strategy);
+  report["chosen_name"] = best ? best->candidate->describe() : decision.strategy.dump();
+  report["candidates"] = rows_json(s, best);
+  if (report.contains("timing")) report["timing"]["total_s"] = total.elapsed_s();
+  result.report = std::move(report);
+
+  // The outputs (rank 0), then the strategy applied to the user's model.
+  on_rank0(group.get(), [&] {
+    if (!o.report_dir.empty()) accelerate::write_report(result.report, o.report_dir);
+    if (!o.save_strategy_to.empty()) {
+      accelerate::save_strategy_cache(cache_from_report(result.report, *key), o.save_strategy_to);
+      logging::info("auto_accelerate: strategy saved to {}", o.save_strategy_to);
+    }
+    return nlohmann::json();
+  });
   result.trainer =
       strategies::apply(model, std::move(factory), result.strategy,
                         {.group = group, .grad_clip = o.grad_clip, .agreement = o.agreement});

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "acc/dist/agreement.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/threading.hpp"
@@ -430,28 +431,6 @@ std::string machine_cache_path(const CalibrationOptions& options) {
       .string();
 }
 
-namespace {
-
-void write_atomically(const std::string& path, const std::string& text) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::path(path).parent_path();
-  std::error_code ec;
-  if (!dir.empty()) fs::create_directories(dir, ec);
-  ACC_CHECK_AS(IoError, !ec, "machine calibration cache: cannot create the directory '",
-               dir.string(), "': ", ec.message());
-  remove_stale_temp_files(path);
-  const std::string tmp = temp_file_for(path);
-  write_text_file(tmp, text, "machine calibration cache");
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp);
-    ACC_THROW(IoError, "machine calibration cache: cannot rename '", tmp, "' to '", path,
-              "': ", ec.message());
-  }
-}
-
-}  // namespace
-
 MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shapes,
                                              const CalibrationOptions& options) {
   check_options(options);
@@ -504,7 +483,12 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
     // The figures are good without the file: a cache that cannot be written (a read-only home
     // on a cluster) costs the next run its calibration time, not this run its search.
     try {
-      write_atomically(path, c.to_json().dump(2) + "\n");
+      const auto dir = std::filesystem::path(path).parent_path();
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+      ACC_CHECK_AS(IoError, !ec, "machine calibration cache: cannot create the directory '",
+                   dir.string(), "': ", ec.message());
+      write_text_file_atomically(path, c.to_json().dump(2) + "\n", "machine calibration cache");
     } catch (const IoError& e) {
       c.source.note += (c.source.note.empty() ? "" : "; ") + std::string("not saved: ") + e.what();
       logging::warn("calibration: {}", e.what());
@@ -538,16 +522,9 @@ MachineCalibration broadcast_calibration(dist::ProcessGroup& group,
                             {"note", s.note}}}}
                .dump();
   }
-  Tensor length = from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1});
-  group.broadcast(length, root)->wait();
-  const int64_t n = length.data<int64_t>()[0];
-  Tensor bytes =
-      zeros({(n + 3) / 4}, TensorOptions{.dtype = DType::kInt32, .device = Device::kCPU});
-  if (group.rank() == root) std::memcpy(bytes.data<int32_t>(), text.data(), text.size());
-  group.broadcast(bytes, root)->wait();
   // Every rank, root included, reads the text back: a calibration that does not read is then the
   // same error on every rank instead of one on the others only.
-  text.assign(reinterpret_cast<const char*>(bytes.data<int32_t>()), static_cast<size_t>(n));
+  text = dist::broadcast_text(group, text, root);
   const nlohmann::json j = nlohmann::json::parse(text);
   MachineCalibration c = MachineCalibration::from_json(j.at("calibration"));
   const nlohmann::json& s = j.at("source");

@@ -1,7 +1,9 @@
 #include "acc/accelerate/dry_run.hpp"
 
 #include <algorithm>
+#include <atomic>
 
+#include "acc/dist/agreement.hpp"
 #include "acc/tensor/allocator.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/timer.hpp"
@@ -23,7 +25,19 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
             " and ", options.measured_steps);
   ACC_CHECK(options.memory_budget >= 0, "dry_run: memory budget must be >= 0, got ",
             options.memory_budget);
+  ACC_CHECK(options.collective_timeout.count() > 0,
+            "dry_run: collective timeout must be > 0 ms, got ", options.collective_timeout.count());
+  const bool distributed = group && group->size() > 1;
+  // A communicator of the candidate's own (see the header). Named apart per candidate so that a
+  // timeout's message and the flight recorder say which dry-run it was.
+  static std::atomic<int> runs{0};
+  dist::ProcessGroupPtr own =
+      distributed
+          ? group->split(0, group->rank(), group->name() + ".dry_run." + std::to_string(runs++),
+                         options.collective_timeout)
+          : group;
   DryRunResult r;
+  bool timed_out = false;  // a peer's failure seen from here: not this rank's own
   const int64_t base = memory::current_bytes();
   memory::reset_peak();
   std::vector<double> times;
@@ -32,7 +46,7 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
     try {
       auto copy = models::clone_model(model);
       auto trainer = strategies::apply(copy, factory, candidate.strategy,
-                                       {.group = group, .grad_clip = options.grad_clip});
+                                       {.group = own, .grad_clip = options.grad_clip});
       for (int i = 0; i < options.warmup_steps + options.measured_steps; ++i) {
         Timer t;
         r.losses.push_back(trainer->train_step(batch));
@@ -40,7 +54,11 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
       }
     } catch (const OutOfMemoryError& e) {
       r.status = "oom";
+      r.error = std::string("out of memory: ") + e.what();
+    } catch (const TimeoutError& e) {
+      r.status = "error";
       r.error = e.what();
+      timed_out = true;
     } catch (const Error& e) {
       r.status = "error";
       r.error = e.what();
@@ -51,24 +69,39 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
     std::sort(times.begin(), times.end());
     r.step_seconds = times[times.size() / 2];
   }
-  // The slowest rank's time and the largest rank's peak; a failure anywhere fails the candidate
-  // everywhere. (A rank that fails mid-step leaves its peers waiting in a collective until its
-  // timeout: failing fast there is still to do.)
-  if (group && group->size() > 1) {
-    Tensor flags = from_vector(std::vector<int64_t>{r.status == "ok" ? 0 : 1, r.peak_bytes}, {2});
-    Tensor time = from_vector(std::vector<float>{static_cast<float>(r.step_seconds)}, {1});
-    auto w1 = group->allreduce(flags, dist::ReduceOp::kMax);
-    auto w2 = group->allreduce(time, dist::ReduceOp::kMax);
-    w1->wait();
-    w2->wait();
-    const auto v = flags.to_vector<int64_t>();
-    if (v[0] > 0 && r.status == "ok") {
-      r.status = "error";
-      r.error = "failed on another rank";
+  if (!distributed) return r;
+  // The slowest rank's time and the largest rank's peak, over the parent group (healthy: the
+  // candidate's own communicator may hold what the failure left in flight). A failure anywhere
+  // fails the candidate everywhere, with the first-hand messages of the ranks that failed.
+  const int first_hand = r.status != "ok" && !timed_out ? 1 : 0;
+  Tensor flags = from_vector(
+      std::vector<int64_t>{r.status == "ok" ? 0 : 1, first_hand, r.peak_bytes, r.status == "oom"},
+      {4});
+  Tensor time = from_vector(std::vector<float>{static_cast<float>(r.step_seconds)}, {1});
+  auto w1 = group->allreduce(flags, dist::ReduceOp::kMax);
+  auto w2 = group->allreduce(time, dist::ReduceOp::kMax);
+  w1->wait();
+  w2->wait();
+  const auto v = flags.to_vector<int64_t>();
+  r.peak_bytes = v[2];
+  r.step_seconds = time.to_vector<float>()[0];
+  if (v[0] == 0) return r;
+  // Each rank that failed first-hand tells its message (the others only timed out waiting).
+  std::string messages;
+  for (int root = 0; root < group->size(); ++root) {
+    // Who failed first-hand is not known to the others yet: every rank takes a turn as root and
+    // sends its message or nothing.
+    const std::string text = dist::broadcast_text(
+        *group, group->rank() == root && first_hand ? r.error : std::string(), root);
+    if (!text.empty()) {
+      if (!messages.empty()) messages += "; ";
+      messages += "rank " + std::to_string(root) + ": " + text;
     }
-    r.peak_bytes = v[1];
-    r.step_seconds = time.to_vector<float>()[0];
   }
+  r.status = v[3] ? "oom" : "error";
+  r.error = messages.empty() ? r.error : messages;
+  r.step_seconds = 0;
+  r.losses.clear();
   return r;
 }
 

@@ -1,5 +1,6 @@
 #include "acc/dist/agreement.hpp"
 
+#include <cstring>
 #include <map>
 #include <vector>
 
@@ -94,6 +95,20 @@ void check_agreement(ProcessGroup& group, const nlohmann::json& facts, const std
   }
   msg.pop_back();
   throw ValueError(msg);
+}
+
+std::string broadcast_text(ProcessGroup& group, const std::string& text, int root) {
+  ACC_CHECK(root >= 0 && root < group.size(), "broadcast_text: root ", root,
+            " is not a rank of group '", group.name(), "' of ", group.size());
+  if (group.size() == 1) return text;
+  Tensor length = from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1});
+  group.broadcast(length, root)->wait();
+  const int64_t n = length.data<int64_t>()[0];
+  Tensor bytes =
+      zeros({(n + 3) / 4}, TensorOptions{.dtype = DType::kInt32, .device = Device::kCPU});
+  if (group.rank() == root) std::memcpy(bytes.data<int32_t>(), text.data(), text.size());
+  group.broadcast(bytes, root)->wait();
+  return {reinterpret_cast<const char*>(bytes.data<int32_t>()), static_cast<size_t>(n)};
 }
 
 }  // namespace acc::dist

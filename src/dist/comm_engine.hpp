@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,8 @@ struct GroupState {
   std::vector<int> members;
   std::atomic<uint64_t> seq{0};
   FlightRecorder recorder;
+  /// The timeout of calls that do not set one (nullopt: dist::default_timeout()).
+  std::optional<std::chrono::milliseconds> timeout;
 };
 
 class CommEngine {

@@ -356,7 +356,7 @@ WorkPtr submit_exchange(const std::shared_ptr<detail::GroupState>& st, WorkPtr w
 namespace detail {
 struct PgAccess {
   static WorkPtr make_work(GroupState& s, const std::string& op, const Tensor* t, int peer,
-                           std::chrono::milliseconds timeout) {
+                           std::optional<std::chrono::milliseconds> timeout) {
     const uint64_t seq = ++s.seq;
     FlightRecord r;
     r.group = s.name;
@@ -368,7 +368,10 @@ struct PgAccess {
     }
     r.peer = peer;
     const size_t id = s.recorder.record(std::move(r));
-    return std::make_shared<Work>(op, s.name, seq, s.rank, s.size, timeout, &s.recorder, id);
+    // The call's own timeout, else the group's, else the process default (read now: tests and
+    // launchers set ACC_COMM_TIMEOUT_SEC before the first collective, not before init).
+    const auto limit = timeout ? *timeout : s.timeout ? *s.timeout : default_timeout();
+    return std::make_shared<Work>(op, s.name, seq, s.rank, s.size, limit, &s.recorder, id);
   }
 };
 }  // namespace detail
@@ -544,9 +547,13 @@ WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
   return work;
 }
 
-std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std::string& name) {
+std::shared_ptr<ProcessGroup> ProcessGroup::split(
+    int color, int key, const std::string& name, std::optional<std::chrono::milliseconds> timeout) {
+  ACC_CHECK(!timeout || timeout->count() > 0, "split: the timeout of group '", name,
+            "' must be > 0 ms, got ", timeout ? timeout->count() : 0);
   auto child = std::make_shared<detail::GroupState>();
   child->name = name;
+  child->timeout = timeout;
   auto st = state_;
   ++st->seq;  // a collective of this group like any other
   detail::CommEngine::instance().run_sync([&] {

@@ -5,8 +5,10 @@
 #include <cstdio>
 
 #include "acc/models/language_model.hpp"
+#include "acc/trace/dump.hpp"
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/hash.hpp"
 
 namespace acc::trace {
 namespace {
@@ -262,6 +264,24 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
   need.trace_host_bytes = checked_mul(need.graph_vertices, kTraceHostBytesPerVertex, ex.label,
                                       ": host bytes of the trace");
   return need;
+}
+
+std::string model_trace_hash(const std::string& model_type, const nlohmann::json& config) {
+  DefaultDeviceGuard meta(Device::kMeta);
+  // The config with its defaults filled in, at its own depth (the model itself is never built).
+  const nlohmann::json filled = models::config_with_num_layers(
+      model_type, models::create_meta_model(model_type, config, 1)->config_json(),
+      models::config_num_layers(model_type, config));
+  auto shallow = models::create_meta_model(model_type, config, 2);
+  const int64_t t = std::min<int64_t>(8, shallow->max_seq_len());
+  const Tensor idx = empty({1, t}, {DType::kInt64, Device::kMeta});
+  const nlohmann::json facts = {{"model_type", model_type},
+                                {"config", filled},
+                                {"trace", to_json(trace(*shallow, {idx, idx}))}};
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(fnv1a64(facts.dump())));
+  return hex;
 }
 
 void check_fits(const TrainingNeed& need, int64_t available_bytes, const std::string& what) {

@@ -3,7 +3,15 @@
 // candidate's strategy and trains a few steps on this rank's batch, under the memory budget; the
 // user's model, its RNG and data are untouched. Collective: every rank of the group runs the same
 // candidate.
+//
+// A candidate that fails on one rank (out of memory, an error) fails on every rank within
+// seconds: the candidate runs on a communicator of its own (ProcessGroup::split) whose
+// collectives time out after DryRunOptions::collective_timeout, so the others give up on the
+// collective the failed rank never joins; then every rank learns the failed ranks' messages. What
+// the failure left in flight stays on that communicator (its buffers are never freed: see
+// process_group.hpp) and never matches a later candidate's collectives.
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -22,11 +30,16 @@ struct DryRunOptions {
   /// (0: no budget). An allocation past it throws acc::OutOfMemoryError: status "oom".
   int64_t memory_budget = 0;
   double grad_clip = 0.0;  // as strategies::ApplyOptions
+  /// The limit on each collective of the candidate (the time a rank waits for the slowest to join
+  /// it); must be > 0. auto_accelerate passes 10 s or 10 predicted steps, whichever is longer.
+  std::chrono::milliseconds collective_timeout = std::chrono::seconds(10);
 };
 
 struct DryRunResult {
   std::string status = "ok";  // "ok" | "oom" | "error"
-  std::string error;          // the exception's message when not ok
+  /// The failure's message when not ok, on every rank: "rank 1: out of memory: ..." for each rank
+  /// that failed first-hand (the others' timeouts are not repeated).
+  std::string error;
   /// Median of the measured steps' wall time, the slowest rank's (seconds).
   double step_seconds = 0;
   /// Highest tracked tensor bytes during the run above what was held before it, the largest rank's.

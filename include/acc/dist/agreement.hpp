@@ -24,4 +24,9 @@ namespace acc::dist {
 void check_agreement(ProcessGroup& group, const nlohmann::json& facts,
                      const std::string& what = "ranks disagree on what to run");
 
+/// Root's `text` on every rank of `group` (what the others pass is ignored): how rank 0's
+/// decision or file contents reach the others. Two broadcasts (the length, then the bytes); a
+/// collective with the group's usual timeout. Returns `text` on a group of one.
+std::string broadcast_text(ProcessGroup& group, const std::string& text, int root = 0);
+
 }  // namespace acc::dist

@@ -48,7 +48,8 @@ std::chrono::milliseconds default_timeout();
 double wait_seconds();
 
 struct CollectiveOptions {
-  std::chrono::milliseconds timeout = default_timeout();
+  /// nullopt: the group's timeout (ProcessGroup::split), else default_timeout().
+  std::optional<std::chrono::milliseconds> timeout;
 };
 
 class ProcessGroup;
@@ -124,8 +125,13 @@ class ProcessGroup {
   WorkPtr barrier(const CollectiveOptions& o = {});
 
   /// A sub-group of the ranks that pass the same `color` (MPI_Comm_split; `key` orders them).
-  /// Collective over this group.
-  std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name);
+  /// Collective over this group. Its calls that set no timeout of their own get `timeout` (default:
+  /// default_timeout()): how a dry-run gives every collective of a candidate a short limit, so a
+  /// rank whose candidate failed does not keep the others waiting for the job's timeout. All ranks
+  /// passing one color get a new communicator: what is left in flight on it after a failure never
+  /// matches a later call on this group.
+  std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name,
+                                      std::optional<std::chrono::milliseconds> timeout = {});
 
   FlightRecorder& flight_recorder();
   /// Calls issued on this group so far.

@@ -58,6 +58,11 @@ Strategy parse_strategy(const nlohmann::json& j);
 /// is neither inline JSON nor an existing path, or when the file is a directory or unreadable;
 /// acc::ValueError for invalid JSON and for what parse_strategy() refuses (naming the file).
 Strategy parse_strategy_arg(const std::string& file_or_json);
+
+/// The JSON a --strategy argument holds (inline, or the file's), read as parse_strategy_arg reads
+/// it (same errors) but not interpreted: a caller that also accepts a strategy cache
+/// (accelerate/cache.hpp) looks at it first.
+nlohmann::json read_strategy_arg(const std::string& file_or_json);
 nlohmann::json to_json(const Strategy& s);
 /// Names of the registered methods.
 std::vector<std::string> method_names();

@@ -83,6 +83,15 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
 ///   acc::trace::check_fits(need, acc::available_memory_bytes(), "train_gpt");
 void check_fits(const TrainingNeed& need, int64_t available_bytes, const std::string& what);
 
+/// 16 lower-case hex digits naming what a model computes, for keys that must change when the model
+/// does (the strategy cache, checkpoints): FNV-1a 64 of the canonical JSON of the model type, the
+/// config with its defaults filled (sorted keys) and the trace of a two-block copy on one sample
+/// of min(8, max) tokens (every op, scope and tensor shape; acc::trace::to_json). Equal on every
+/// rank, run and machine for the same model code and config; another config, or a change to the
+/// model's code that changes its graph, gives another hash. Milliseconds at any depth. Throws what
+/// models::create_meta_model throws for a bad config.
+std::string model_trace_hash(const std::string& model_type, const nlohmann::json& config);
+
 /// "1.50 GiB" (B, KiB, MiB, GiB, TiB, PiB, EiB), for messages and tables.
 std::string human_bytes(double bytes);
 

@@ -63,4 +63,23 @@ inline CLI::Validator number(double lo = -std::numeric_limits<double>::max(),
       "FLOAT", "number");
 }
 
+/// A size with an optional unit (acc::parse_bytes: "512MiB", "2GiB", "1.5GB", "4096"), at least
+/// `lo` bytes, rewritten to its byte count so that an int64_t option takes it:
+///   app.add_option("--mem-per-rank", bytes)->transform(acc::cli::bytes(1));
+inline CLI::Validator bytes(int64_t lo = 0) {
+  return CLI::Validator(
+      [lo](std::string& s) -> std::string {
+        int64_t v = 0;
+        try {
+          v = parse_bytes(s, "size");
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        if (v < lo) return "must be at least " + std::to_string(lo) + " bytes, got " + s;
+        s = std::to_string(v);
+        return {};
+      },
+      "SIZE", "bytes");
+}
+
 }  // namespace acc::cli

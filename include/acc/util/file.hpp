@@ -16,6 +16,13 @@ void check_output_path(const std::string& path, const std::string& what);
 /// acc::IoError naming `what` and `path` on any failure.
 void write_text_file(const std::string& path, const std::string& text, const std::string& what);
 
+/// Writes `text` to `path` so that a reader sees the old file or the new one, never a part: into
+/// temp_file_for(path) first (removing stale temporaries of killed writers), then renamed into
+/// place. The directory must exist. Throws acc::IoError naming `what` and the path on failure
+/// (the temporary removed).
+void write_text_file_atomically(const std::string& path, const std::string& text,
+                                const std::string& what);
+
 /// The name an atomic save of `path` writes first and renames into place:
 /// "<path>.tmp.<host>.<pid>.<n>", unique per host, process and call.
 std::string temp_file_for(const std::string& path);
