@@ -86,6 +86,9 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
   r.peak_bytes = v[2];
   r.step_seconds = time.to_vector<float>()[0];
   if (v[0] == 0) return r;
+  // Every rank is past the candidate: what its failure left in flight on the candidate's own
+  // communicator (a collective the failed rank never joined) is left there for good.
+  own->abandon();
   // Each rank that failed first-hand tells its message (the others only timed out waiting).
   std::string messages;
   for (int root = 0; root < group->size(); ++root) {

@@ -72,13 +72,13 @@ bool CommEngine::stop(int64_t drain_ms) {
     stopping_ = true;
   }
   cv_.notify_all();
-  if (faulted_.load()) drain_ms = 0;
+  if (faulted()) drain_ms = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(drain_ms);
   bool drained = true;
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.empty() && inflight_.empty()) break;
+      if (idle_locked()) break;
     }
     if (std::chrono::steady_clock::now() > deadline) {
       drained = false;
@@ -117,9 +117,31 @@ void CommEngine::submit(WorkPtr work, StartFn start, FinishFn finish, NextFn nex
 }
 
 void CommEngine::bury(Task&& t) {
-  faulted_ = true;
   std::lock_guard<std::mutex> lock(mu_);
+  faulted_groups_.insert(t.work->group());
   buried_.push_back(std::move(t));
+}
+
+void CommEngine::note_fault(const std::string& group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  faulted_groups_.insert(group);
+}
+
+void CommEngine::abandon_group(const std::string& group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abandoned_groups_.insert(group);
+  faulted_groups_.erase(group);
+}
+
+bool CommEngine::faulted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !faulted_groups_.empty();
+}
+
+bool CommEngine::idle_locked() const {
+  auto live = [&](const Task& t) { return abandoned_groups_.count(t.work->group()) == 0; };
+  return std::none_of(queue_.begin(), queue_.end(), live) &&
+         std::none_of(inflight_.begin(), inflight_.end(), live);
 }
 
 void CommEngine::waiter_enter() {

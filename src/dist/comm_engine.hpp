@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,10 +55,18 @@ class CommEngine {
   /// Drains what is in flight (up to `drain_ms`; at once when an operation has already failed or
   /// timed out: what is left is stuck); returns false when something is still in flight.
   bool stop(int64_t drain_ms);
-  /// Called when a Work fails or a wait on it times out: the job is failing, so stop() drains no
-  /// longer (a rank leaves within moments of reporting the fault).
-  void note_fault() { faulted_ = true; }
-  bool faulted() const { return faulted_.load(); }
+  /// Called when a Work of `group` fails or a wait on it times out: the job is failing, so stop()
+  /// drains no longer (a rank leaves within moments of reporting the fault).
+  void note_fault(const std::string& group);
+  /// The ranks of `group` are alive and done with it (a dry-run's communicator after one rank's
+  /// candidate failed): what is left in flight on it stays buried (never freed), its faults no
+  /// longer count, and stop() neither waits for it nor skips MPI_Finalize because of it. OpenMPI
+  /// 4.1 finalizes with such operations pending on a communicator of their own (checked with a
+  /// pending Iallgather, Iallreduce, Isend and Irecv on an MPI_Comm_dup). Group names must be
+  /// unique for this (the dry-runs number theirs).
+  void abandon_group(const std::string& group);
+  /// Whether an operation of a group not abandoned has failed or timed out.
+  bool faulted();
   bool running() const { return running_.load(); }
 
   /// Queues an operation: `start` issues its non-blocking MPI calls on the comm thread; when they
@@ -88,6 +97,8 @@ class CommEngine {
   void loop();
   // Keeps a failed task (its Work, tensors and buffers) alive for the life of the process.
   void bury(Task&& t);
+  // Whether nothing of a group not abandoned is queued or in flight (mu_ held).
+  bool idle_locked() const;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -98,7 +109,7 @@ class CommEngine {
   // threw may have issued some), so nothing they read or write is ever freed: a failure path must
   // not become a use-after-free. Only failures add here, and a failure ends the job.
   std::vector<Task> buried_;
-  std::atomic<bool> faulted_{false};
+  std::set<std::string> faulted_groups_, abandoned_groups_;  // guarded by mu_
   std::atomic<bool> running_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> abandon_{false};

@@ -110,7 +110,7 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
     const char* where = state_ == State::kQueued ? "queued behind earlier operations" : "started";
     lock.unlock();
     const std::string msg = detail_str(limit, where);
-    detail::CommEngine::instance().note_fault();
+    detail::CommEngine::instance().note_fault(group_);
     if (recorder_) {
       recorder_->mark_finished(record_, "timed_out");
       recorder_->dump_to_log(msg);
@@ -392,6 +392,10 @@ const std::string& ProcessGroup::name() const {
 const std::vector<int>& ProcessGroup::members() const {
   return state_->members;
 }
+void ProcessGroup::abandon() {
+  detail::CommEngine::instance().abandon_group(state_->name);
+}
+
 FlightRecorder& ProcessGroup::flight_recorder() {
   return state_->recorder;
 }

@@ -133,6 +133,13 @@ class ProcessGroup {
   std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name,
                                       std::optional<std::chrono::milliseconds> timeout = {});
 
+  /// Every rank of this group is alive and done with it, though operations on it may be left in
+  /// flight (a collective one rank never joined): they stay buried (nothing they touch is freed),
+  /// their timeouts stop counting as the job's fault, and finalize neither waits for them nor
+  /// skips MPI_Finalize because of them. The group must not be used afterwards. How a dry-run
+  /// leaves its failed candidate's communicator behind.
+  void abandon();
+
   FlightRecorder& flight_recorder();
   /// Calls issued on this group so far.
   uint64_t sequence_number() const;
