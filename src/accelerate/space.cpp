@@ -209,14 +209,34 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
   m.parameters = e.shard_parameters ? shard(P) : P;
   m.gradients = e.shard_gradients ? shard(G) : G;
   m.optimizer_state = e.shard_optimizer_state ? shard(O) : O;
+  m.activations_peak = n.memory.activations_peak;
+  const int64_t resident = m.parameters + m.gradients + m.optimizer_state;
   if (e.shard_parameters) {
-    m.buffers += root_bytes + e.gathered_blocks * block_bytes;  // gathered for the step
+    // Sharded parameters (fsdp) follow their own timeline, measured with the allocator's peak per
+    // step at 2 ranks (tests/accelerate/space_mpi_test.cpp): each block's gradients are packed,
+    // reduce-scattered and freed as soon as backward has made them, so the whole-model trace's
+    // `live` (which holds every gradient made so far) does not apply. The peak is the activation
+    // peak at the start of backward, on top of the shards, the root unit (gathered for the step,
+    // its gradient made first: the tied output layer), and one gathered block (the forward's
+    // gather is freed by its post-hook before backward gathers the block again: the declared
+    // gathered_blocks counts both). Later micro-batches run on top of the whole accumulated
+    // gradient, and a micro-batch that does not synchronise leaves every block gathered when its
+    // backward ends: the whole model and the trace's live gradients and activations, plus the
+    // root gradient being accumulated into when another such micro-batch follows.
+    const int64_t gathered = std::min(e.gathered_blocks, 1) * block_bytes;
+    m.buffers = root_bytes + gathered;
+    m.peak =
+        resident + m.buffers + n.memory.activations_peak + (e.micro_batches > 1 ? G : root_bytes);
+    if (e.micro_batches > 1) {
+      m.peak = std::max(
+          m.peak, resident + P + (n.memory.peak - P - O) + (e.micro_batches > 2 ? root_bytes : 0));
+    }
+    return m;
   }
   if (e.gradient_buckets) m.buffers += G;  // bucket padding is at most a few elements
   if (e.buckets_in_flight > 0) {
     m.buffers += std::min(checked_mul(e.buckets_in_flight, e.bucket_bytes, "buckets"), G);
   }
-  m.activations_peak = n.memory.activations_peak;
   m.peak = m.parameters + m.optimizer_state + (live - G + m.gradients) + m.buffers;
   // The end of backward, activations gone: the last bucket launches, with its bf16 copy when
   // the communication is bf16.

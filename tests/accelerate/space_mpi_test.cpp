@@ -1,10 +1,12 @@
 // The memory model against the measured peak for every candidate of the data-parallel space, at
-// whatever world size mpirun gives (CTest: 1, 2 and 4 ranks). Within 5% for every candidate but
-// fsdp's: fsdp frees each block's gathered parameters and full gradients as backward moves on,
-// a timeline the additive model does not follow yet (measured up to 34% under at 2 ranks); its
-// errors are printed, not asserted, until the model follows the step's timeline. zero1 with bf16
-// communication is held to 10%: its packing frees the parameters' gradients while the bf16 copy
-// is made, which the model does not follow either (measured +8.3% at 4 ranks).
+// whatever world size mpirun gives (CTest: 1, 2 and 4 ranks). Within 5% for every candidate.
+// fsdp is held to it only while every rank has a core of its own: its blocks' gradients are
+// reduce-scattered asynchronously and freed when the collective completes, which needs every rank;
+// ranks sharing cores (4 ranks on this 2-core machine) lag each other by whole blocks, and a rank
+// ahead holds up to every block's gradient buffer in flight (measured up to +25% over the model at
+// 4 ranks with recomputation, varying from step to step). Oversubscribed, fsdp's error is printed.
+// zero1 with bf16 communication is held to 10%: its packing frees the parameters' gradients while
+// the bf16 copy is made, which the model does not follow (measured +8.3% at 4 ranks).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +16,7 @@
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/util/system.hpp"
 
 namespace acc::accelerate {
 namespace {
@@ -38,6 +41,7 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
     idx[i] = static_cast<int64_t>((i * 37 + static_cast<size_t>(world->rank()) * 11) % 256);
   }
   data::Batch batch{from_vector(idx, {b, T}), from_vector(idx, {b, T})};
+  const bool oversubscribed = dist::local_world_size() > usable_cores();
   double worst = 0, worst_fsdp = 0;
   std::string worst_name;
   for (const auto& c : cands) {
@@ -48,6 +52,9 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
     const double err = static_cast<double>(p.peak - r.peak_bytes) / r.peak_bytes;
     if (c.effects.shard_parameters) {
       if (std::abs(err) > std::abs(worst_fsdp)) worst_fsdp = err;
+      EXPECT_TRUE(oversubscribed || std::abs(err) <= 0.05)
+          << c.describe() << ": predicted " << p.peak << ", measured " << r.peak_bytes << " ("
+          << p.to_json().dump() << ")";
       continue;
     }
     if (std::abs(err) > std::abs(worst)) {
@@ -61,8 +68,10 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
         << p.to_json().dump() << ")";
   }
   if (world->rank() == 0) {
-    std::printf("%d rank(s): %zu candidates, worst peak error %+.2f%% (%s); fsdp's worst %+.2f%%\n",
-                W, cands.size(), 100 * worst, worst_name.c_str(), 100 * worst_fsdp);
+    std::printf(
+        "%d rank(s): %zu candidates, worst peak error %+.2f%% (%s); fsdp's worst %+.2f%%%s\n", W,
+        cands.size(), 100 * worst, worst_name.c_str(), 100 * worst_fsdp,
+        oversubscribed ? " (ranks share cores: fsdp not asserted)" : "");
   }
 }
 
