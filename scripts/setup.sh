@@ -8,7 +8,7 @@ ACC_BUILD="${ACC_BUILD:-$ACC_ROOT/build}"
 ACC_JOBS="${ACC_JOBS:-2}"
 
 acc_packages=(
-  g++ cmake make pkg-config ccache
+  g++ cmake make pkg-config ccache python3
   openmpi-bin libopenmpi-dev libopenblas-dev libboost-graph-dev libtbb-dev
   nlohmann-json3-dev libspdlog-dev libzstd-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev

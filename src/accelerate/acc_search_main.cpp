@@ -2,10 +2,12 @@
 // auto_accelerate (AccelerateOptions::load_strategy) and train_gpt --strategy FILE use without
 // searching again.
 //
-//   mpirun -np 2 acc-search --model gpt --config gpt_small.json --global-batch 8 --seq-len 64 \
-//       --out strategy.json --report search-report      # dry-runs on the job's own ranks
-//   acc-search --plan-only --world 8 --model gpt --config gpt_small.json --global-batch 64 \
-//       --seq-len 256 --out strategy.json                # predictions only, no MPI, no model built
+//   # dry-runs on the job's own ranks:
+//   mpirun -np 2 acc-search --model gpt --config gpt_small.json --global-batch 8 --seq-len 64
+//       --out strategy.json --report search-report
+//   # predictions only, no MPI, no model built:
+//   acc-search --plan-only --world 8 --model gpt --config gpt_small.json --global-batch 64
+//       --seq-len 256 --out strategy.json
 //
 // Exit codes: 0 done, 1 an error (named on stderr), 2 a bad command line.
 

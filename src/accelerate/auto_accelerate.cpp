@@ -474,7 +474,8 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
   }
 
   // A strategy given or cached skips the search (rank 0 reads it and decides for all).
-  LoadDecision decision{"search"};
+  LoadDecision decision;
+  decision.action = "search";
   if (!o.load_strategy.empty()) {
     decision = LoadDecision::from_json(
         on_rank0(group.get(), [&] { return decide_from_load(o, s, *key).to_json(); }));

@@ -5,6 +5,7 @@
 #include "acc/trace/estimate.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
+#include "acc/util/system.hpp"
 #include "json_fields.hpp"
 
 #ifndef ACC_VERSION
@@ -83,6 +84,9 @@ StrategyKey strategy_key(const std::string& model_type, const nlohmann::json& co
   k.seq_len = seq_len;
   k.autoacc_version = ACC_VERSION;
   k.hardware = hardware_fingerprint();
+  // The machine's cores, not this rank's: mpirun binds each rank to its share, which changes with
+  // the world size, and a world change alone is re-planned, not stale.
+  k.hardware.cores = machine_cores();
   return k;
 }
 

@@ -115,8 +115,9 @@ Report read_report(const nlohmann::json& j) {
     }
   }
   const nlohmann::json& candidates = f.at("candidates");
-  if (!candidates.is_array())
+  if (!candidates.is_array()) {
     f.fail("candidates", "must be a list, got " + detail::brief(candidates));
+  }
   for (size_t i = 0; i < candidates.size(); ++i) {
     r.rows.push_back(read_row(candidates[i], "candidates[" + std::to_string(i) + "]"));
   }
@@ -222,6 +223,7 @@ struct Axis {
 // Ticks at 1, 2 or 5 times a power of ten, about five of them, covering [lo, hi] with a little
 // room so that no point sits on the frame. Equal or missing values still give a range.
 Axis nice_axis(double lo, double hi, bool from_zero) {
+  const bool non_negative = lo >= 0;  // times and bytes: no negative ticks
   if (from_zero) lo = std::min(lo, 0.0);
   if (!(hi > lo)) {
     const double half = std::max(std::abs(hi) * 0.1, 1e-3);
@@ -238,6 +240,7 @@ Axis nice_axis(double lo, double hi, bool from_zero) {
   a.step = (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
   a.lo = std::floor(lo / a.step) * a.step;
   a.hi = std::ceil(hi / a.step) * a.step;
+  if (non_negative && a.lo < 0) a.lo = 0;
   if (!(a.hi > a.lo)) a.hi = a.lo + a.step;
   a.decimals = std::max(0, -static_cast<int>(std::floor(std::log10(a.step) + 1e-9)));
   return a;
@@ -294,21 +297,30 @@ std::string point(double x, double y, const Row& r, const std::string& chart_cla
   return s;
 }
 
+// The width of an average character of the 11 px sans-serif labels (measured on a screenshot): how
+// much room a label takes, for placing labels and spacing legends.
+constexpr double kCharWidth = 5.6;
+
 // Puts point labels where they overlap no other label and no labelled point: right of the point,
 // else left, else further up or down with a leader line back to the point.
 class LabelPlacer {
  public:
   LabelPlacer(double x0, double y0, double x1, double y1) : x0_(x0), y0_(y0), x1_(x1), y1_(y1) {}
 
-  void reserve_point(double x, double y) { used_.push_back({x - 5, y - 5, x + 5, y + 5}); }
+  /// Keeps labels off a marker of radius `r` at (x, y).
+  void reserve_point(double x, double y, double r = 5) {
+    used_.push_back({x - r, y - r, x + r, y + r});
+  }
 
-  std::string place(double x, double y, const std::string& label, const std::string& colour) {
-    const double w = 6.6 * static_cast<double>(label.size()) + 2, h = 12;
+  /// The label of the point at (x, y), `gap` pixels from its centre (more for a ringed point).
+  std::string place(double x, double y, const std::string& label, const std::string& colour,
+                    double gap) {
+    const double w = kCharWidth * static_cast<double>(label.size()) + 2, h = 12;
     for (int k = 0; k < 24; ++k) {
       // Offsets 0, +h, -h, +2h, -2h, ...
       const double dy = ((k + 1) / 2) * h * (k % 2 == 1 ? 1 : -1);
       for (const bool right : {true, false}) {
-        const double bx = right ? x + 8 : x - 8 - w, by = y + dy - h / 2;
+        const double bx = right ? x + gap : x - gap - w, by = y + dy - h / 2;
         const Box box = {bx, by, bx + w, by + h};
         if (box.x0 < x0_ || box.x1 > x1_ || box.y0 < y0_ || box.y1 > y1_ || overlaps(box)) continue;
         used_.push_back(box);
@@ -317,8 +329,11 @@ class LabelPlacer {
           s += line(x, y, right ? box.x0 : box.x1, box.y0 + h / 2,
                     "stroke=\"#888\" stroke-width=\"0.7\"");
         }
-        return s +
-               text(box.x0 + 1, box.y0 + h - 2.5, label, "class=\"label\" fill=\"" + colour + "\"");
+        // A white halo keeps the label readable over the points it crosses.
+        return s + text(box.x0 + 1, box.y0 + h - 2.5, label,
+                        "class=\"label\" fill=\"" + colour +
+                            "\" stroke=\"#fff\" stroke-width=\"3\" stroke-linejoin=\"round\" "
+                            "paint-order=\"stroke\"");
       }
     }
     return "";  // no room: the table and the tooltip still name the point
@@ -343,7 +358,8 @@ std::string axes(const Axis& xa, const Axis& ya, double left, double top, double
   std::string s;
   const int nx = static_cast<int>(std::lround((xa.hi - xa.lo) / xa.step));
   for (int i = 0; i <= nx; ++i) {
-    const double v = xa.lo + i * xa.step;
+    // Rounding must not print "-0.0" for the tick at zero.
+    const double v = std::abs(xa.lo + i * xa.step) < 1e-9 * xa.step ? 0.0 : xa.lo + i * xa.step;
     const double x = xa.map(v, left, right);
     s += line(x, top, x, bottom, "class=\"grid\" stroke=\"#e4e4e4\"");
     s += line(x, bottom, x, bottom + 5, "stroke=\"#444\"");
@@ -351,7 +367,7 @@ std::string axes(const Axis& xa, const Axis& ya, double left, double top, double
   }
   const int ny = static_cast<int>(std::lround((ya.hi - ya.lo) / ya.step));
   for (int i = 0; i <= ny; ++i) {
-    const double v = ya.lo + i * ya.step;
+    const double v = std::abs(ya.lo + i * ya.step) < 1e-9 * ya.step ? 0.0 : ya.lo + i * ya.step;
     const double y = ya.map(v, bottom, top);
     s += line(left, y, right, y, "class=\"grid\" stroke=\"#e4e4e4\"");
     s += line(left - 5, y, left, y, "stroke=\"#444\"");
@@ -379,10 +395,10 @@ double legend_entry(std::string& s, double x, double y, const std::string& colou
          "\" stroke=\"#333\" stroke-width=\"0.6\"/>\n";
   }
   s += text(x + 16, y, label, "class=\"legend\"");
-  return x + 16 + 6.6 * static_cast<double>(label.size()) + 18;
+  return x + 16 + kCharWidth * static_cast<double>(label.size()) + 22;
 }
 
-constexpr double kWidth = 640, kHeight = 470;
+constexpr double kWidth = 640, kHeight = 480;
 
 std::string svg_open(const std::string& id, const std::string& title) {
   return "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"" + id + "\" width=\"" + px(kWidth) +
@@ -398,7 +414,7 @@ std::string time_scatter(const Report& r) {
     if (row.step_s && row.measured_ok()) pts.push_back(&row);
   }
   std::string s = svg_open("time-scatter", "predicted against measured step time");
-  const double left = 72, top = 20, right = kWidth - 24, bottom = kHeight - 96;
+  const double left = 72, top = 30, right = kWidth - 24, bottom = kHeight - 96;
   if (pts.empty()) {
     s += "<rect x=\"" + px(left) + "\" y=\"" + px(top) + "\" width=\"" + px(right - left) +
          "\" height=\"" + px(bottom - top) + "\" fill=\"#fafafa\" stroke=\"#bbb\"/>\n";
@@ -417,16 +433,21 @@ std::string time_scatter(const Report& r) {
             a.map(a.hi, bottom, top),
             "id=\"identity-line\" stroke=\"#666\" stroke-dasharray=\"6 4\" stroke-width=\"1.2\"");
   LabelPlacer labels(left + 2, top + 2, right - 2, bottom - 2);
-  // The y=x line's label sits at its top end, inside the frame.
-  s += text(right - 6, top + 14, "measured = predicted",
-            "class=\"note\" text-anchor=\"end\" fill=\"#555\"");
-  labels.reserve_point(right - 70, top + 10);
-  labels.reserve_point(right - 20, top + 10);
+  // The y=x line's label runs along it, just below, near its top end (measured times are mostly
+  // above it: a prediction leaves out what a real step also spends).
+  {
+    const double kPi = 3.14159265358979;
+    const double angle = -std::atan2(bottom - top, right - left) * 180 / kPi;
+    const double cx = left + 0.8 * (right - left), cy = bottom - 0.8 * (bottom - top);
+    s += text(cx, cy + 13, "measured = predicted",
+              "class=\"note\" text-anchor=\"middle\" fill=\"#555\" transform=\"rotate(" +
+                  fixed(angle, 2) + " " + px(cx) + " " + px(cy) + ")\"");
+  }
   std::string marks;
   for (const Row* p : pts) {
     const double x = a.map(1e3 * *p->step_s, left, right);
     const double y = a.map(1e3 * p->measured->step_s, bottom, top);
-    labels.reserve_point(x, y);
+    labels.reserve_point(x, y, p->chosen ? 12 : 5);
     marks += point(x, y, *p, "dry-run",
                    "#" + std::to_string(p->number) + " " + p->name + ": predicted " +
                        ms(*p->step_s) + ", measured " + ms(p->measured->step_s));
@@ -436,13 +457,15 @@ std::string time_scatter(const Report& r) {
     const double x = a.map(1e3 * *p->step_s, left, right);
     const double y = a.map(1e3 * p->measured->step_s, bottom, top);
     s += labels.place(x, y, std::to_string(p->number) + (p->chosen ? " chosen" : ""),
-                      p->chosen ? kChosenColour : "#222");
+                      p->chosen ? kChosenColour : "#222", p->chosen ? 13 : 8);
   }
   double lx = left;
   lx = legend_entry(s, lx, kHeight - 30, status_colour("ok"), "dry-run candidate (# in the table)",
                     false);
-  legend_entry(s, lx, kHeight - 30, kChosenColour, "chosen", true);
-  s += text(left, kHeight - 10, "above the dashed line: slower than predicted",
+  if (std::any_of(pts.begin(), pts.end(), [](const Row* p) { return p->chosen; })) {
+    legend_entry(s, lx, kHeight - 30, kChosenColour, "chosen", true);
+  }
+  s += text(left, kHeight - 10, "above the dashed line: slower than predicted; below: faster",
             "class=\"note\" fill=\"#555\"");
   return s + "</svg>\n";
 }
@@ -454,7 +477,7 @@ std::string memory_time(const Report& r) {
   std::string s = svg_open("memory-time", "predicted memory against predicted step time");
   std::vector<const Row*> timed, untimed;
   for (const Row& row : r.rows) (row.step_s ? timed : untimed).push_back(&row);
-  const double left = 72, top = 20, bottom = kHeight - 96;
+  const double left = 72, top = 30, bottom = kHeight - 96;
   const double strip = untimed.empty() ? 0 : 74;  // the rejected strip's width
   const double right = kWidth - 24 - strip;
 
@@ -479,7 +502,7 @@ std::string memory_time(const Report& r) {
 
   // The budget line, labelled with the budget, above it on the right.
   const double by = budget_off_chart
-                        ? top
+                        ? top - 8
                         : ya.map(static_cast<double>(r.budget_bytes) / unit.bytes, bottom, top);
   const double bx1 = right + strip;
   s += line(left, by, bx1, by,
@@ -489,12 +512,12 @@ std::string memory_time(const Report& r) {
       "budget " + bytes(r.budget_bytes) +
       (budget_off_chart ? " per rank (far above the chart)" : " per rank");
   LabelPlacer labels(left + 2, top + 2, bx1 - 2, bottom - 2);
-  s += text(right - 6, budget_off_chart ? by + 14 : by - 5, budget_label,
+  s += text(right - 6, by - 5, budget_label,
             "class=\"budget-label\" text-anchor=\"end\" fill=\"#c0392b\"");
   {
     // Keep point labels off the budget's label.
-    const double w = 6.6 * static_cast<double>(budget_label.size());
-    const double ly = budget_off_chart ? by + 8 : by - 11;
+    const double w = kCharWidth * static_cast<double>(budget_label.size());
+    const double ly = by - 11;
     for (double x = right - 6 - w; x < right; x += 9) labels.reserve_point(x, ly);
   }
 
@@ -528,7 +551,7 @@ std::string memory_time(const Report& r) {
   for (const Row* p : order) {
     const double x = xa.map(1e3 * *p->step_s, left, right);
     const double y = ya.map(static_cast<double>(p->peak_bytes) / unit.bytes, bottom, top);
-    if (p->measured || p->chosen) labels.reserve_point(x, y);
+    if (p->measured || p->chosen) labels.reserve_point(x, y, p->chosen ? 12 : 5);
     marks += point(x, y, *p, "timed",
                    "#" + std::to_string(p->number) + " " + p->name + ": predicted " +
                        ms(*p->step_s) + ", peak " + bytes(p->peak_bytes) + " (" + p->status + ")");
@@ -539,7 +562,7 @@ std::string memory_time(const Report& r) {
     const double x = xa.map(1e3 * *p->step_s, left, right);
     const double y = ya.map(static_cast<double>(p->peak_bytes) / unit.bytes, bottom, top);
     s += labels.place(x, y, std::to_string(p->number) + (p->chosen ? " chosen" : ""),
-                      p->chosen ? kChosenColour : "#222");
+                      p->chosen ? kChosenColour : "#222", p->chosen ? 13 : 8);
   }
 
   // Legend: the statuses present, then the chosen ring.
@@ -554,17 +577,19 @@ std::string memory_time(const Report& r) {
     const bool present = std::any_of(r.rows.begin(), r.rows.end(),
                                      [&](const Row& row) { return row.status == status; });
     if (!present) continue;
-    if (lx + 6.6 * std::string(label).size() + 34 > kWidth) {
+    if (lx + kCharWidth * static_cast<double>(std::string(label).size()) + 34 > kWidth) {
       lx = left;
       ly += 18;
     }
     lx = legend_entry(s, lx, ly, status_colour(status), label, false);
   }
-  if (lx + 80 > kWidth) {
-    lx = left;
-    ly += 18;
+  if (std::any_of(r.rows.begin(), r.rows.end(), [](const Row& row) { return row.chosen; })) {
+    if (lx + 80 > kWidth) {
+      lx = left;
+      ly += 18;
+    }
+    legend_entry(s, lx, ly, kChosenColour, "chosen", true);
   }
-  legend_entry(s, lx, ly, kChosenColour, "chosen", true);
   return s + "</svg>\n";
 }
 
@@ -584,19 +609,18 @@ code { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 1
 .charts { display: flex; flex-wrap: wrap; gap: 24px; }
 figure { margin: 0; }
 figcaption { font-size: 14px; font-weight: 600; margin-bottom: 4px; }
-svg text { font-family: inherit; font-size: 11px; fill: #222; }
+svg text { font-family: inherit; font-size: 11px; }
 svg text.axis-title { font-size: 12px; font-weight: 600; }
 svg text.empty { font-size: 15px; fill: #777; }
 svg text.label { font-size: 11px; font-weight: 600; }
-svg text.budget-label { font-size: 11px; font-weight: 600; fill: #c0392b; }
-svg text.note { fill: #555; }
+svg text.budget-label { font-size: 11px; font-weight: 600; }
 ul.key { font-size: 12px; margin: 6px 0 0 0; padding-left: 18px; max-width: 640px; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { padding: 3px 8px; border-bottom: 1px solid #e4e4e4; text-align: left;
          vertical-align: top; }
 th { background: #f3f3f3; position: sticky; top: 0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.name { max-width: 520px; }
+td.name { white-space: nowrap; }
 tr.chosen td { background: #dcebf7; font-weight: 600; }
 tr.rejected td { color: #777; }
 span.status { display: inline-block; padding: 0 6px; border-radius: 3px; color: #fff;
@@ -666,7 +690,10 @@ std::string table(const Report& r) {
          esc(bytes(row.peak_bytes)) + "</td>";
     const bool ok = row.measured_ok();
     s += "<td class=\"num\">" + (ok ? esc(ms(row.measured->step_s)) : "-") + "</td>";
-    s += "<td class=\"num\">" + (ok ? esc(bytes(row.measured->peak_bytes)) : "-") + "</td>";
+    // An out-of-memory run's peak says by how much it went over.
+    const bool peak =
+        row.measured && row.measured->peak_bytes > 0 && row.measured->status != "error";
+    s += "<td class=\"num\">" + (peak ? esc(bytes(row.measured->peak_bytes)) : "-") + "</td>";
     s +=
         "<td><span class=\"status\" style=\"background: " + std::string(status_colour(row.status)) +
         "\">" + esc(row.status) + "</span></td>";
@@ -742,7 +769,9 @@ void check_report_dir(const std::string& dir) {
   ACC_CHECK_AS(IoError, !fs::exists(dir, ec), "report directory '", dir,
                "' exists and is not a directory");
   // Missing: it is created, one level only (a missing parent is more likely a typo than a wish).
-  fs::path parent = fs::path(dir).lexically_normal().parent_path();
+  fs::path p = fs::path(dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "run/search/" names "run/search"
+  fs::path parent = p.parent_path();
   if (parent.empty()) parent = ".";
   ACC_CHECK_AS(IoError, fs::is_directory(parent, ec), "report directory '", dir,
                "' cannot be created: its parent '", parent.string(), "' does not exist");
@@ -769,20 +798,7 @@ void write_report(const nlohmann::json& report, const std::string& dir) {
         std::pair<std::string, const std::string&>{"report.html", html}}) {
     const std::string path = (fs::path(dir) / name).string();
     check_output_path(path, "write_report");
-    const std::string tmp = temp_file_for(path);
-    try {
-      write_text_file(tmp, text, "write_report");
-    } catch (const IoError&) {
-      std::error_code ignored;
-      fs::remove(tmp, ignored);  // a half-written temporary is of no use to anyone
-      throw;
-    }
-    fs::rename(tmp, path, ec);
-    if (ec) {
-      std::error_code ignored;
-      fs::remove(tmp, ignored);
-      ACC_THROW(IoError, "write_report: cannot rename '", tmp, "' to '", path, "': ", ec.message());
-    }
+    write_text_file_atomically(path, text, "write_report");
   }
 }
 

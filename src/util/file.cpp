@@ -91,11 +91,16 @@ void write_text_file_atomically(const std::string& path, const std::string& text
                                 const std::string& what) {
   remove_stale_temp_files(path);
   const std::string tmp = temp_file_for(path);
-  write_text_file(tmp, text, what);
+  std::error_code ignored;
+  try {
+    write_text_file(tmp, text, what);
+  } catch (const IoError&) {
+    std::filesystem::remove(tmp, ignored);  // a half-written temporary is of no use to anyone
+    throw;
+  }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
-    std::error_code ignored;
     std::filesystem::remove(tmp, ignored);
     ACC_THROW(IoError, what, ": cannot rename '", tmp, "' to '", path, "': ", ec.message());
   }

@@ -1,5 +1,7 @@
 #include "acc/util/system.hpp"
 
+#include <unistd.h>
+
 #include <sched.h>
 
 #include <algorithm>
@@ -154,10 +156,10 @@ int64_t available_memory_bytes() {
   return bytes;
 }
 
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+namespace {
+
+// `cores` capped by the cgroup CPU quota of this process (v2 cpu.max or v1 cfs quota), rounded up.
+int capped_by_quota(int cores) {
   for (const std::string& dir : cgroup_dirs("cpu")) {
     int64_t quota = -1, period = 0;
     const std::vector<std::string> max = split(first_line(dir + "/cpu.max"), ' ');
@@ -173,10 +175,22 @@ int usable_cores() {
       period = read_int(dir + "/cpu.cfs_period_us").value_or(0);
     }
     if (quota > 0 && period > 0) {
-      cores = std::min<int64_t>(cores, (quota + period - 1) / period);
+      cores = static_cast<int>(std::min<int64_t>(cores, (quota + period - 1) / period));
     }
   }
   return std::max(cores, 1);
+}
+
+}  // namespace
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return capped_by_quota(sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1);
+}
+
+int machine_cores() {
+  return capped_by_quota(static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
 }
 
 }  // namespace acc

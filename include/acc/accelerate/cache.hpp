@@ -18,8 +18,10 @@
 // for the new world (same methods, the micro-batch kept where the new per-rank batch allows, the
 // memory checked again); any other difference is named ("key.global_batch: 8 in the cache, 16 in
 // this run") and the search runs again, or the load is refused (AccelerateOptions::on_stale).
-// The hardware is keyed by the whole fingerprint (accelerate/calibration.hpp), so a cache made on
-// another CPU, core quota or BLAS build is stale: the time figures behind it do not hold there.
+// The hardware is keyed by the whole fingerprint (accelerate/calibration.hpp) with the machine's
+// cores (acc::machine_cores(), not the rank's share that mpirun's binding gives it), so a cache
+// made on another CPU, core count or BLAS build is stale: the time figures behind it do not hold
+// there.
 
 #include <nlohmann/json.hpp>
 

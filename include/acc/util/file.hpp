@@ -19,7 +19,8 @@ void write_text_file(const std::string& path, const std::string& text, const std
 /// Writes `text` to `path` so that a reader sees the old file or the new one, never a part: into
 /// temp_file_for(path) first (removing stale temporaries of killed writers), then renamed into
 /// place. The directory must exist. Throws acc::IoError naming `what` and the path on failure
-/// (the temporary removed).
+/// (the temporary removed). A crash between the write and the rename leaves only the temporary,
+/// which the next save removes.
 void write_text_file_atomically(const std::string& path, const std::string& text,
                                 const std::string& what);
 

@@ -24,4 +24,9 @@ int64_t available_memory_bytes();
 /// less (cpu.max or cpu.cfs_quota_us / cpu.cfs_period_us, rounded up). At least 1.
 int usable_cores();
 
+/// Cores of this machine the job may use: online CPUs, the cgroup quota applied, this process's
+/// affinity not (mpirun binds each rank to a share of them). What describes the machine, where
+/// usable_cores() describes one process of a job on it.
+int machine_cores();
+
 }  // namespace acc

@@ -1,0 +1,125 @@
+// acc-search end to end, and the cache it writes used by train_gpt --strategy: planned without MPI
+// (--plan-only --world N), searched under mpirun with dry-runs, then trained from, re-planned for
+// another world, searched again or refused when stale. Bad flags exit 2 naming the value.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "acc/accelerate/cache.hpp"
+#include "acc/util/json.hpp"
+#include "command.hpp"
+
+namespace acc {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_command;
+
+class AccSearch : public ::testing::Test {
+ protected:
+  static inline fs::path dir;
+  static void SetUpTestSuite() {
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);  // as scripts/setup.sh, for a run outside CTest
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    dir = fs::temp_directory_path() / ("acc-search-cli-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    std::ofstream(dir / "gpt.json")
+        << R"({"n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 256, "block_size": 32})";
+    std::ofstream text(dir / "text.txt");
+    for (int i = 0; i < 200; ++i)
+      text << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir); }
+
+  static std::string search(const std::string& flags) {
+    return std::string(ACC_SEARCH_BIN) + " --config " + (dir / "gpt.json").string() +
+           " --cache-dir " + (dir / "calibration").string() + " " + flags;
+  }
+  static std::string mpirun(int np) {
+    return std::string(MPIEXEC_BIN) + " --oversubscribe -np " + std::to_string(np) + " ";
+  }
+  static std::string train(const std::string& flags) {
+    return std::string(TRAIN_GPT_BIN) + " --config " + (dir / "gpt.json").string() + " --data " +
+           (dir / "text.txt").string() + " --data-format text --seq-len 16 --steps 2 " + flags;
+  }
+  static accelerate::StrategyCache read_cache(const fs::path& p) {
+    return accelerate::StrategyCache::from_json(read_json_file(p.string(), "test"), p.string());
+  }
+};
+
+TEST_F(AccSearch, PlanOnlyWritesACacheForTheWorldAskedWithoutMpi) {
+  const fs::path out = dir / "plan4.json";
+  const auto r = run_command(search("--plan-only --world 4 --global-batch 8 --seq-len 16 --out " +
+                                    out.string() + " --report " + (dir / "plan4").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("planned for 4 rank(s)"), std::string::npos) << r.output;
+  const auto cache = read_cache(out);
+  EXPECT_EQ(cache.key.world, 4);
+  EXPECT_EQ(cache.key.global_batch, 8);
+  EXPECT_TRUE(cache.measured.empty());
+  EXPECT_TRUE(fs::is_regular_file(dir / "plan4" / "report.html"));
+}
+
+TEST_F(AccSearch, SearchUnderMpirunThenTrainGptUsesTheCacheOrSaysWhyNot) {
+  const fs::path out = dir / "np2.json";
+  const auto s = run_command(mpirun(2) + search("--global-batch 8 --seq-len 16 --top-k 2 "
+                                                "--measured-steps 1 --out " +
+                                                out.string()));
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  const auto cache = read_cache(out);
+  EXPECT_EQ(cache.key.world, 2);
+  EXPECT_EQ(cache.measured.at("status"), "ok");
+
+  // The same run: the cache is used as it is (no search), and training goes on with it.
+  const auto used = run_command(mpirun(2) + train("--batch-size 4 --strategy " + out.string()));
+  ASSERT_EQ(used.exit_code, 0) << used.output;
+  EXPECT_NE(used.output.find("strategy from strategy cache"), std::string::npos) << used.output;
+  EXPECT_EQ(used.output.find("dry-run"), std::string::npos) << used.output;
+
+  // One rank: re-planned for the new world, no search.
+  const auto moved = run_command(train("--batch-size 8 --strategy " + out.string()));
+  ASSERT_EQ(moved.exit_code, 0) << moved.output;
+  EXPECT_NE(moved.output.find("re-planned for 1"), std::string::npos) << moved.output;
+
+  // Another global batch: named, then refused when asked.
+  const auto refused = run_command(mpirun(2) + train("--batch-size 2 --on-stale refuse "
+                                                     "--strategy " +
+                                                     out.string()));
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("key.global_batch: 8 in the cache, 4 in this run"),
+            std::string::npos)
+      << refused.output;
+}
+
+TEST_F(AccSearch, BadFlagsAndBudgetsAreNamed) {
+  struct Case {
+    std::string flags;
+    int exit_code;
+    std::string words;
+  };
+  const std::string base = "--global-batch 8 --seq-len 16 --out " + (dir / "x.json").string();
+  for (const Case& c : std::vector<Case>{
+           {"--plan-only --world 2 --mem-per-rank 12XB " + base, 2, "12XB"},
+           {"--plan-only --world 2 --mem-per-rank -1GiB " + base, 2, "-1GiB"},
+           {"--plan-only --world 2 --mem-per-rank 1KiB " + base, 1,
+            "no candidate fits the memory budget of 1.00 KiB per rank"},
+           {"--plan-only " + base, 1, "--plan-only needs --world N"},
+           {"--plan-only --world 3 " + base, 1, "global batch 8 does not split evenly over 3"},
+           {"--plan-only --world 2 --exclude tensor_parallel " + base, 1,
+            "unknown method 'tensor_parallel' in excluded"},
+           {"--plan-only --world 2 --top-k 0 " + base, 2, "--top-k"},
+           {"--plan-only --world 2 --global-batch 8 --seq-len 16 --out /nonexistent/dir/x.json", 1,
+            "/nonexistent/dir/x.json"},
+       }) {
+    const auto r = run_command(search(c.flags));
+    SCOPED_TRACE(c.flags + "\n" + r.output);
+    EXPECT_EQ(r.exit_code, c.exit_code);
+    EXPECT_NE(r.output.find(c.words), std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(dir / "x.json")) << "a refused run wrote its output";
+}
+
+}  // namespace
+}  // namespace acc

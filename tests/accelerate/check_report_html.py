@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Checks a report directory written by acc::accelerate::write_report the way a tool would read it.
+
+    check_report_html.py DIR
+
+DIR holds report.json and report.html. The page must parse with a strict XML parser and show
+what report.json holds: one <tr class="candidate"> per candidate, the chosen one (and only it)
+marked, a point in the time scatter for every dry-run candidate with a measured time (or the
+"no candidate was dry-run" notice), a point in the memory-time chart for every candidate, and
+the budget line. Prints what is wrong and exits 1; exits 0 when all holds. Standard library only.
+"""
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+
+def local(tag):
+    """The tag without its XML namespace ('{http://www.w3.org/2000/svg}circle' -> 'circle')."""
+    return tag.rsplit("}", 1)[-1]
+
+
+def classes(el):
+    return el.get("class", "").split()
+
+
+def text_of(el):
+    return "".join(el.itertext())
+
+
+def check(directory):
+    errors = []
+    with open(os.path.join(directory, "report.json"), encoding="utf-8") as f:
+        report = json.load(f)
+    html_path = os.path.join(directory, "report.html")
+    try:
+        root = ET.parse(html_path).getroot()  # expat: any unclosed tag or bare '&' fails here
+    except ET.ParseError as e:
+        return ["report.html is not well-formed XML: %s" % e]
+    everything = list(root.iter())
+
+    candidates = report["candidates"]
+    rows = [el for el in everything if local(el.tag) == "tr" and "candidate" in classes(el)]
+    if len(rows) != len(candidates):
+        errors.append("%d tr.candidate rows for %d candidates" % (len(rows), len(candidates)))
+    numbers = {row.get("data-candidate") for row in rows}
+
+    # The chosen row: exactly one, and it names the candidate report.json marks as chosen.
+    chosen = [c for c in candidates if c.get("chosen")]
+    chosen_rows = [row for row in rows if "chosen" in classes(row)]
+    if len(chosen_rows) != len(chosen):
+        errors.append("%d chosen rows, report.json has %d" % (len(chosen_rows), len(chosen)))
+    for row, c in zip(chosen_rows, chosen):
+        cells = [el for el in row if local(el.tag) == "td"]
+        if len(cells) < 2 or c["name"] not in text_of(cells[1]):
+            errors.append("the chosen row does not name %r" % c["name"])
+
+    svgs = {el.get("id"): el for el in everything if local(el.tag) == "svg"}
+    for svg_id in ("time-scatter", "memory-time"):
+        if svg_id not in svgs:
+            errors.append("no <svg id=%r>" % svg_id)
+
+    def points(svg_id):
+        svg = svgs.get(svg_id)
+        found = [] if svg is None else [el for el in svg.iter() if "point" in classes(el)]
+        for el in found:
+            if el.get("data-candidate") not in numbers:
+                errors.append("%s: a point for candidate %r, which has no table row"
+                              % (svg_id, el.get("data-candidate")))
+        return found
+
+    measured = [c for c in candidates
+                if c.get("measured", {}).get("status") == "ok" and "time" in c["predicted"]]
+    scatter = points("time-scatter")
+    if len(scatter) < len(measured):
+        errors.append("time-scatter: %d points for %d measured candidates"
+                      % (len(scatter), len(measured)))
+    if not measured and "time-scatter" in svgs and \
+            "no candidate was dry-run" not in text_of(svgs["time-scatter"]):
+        errors.append("time-scatter: no point and no 'no candidate was dry-run' notice")
+
+    plane = points("memory-time")
+    if len(plane) < len(candidates):
+        errors.append("memory-time: %d points for %d candidates" % (len(plane), len(candidates)))
+    if "memory-time" in svgs:
+        budget = [el for el in svgs["memory-time"].iter() if el.get("id") == "budget-line"]
+        if len(budget) != 1:
+            errors.append("memory-time: %d budget lines, expected 1" % len(budget))
+        if chosen and not [el for el in svgs["memory-time"].iter()
+                           if "chosen-mark" in classes(el)]:
+            errors.append("memory-time: the chosen point is not marked")
+    return errors
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    errors = check(sys.argv[1])
+    for e in errors:
+        print("check_report_html: " + e, file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
