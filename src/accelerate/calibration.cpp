@@ -504,6 +504,62 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
 
 // ---- sharing ----
 
+double measure_compute_contention(dist::ProcessGroup& group, const std::vector<GemmShape>& shapes,
+                                  double seconds_per_point) {
+  ACC_CHECK(std::isfinite(seconds_per_point) && seconds_per_point > 0,
+            "measure_compute_contention: seconds_per_point must be a positive finite number, got ",
+            seconds_per_point);
+  if (group.size() == 1) return 1.0;
+  GemmShape s{256, 256, 256, false, false};
+  if (!shapes.empty()) {
+    s = *std::max_element(shapes.begin(), shapes.end(), [](const GemmShape& l, const GemmShape& r) {
+      return l.flops() < r.flops();
+    });
+  }
+  Generator gen(4321);
+  const Tensor a = filled(checked_mul(s.m, s.k, "contention: A of ", s.str()), gen);
+  const Tensor b = filled(checked_mul(s.k, s.n, "contention: B of ", s.str()), gen);
+  Tensor c = empty({checked_mul(s.m, s.n, "contention: C of ", s.str())},
+                   TensorOptions{.device = Device::kCPU});
+  // 8 MiB arrays: past a core's private caches, so the ranks compete for the shared cache and the
+  // memory bus, yet a call takes about a millisecond (the calibration's LLC-sized arrays take 30).
+  const int64_t n = int64_t{2} << 20;
+  const Tensor x = full({n}, 0.5, TensorOptions{.device = Device::kCPU});
+  const Tensor y = full({n}, 0.25, TensorOptions{.device = Device::kCPU});
+  const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
+  auto unit = [&] {
+    kernels::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.f, a.data<float>(), lda, b.data<float>(),
+                  ldb, 0.f, c.data<float>(), s.n);
+    (void)kernels::binary(kernels::BinaryOp::kAdd, x, y);
+  };
+  // The same number of calls alone (rank 0, the others waiting) and together, each timed whole:
+  // a median per call would pick the calls that ran within one time slice and miss the sharing it
+  // is here to see.
+  unit();  // warm: caches, page mappings, the BLAS's buffers
+  Timer first;
+  unit();
+  const int64_t calls = std::clamp<int64_t>(
+      static_cast<int64_t>(seconds_per_point / std::max(first.elapsed_s(), 1e-6)), 3, 100000);
+  Tensor counts = from_vector(std::vector<int64_t>{calls}, {1});
+  group.broadcast(counts, 0)->wait();
+  const int64_t n_calls = counts.to_vector<int64_t>()[0];
+  auto timed = [&] {
+    Timer t;
+    for (int64_t i = 0; i < n_calls; ++i) unit();
+    return static_cast<float>(t.elapsed_s() / static_cast<double>(n_calls));
+  };
+  Tensor alone = zeros({1}, TensorOptions{.device = Device::kCPU});
+  group.barrier()->wait();
+  if (group.rank() == 0) alone.data<float>()[0] = timed();
+  group.broadcast(alone, 0)->wait();
+  Tensor together = zeros({1}, TensorOptions{.device = Device::kCPU});
+  group.barrier()->wait();
+  together.data<float>()[0] = timed();
+  group.allreduce(together, dist::ReduceOp::kMax)->wait();
+  return std::max(1.0, static_cast<double>(together.data<float>()[0]) /
+                           static_cast<double>(alone.data<float>()[0]));
+}
+
 MachineCalibration broadcast_calibration(dist::ProcessGroup& group,
                                          const MachineCalibration& calibration, int root) {
   ACC_CHECK(root >= 0 && root < group.size(), "broadcast_calibration: root ", root,

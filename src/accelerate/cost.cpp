@@ -1,6 +1,7 @@
 #include "acc/accelerate/cost.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "acc/models/language_model.hpp"
@@ -55,12 +56,16 @@ nlohmann::json TimePrediction::to_json() const {
 }
 
 CostModel::CostModel(std::string model_type, nlohmann::json config, int64_t seq_len,
-                     MachineCalibration machine, CommCalibration comm)
+                     MachineCalibration machine, CommCalibration comm, double contention)
     : model_type_(std::move(model_type)),
       config_(std::move(config)),
       seq_len_(seq_len),
       machine_(std::move(machine)),
-      comm_(std::move(comm)) {}
+      comm_(std::move(comm)),
+      contention_(contention) {
+  ACC_CHECK(std::isfinite(contention) && contention >= 1.0,
+            "CostModel: contention must be a finite factor >= 1, got ", contention);
+}
 
 std::vector<GemmShape> CostModel::shapes_to_measure(const std::string& model_type,
                                                     const nlohmann::json& config,
@@ -107,11 +112,12 @@ TimePrediction CostModel::predict(const Candidate& c) {
   const PassCost& p = pass(c.micro_batch, e.recompute_blocks, e.bf16_activations);
   TimePrediction t;
   const double k = static_cast<double>(e.micro_batches);
-  t.compute_s = k * (p.forward_s + p.backward_s);
-  t.backward_s = p.backward_s;
+  t.compute_s = contention_ * k * (p.forward_s + p.backward_s);
+  t.backward_s = contention_ * p.backward_s;
   const int64_t W = c.world;
   const int64_t local = e.shard_optimizer_state ? (p.parameters + W - 1) / W : p.parameters;
-  t.optimizer_s = machine_.memory_seconds(28 * local);  // AdamW: p, g, m, v read; p, m, v written
+  t.optimizer_s =
+      contention_ * machine_.memory_seconds(28 * local);  // AdamW: p, g, m, v read; p, m, v written
   if (W > 1) {
     const int64_t comm_elem = e.bf16_communication ? 2 : 4;
     for (const auto& col : e.collectives) {

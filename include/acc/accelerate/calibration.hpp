@@ -194,6 +194,19 @@ MachineCalibration calibrate_machine(const std::vector<GemmShape>& shapes,
 MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shapes,
                                              const CalibrationOptions& options);
 
+/// How much slower compute runs when every rank of `group` computes at once than when one rank
+/// computes alone: the machine calibration is measured by one rank alone, but a job's ranks share
+/// the machine's cores (two vCPUs are often two hyperthreads of one core), memory bandwidth and
+/// caches, and more ranks x threads than cores time-slice. The workload is the largest of
+/// `shapes` (by FLOPs; a 256^3 GEMM when empty) plus an elementwise add over 8 MiB arrays, as a
+/// training step mixes them. Rank 0 runs it alone while the others wait,
+/// then all ranks run it together, the same number of calls each time, timed whole (time slicing
+/// shows in the whole, not in a median per call); the factor is the slowest rank's together
+/// ÷ alone, at least 1 (1 on a group of one). About 3 x seconds_per_point. A collective over
+/// `group`: every rank gets the same factor.
+double measure_compute_contention(dist::ProcessGroup& group, const std::vector<GemmShape>& shapes,
+                                  double seconds_per_point = 0.03);
+
 /// Every rank of `group` gets root's `calibration` (what the others pass is ignored; source
 /// included). A collective over `group`: all ranks call it. Throws what the collectives throw.
 MachineCalibration broadcast_calibration(dist::ProcessGroup& group,

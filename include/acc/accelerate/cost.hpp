@@ -36,9 +36,11 @@ struct TimePrediction {
 
 class CostModel {
  public:
-  /// `comm` may be for one rank (world 1: no communication).
+  /// `comm` may be for one rank (world 1: no communication). `contention` multiplies every compute
+  /// time (forward, backward, optimizer): how much slower the job's ranks compute together than
+  /// one alone, as measure_compute_contention() gives it (1: no sharing).
   CostModel(std::string model_type, nlohmann::json config, int64_t seq_len,
-            MachineCalibration machine, CommCalibration comm);
+            MachineCalibration machine, CommCalibration comm, double contention = 1.0);
   TimePrediction predict(const Candidate& c);
 
   /// The GEMM shapes of a micro-batch step (for calibrating before predicting).
@@ -61,6 +63,7 @@ class CostModel {
   int64_t seq_len_;
   MachineCalibration machine_;
   CommCalibration comm_;
+  double contention_ = 1.0;
   std::map<std::tuple<int64_t, int64_t, bool>, PassCost> passes_;
 };
 
