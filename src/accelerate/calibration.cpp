@@ -373,6 +373,24 @@ std::vector<GemmShape> distinct(std::vector<GemmShape> shapes) {
   return shapes;
 }
 
+// The shape timed for `s`: itself up to kMaxTimedGemmFlops, else `s` with its largest dimensions
+// halved (none below 512) until it is under: a GEMM that large runs at the kernel's saturated rate,
+// which the smaller one shows in milliseconds instead of seconds (a 175B model's head is a
+// 2048 x 50257 x 12288 product, 2.5 TFLOP: half a minute a call on one core).
+constexpr int64_t kMaxTimedGemmFlops = int64_t{4} << 30;
+
+GemmShape timed_shape(GemmShape s) {
+  while (s.flops() > kMaxTimedGemmFlops) {
+    int64_t* largest = &s.m;
+    for (int64_t* d : {&s.n, &s.k}) {
+      if (*d > *largest) largest = d;
+    }
+    if (*largest < 1024) break;
+    *largest /= 2;
+  }
+  return s;
+}
+
 // Measures `shapes` (and the memory bandwidth when `memory`) into `c`.
 void measure_into(MachineCalibration& c, const std::vector<GemmShape>& shapes, bool memory,
                   const CalibrationOptions& o) {
@@ -380,7 +398,7 @@ void measure_into(MachineCalibration& c, const std::vector<GemmShape>& shapes, b
   // A private stream: the caller's default generator (and so its training) is left as it was.
   Generator gen(0x6361'6c69'6272'6174ull);
   for (const GemmShape& s : shapes) {
-    const double gflops = measure_gemm(s, o.seconds_per_point, gen);
+    const double gflops = measure_gemm(timed_shape(s), o.seconds_per_point, gen);
     c.gemm_gflops[s] = gflops;
     logging::debug("calibration: gemm {} {:.2f} GFLOP/s ({} threads)", s.str(), gflops, o.threads);
   }

@@ -170,6 +170,8 @@ std::string default_cache_dir();
 std::string machine_cache_path(const CalibrationOptions& options);
 
 /// Measures every shape (duplicates once) and the memory bandwidth with options.threads threads.
+/// A shape over 4 GFLOP a call is timed with its largest dimensions halved until under (its rate
+/// is the kernel's saturated one either way), so a 175B model's shapes take milliseconds each.
 /// Not collective, and not to be run by several ranks of a machine at once: they would share the
 /// cores and the memory bus and measure each other (measure on one rank per machine and share the
 /// result with broadcast_calibration). Throws acc::ValueError for threads < 1,
