@@ -11,8 +11,8 @@
 //   for (...) { double loss = acc.train_step(loader.next()); }
 //
 // Collective over the group: every rank calls it with the same arguments, and every rank gets
-// the same decision (the dry-run figures are reduced over the ranks and the choice is checked
-// with dist::check_agreement).
+// the same decision: rank 0 decides (the dry-run figures are reduced over the ranks; a cache is
+// read and judged there) and broadcasts it, and dist::check_agreement confirms the strategy.
 
 #include <nlohmann/json.hpp>
 

@@ -594,6 +594,15 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
         best = r;
       }
     }
+    // Rank 0 decides (the figures are the same on every rank, reduced over them, but one decision
+    // broadcast cannot differ by a rounding).
+    if (group && world > 1) {
+      Tensor index = from_vector(
+          std::vector<int64_t>{best ? static_cast<int64_t>(best - s.rows.data()) : -1}, {1});
+      group->broadcast(index, 0)->wait();
+      const int64_t i = index.to_vector<int64_t>()[0];
+      best = i < 0 ? nullptr : &s.rows.at(static_cast<size_t>(i));
+    }
     progress.finish(out_of_time ? " (time budget ran out)" : "");
     ACC_CHECK(best != nullptr, "auto_accelerate: every dry-run candidate failed (", tried,
               " tried; the first: ", ranked.front()->reason, ")");
