@@ -131,11 +131,13 @@ Strategy parse_strategy(const nlohmann::json& j) {
   return s;
 }
 
-nlohmann::json read_strategy_arg(const std::string& arg) {
+bool is_inline_json(const std::string& arg) {
   const size_t first = arg.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && (arg[first] == '[' || arg[first] == '{')) {
-    return parse_json(arg, "strategy");
-  }
+  return first != std::string::npos && (arg[first] == '[' || arg[first] == '{');
+}
+
+nlohmann::json read_strategy_arg(const std::string& arg) {
+  if (is_inline_json(arg)) return parse_json(arg, "strategy");
   std::error_code ec;
   ACC_CHECK_AS(IoError, std::filesystem::exists(arg, ec), "strategy '", arg,
                "' is neither an existing file nor inline JSON (a strategy is a file or a JSON "
@@ -148,8 +150,7 @@ Strategy parse_strategy_arg(const std::string& arg) {
   try {
     return parse_strategy(j);
   } catch (const ValueError& e) {
-    const size_t first = arg.find_first_not_of(" \t\r\n");
-    if (first != std::string::npos && (arg[first] == '[' || arg[first] == '{')) throw;
+    if (is_inline_json(arg)) throw;
     ACC_THROW(ValueError, "strategy file '", arg, "': ", e.what());
   }
 }

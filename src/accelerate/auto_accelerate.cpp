@@ -282,14 +282,14 @@ LoadDecision decide_from_load(const AccelerateOptions& o, const Space& s,
   if (!accelerate::is_strategy_cache(j)) {
     d.action = "given";
     d.source = "given";
-    d.strategy = strategies::to_json(strategies::parse_strategy(j));
-    d.row = find_row(s, strategies::parse_strategy(j));
+    const strategies::Strategy given = strategies::parse_strategy(j);
+    d.strategy = strategies::to_json(given);
+    d.row = find_row(s, given);
     return d;
   }
-  const bool inline_json = o.load_strategy.find_first_not_of(" \t\r\n") != std::string::npos &&
-                           o.load_strategy[o.load_strategy.find_first_not_of(" \t\r\n")] == '{';
-  const std::string what =
-      inline_json ? std::string("strategy cache") : "strategy cache '" + o.load_strategy + "'";
+  const std::string what = strategies::is_inline_json(o.load_strategy)
+                               ? std::string("strategy cache")
+                               : "strategy cache '" + o.load_strategy + "'";
   const accelerate::StrategyCache cache = accelerate::StrategyCache::from_json(j, what);
   d.key = cache.key.to_json();
   std::string stale = cache.key.difference(run);

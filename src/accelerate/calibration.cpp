@@ -317,18 +317,29 @@ Tensor filled(int64_t n, Generator& gen) {
   return t;
 }
 
+// Random operands of one GEMM shape and the call that runs it, as the engine's linears do.
+class GemmRun {
+ public:
+  GemmRun(const GemmShape& s, Generator& gen)
+      : s_(s),
+        a_(filled(checked_mul(s.m, s.k, "calibration: A of ", s.str()), gen)),
+        b_(filled(checked_mul(s.k, s.n, "calibration: B of ", s.str()), gen)),
+        c_(empty({checked_mul(s.m, s.n, "calibration: C of ", s.str())},
+                 TensorOptions{.device = Device::kCPU})) {}
+  void operator()() {
+    kernels::gemm(s_.trans_a, s_.trans_b, s_.m, s_.n, s_.k, 1.f, a_.data<float>(),
+                  s_.trans_a ? s_.m : s_.k, b_.data<float>(), s_.trans_b ? s_.k : s_.n, 0.f,
+                  c_.data<float>(), s_.n);
+  }
+
+ private:
+  GemmShape s_;
+  Tensor a_, b_, c_;
+};
+
 double measure_gemm(const GemmShape& s, double seconds_per_point, Generator& gen) {
-  const Tensor a = filled(checked_mul(s.m, s.k, "calibration: A of ", s.str()), gen);
-  const Tensor b = filled(checked_mul(s.k, s.n, "calibration: B of ", s.str()), gen);
-  Tensor c = empty({checked_mul(s.m, s.n, "calibration: C of ", s.str())},
-                   TensorOptions{.device = Device::kCPU});
-  const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
-  const double seconds = detail::median_seconds(
-      [&] {
-        kernels::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.f, a.data<float>(), lda,
-                      b.data<float>(), ldb, 0.f, c.data<float>(), s.n);
-      },
-      seconds_per_point);
+  GemmRun run(s, gen);
+  const double seconds = detail::median_seconds(run, seconds_per_point);
   return static_cast<double>(s.flops()) / seconds / 1e9;
 }
 
@@ -535,19 +546,14 @@ double measure_compute_contention(dist::ProcessGroup& group, const std::vector<G
     });
   }
   Generator gen(4321);
-  const Tensor a = filled(checked_mul(s.m, s.k, "contention: A of ", s.str()), gen);
-  const Tensor b = filled(checked_mul(s.k, s.n, "contention: B of ", s.str()), gen);
-  Tensor c = empty({checked_mul(s.m, s.n, "contention: C of ", s.str())},
-                   TensorOptions{.device = Device::kCPU});
+  GemmRun gemm(s, gen);
   // 8 MiB arrays: past a core's private caches, so the ranks compete for the shared cache and the
   // memory bus, yet a call takes about a millisecond (the calibration's LLC-sized arrays take 30).
   const int64_t n = int64_t{2} << 20;
   const Tensor x = full({n}, 0.5, TensorOptions{.device = Device::kCPU});
   const Tensor y = full({n}, 0.25, TensorOptions{.device = Device::kCPU});
-  const int64_t lda = s.trans_a ? s.m : s.k, ldb = s.trans_b ? s.k : s.n;
   auto unit = [&] {
-    kernels::gemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.f, a.data<float>(), lda, b.data<float>(),
-                  ldb, 0.f, c.data<float>(), s.n);
+    gemm();
     (void)kernels::binary(kernels::BinaryOp::kAdd, x, y);
   };
   // The same number of calls alone (rank 0, the others waiting) and together, each timed whole:

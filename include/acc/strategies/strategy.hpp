@@ -63,6 +63,11 @@ Strategy parse_strategy_arg(const std::string& file_or_json);
 /// it (same errors) but not interpreted: a caller that also accepts a strategy cache
 /// (accelerate/cache.hpp) looks at it first.
 nlohmann::json read_strategy_arg(const std::string& file_or_json);
+
+/// Whether a --strategy argument is JSON given inline (its first non-blank character is '[' or
+/// '{') rather than a file path: how read_strategy_arg tells them apart, and how messages say
+/// which it was.
+bool is_inline_json(const std::string& file_or_json);
 nlohmann::json to_json(const Strategy& s);
 /// Names of the registered methods.
 std::vector<std::string> method_names();
