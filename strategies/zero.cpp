@@ -160,6 +160,7 @@ MethodSpec zero_method(int stage) {
                 e.shard_optimizer_state = true;
                 e.shard_gradients = stage == 2;
                 e.gradient_buckets = stage == 1;
+                e.buckets_take_gradients = stage == 1;
                 e.parameter_copies_after_step = stage == 2 ? 2 : 0;  // measured: zero1's stays
                                                                      // under its backward peak
                 if (stage == 2) e.buckets_in_flight = 2;

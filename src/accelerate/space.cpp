@@ -175,14 +175,21 @@ MemoryModel::MemoryModel(std::string model_type, nlohmann::json config, int64_t 
       optimizer_(std::move(optimizer)) {}
 
 const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, int64_t recompute_blocks,
-                                             bool bf16) {
-  const auto key = std::make_tuple(micro_batch, recompute_blocks, bf16);
+                                             bool bf16, std::optional<double> in_flight_fraction,
+                                             bool accumulated) {
+  const auto key = std::make_tuple(micro_batch, recompute_blocks, bf16,
+                                   in_flight_fraction.value_or(-1.0), accumulated);
   auto it = needs_.find(key);
   if (it != needs_.end()) return it->second;
+  std::optional<trace::BlockwiseGradients> blockwise;
+  if (in_flight_fraction) {
+    blockwise = trace::BlockwiseGradients{.in_flight_fraction = *in_flight_fraction,
+                                          .accumulated = accumulated};
+  }
   return needs_
       .emplace(key, trace::estimate_training_need(model_type_, config_, micro_batch, seq_len_,
                                                   activation_trace_options(recompute_blocks, bf16),
-                                                  optimizer_))
+                                                  optimizer_, blockwise))
       .first->second;
 }
 
@@ -212,25 +219,35 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
   m.activations_peak = n.memory.activations_peak;
   const int64_t resident = m.parameters + m.gradients + m.optimizer_state;
   if (e.shard_parameters) {
-    // Sharded parameters (fsdp) follow their own timeline, measured with the allocator's peak per
-    // step at 2 ranks (tests/accelerate/space_mpi_test.cpp): each block's gradients are packed,
-    // reduce-scattered and freed as soon as backward has made them, so the whole-model trace's
-    // `live` (which holds every gradient made so far) does not apply. The peak is the activation
-    // peak at the start of backward, on top of the shards, the root unit (gathered for the step,
-    // its gradient made first: the tied output layer), and one gathered block (the forward's
-    // gather is freed by its post-hook before backward gathers the block again: the declared
-    // gathered_blocks counts both). Later micro-batches run on top of the whole accumulated
-    // gradient, and a micro-batch that does not synchronise leaves every block gathered when its
-    // backward ends: the whole model and the trace's live gradients and activations, plus the
-    // root gradient being accumulated into when another such micro-batch follows.
+    // Sharded parameters (fsdp) follow their own timeline (strategies/fsdp.cpp), checked against
+    // the allocator's peak per step (tests/accelerate/space_mpi_test.cpp). On top of the shards:
+    // the root unit (gathered for the step) and one gathered block (the forward's gather is freed
+    // by its post-hook before backward gathers the block again: the declared gathered_blocks
+    // counts both). Each block's gradients are packed, reduce-scattered and freed when its
+    // backward ends, with one reduction in flight (fsdp's kReducesInFlight): the trace's
+    // blockwise timeline. What stays in flight is the packed buffer (half of it in bf16), the
+    // ring's partial sums (min(2, W - 2) chunks of 1/W) and, in bf16, the output chunk.
     const int64_t gathered = std::min(e.gathered_blocks, 1) * block_bytes;
     m.buffers = root_bytes + gathered;
-    m.peak =
-        resident + m.buffers + n.memory.activations_peak + (e.micro_batches > 1 ? G : root_bytes);
-    if (e.micro_batches > 1) {
-      m.peak = std::max(
-          m.peak, resident + P + (n.memory.peak - P - O) + (e.micro_batches > 2 ? root_bytes : 0));
+    const double elem_share = e.bf16_communication ? 0.5 : 1.0;
+    const int64_t ring_chunks = std::min<int64_t>(2, std::max<int64_t>(0, W - 2));
+    const double in_flight =
+        elem_share * (1.0 + static_cast<double>(ring_chunks + (e.bf16_communication ? 1 : 0)) /
+                                static_cast<double>(W));
+    const int64_t base = resident + m.buffers;
+    if (e.micro_batches == 1) {
+      m.peak = base + need(c.micro_batch, e.recompute_blocks, e.bf16_activations, in_flight)
+                          .blockwise_live_peak;
+      return m;
     }
+    // Gradient accumulation: the micro-batches that do not synchronise keep every whole gradient
+    // (the first as the whole-model trace makes them; the middle ones on top of them, adding
+    // into them), and the last one reduces block by block on top of them.
+    m.peak = base + (n.memory.peak - P - O);
+    if (e.micro_batches > 2) m.peak = std::max(m.peak, base + G + n.memory.activations_peak);
+    const trace::TrainingNeed& last =
+        need(c.micro_batch, e.recompute_blocks, e.bf16_activations, in_flight, true);
+    m.peak = std::max(m.peak, base + last.blockwise_live_peak);
     return m;
   }
   if (e.gradient_buckets) m.buffers += G;  // bucket padding is at most a few elements
@@ -238,11 +255,14 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
     m.buffers += std::min(checked_mul(e.buckets_in_flight, e.bucket_bytes, "buckets"), G);
   }
   m.peak = m.parameters + m.optimizer_state + (live - G + m.gradients) + m.buffers;
-  // The end of backward, activations gone: the last bucket launches, with its bf16 copy when
-  // the communication is bf16.
+  // The end of backward, activations gone: the last bucket launches with its bf16 copy when the
+  // communication is bf16 (all-reduce buckets keep every bucket's copy until the step's wait, to
+  // copy the sums back). The parameters' own gradients are gone when the buckets took them.
   if (e.bucket_bytes > 0) {
-    const int64_t copy = e.bf16_communication ? std::min(e.bucket_bytes, G) / 2 : 0;
-    m.peak = std::max(m.peak, m.parameters + m.optimizer_state + m.gradients + m.buffers + copy);
+    const int64_t copies = e.gradient_buckets ? G : std::min(e.bucket_bytes, G);
+    const int64_t copy = e.bf16_communication ? copies / 2 : 0;
+    const int64_t own = e.buckets_take_gradients ? 0 : m.gradients;
+    m.peak = std::max(m.peak, m.parameters + m.optimizer_state + own + m.buffers + copy);
   }
   // After the step: the resident state plus the parameter copies of the all-gather.
   const int64_t after_step = m.parameters + m.optimizer_state + m.gradients +

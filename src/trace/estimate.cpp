@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
 
 #include "acc/models/language_model.hpp"
 #include "acc/trace/dump.hpp"
@@ -32,9 +36,27 @@ struct Timeline {
   bool ok = false;    // the ops fell into the segments above, in order
   Curve live;         // every storage but the parameters (estimate_memory's peak)
   Curve activations;  // activations only (estimate_memory's activations_peak)
+  Curve blockwise;    // `live` with the blocks' gradients held as fsdp holds them (when asked)
 };
 
-Timeline timeline(const Trace& t, const std::vector<std::string>& blocks) {
+// The end of block b's backward segment in the blockwise curve (see BlockwiseGradients): the
+// previous block's buffer completes (`previous`: every block's backward but the first has one),
+// a buffer of the block's live gradients `grads` is taken while they are alive, they are dropped,
+// and the buffer's in-flight share stays.
+void end_block_backward(Segment& sg, int64_t grads, double in_flight_fraction, bool previous,
+                        const std::string& label) {
+  const int64_t in_flight =
+      static_cast<int64_t>(std::llround(in_flight_fraction * static_cast<double>(grads)));
+  if (previous) sg.delta = checked_add(sg.delta, -in_flight, label, ": bytes in flight");
+  const int64_t packing = checked_add(sg.delta, grads, label, ": bytes packed");
+  sg.high = sg.any ? std::max(sg.high, packing) : packing;
+  sg.any = true;
+  sg.delta = checked_add(sg.delta, in_flight - grads, label, ": bytes in flight");
+  sg.high = std::max(sg.high, sg.delta);
+}
+
+Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
+                  std::optional<BlockwiseGradients> blockwise) {
   Timeline tl;
   const Graph& g = t.graph;
   const int N = static_cast<int>(blocks.size());
@@ -66,12 +88,53 @@ Timeline timeline(const Trace& t, const std::vector<std::string>& blocks) {
   }
   tl.live.resize(seen.size());
   tl.activations.resize(seen.size());
+  if (blockwise) tl.blockwise.resize(seen.size());
+  const bool accumulated = blockwise && blockwise->accumulated;
+  auto is_block_backward = [N](int s) { return s >= N + 2 && s <= 2 * N + 1; };
+  // Blockwise: gradients born in a block's backward and alive at its end (storage -> bytes), and
+  // those dropped there (their later deaths are not counted again).
+  std::map<uint64_t, int64_t> block_grads;
+  std::set<uint64_t> dropped;
+  int open = -1;  // the block backward segment whose end is not applied yet
+  auto close = [&] {
+    if (open < 0) return;
+    int64_t grads = 0;
+    for (const auto& [storage, bytes] : block_grads) {
+      grads = checked_add(grads, bytes, "gradient bytes of a block");
+      dropped.insert(storage);
+    }
+    block_grads.clear();
+    end_block_backward(tl.blockwise[open], grads, blockwise->in_flight_fraction, open != N + 2,
+                       "blockwise gradients");
+    open = -1;
+  };
   for (const MemoryEvent& ev : g.memory_events()) {
     const int s = ev.op_index < 0 ? 0 : seg_of_op.at(static_cast<size_t>(ev.op_index));
     const bool parameter = g.parameter_storages().count(ev.storage) > 0;
-    const bool activation = !parameter && !g.gradient_storages().count(ev.storage) &&
-                            !g.input_storages().count(ev.storage);
-    for (Curve* c : {parameter ? nullptr : &tl.live, activation ? &tl.activations : nullptr}) {
+    const bool gradient = g.gradient_storages().count(ev.storage) > 0;
+    const bool activation = !parameter && !gradient && !g.input_storages().count(ev.storage);
+    bool in_blockwise = blockwise && !parameter;
+    if (in_blockwise) {
+      if (open >= 0 && s != open) close();
+      if (is_block_backward(s)) open = s;
+      if (gradient && ev.bytes > 0 && is_block_backward(s)) block_grads[ev.storage] = ev.bytes;
+      if (gradient && ev.bytes < 0) {
+        block_grads.erase(ev.storage);
+        in_blockwise = !dropped.count(ev.storage);
+      }
+      if (gradient && accumulated) {
+        // Added into the gradient already held (counted apart) and freed: only a moment's bytes.
+        Segment& sg = tl.blockwise[s];
+        if (ev.bytes > 0) {
+          const int64_t moment = checked_add(sg.delta, ev.bytes, "bytes alive in the step");
+          sg.high = sg.any ? std::max(sg.high, moment) : moment;
+          sg.any = true;
+        }
+        in_blockwise = false;
+      }
+    }
+    for (Curve* c : {parameter ? nullptr : &tl.live, activation ? &tl.activations : nullptr,
+                     in_blockwise ? &tl.blockwise : nullptr}) {
       if (c == nullptr) continue;
       Segment& sg = (*c)[s];
       sg.delta = checked_add(sg.delta, ev.bytes, "bytes alive in the step");
@@ -79,6 +142,7 @@ Timeline timeline(const Trace& t, const std::vector<std::string>& blocks) {
       sg.any = true;
     }
   }
+  if (blockwise) close();
   tl.ok = true;
   return tl;
 }
@@ -117,7 +181,8 @@ struct Sample {
 // Traces `config` cut to `layers` blocks on the meta device.
 Sample sample(const std::string& model_type, const nlohmann::json& config, int64_t layers,
               int64_t batch, int64_t seq_len, const TraceOptions& options,
-              const std::string& optimizer, TrainingNeed* blocks_out = nullptr) {
+              const std::string& optimizer, std::optional<BlockwiseGradients> blockwise,
+              TrainingNeed* blocks_out = nullptr) {
   DefaultDeviceGuard meta(Device::kMeta);  // what the forward creates is meta too
   auto model = models::create_meta_model(model_type, config, layers);
   const Tensor idx = empty({batch, seq_len}, {DType::kInt64, Device::kMeta});
@@ -131,7 +196,7 @@ Sample sample(const std::string& model_type, const nlohmann::json& config, int64
   s.forward_ops = t.graph.backward_begin();
   const auto groups = find_blocks(*model);
   if (!groups.empty()) {
-    s.timeline = timeline(t, groups.front().blocks);
+    s.timeline = timeline(t, groups.front().blocks, blockwise);
     if (blocks_out != nullptr) {
       blocks_out->block_type = groups.front().type_name;
       blocks_out->block_container = groups.front().container;
@@ -171,12 +236,18 @@ struct Extrapolation {
 
 TrainingNeed estimate_training_need(const std::string& model_type, const nlohmann::json& config,
                                     int64_t batch, int64_t seq_len, const TraceOptions& options,
-                                    const std::string& optimizer) {
+                                    const std::string& optimizer,
+                                    std::optional<BlockwiseGradients> blockwise) {
   ACC_CHECK(batch >= 1, "batch size must be > 0, got ", batch);
   ACC_CHECK(seq_len >= 0, "sequence length must be > 0 (or 0: the model's maximum), got ", seq_len);
   ACC_CHECK(options.recompute_blocks >= -1, "recompute_blocks must be >= 0 or -1 (all), got ",
             options.recompute_blocks);
   (void)optimizer_state_factor(optimizer);  // validate before the work
+  if (blockwise) {
+    ACC_CHECK(std::isfinite(blockwise->in_flight_fraction) && blockwise->in_flight_fraction >= 0,
+              "blockwise gradients: the in-flight fraction must be >= 0, got ",
+              blockwise->in_flight_fraction);
+  }
   TrainingNeed need;
   need.model_type = model_type;
   need.layers_key = models::config_num_layers_key(model_type);
@@ -199,15 +270,16 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
   const bool direct = n <= 3 && !partial;  // as shallow as the samples: trace the model itself
   Sample base, two, mixed;
   if (direct) {
-    base = two = mixed = sample(model_type, config, n, batch, seq_len, options, optimizer, &need);
+    base = two = mixed =
+        sample(model_type, config, n, batch, seq_len, options, optimizer, blockwise, &need);
   } else {
-    base = sample(model_type, config, 1, batch, seq_len, uniform, optimizer, &need);
-    two = sample(model_type, config, 2, batch, seq_len, uniform, optimizer);
+    base = sample(model_type, config, 1, batch, seq_len, uniform, optimizer, {}, &need);
+    two = sample(model_type, config, 2, batch, seq_len, uniform, optimizer, {});
     ex.plain = n - 1;
     if (k > 0) {
       TraceOptions first = options;
       first.recompute_blocks = 1;
-      mixed = sample(model_type, config, 2, batch, seq_len, first, optimizer);
+      mixed = sample(model_type, config, 2, batch, seq_len, first, optimizer, {});
       ex.recomputed = k;
       ex.plain = n - 1 - k;  // >= 0: partial means k < n
     }
@@ -221,9 +293,28 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
                                    mixed.memory.optimizer_state, "optimizer state bytes");
   // Peaks from the timeline of the deep model's runs (k recomputed, n - k plain) cut to their
   // first, middle and last block: at most 6 blocks.
+  // Without a timeline cut at the blocks, the blockwise figure is the whole-model one (every
+  // gradient held: an upper bound).
+  auto whole_live = [&] {
+    return need.memory.peak - need.memory.parameters - need.memory.optimizer_state;
+  };
+  // Accumulated: the gradients held from the start, under the curve.
+  auto held = [&](int64_t peak) {
+    return blockwise->accumulated
+               ? checked_add(peak, need.memory.gradients, ex.label, ": blockwise peak bytes")
+               : peak;
+  };
   if (direct) {
     need.memory.activations_peak = base.memory.activations_peak;
     need.memory.peak = base.memory.peak;
+    if (blockwise) {
+      need.blockwise_live_peak =
+          base.timeline.ok
+              ? held(peak_of(base.timeline.blockwise,
+                             std::vector<int64_t>((base.timeline.blockwise.size() - 3) / 2, 1),
+                             ex.label, "blockwise peak bytes"))
+              : held(whole_live());
+    }
   } else {
     std::vector<int64_t> counts;
     add_run(k, counts);
@@ -231,7 +322,7 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
     TraceOptions cut = options;
     if (partial) cut.recompute_blocks = std::min<int64_t>(k, 3);
     const Sample shape = sample(model_type, config, static_cast<int64_t>(counts.size()), batch,
-                                seq_len, cut, optimizer);
+                                seq_len, cut, optimizer, blockwise);
     const Timeline& tl = shape.timeline;
     const std::vector<int64_t> once(counts.size(), 1);
     // The cut must give back the sample's own peaks; if the blocks do not run one after another,
@@ -246,10 +337,15 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
       need.memory.peak = checked_add(checked_add(peak_of(tl.live, counts, ex.label, "peak bytes"),
                                                  need.memory.parameters, ex.label, ": peak bytes"),
                                      need.memory.optimizer_state, ex.label, ": peak bytes");
+      if (blockwise) {
+        need.blockwise_live_peak =
+            held(peak_of(tl.blockwise, counts, ex.label, "blockwise peak bytes"));
+      }
     } else {
       need.memory.activations_peak = ex(base.memory.activations_peak, two.memory.activations_peak,
                                         mixed.memory.activations_peak, "activation peak bytes");
       need.memory.peak = ex(base.memory.peak, two.memory.peak, mixed.memory.peak, "peak bytes");
+      if (blockwise) need.blockwise_live_peak = held(whole_live());
     }
   }
   need.compute.forward_flops = ex(base.compute.forward_flops, two.compute.forward_flops,
@@ -264,6 +360,17 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
   need.trace_host_bytes = checked_mul(need.graph_vertices, kTraceHostBytesPerVertex, ex.label,
                                       ": host bytes of the trace");
   return need;
+}
+
+int64_t blockwise_live_peak(const Trace& t, const std::vector<std::string>& blocks,
+                            const BlockwiseGradients& blockwise) {
+  const Timeline tl = timeline(t, blocks, blockwise);
+  ACC_CHECK(tl.ok, "blockwise_live_peak: the trace's blocks do not run one after another");
+  const int64_t peak = peak_of(tl.blockwise, std::vector<int64_t>(blocks.size(), 1), "trace",
+                               "blockwise peak bytes");
+  return blockwise.accumulated
+             ? checked_add(peak, estimate_memory(t).gradients, "trace", ": blockwise peak bytes")
+             : peak;
 }
 
 std::string model_trace_hash(const std::string& model_type, const nlohmann::json& config) {

@@ -1,14 +1,12 @@
 // The memory model against the measured peak for every candidate of the data-parallel space, at
-// whatever world size mpirun gives (CTest: 1, 2 and 4 ranks). Within 5% for every candidate.
-// fsdp is held to 5% only while every rank and its communication thread have cores of their own:
-// its blocks' gradients are reduce-scattered asynchronously and freed when the collective
-// completes, which needs every rank; ranks that share cores lag each other by whole blocks, and a
-// rank ahead holds more blocks' gradient buffers in flight. With one core per rank (2 ranks on
-// this 2-core machine) the lag is small but real: up to 6.5% measured under load, so fsdp is held
-// to 10% there; with more ranks than cores (4 here) it varies from step to step (up to +28%) and is
-// printed, not asserted. Cores are the machine's (acc::machine_cores), not the rank's binding.
-// zero1 with bf16 communication is held to 10%: its packing frees the parameters' gradients while
-// the bf16 copy is made, which the model does not follow (measured +8.3% at 4 ranks).
+// whatever world size mpirun gives (CTest: 1, 2 and 4 ranks). Within 5% for every candidate but
+// fsdp's, which are held to 10%: fsdp keeps one block's reduce-scatter in flight while the next
+// block's backward runs (strategies/fsdp.cpp, kReducesInFlight), and whether it has completed at
+// that block's peak depends on how the ranks are scheduled. The model counts it as in flight (the
+// side that does not run out of memory); where it had completed, the prediction is over by the
+// buffer: +5.6% for this small model with all blocks recomputed at 2 ranks, the largest seen
+// (benchmarks/bench_search's models: within 4%). Before the bound, a rank running ahead of
+// ranks that share its cores held every block's buffer: -28% at 4 ranks on 2 cores.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,7 +16,6 @@
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
-#include "acc/util/system.hpp"
 
 namespace acc::accelerate {
 namespace {
@@ -43,8 +40,7 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
     idx[i] = static_cast<int64_t>((i * 37 + static_cast<size_t>(world->rank()) * 11) % 256);
   }
   data::Batch batch{from_vector(idx, {b, T}), from_vector(idx, {b, T})};
-  const bool oversubscribed = dist::local_world_size() > machine_cores();
-  const double fsdp_tolerance = 2 * dist::local_world_size() > machine_cores() ? 0.10 : 0.05;
+  const double fsdp_tolerance = 0.10;
   double worst = 0, worst_fsdp = 0;
   std::string worst_name;
   for (const auto& c : cands) {
@@ -55,7 +51,7 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
     const double err = static_cast<double>(p.peak - r.peak_bytes) / r.peak_bytes;
     if (c.effects.shard_parameters) {
       if (std::abs(err) > std::abs(worst_fsdp)) worst_fsdp = err;
-      EXPECT_TRUE(oversubscribed || std::abs(err) <= fsdp_tolerance)
+      EXPECT_LE(std::abs(err), fsdp_tolerance)
           << c.describe() << ": predicted " << p.peak << ", measured " << r.peak_bytes << " ("
           << p.to_json().dump() << ")";
       continue;
@@ -64,17 +60,12 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
       worst = err;
       worst_name = c.describe();
     }
-    const bool zero1_bf16 = c.effects.gradient_buckets && c.effects.shard_optimizer_state &&
-                            c.effects.bf16_communication;
-    EXPECT_LE(std::abs(err), zero1_bf16 ? 0.10 : 0.05)
-        << c.describe() << ": predicted " << p.peak << ", measured " << r.peak_bytes << " ("
-        << p.to_json().dump() << ")";
+    EXPECT_LE(std::abs(err), 0.05) << c.describe() << ": predicted " << p.peak << ", measured "
+                                   << r.peak_bytes << " (" << p.to_json().dump() << ")";
   }
   if (world->rank() == 0) {
-    std::printf(
-        "%d rank(s): %zu candidates, worst peak error %+.2f%% (%s); fsdp's worst %+.2f%%%s\n", W,
-        cands.size(), 100 * worst, worst_name.c_str(), 100 * worst_fsdp,
-        oversubscribed ? " (ranks share cores: fsdp not asserted)" : "");
+    std::printf("%d rank(s): %zu candidates, worst peak error %+.2f%% (%s); fsdp's worst %+.2f%%\n",
+                W, cands.size(), 100 * worst, worst_name.c_str(), 100 * worst_fsdp);
   }
 }
 

@@ -360,8 +360,11 @@ TEST_P(TrainingNeed, ExtrapolationMatchesFullTraces) {
   const int64_t B = 2, T = 32;
   for (int64_t n : {1, 2, 3, 4, 5, 8, 13}) {
     const nlohmann::json deep = models::config_with_num_layers(nc.model, config, n);
-    const trace::TrainingNeed need =
-        trace::estimate_training_need(nc.model, deep, B, T, nc.options, "adamw");
+    const trace::TrainingNeed need = trace::estimate_training_need(
+        nc.model, deep, B, T, nc.options, "adamw", trace::BlockwiseGradients{0.75});
+    const trace::BlockwiseGradients accumulated{.in_flight_fraction = 0.5, .accumulated = true};
+    const trace::TrainingNeed need_accumulated =
+        trace::estimate_training_need(nc.model, deep, B, T, nc.options, "adamw", accumulated);
     DefaultDeviceGuard meta(Device::kMeta);
     auto model = models::create_model(nc.model, deep);
     Tensor idx = empty({B, T}, {DType::kInt64, Device::kMeta});
@@ -382,7 +385,16 @@ TEST_P(TrainingNeed, ExtrapolationMatchesFullTraces) {
     EXPECT_EQ(need.memory.activations_peak, mem.activations_peak) << at;
     EXPECT_EQ(need.memory.peak, mem.peak) << at;
     EXPECT_EQ(need.total(), need.memory.peak);
-    EXPECT_EQ(need.parameters_per_block, trace::find_blocks(*model).at(0).parameters_per_block);
+    const auto blocks = trace::find_blocks(*model).at(0);
+    EXPECT_EQ(need.parameters_per_block, blocks.parameters_per_block);
+    // Blocks' gradients held one block (and a 0.75 buffer in flight) at a time: what the full
+    // timeline gives.
+    const int64_t blockwise = trace::blockwise_live_peak(t, blocks.blocks, {0.75});
+    EXPECT_EQ(need.blockwise_live_peak, blockwise) << at;
+    // With the gradients of an earlier micro-batch held from the start: at least those.
+    const int64_t held = trace::blockwise_live_peak(t, blocks.blocks, accumulated);
+    EXPECT_EQ(need_accumulated.blockwise_live_peak, held) << at;
+    EXPECT_GE(held, mem.gradients) << at;
   }
 }
 

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -74,8 +75,11 @@ class MemoryModel {
   MemoryModel(std::string model_type, nlohmann::json config, int64_t seq_len,
               std::string optimizer = "adamw");
   MemoryPrediction predict(const Candidate& c);
-  /// The traced need of a step of `micro_batch` samples with the candidate's activation options.
-  const trace::TrainingNeed& need(int64_t micro_batch, int64_t recompute_blocks, bool bf16);
+  /// The traced need of a step of `micro_batch` samples with the candidate's activation options
+  /// (and, given an in-flight fraction, its blockwise gradient peak: trace::BlockwiseGradients).
+  const trace::TrainingNeed& need(int64_t micro_batch, int64_t recompute_blocks, bool bf16,
+                                  std::optional<double> in_flight_fraction = std::nullopt,
+                                  bool accumulated = false);
   int64_t num_blocks();
 
  private:
@@ -83,7 +87,7 @@ class MemoryModel {
   nlohmann::json config_;
   int64_t seq_len_;
   std::string optimizer_;
-  std::map<std::tuple<int64_t, int64_t, bool>, trace::TrainingNeed> needs_;
+  std::map<std::tuple<int64_t, int64_t, bool, double, bool>, trace::TrainingNeed> needs_;
 };
 
 }  // namespace acc::accelerate

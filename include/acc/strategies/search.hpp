@@ -41,6 +41,9 @@ struct StepEffects {
   /// The whole gradient also lives in the method's flat buckets (all-reduce buckets), besides the
   /// parameters' own gradients made by backward.
   bool gradient_buckets = false;
+  /// The buckets take the parameters' gradients as they are packed (zero1 drops each parameter's
+  /// gradient once copied): at the end of backward the gradient lives in the buckets only.
+  bool buckets_take_gradients = false;
   /// Full buckets alive at once while they reduce (reduce-scatter buckets), at most the gradient.
   int buckets_in_flight = 0;
   /// Whole copies of the parameters alive while updated shards are all-gathered after the

@@ -26,7 +26,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "acc/trace/passes.hpp"
 #include "acc/trace/tracer.hpp"
@@ -37,6 +39,20 @@ namespace acc::trace {
 /// measured 1.3-1.8 KiB per vertex in acc-trace's max RSS for GPT and Llama at 100 to 8000 blocks;
 /// rounded up so the estimate errs on the side of refusing.
 inline constexpr int64_t kTraceHostBytesPerVertex = 2048;
+
+/// Gradients held block by block, as a strategy that shards them as it goes (fsdp) holds them: at
+/// the end of each block's backward, the buffer of the previous block is waited for and freed, the
+/// block's live gradients are packed into a buffer of their size (both alive at that moment), they
+/// are dropped, and `in_flight_fraction` x their bytes stay until the next block's backward ends
+/// (the reduction in flight: 1 for an fp32 buffer, 0.5 for bf16, plus whatever the collective
+/// allocates). Gradients of parameters outside the blocks are held as in the whole-model figure.
+/// `accumulated`: the last micro-batch of gradient accumulation, every gradient held from the
+/// start (the earlier micro-batches') and each new one added into it and freed; the figure then
+/// includes memory.gradients.
+struct BlockwiseGradients {
+  double in_flight_fraction = 1.0;
+  bool accumulated = false;
+};
 
 struct TrainingNeed {
   std::string model_type;   // "gpt" | "llama"
@@ -51,6 +67,10 @@ struct TrainingNeed {
   // The repeated blocks (find_blocks() of the shallow model; the count is num_layers).
   std::string block_type, block_container;
   int64_t parameters_per_block = 0;
+  // With the BlockwiseGradients option: the peak of every storage but the parameters with the
+  // blocks' gradients held block by block (compare memory.peak - parameters - optimizer_state).
+  // Exact as the other peaks; when the blocks do not run one after another, the whole-model figure.
+  int64_t blockwise_live_peak = 0;
   // The graph a full trace would hold, and the host memory it would take.
   int64_t graph_vertices = 0;
   int64_t graph_ops = 0;
@@ -72,7 +92,14 @@ struct TrainingNeed {
 TrainingNeed estimate_training_need(const std::string& model_type, const nlohmann::json& config,
                                     int64_t batch, int64_t seq_len,
                                     const TraceOptions& options = {},
-                                    const std::string& optimizer = "adamw");
+                                    const std::string& optimizer = "adamw",
+                                    std::optional<BlockwiseGradients> blockwise = std::nullopt);
+
+/// The BlockwiseGradients peak of a full trace whose repeated blocks (find_blocks) are `blocks`,
+/// straight from its timeline: what estimate_training_need extrapolates. Throws acc::ValueError
+/// when the blocks do not run one after another.
+int64_t blockwise_live_peak(const Trace& t, const std::vector<std::string>& blocks,
+                            const BlockwiseGradients& blockwise);
 
 /// Throws acc::ValueError "<what>: a training step needs N bytes (...), more than the M bytes
 /// available" with both figures (exact and human-readable) and the parts of the need, when
