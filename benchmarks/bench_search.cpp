@@ -4,8 +4,9 @@
 //   mpirun -np 2 build/benchmarks/bench_search --model gpt --global-batch 8 --seq-len 64
 //
 // 1. The machine calibration cache is warmed first (rank 0 measures the GEMM shapes of every
-//    micro-batch of the space that the cache lacks), so the search runs as a user's second run
-//    does; the JSON says whether the search's machine figures came from the cache.
+//    micro-batch of the space that the cache lacks; all ranks the contention factor for this many
+//    local ranks if it lacks that), so the search runs as a user's second run does; the JSON says
+//    whether the search's machine figures came from the cache.
 // 2. auto_accelerate runs on a copy of the model, with the options given: its report and wall
 //    time (calibration, dry-runs, the rest).
 // 3. The exhaustive pass dry-runs every candidate the search did not reject by memory, as the
@@ -19,7 +20,8 @@
 //    slowest rank's time; medians per candidate.
 //
 // Figures: regret = the best re-timed median / the chosen one's (1: the choice was the fastest);
-// Spearman's rank correlation of predicted against measured step time over the exhaustive pass;
+// Spearman's rank correlation of predicted against measured step time over the exhaustive pass,
+// and of the pass's second round against its first (the measurement's own repeatability);
 // each candidate's memory error (predicted peak / measured peak - 1); search wall time, its
 // shares, and over the chosen strategy's re-timed step time (the search in training steps).
 
@@ -158,15 +160,19 @@ int main(int argc, char** argv) {
     co.threads = threads;
     co.cache_dir = cache_dir;
     nlohmann::json warm;
-    if (leader) {
+    {
       std::set<int64_t> micro;
       for (const auto& c : candidates) micro.insert(c.micro_batch);
-      const auto m = accelerate::load_or_calibrate_machine(
-          accelerate::CostModel::shapes_to_measure(model_type, config, {micro.begin(), micro.end()},
-                                                   seq),
-          co);
+      const auto shapes = accelerate::CostModel::shapes_to_measure(
+          model_type, config, {micro.begin(), micro.end()}, seq);
+      accelerate::MachineCalibration m;
+      if (leader) m = accelerate::load_or_calibrate_machine(shapes, co);
+      m = accelerate::broadcast_calibration(*world, m);
+      bool contention_cached = false;
+      (void)accelerate::contention_for_job(*world, m, shapes, co, &contention_cached);
       warm = {{"gemm_from_cache", m.source.gemm_from_cache},
               {"gemm_measured", m.source.gemm_measured},
+              {"contention_from_cache", contention_cached},
               {"seconds", m.source.seconds},
               {"file", m.source.cache_file}};
     }
@@ -230,6 +236,14 @@ int main(int argc, char** argv) {
       if (rows[i].measured.status == "ok") rows[i].measured.step_seconds = median(times[i]);
     }
     const double exhaustive_s = exhaustive.elapsed_s();
+    // The measurement's own repeatability: round 1 against round 0, the ceiling of any
+    // prediction's rank correlation with one round of this noise.
+    std::vector<double> first_round, second_round;
+    for (const auto& t : times) {
+      if (t.size() < 2) continue;
+      first_round.push_back(t[0]);
+      second_round.push_back(t[1]);
+    }
 
     // 4. The chosen one and the fastest others, re-timed side by side.
     std::vector<const Row*> ok;
@@ -332,6 +346,8 @@ int main(int argc, char** argv) {
           {"regret", retimed_s[best] / retimed_s[0]},
           {"retimed", re},
           {"spearman", spearman(pred, meas)},
+          {"spearman_between_rounds",
+           first_round.size() >= 2 ? spearman(first_round, second_round) : 0.0},
           {"predicted_over_measured_median", median(time_ratio)},
           {"predicted_over_measured_min",
            time_ratio.empty() ? 0 : *std::min_element(time_ratio.begin(), time_ratio.end())},

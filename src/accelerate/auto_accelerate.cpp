@@ -127,7 +127,8 @@ Space build_space(const std::string& type, const nlohmann::json& config, int wor
 std::vector<Row*> rank_by_time(Space& s, const std::string& type, const nlohmann::json& config,
                                const AccelerateOptions& o, dist::ProcessGroup* group,
                                const accelerate::CommCalibration& comm,
-                               accelerate::MachineCalibration& machine, double& contention) {
+                               accelerate::MachineCalibration& machine, double& contention,
+                               bool& contention_cached) {
   std::set<int64_t> micro;
   for (const auto& r : s.rows) {
     if (r.status != "rejected") micro.insert(r.candidate->micro_batch);
@@ -138,9 +139,10 @@ std::vector<Row*> rank_by_time(Space& s, const std::string& type, const nlohmann
   co.cache_dir = o.cache_dir;
   if (!group || group->rank() == 0) machine = accelerate::load_or_calibrate_machine(shapes, co);
   contention = 1.0;
+  contention_cached = true;  // nothing to measure on one rank
   if (group && group->size() > 1) {
     machine = accelerate::broadcast_calibration(*group, machine);
-    contention = accelerate::measure_compute_contention(*group, shapes);
+    contention = accelerate::contention_for_job(*group, machine, shapes, co, &contention_cached);
   }
   accelerate::CostModel cost(type, config, o.seq_len, machine, comm, contention);
   std::vector<Row*> ranked;
@@ -442,7 +444,9 @@ nlohmann::json plan_strategy(const std::string& type, const nlohmann::json& conf
   // Ranks that share a machine slow each other down; without them to measure, a plan assumes
   // they do not (one rank per machine, or cores enough for all).
   double contention = 1.0;
-  std::vector<Row*> ranked = rank_by_time(s, type, config, o, nullptr, comm, machine, contention);
+  bool contention_cached = true;
+  std::vector<Row*> ranked =
+      rank_by_time(s, type, config, o, nullptr, comm, machine, contention, contention_cached);
   const Row* best = ranked.front();
   nlohmann::json report = {
       {"source", "plan"},
@@ -537,8 +541,9 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
     const double comm_s = calib.elapsed_s();
     accelerate::MachineCalibration machine;
     double contention = 1.0;
+    bool contention_cached = true;
     std::vector<Row*> ranked =
-        rank_by_time(s, type, config, o, group.get(), comm, machine, contention);
+        rank_by_time(s, type, config, o, group.get(), comm, machine, contention, contention_cached);
     const double calibration_s = calib.elapsed_s();
     if (leader) {
       logging::debug(
@@ -611,10 +616,12 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
     report["out_of_time"] = out_of_time;
     report["compute_contention"] = contention;
     report["comm"] = comm.to_json();
-    report["timing"] = {{"calibration_s", calibration_s},
-                        {"dry_run_s", dry.elapsed_s()},
-                        {"total_s", total.elapsed_s()},
-                        {"machine_calibration_from_cache", machine.source.gemm_measured == 0}};
+    report["timing"] = {
+        {"calibration_s", calibration_s},
+        {"dry_run_s", dry.elapsed_s()},
+        {"total_s", total.elapsed_s()},
+        {"machine_calibration_from_cache", machine.source.gemm_measured == 0 && contention_cached},
+        {"contention_from_cache", contention_cached}};
     if (leader && o.verbose) {
       logging::info(
           "auto_accelerate: {} candidates, {} rejected by memory, {} dry-run{}; chose {} "

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "acc/dist/agreement.hpp"
+#include "acc/dist/dist.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/threading.hpp"
@@ -224,11 +225,18 @@ nlohmann::json MachineCalibration::to_json() const {
                     {"trans_b", s.trans_b},
                     {"gflops", gflops}});
   }
-  return {{"hardware", hardware.to_json()},
-          {"threads", threads},
-          {"gemm_threading", gemm_threading},
-          {"memory_gbps", memory_gbps},
-          {"gemm", gemm}};
+  nlohmann::json j = {{"hardware", hardware.to_json()},
+                      {"threads", threads},
+                      {"gemm_threading", gemm_threading},
+                      {"memory_gbps", memory_gbps},
+                      {"gemm", gemm}};
+  if (!contention.empty()) {
+    j["contention"] = nlohmann::json::array();
+    for (const auto& [ranks, factor] : contention) {
+      j["contention"].push_back({{"local_ranks", ranks}, {"factor", factor}});
+    }
+  }
+  return j;
 }
 
 namespace {
@@ -259,6 +267,19 @@ MachineCalibration machine_from_json(const nlohmann::json& j, const std::string&
     }
     if (!c.gemm_gflops.emplace(s, gflops).second) {
       g.fail("gemm[" + std::to_string(i) + "]", "repeats the shape " + s.str());
+    }
+  }
+  if (const nlohmann::json* list = f.optional("contention")) {
+    if (!list->is_array()) f.fail("contention", "must be a list, got " + brief(*list));
+    for (size_t i = 0; i < list->size(); ++i) {
+      const std::string at = "contention[" + std::to_string(i) + "]";
+      Fields e((*list)[i], what, at);
+      const int ranks = static_cast<int>(e.integer("local_ranks", 2, 1 << 20));
+      const double factor = e.number("factor", 1.0, false);
+      e.no_others();
+      if (!c.contention.emplace(ranks, factor).second) {
+        e.fail(at, "repeats local_ranks " + std::to_string(ranks));
+      }
     }
   }
   f.no_others();
@@ -460,6 +481,26 @@ std::string machine_cache_path(const CalibrationOptions& options) {
       .string();
 }
 
+namespace {
+
+// The figures are good without the file: a cache that cannot be written (a read-only home on a
+// cluster) costs the next run its calibration time, not this run its search.
+void save_machine(MachineCalibration& c, const std::string& path) {
+  try {
+    const auto dir = std::filesystem::path(path).parent_path();
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+    ACC_CHECK_AS(IoError, !ec, "machine calibration cache: cannot create the directory '",
+                 dir.string(), "': ", ec.message());
+    write_text_file_atomically(path, c.to_json().dump(2) + "\n", "machine calibration cache");
+  } catch (const IoError& e) {
+    c.source.note += (c.source.note.empty() ? "" : "; ") + std::string("not saved: ") + e.what();
+    logging::warn("calibration: {}", e.what());
+  }
+}
+
+}  // namespace
+
 MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shapes,
                                              const CalibrationOptions& options) {
   check_options(options);
@@ -491,6 +532,7 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
       } else {
         c.gemm_gflops = std::move(read.gemm_gflops);
         c.memory_gbps = read.memory_gbps;
+        c.contention = std::move(read.contention);
         usable = true;
       }
     }
@@ -509,19 +551,7 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
   c.source.note = note;
   if (!missing.empty() || !usable) {
     measure_into(c, missing, /*memory=*/!usable, options);
-    // The figures are good without the file: a cache that cannot be written (a read-only home
-    // on a cluster) costs the next run its calibration time, not this run its search.
-    try {
-      const auto dir = std::filesystem::path(path).parent_path();
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-      ACC_CHECK_AS(IoError, !ec, "machine calibration cache: cannot create the directory '",
-                   dir.string(), "': ", ec.message());
-      write_text_file_atomically(path, c.to_json().dump(2) + "\n", "machine calibration cache");
-    } catch (const IoError& e) {
-      c.source.note += (c.source.note.empty() ? "" : "; ") + std::string("not saved: ") + e.what();
-      logging::warn("calibration: {}", e.what());
-    }
+    save_machine(c, path);
   }
   c.source.seconds = timer.elapsed_s();
   logging::info(
@@ -582,6 +612,25 @@ double measure_compute_contention(dist::ProcessGroup& group, const std::vector<G
   group.allreduce(together, dist::ReduceOp::kMax)->wait();
   return std::max(1.0, static_cast<double>(together.data<float>()[0]) /
                            static_cast<double>(alone.data<float>()[0]));
+}
+
+double contention_for_job(dist::ProcessGroup& group, MachineCalibration& machine,
+                          const std::vector<GemmShape>& shapes, const CalibrationOptions& options,
+                          bool* from_cache) {
+  if (from_cache) *from_cache = false;
+  if (group.size() == 1) return 1.0;
+  Tensor local = from_vector(std::vector<int64_t>{dist::local_world_size()}, {1});
+  group.allreduce(local, dist::ReduceOp::kMax)->wait();
+  const int ranks = static_cast<int>(local.to_vector<int64_t>()[0]);
+  if (ranks < 2) return measure_compute_contention(group, shapes);  // one rank per machine
+  if (auto it = machine.contention.find(ranks); it != machine.contention.end()) {
+    if (from_cache) *from_cache = true;
+    return it->second;
+  }
+  const double factor = measure_compute_contention(group, shapes);
+  machine.contention[ranks] = factor;
+  if (group.rank() == 0) save_machine(machine, machine_cache_path(options));
+  return factor;
 }
 
 MachineCalibration broadcast_calibration(dist::ProcessGroup& group,

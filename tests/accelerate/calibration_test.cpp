@@ -157,6 +157,7 @@ TEST(MachineCalibration, JsonRoundTripIsExact) {
   MachineCalibration c = hand_made();
   c.gemm_gflops[{2048, 2304, 768, false, true}] = 33.612345678901234;
   c.memory_gbps = 9.123456789012345;
+  c.contention = {{2, 1.0734567890123}, {4, 2.25}};
   const MachineCalibration back =
       MachineCalibration::from_json(nlohmann::json::parse(c.to_json().dump()));
   EXPECT_EQ(back.hardware, c.hardware);
@@ -164,10 +165,17 @@ TEST(MachineCalibration, JsonRoundTripIsExact) {
   EXPECT_EQ(back.gemm_threading, c.gemm_threading);
   EXPECT_EQ(back.gemm_gflops, c.gemm_gflops);
   EXPECT_EQ(back.memory_gbps, c.memory_gbps);
+  EXPECT_EQ(back.contention, c.contention);
+  // A file written before the contention factors existed is still read.
+  nlohmann::json older = hand_made().to_json();
+  ASSERT_FALSE(older.contains("contention"));
+  EXPECT_TRUE(MachineCalibration::from_json(older).contention.empty());
 }
 
 TEST(MachineCalibration, MalformedOrTruncatedJsonNamesTheField) {
-  const nlohmann::json good = hand_made().to_json();
+  MachineCalibration made = hand_made();
+  made.contention = {{2, 1.5}};
+  const nlohmann::json good = made.to_json();
   struct Case {
     std::string name;
     std::function<void(nlohmann::json&)> edit;
@@ -207,6 +215,15 @@ TEST(MachineCalibration, MalformedOrTruncatedJsonNamesTheField) {
        "field 'gemm[0]' has FLOPs that overflow 64 bits"},
       {"unknown", [](nlohmann::json& j) { j["gemm"][0]["l"] = 1; },
        "field 'gemm[0].l' is not known"},
+      {"contention type", [](nlohmann::json& j) { j["contention"] = 2; },
+       "field 'contention' must be a list"},
+      {"contention factor", [](nlohmann::json& j) { j["contention"][0]["factor"] = 0.5; },
+       "field 'contention[0].factor' must be a finite number >= 1"},
+      {"contention ranks", [](nlohmann::json& j) { j["contention"][0]["local_ranks"] = 1; },
+       "field 'contention[0].local_ranks' must be"},
+      {"contention repeat",
+       [](nlohmann::json& j) { j["contention"].push_back(j["contention"][0]); },
+       "field 'contention[1]' repeats local_ranks 2"},
   };
   for (const Case& c : cases) {
     nlohmann::json j = good;

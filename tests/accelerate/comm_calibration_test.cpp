@@ -2,9 +2,13 @@
 // are non-negative and grow with the size. No timing assertion beyond that (the machine is shared).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <ctime>
 
 #include "acc/accelerate/calibration.hpp"
+#include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/util/error.hpp"
 
@@ -147,6 +151,41 @@ TEST(BroadcastCalibration, EveryRankGetsRootsCalibration) {
   EXPECT_EQ(got.source.note, "measured on rank 0");
   EXPECT_EQ(got.source.gemm_measured, 1);
   EXPECT_THROW(broadcast_calibration(*world, mine, world->size()), ValueError);
+}
+
+// The contention factor is measured once per local world and taken from the machine's cache file
+// after that, on every rank alike.
+TEST(ContentionForJob, MeasuredOnceThenTakenFromTheCacheOnEveryRank) {
+  auto world = dist::ProcessGroup::world();
+  // One directory for the job, named by rank 0.
+  std::string dir = world->rank() == 0
+                        ? testing::TempDir() + "contention-" + std::to_string(std::time(nullptr)) +
+                              "-" + std::to_string(::getpid())
+                        : std::string();
+  dir = dist::broadcast_text(*world, dir, 0);
+  CalibrationOptions co;
+  co.cache_dir = dir;
+  const std::vector<GemmShape> shapes = {{64, 64, 64, false, false}};
+  MachineCalibration m;
+  if (world->rank() == 0) m = load_or_calibrate_machine(shapes, co);
+  m = broadcast_calibration(*world, m);
+  ASSERT_TRUE(m.contention.empty());
+  bool cached = true;
+  const double first = contention_for_job(*world, m, shapes, co, &cached);
+  EXPECT_GE(first, 1.0);
+  EXPECT_FALSE(cached);
+  if (world->size() == 1) {
+    EXPECT_EQ(first, 1.0);
+    return;
+  }
+  ASSERT_EQ(m.contention.count(dist::local_world_size()), 1u);
+  // A later search reads the file (rank 0) and gets the same factor without measuring.
+  MachineCalibration later;
+  if (world->rank() == 0) later = load_or_calibrate_machine(shapes, co);
+  later = broadcast_calibration(*world, later);
+  const double again = contention_for_job(*world, later, shapes, co, &cached);
+  EXPECT_TRUE(cached);
+  EXPECT_EQ(again, first);
 }
 
 }  // namespace

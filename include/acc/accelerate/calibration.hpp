@@ -129,6 +129,10 @@ struct MachineCalibration {
   std::string gemm_threading;               // "openblas" or "tbb" (acc::gemm_threading())
   std::map<GemmShape, double> gemm_gflops;  // measured GFLOP/s (1e9 FLOP/s) per shape
   double memory_gbps = 0;  // GB/s (1e9 B/s) of logical bytes: read + written, as the trace counts
+  /// measure_compute_contention's factor by the number of ranks computing at once on one machine
+  /// (the job's largest local world), as measured by earlier searches: a search on as many local
+  /// ranks takes it from here instead of measuring (about 0.1 s, a few steps of a small model).
+  std::map<int, double> contention;
   CalibrationSource source;
 
   /// Seconds of one GEMM: its FLOPs at the measured throughput of that shape; for a shape not
@@ -145,11 +149,12 @@ struct MachineCalibration {
 
   /// {"hardware": {...}, "threads": 1, "gemm_threading": "openblas", "memory_gbps": 23.7,
   ///  "gemm": [{"m": 2048, "n": 2304, "k": 768, "trans_a": false, "trans_b": true,
-  ///            "gflops": 105.3}, ...]}
+  ///            "gflops": 105.3}, ...], "contention": [{"local_ranks": 2, "factor": 1.08}]}
   nlohmann::json to_json() const;
-  /// Every field required, no others; GFLOP/s and GB/s positive and finite, dimensions >= 1, no
-  /// shape twice. Throws acc::ValueError "machine calibration: field '<path>' ..." naming the
-  /// field by its path ("gemm[2].gflops", "hardware.cores").
+  /// Every field required but "contention" (files written before it existed), no others; GFLOP/s
+  /// and GB/s positive and finite, dimensions >= 1, no shape twice, factors >= 1 and finite, local
+  /// ranks >= 2 and not twice. Throws acc::ValueError "machine calibration: field '<path>' ..."
+  /// naming the field by its path ("gemm[2].gflops", "hardware.cores", "contention[0].factor").
   static MachineCalibration from_json(const nlohmann::json& j);
 };
 
@@ -208,6 +213,15 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
 /// `group`: every rank gets the same factor.
 double measure_compute_contention(dist::ProcessGroup& group, const std::vector<GemmShape>& shapes,
                                   double seconds_per_point = 0.03);
+
+/// The contention factor for `group`'s job: from `machine.contention` when it holds one for the
+/// job's largest local world (agreed over `group`), else measured (measure_compute_contention)
+/// and added to `machine`, and rank 0 writes `machine` back to its cache file (a file that cannot
+/// be written is logged, not fatal). `machine` must be the same on every rank
+/// (broadcast_calibration); `from_cache` says which it was. A collective over `group`.
+double contention_for_job(dist::ProcessGroup& group, MachineCalibration& machine,
+                          const std::vector<GemmShape>& shapes, const CalibrationOptions& options,
+                          bool* from_cache = nullptr);
 
 /// Every rank of `group` gets root's `calibration` (what the others pass is ignored; source
 /// included). A collective over `group`: all ranks call it. Throws what the collectives throw.
