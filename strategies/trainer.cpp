@@ -120,23 +120,49 @@ Trainer::~Trainer() {
 }
 
 double Trainer::train_step(const data::Batch& batch) {
+  ACC_CHECK(losses_in_step_ == 0, "train_step: a plain-loop step is open (loss() called ",
+            losses_in_step_, " time(s) since the last step())");
   const int64_t B = batch.idx.size(0);
   ACC_CHECK(B % micro_batches_ == 0, "train_step: batch of ", B, " sequences does not split into ",
             micro_batches_, " micro-batches (grad_accum steps)");
   const int64_t mb = B / micro_batches_;
-  GradSync& sync = *impl_->sync;
-  model_->zero_grad();
-  sync.begin_step();
   double loss_sum = 0;
   for (int i = 0; i < micro_batches_; ++i) {
-    sync.set_sync(i + 1 == micro_batches_);
-    Tensor idx = batch.idx.narrow(0, i * mb, mb);
-    Tensor tgt = batch.targets.narrow(0, i * mb, mb);
-    Tensor loss = impl_->plan.loss(*model_, idx, tgt);
-    loss_sum += loss.item();
-    Tensor scaled = micro_batches_ > 1 ? scale(loss, 1.0 / micro_batches_) : loss;
+    Tensor l = loss(batch.idx.narrow(0, i * mb, mb), batch.targets.narrow(0, i * mb, mb));
+    loss_sum += l.item();
+    Tensor scaled = micro_batches_ > 1 ? scale(l, 1.0 / micro_batches_) : l;
     scaled.backward();
   }
+  step();
+  double loss = loss_sum / micro_batches_;
+  if (group_ && group_->size() > 1) {
+    Tensor t = from_vector(std::vector<float>{static_cast<float>(loss)}, {1});
+    group_->allreduce(t, dist::ReduceOp::kAvg)->wait();
+    loss = t.item();
+  }
+  return loss;
+}
+
+Tensor Trainer::loss(const Tensor& idx, const Tensor& targets) {
+  ACC_CHECK(losses_in_step_ < micro_batches_, "Trainer::loss: call ", losses_in_step_ + 1,
+            " in one step, but the strategy accumulates ", micro_batches_,
+            " micro-batch(es) per step: call step() after the last one's backward");
+  GradSync& sync = *impl_->sync;
+  if (losses_in_step_ == 0) {
+    model_->zero_grad();
+    sync.begin_step();
+  }
+  sync.set_sync(losses_in_step_ + 1 == micro_batches_);
+  ++losses_in_step_;
+  return impl_->plan.loss(*model_, idx, targets);
+}
+
+void Trainer::step() {
+  ACC_CHECK(losses_in_step_ == micro_batches_, "Trainer::step: ", losses_in_step_,
+            " loss() call(s) in this step, the strategy accumulates ", micro_batches_,
+            " micro-batch(es) per step (grad_accum)");
+  losses_in_step_ = 0;
+  GradSync& sync = *impl_->sync;
   sync.finish_backward();
 
   // Global gradient norm from the placement table: whole replicas on every rank sum locally;
@@ -163,13 +189,6 @@ double Trainer::train_step(const data::Batch& batch) {
   optimizer_->step_scaled(
       options_.grad_clip > 0 ? optim::clip_coefficient(options_.grad_clip, last_grad_norm_) : 1.0);
   sync.end_step();
-  double loss = loss_sum / micro_batches_;
-  if (group_ && group_->size() > 1) {
-    Tensor t = from_vector(std::vector<float>{static_cast<float>(loss)}, {1});
-    group_->allreduce(t, dist::ReduceOp::kAvg)->wait();
-    loss = t.item();
-  }
-  return loss;
 }
 
 PlacementTable Trainer::placements() const {

@@ -80,6 +80,11 @@ struct AccelerateResult {
   nlohmann::json report;
   /// One optimizer step on this rank's batch (global_batch / ranks samples).
   double train_step(const data::Batch& batch) { return trainer->train_step(batch); }
+  /// The plain loop instead of train_step (strategies::Trainer::loss and step): per step,
+  /// grad_accum_steps() micro-batches of loss(idx, targets) and backward, then step().
+  Tensor loss(const Tensor& idx, const Tensor& targets) { return trainer->loss(idx, targets); }
+  void step() { trainer->step(); }
+  int grad_accum_steps() const { return trainer->grad_accum_steps(); }
   optim::Optimizer& optimizer() { return trainer->optimizer(); }
 };
 

@@ -9,6 +9,7 @@
 #include "acc/accelerate.hpp"
 #include "acc/accelerate/dry_run.hpp"
 #include "acc/accelerate/space.hpp"
+#include "acc/autograd/ops.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
@@ -77,6 +78,24 @@ TEST(AutoAccelerate, ChoosesAlikeAndTrainsAsTheChoiceAppliedByHand) {
   for (int step = 0; step < 3; ++step) {
     const data::Batch batch = batch_for(step, b, 16);
     EXPECT_EQ(r.train_step(batch), by_hand->train_step(batch)) << "step " << step;
+  }
+  // The plain loop on the result trains on alike (bitwise: train_step is that loop).
+  const int k = r.grad_accum_steps();
+  for (int step = 3; step < 5; ++step) {
+    const data::Batch batch = batch_for(step, b, 16);
+    const int64_t mb = b / k;
+    for (int i = 0; i < k; ++i) {
+      Tensor l = r.loss(batch.idx.narrow(0, i * mb, mb), batch.targets.narrow(0, i * mb, mb));
+      (k > 1 ? scale(l, 1.0 / k) : l).backward();
+    }
+    r.step();
+    by_hand->train_step(batch);
+  }
+  const auto mine = r.trainer->full_parameters(), theirs = by_hand->full_parameters();
+  ASSERT_EQ(mine.size(), theirs.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    EXPECT_EQ(mine[i].second.to_vector<float>(), theirs[i].second.to_vector<float>())
+        << mine[i].first;
   }
 }
 

@@ -10,6 +10,7 @@
 // 2e-4, parameters 1.6e-2 after 10 steps).
 #include <gtest/gtest.h>
 
+#include "acc/autograd/ops.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
@@ -62,8 +63,10 @@ struct TrainRun {
 
 // `decay_matrices`: AdamW with optim::decay_matrices_only() (weight decay on matrices only), which
 // sharded strategies must apply by the parameters' real shapes, not their 1-D pieces'.
+// `plain`: the plain loop (Trainer::loss, backward, Trainer::step) instead of train_step, its
+// loss averaged as train_step averages it.
 TrainRun train(const std::string& strategy_json, dist::ProcessGroupPtr group,
-               bool decay_matrices = false) {
+               bool decay_matrices = false, bool plain = false) {
   auto model = make_model();
   const optim::AdamW::Options opts{.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1};
   auto trainer =
@@ -78,7 +81,29 @@ TrainRun train(const std::string& strategy_json, dist::ProcessGroupPtr group,
                                       .rank = group->rank(),
                                       .world = group->size()});
   TrainRun r;
-  for (int64_t s = 0; s < kSteps; ++s) r.losses.push_back(trainer->train_step(loader.next()));
+  for (int64_t s = 0; s < kSteps; ++s) {
+    if (!plain) {
+      r.losses.push_back(trainer->train_step(loader.next()));
+      continue;
+    }
+    const data::Batch b = loader.next();
+    const int k = trainer->grad_accum_steps();
+    const int64_t mb = b.idx.size(0) / k;
+    double sum = 0;
+    for (int i = 0; i < k; ++i) {
+      Tensor l = trainer->loss(b.idx.narrow(0, i * mb, mb), b.targets.narrow(0, i * mb, mb));
+      sum += l.item();
+      (k > 1 ? scale(l, 1.0 / k) : l).backward();
+    }
+    trainer->step();
+    double avg = sum / k;
+    if (group->size() > 1) {
+      Tensor t = from_vector(std::vector<float>{static_cast<float>(avg)}, {1});
+      group->allreduce(t, dist::ReduceOp::kAvg)->wait();
+      avg = t.item();
+    }
+    r.losses.push_back(avg);
+  }
   r.params = trainer->full_parameters();
   return r;
 }
@@ -137,6 +162,19 @@ TEST_P(Equivalence, MatchesOneProcessWithTheGlobalBatch) {
   RecordProperty("worst_param_abs", std::to_string(worst_param));
 }
 
+// The plain loop is what train_step runs: the same losses and parameters, bitwise.
+TEST_P(Equivalence, PlainLoopTrainsAsTrainStep) {
+  const Case& c = GetParam();
+  const TrainRun step = train(c.strategy, dist::ProcessGroup::world(), c.decay_matrices);
+  const TrainRun plain = train(c.strategy, dist::ProcessGroup::world(), c.decay_matrices, true);
+  EXPECT_EQ(plain.losses, step.losses) << c.name;
+  ASSERT_EQ(plain.params.size(), step.params.size());
+  for (size_t i = 0; i < step.params.size(); ++i) {
+    EXPECT_EQ(plain.params[i].second.to_vector<float>(), step.params[i].second.to_vector<float>())
+        << c.name << " " << step.params[i].first;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Strategies, Equivalence,
     testing::Values(
@@ -167,6 +205,35 @@ INSTANTIATE_TEST_SUITE_P(
                  {"name": "grad_accum", "config": {"steps": 2}}])",
              true, false}),
     [](const testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+TEST(Trainer, PlainLoopCallsOutOfTurnNameTheCounts) {
+  auto trainer = strategies::apply(
+      make_model(), optim::AdamW::factory({}),
+      strategies::parse_strategy(nlohmann::json::parse(
+          dist::world_size() == 1
+              ? R"([{"name": "grad_accum", "config": {"steps": 2}}])"
+              : R"([{"name": "ddp"}, {"name": "grad_accum", "config": {"steps": 2}}])")));
+  Tensor idx = zeros({1, kSeq}, {DType::kInt64});
+  try {
+    trainer->step();
+    ADD_FAILURE() << "step() without loss() did not throw";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("0 loss() call(s) in this step"), std::string::npos)
+        << e.what();
+  }
+  trainer->loss(idx, idx).backward();
+  trainer->loss(idx, idx).backward();
+  try {
+    trainer->loss(idx, idx);
+    ADD_FAILURE() << "a third loss() in a step of 2 micro-batches did not throw";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("call 3 in one step"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(trainer->train_step({idx, idx}), ValueError);  // the plain step is still open
+  trainer->step();
+  EXPECT_NO_THROW(
+      trainer->train_step({zeros({2, kSeq}, {DType::kInt64}), zeros({2, kSeq}, {DType::kInt64})}));
+}
 
 TEST(Trainer, SeveralRanksNeedADataParallelMethod) {
   if (dist::world_size() == 1) GTEST_SKIP() << "needs two ranks";

@@ -108,6 +108,19 @@ class Trainer {
   /// Throws acc::ValueError when the batch does not split into the micro-batches.
   double train_step(const data::Batch& batch);
 
+  /// The plain loop, which train_step runs (strategies without a pipeline schedule): per optimizer
+  /// step, grad_accum_steps() times
+  ///   Tensor l = trainer.loss(idx, targets);   // this rank's micro-batch
+  ///   scale(l, 1.0 / grad_accum_steps()).backward();   // (l itself with one micro-batch)
+  /// then trainer.step(). The first loss() of a step zeroes the gradients and begins the step
+  /// (fsdp gathers its root unit); the last one's backward synchronises the gradients as it runs;
+  /// step() waits for them, clips and updates (zero and fsdp: the shards). loss() is the model's
+  /// forward as the strategy runs it (amp's autocast). Throws acc::ValueError naming the counts
+  /// for a loss() beyond grad_accum_steps() in a step, or a step() after fewer. The loss returned
+  /// is this rank's, not averaged over the ranks (train_step's is).
+  Tensor loss(const Tensor& idx, const Tensor& targets);
+  void step();
+
   models::LanguageModel& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   const Strategy& strategy() const { return strategy_; }
@@ -134,6 +147,7 @@ class Trainer {
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   int micro_batches_ = 1;
+  int losses_in_step_ = 0;  // loss() calls since the last step()
   double last_grad_norm_ = 0.0;
 };
 
