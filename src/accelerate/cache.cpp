@@ -5,8 +5,8 @@
 #include "acc/trace/estimate.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
+#include "acc/util/json_fields.hpp"
 #include "acc/util/system.hpp"
-#include "json_fields.hpp"
 
 #ifndef ACC_VERSION
 #error "ACC_VERSION (the project's version) must be defined by the build"
@@ -57,7 +57,7 @@ nlohmann::json StrategyKey::to_json() const {
 }
 
 StrategyKey StrategyKey::from_json(const nlohmann::json& j, const std::string& what) {
-  detail::Fields f(j, what, "key");
+  json::Fields f(j, what, "key");
   StrategyKey k;
   k.model_type = f.string("model_type");
   k.trace_hash = f.string("trace_hash");
@@ -107,7 +107,7 @@ bool is_strategy_cache(const nlohmann::json& j) {
 }
 
 StrategyCache StrategyCache::from_json(const nlohmann::json& j, const std::string& what) {
-  detail::Fields f(j, what);
+  json::Fields f(j, what);
   const std::string format = f.string("format");
   if (format != kStrategyCacheFormat) {
     f.fail("format",
@@ -129,7 +129,7 @@ StrategyCache StrategyCache::from_json(const nlohmann::json& j, const std::strin
   c.key = StrategyKey::from_json(f.at("key"), what);
   for (const char* figures : {"predicted", "measured"}) {
     const nlohmann::json& v = f.at(figures);
-    if (!v.is_object()) f.fail(figures, "must be an object, got " + detail::brief(v));
+    if (!v.is_object()) f.fail(figures, "must be an object, got " + json::brief(v));
     (figures == std::string("predicted") ? c.predicted : c.measured) = v;
   }
   f.no_others();

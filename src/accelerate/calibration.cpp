@@ -25,10 +25,10 @@
 #include "acc/util/file.hpp"
 #include "acc/util/hash.hpp"
 #include "acc/util/json.hpp"
+#include "acc/util/json_fields.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/system.hpp"
 #include "acc/util/timer.hpp"
-#include "json_fields.hpp"
 #include "measure.hpp"
 
 #ifndef ACC_VERSION
@@ -37,8 +37,8 @@
 
 namespace acc::accelerate {
 
-using detail::brief;
-using detail::Fields;
+using json::brief;
+using json::Fields;
 
 // ---- fingerprint ----
 

@@ -5,9 +5,9 @@
 
 #include "acc/accelerate/calibration.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/json_fields.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/timer.hpp"
-#include "json_fields.hpp"
 
 namespace acc::accelerate {
 namespace {
@@ -113,23 +113,23 @@ nlohmann::json CommCalibration::to_json() const {
 
 CommCalibration CommCalibration::from_json(const nlohmann::json& j) {
   const std::string what = "comm calibration";
-  detail::Fields f(j, what);
+  json::Fields f(j, what);
   CommCalibration c;
   c.world = static_cast<int>(f.integer("world", 1, 1 << 24));
-  detail::Fields ops(f.at("ops"), what, "ops");
+  json::Fields ops(f.at("ops"), what, "ops");
   for (const Collective& collective : kCollectives) {
     const char* op = collective.name;
-    detail::Fields ab(ops.at(op), what, ops.path(op));
+    json::Fields ab(ops.at(op), what, ops.path(op));
     c.ops[op] = {ab.number("alpha_s", 0, false), ab.number("beta_s_per_byte", 0, false)};
     ab.no_others();
   }
   ops.no_others();
   if (const nlohmann::json* pts = f.optional("points")) {
-    detail::Fields by_op(*pts, what, "points");
+    json::Fields by_op(*pts, what, "points");
     for (auto it = pts->begin(); it != pts->end(); ++it) {
       const std::string path = by_op.path(it.key());
       if (!is_op(it.key())) by_op.fail(path, "is not a collective (expected " + known_ops() + ")");
-      if (!it->is_array()) by_op.fail(path, "must be a list, got " + detail::brief(*it));
+      if (!it->is_array()) by_op.fail(path, "must be a list, got " + json::brief(*it));
       std::vector<CommPoint>& list = c.points[it.key()];
       for (size_t i = 0; i < it->size(); ++i) {
         const nlohmann::json& p = (*it)[i];
@@ -137,7 +137,7 @@ CommCalibration CommCalibration::from_json(const nlohmann::json& j) {
         if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() ||
             p[0].get<int64_t>() < 1 || !p[1].is_number() || !std::isfinite(p[1].get<double>()) ||
             p[1].get<double>() < 0) {
-          by_op.fail(pp, "must be [bytes >= 1, seconds >= 0], got " + detail::brief(p));
+          by_op.fail(pp, "must be [bytes >= 1, seconds >= 0], got " + json::brief(p));
         }
         list.push_back({p[0].get<int64_t>(), p[1].get<double>()});
       }

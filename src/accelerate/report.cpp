@@ -16,12 +16,12 @@
 #include "acc/trace/estimate.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
-#include "json_fields.hpp"
+#include "acc/util/json_fields.hpp"
 
 namespace acc::accelerate {
 namespace {
 
-using detail::Fields;
+using json::Fields;
 
 constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
 
@@ -116,7 +116,7 @@ Report read_report(const nlohmann::json& j) {
   }
   const nlohmann::json& candidates = f.at("candidates");
   if (!candidates.is_array()) {
-    f.fail("candidates", "must be a list, got " + detail::brief(candidates));
+    f.fail("candidates", "must be a list, got " + json::brief(candidates));
   }
   for (size_t i = 0; i < candidates.size(); ++i) {
     r.rows.push_back(read_row(candidates[i], "candidates[" + std::to_string(i) + "]"));

@@ -1,5 +1,6 @@
 #include "acc/util/file.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -94,6 +95,7 @@ void write_text_file_atomically(const std::string& path, const std::string& text
   std::error_code ignored;
   try {
     write_text_file(tmp, text, what);
+    fsync_path(tmp, what);
   } catch (const IoError&) {
     std::filesystem::remove(tmp, ignored);  // a half-written temporary is of no use to anyone
     throw;
@@ -104,6 +106,19 @@ void write_text_file_atomically(const std::string& path, const std::string& text
     std::filesystem::remove(tmp, ignored);
     ACC_THROW(IoError, what, ": cannot rename '", tmp, "' to '", path, "': ", ec.message());
   }
+  const auto dir = std::filesystem::path(path).parent_path();
+  fsync_path(dir.empty() ? "." : dir.string(), what);
+}
+
+void fsync_path(const std::string& path, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ACC_CHECK_AS(IoError, fd >= 0, what, ": cannot open '", path, "' to flush it (",
+               std::strerror(errno), ")");
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  ACC_CHECK_AS(IoError, rc == 0, what, ": flushing '", path, "' to disk failed (",
+               std::strerror(err), ")");
 }
 
 }  // namespace acc

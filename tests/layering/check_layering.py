@@ -5,7 +5,7 @@
     python3 tests/layering/check_layering.py --self-test
 
 The libraries and their dependencies are read from the acc_add_library(<layer> SOURCES ...
-PUBLIC ... PRIVATE ...) calls in src/*/CMakeLists.txt and strategies/CMakeLists.txt (ROOT is the
+PUBLIC ... PRIVATE ...) calls in src/*/CMakeLists.txt, strategies/ and checkpoint/ (ROOT is the
 repository, default: two folders up from this file). A library owns every .cpp/.hpp under the
 folder of its CMakeLists.txt and its public headers in include/acc/<layer>/. It may include
 "acc/<layer>/..." headers of itself, of the acc:: libraries it links (PUBLIC or PRIVATE), and of
@@ -43,6 +43,7 @@ def read_libraries(root):
     libs = {}
     folders = [os.path.join(root, "src", d) for d in sorted(os.listdir(os.path.join(root, "src")))]
     folders.append(os.path.join(root, "strategies"))
+    folders.append(os.path.join(root, "checkpoint"))
     for folder in folders:
         cmake = os.path.join(folder, "CMakeLists.txt")
         if not os.path.isfile(cmake):

@@ -16,11 +16,15 @@ void check_output_path(const std::string& path, const std::string& what);
 /// acc::IoError naming `what` and `path` on any failure.
 void write_text_file(const std::string& path, const std::string& text, const std::string& what);
 
-/// Writes `text` to `path` so that a reader sees the old file or the new one, never a part: into
-/// temp_file_for(path) first (removing stale temporaries of killed writers), then renamed into
-/// place. The directory must exist. Throws acc::IoError naming `what` and the path on failure
-/// (the temporary removed). A crash between the write and the rename leaves only the temporary,
-/// which the next save removes.
+/// Flushes the file or directory at `path` to the disk (fsync). Throws acc::IoError naming `what`
+/// and the path.
+void fsync_path(const std::string& path, const std::string& what);
+
+/// Writes `text` to `path` so that a reader sees the old file or the new one, never a part, also
+/// after a power loss: into temp_file_for(path) first (removing stale temporaries of killed
+/// writers), fsynced, renamed into place, and the directory fsynced. The directory must exist.
+/// Throws acc::IoError naming `what` and the path on failure (the temporary removed). A crash
+/// between the write and the rename leaves only the temporary, which the next save removes.
 void write_text_file_atomically(const std::string& path, const std::string& text,
                                 const std::string& what);
 

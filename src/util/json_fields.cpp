@@ -1,11 +1,11 @@
-#include "json_fields.hpp"
+#include "acc/util/json_fields.hpp"
 
 #include <cmath>
 #include <utility>
 
 #include "acc/util/error.hpp"
 
-namespace acc::accelerate::detail {
+namespace acc::json {
 
 std::string brief(const nlohmann::json& v) {
   std::string s = v.dump();
@@ -87,4 +87,4 @@ void Fields::no_others() const {
   }
 }
 
-}  // namespace acc::accelerate::detail
+}  // namespace acc::json

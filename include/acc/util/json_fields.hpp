@@ -1,6 +1,7 @@
 #pragma once
-// Reading the calibration files: every field required unless asked for as optional, unknown
-// fields refused, and every error naming the field by its path from the document's root:
+// Reading JSON files AutoAcc writes and reads back (calibrations, caches, checkpoint metadata):
+// every field required unless asked for as optional, unknown fields refused, and every error
+// naming the field by its path from the document's root:
 //   "<what>: field 'gemm[2].gflops' must be a positive finite number, got -1"
 
 #include <nlohmann/json.hpp>
@@ -9,7 +10,7 @@
 #include <set>
 #include <string>
 
-namespace acc::accelerate::detail {
+namespace acc::json {
 
 class Fields {
  public:
@@ -47,4 +48,4 @@ class Fields {
 /// `v` as a short text for a message (long values cut).
 std::string brief(const nlohmann::json& v);
 
-}  // namespace acc::accelerate::detail
+}  // namespace acc::json

@@ -1,0 +1,458 @@
+#include "acc/checkpoint/checkpoint.hpp"
+
+#include <unistd.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include "acc/dist/agreement.hpp"
+#include "acc/util/checked.hpp"
+#include "acc/util/error.hpp"
+#include "acc/util/file.hpp"
+#include "acc/util/logging.hpp"
+
+namespace acc::checkpoint {
+namespace fs = std::filesystem;
+namespace {
+
+using strategies::Placement;
+using strategies::TensorKind;
+
+bool saved_kind(TensorKind k) {
+  return k == TensorKind::kParameter || k == TensorKind::kOptimizerState;
+}
+
+const char* kind_name(TensorKind k) {
+  return k == TensorKind::kParameter ? "parameter" : "optimizer_state";
+}
+
+// The contiguous bytes of a placement's local tensor.
+Tensor contiguous_local(const Placement& e) {
+  ACC_CHECK(e.local.numel() == e.range.length, "checkpoint: '", e.name, "' holds ", e.local.numel(),
+            " elements for a range of ", e.range.length);
+  ACC_CHECK_TYPE(e.local.dtype() == e.dtype, "checkpoint: '", e.name, "' is ", e.local.dtype(),
+                 ", its placement says ", e.dtype);
+  return e.local.contiguous();
+}
+
+// One rank's shard file: chunks appended, each compressed on its own; their descriptions as JSON
+// for rank 0 (file index = the rank).
+struct ShardWriter {
+  std::string path;
+  std::FILE* f = nullptr;
+  int64_t pos = 0;
+  nlohmann::json pieces = nlohmann::json::array();
+
+  explicit ShardWriter(std::string p) : path(std::move(p)) {
+    f = std::fopen(path.c_str(), "wb");
+    ACC_CHECK_AS(IoError, f != nullptr, "checkpoint: cannot create '", path, "' (",
+                 std::strerror(errno), ")");
+  }
+  ~ShardWriter() {
+    if (f) std::fclose(f);
+  }
+
+  void add(const Placement& e, int rank, const SaveOptions& o) {
+    const Tensor t = contiguous_local(e);
+    const auto* src = static_cast<const char*>(t.raw_data());
+    const int64_t elem = static_cast<int64_t>(element_size(e.dtype));
+    const int64_t per_chunk = std::max<int64_t>(1, o.chunk_bytes / elem);
+    nlohmann::json chunks = nlohmann::json::array();
+    std::vector<char> out;
+    for (int64_t k = 0; k < e.range.length; k += per_chunk) {
+      const int64_t n = std::min(per_chunk, e.range.length - k);
+      const size_t raw = static_cast<size_t>(n * elem);
+      out.resize(ZSTD_compressBound(raw));
+      const size_t z = ZSTD_compress(out.data(), out.size(), src + k * elem, raw, o.zstd_level);
+      ACC_CHECK_AS(IoError, !ZSTD_isError(z), "checkpoint: compressing '", e.name,
+                   "' failed: ", ZSTD_getErrorName(z));
+      ACC_CHECK_AS(IoError, std::fwrite(out.data(), 1, z, f) == z, "checkpoint: writing '", path,
+                   "' failed (", std::strerror(errno), ")");
+      chunks.push_back({{"file", rank},
+                        {"offset", e.range.offset + k},
+                        {"length", n},
+                        {"byte_offset", pos},
+                        {"byte_length", static_cast<int64_t>(z)},
+                        {"xxh64", XXH64(out.data(), z, 0)}});
+      pos += static_cast<int64_t>(z);
+    }
+    pieces.push_back({{"name", e.name},
+                      {"kind", kind_name(e.kind)},
+                      {"param", e.param},
+                      {"field", e.field},
+                      {"shape", e.global_shape},
+                      {"dtype", dtype_name(e.dtype)},
+                      {"chunks", chunks}});
+  }
+
+  void close() {
+    ACC_CHECK_AS(IoError, std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0,
+                 "checkpoint: flushing '", path, "' to disk failed (", std::strerror(errno), ")");
+    const int rc = std::fclose(f);
+    f = nullptr;
+    ACC_CHECK_AS(IoError, rc == 0, "checkpoint: closing '", path, "' failed (",
+                 std::strerror(errno), ")");
+  }
+};
+
+// Rank 0: the ranks' pieces into one Metadata, every tensor's chunks sorted and checked to tile it.
+Metadata assemble(const std::vector<nlohmann::json>& per_rank, int64_t step, const Header& h,
+                  int world) {
+  Metadata m;
+  m.step = step;
+  m.world = world;
+  m.model_trace_hash = h.model_trace_hash;
+  m.strategy = h.strategy;
+  m.extra = h.extra;
+  for (int r = 0; r < world; ++r) m.files.push_back(shard_file_name(r));
+  std::map<std::string, TensorInfo> by_name;
+  for (const nlohmann::json& pieces : per_rank) {
+    for (const nlohmann::json& p : pieces) {
+      TensorInfo& t = by_name[p.at("name").get<std::string>()];
+      if (t.name.empty()) {
+        t.name = p.at("name");
+        t.kind = p.at("kind");
+        t.param = p.at("param");
+        t.field = p.at("field");
+        t.shape = p.at("shape").get<Shape>();
+        t.dtype = parse_dtype(p.at("dtype"));
+      }
+      ACC_CHECK(t.shape == p.at("shape").get<Shape>() && dtype_name(t.dtype) == p.at("dtype"),
+                "checkpoint: ranks disagree on the shape or dtype of '", t.name, "'");
+      for (const nlohmann::json& c : p.at("chunks")) {
+        t.chunks.push_back({c.at("file"), c.at("offset"), c.at("length"), c.at("byte_offset"),
+                            c.at("byte_length"), c.at("xxh64")});
+      }
+    }
+  }
+  for (auto& [name, t] : by_name) {
+    std::sort(t.chunks.begin(), t.chunks.end(),
+              [](const ChunkInfo& a, const ChunkInfo& b) { return a.offset < b.offset; });
+    int64_t covered = 0;
+    for (const ChunkInfo& c : t.chunks) {
+      ACC_CHECK(c.offset == covered, "checkpoint: '", name, "' elements [", covered, ", ", c.offset,
+                ") are ", c.offset > covered ? "held by no rank" : "held twice",
+                " (the placement table does not cover it once)");
+      covered = c.offset + c.length;
+    }
+    ACC_CHECK(covered == t.numel(), "checkpoint: '", name, "' is covered to element ", covered,
+              " of ", t.numel());
+    m.tensors.push_back(std::move(t));
+  }
+  return m;
+}
+
+// Rank 0's commit of a complete temporary directory (see the header).
+std::string commit(const std::string& root, const std::string& tmp, const Metadata& m,
+                   const SaveOptions& o) {
+  write_text_file_atomically((fs::path(tmp) / "metadata.json").string(), m.to_json().dump(1),
+                             "checkpoint metadata");
+  const fs::path final_dir = fs::path(root) / step_dir_name(m.step);
+  std::error_code ec;
+  fs::path replaced;
+  if (fs::exists(final_dir)) {  // the same step saved again (a resumed run): the new one wins
+    replaced =
+        fs::path(root) / (".replaced-" + step_dir_name(m.step) + "-" + std::to_string(::getpid()));
+    fs::rename(final_dir, replaced, ec);
+    ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot move the earlier '", final_dir.string(),
+                 "' aside: ", ec.message());
+  }
+  fs::rename(tmp, final_dir, ec);
+  ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot rename '", tmp, "' to '", final_dir.string(),
+               "': ", ec.message());
+  fsync_path(root, "checkpoint directory");
+  write_text_file_atomically((fs::path(root) / "latest").string(), step_dir_name(m.step) + "\n",
+                             "checkpoint latest pointer");
+  if (!replaced.empty()) fs::remove_all(replaced, ec);
+  if (o.keep_last > 0) {
+    std::vector<std::string> steps = committed_steps(root);
+    const std::string keep = final_dir.string();
+    for (size_t i = 0; i + static_cast<size_t>(o.keep_last) < steps.size(); ++i) {
+      if (steps[i] == keep) continue;
+      fs::remove_all(steps[i], ec);
+      if (ec)
+        logging::warn("checkpoint: could not remove old step '{}': {}", steps[i], ec.message());
+    }
+  }
+  return final_dir.string();
+}
+
+std::string read_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  ACC_CHECK_AS(IoError, in.is_open(), what, ": cannot open '", path, "' (", std::strerror(errno),
+               ")");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ACC_CHECK_AS(IoError, !in.bad(), what, ": reading '", path, "' failed");
+  return s;
+}
+
+}  // namespace
+
+std::string step_dir_name(int64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string save(const std::string& root, int64_t step, const strategies::PlacementTable& table,
+                 const Header& header, dist::ProcessGroup& group, const SaveOptions& o) {
+  ACC_CHECK(step >= 0, "checkpoint: step must be >= 0, got ", step);
+  ACC_CHECK(o.chunk_bytes >= 1, "checkpoint: chunk_bytes must be >= 1, got ", o.chunk_bytes);
+  ACC_CHECK(o.keep_last >= 0, "checkpoint: keep_last must be >= 0, got ", o.keep_last);
+  ACC_CHECK(o.zstd_level >= 1 && o.zstd_level <= ZSTD_maxCLevel(),
+            "checkpoint: zstd_level must be in [1, ", ZSTD_maxCLevel(), "], got ", o.zstd_level);
+  const int rank = group.rank(), world = group.size();
+  // Rank 0 makes the temporary directory (removing those of saves that died) and names it.
+  std::string tmp, error;
+  if (rank == 0) {
+    try {
+      std::error_code ec;
+      fs::create_directories(root, ec);
+      ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot create '", root, "': ", ec.message());
+      for (const auto& d : fs::directory_iterator(root)) {
+        const std::string n = d.path().filename().string();
+        if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".replaced-step-", 0) == 0) {
+          fs::remove_all(d.path(), ec);
+        }
+      }
+      static std::atomic<int> saves{0};
+      tmp = (fs::path(root) / (".tmp-" + step_dir_name(step) + "-" + std::to_string(::getpid()) +
+                               "-" + std::to_string(saves++)))
+                .string();
+      fs::create_directory(tmp, ec);
+      ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot create '", tmp, "': ", ec.message());
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  error = dist::broadcast_text(group, error, 0);
+  ACC_CHECK_AS(IoError, error.empty(), error);
+  tmp = dist::broadcast_text(group, tmp, 0);
+
+  // Every rank writes its shard (an empty file when it holds nothing of replica 0).
+  std::string pieces;
+  try {
+    ShardWriter w((fs::path(tmp) / shard_file_name(rank)).string());
+    for (const Placement& e : table) {
+      if (!saved_kind(e.kind) || e.replica != 0 || e.range.length == 0) continue;
+      ACC_CHECK(e.local.defined(), "checkpoint: '", e.name, "' has no local tensor to save");
+      w.add(e, rank, o);
+    }
+    w.close();
+    pieces = w.pieces.dump();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Everyone learns whether anyone failed, with the messages of those that did.
+  Tensor failed = from_vector(std::vector<int64_t>{error.empty() ? 0 : 1}, {1});
+  group.allreduce(failed, dist::ReduceOp::kSum)->wait();
+  std::vector<nlohmann::json> per_rank;
+  std::string messages;
+  for (int r = 0; r < world; ++r) {
+    const std::string text =
+        dist::broadcast_text(group, rank == r ? (error.empty() ? pieces : "!" + error) : "", r);
+    if (!text.empty() && text[0] == '!') {
+      messages += (messages.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
+                  text.substr(1);
+    } else if (rank == 0) {
+      per_rank.push_back(nlohmann::json::parse(text));
+    }
+  }
+  if (failed.to_vector<int64_t>()[0] > 0) {
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    ACC_THROW(IoError, "checkpoint: saving step ", step, " to '", root, "' failed, nothing ",
+              "committed: ", messages);
+  }
+  // Rank 0 commits; the others learn the outcome.
+  std::string committed;
+  if (rank == 0) {
+    try {
+      committed = commit(root, tmp, assemble(per_rank, step, header, world), o);
+    } catch (const Error& e) {
+      error = e.what();
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+  }
+  error = dist::broadcast_text(group, error, 0);
+  ACC_CHECK_AS(IoError, error.empty(), "checkpoint: committing step ", step,
+               " failed on rank 0: ", error);
+  return dist::broadcast_text(group, committed, 0);
+}
+
+std::vector<std::string> committed_steps(const std::string& root) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& d : fs::directory_iterator(root, ec)) {
+    const std::string n = d.path().filename().string();
+    if (n.rfind("step-", 0) == 0 && fs::is_regular_file(d.path() / "metadata.json", ec)) {
+      out.push_back(d.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<std::string> resolve(const std::string& root_or_step) {
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(root_or_step) / "metadata.json", ec)) return root_or_step;
+  const fs::path latest = fs::path(root_or_step) / "latest";
+  if (fs::is_regular_file(latest, ec)) {
+    std::string name = read_file(latest.string(), "checkpoint latest pointer");
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    const fs::path dir = fs::path(root_or_step) / name;
+    if (name.rfind("step-", 0) == 0 && name.find('/') == std::string::npos &&
+        fs::is_regular_file(dir / "metadata.json", ec)) {
+      return dir.string();
+    }
+  }
+  std::vector<std::string> steps = committed_steps(root_or_step);
+  if (steps.empty()) return std::nullopt;
+  return steps.back();
+}
+
+Metadata read_metadata(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "metadata.json").string();
+  return parse_metadata(read_file(path, "checkpoint metadata"), path);
+}
+
+void load(const std::string& step_dir, const Metadata& meta,
+          const strategies::PlacementTable& table) {
+  struct Open {
+    std::ifstream in;
+    int64_t size = 0;
+  };
+  std::map<int, std::unique_ptr<Open>> files;
+  auto file = [&](int index) -> Open& {
+    auto& slot = files[index];
+    if (!slot) {
+      const std::string path =
+          (fs::path(step_dir) / meta.files.at(static_cast<size_t>(index))).string();
+      slot = std::make_unique<Open>();
+      std::error_code ec;
+      const auto size = fs::file_size(path, ec);
+      ACC_CHECK_AS(IoError, !ec, "checkpoint '", step_dir, "': shard '", path, "' is missing (",
+                   ec.message(), ")");
+      slot->size = static_cast<int64_t>(size);
+      slot->in.open(path, std::ios::binary);
+      ACC_CHECK_AS(IoError, slot->in.is_open(), "checkpoint '", step_dir, "': cannot open '", path,
+                   "'");
+    }
+    return *slot;
+  };
+  std::vector<char> stored, raw;
+  for (const Placement& e : table) {
+    if (!saved_kind(e.kind) || e.range.length == 0) continue;
+    const TensorInfo* t = meta.find(e.name);
+    ACC_CHECK(t != nullptr, "checkpoint '", step_dir, "' has no tensor '", e.name,
+              "' (another model or optimizer?)");
+    ACC_CHECK_SHAPE(t->shape == e.global_shape, "checkpoint '", step_dir, "': '", e.name,
+                    "' has shape ", to_string(t->shape), ", this model's is ",
+                    to_string(e.global_shape));
+    ACC_CHECK_TYPE(t->dtype == e.dtype, "checkpoint '", step_dir, "': '", e.name, "' is ", t->dtype,
+                   ", this run's is ", e.dtype);
+    ACC_CHECK(e.local.defined() && e.local.numel() == e.range.length && e.local.is_contiguous(),
+              "checkpoint: '", e.name, "' has no contiguous local tensor of ", e.range.length,
+              " elements to load into");
+    char* dst = static_cast<char*>(e.local.raw_data());
+    const int64_t elem = static_cast<int64_t>(element_size(e.dtype));
+    const int64_t lo = e.range.offset, hi = e.range.offset + e.range.length;
+    for (const ChunkInfo& c : t->chunks) {
+      const int64_t a = std::max(lo, c.offset), b = std::min(hi, c.offset + c.length);
+      if (a >= b) continue;
+      Open& f = file(c.file);
+      const std::string where = meta.files.at(static_cast<size_t>(c.file));
+      ACC_CHECK_AS(IoError, c.byte_offset + c.byte_length <= f.size, "checkpoint '", step_dir,
+                   "': shard '", where, "' is truncated: '", e.name, "' chunk at byte ",
+                   c.byte_offset, " needs ", c.byte_length, " bytes, the file has ", f.size);
+      stored.resize(static_cast<size_t>(c.byte_length));
+      f.in.seekg(c.byte_offset);
+      f.in.read(stored.data(), static_cast<std::streamsize>(c.byte_length));
+      ACC_CHECK_AS(IoError, f.in.good(), "checkpoint '", step_dir, "': reading '", where,
+                   "' failed");
+      ACC_CHECK_AS(IoError, XXH64(stored.data(), stored.size(), 0) == c.xxh64, "checkpoint '",
+                   step_dir, "': checksum mismatch in '", where, "' ('", e.name, "' elements ",
+                   c.offset, "..", c.offset + c.length, "): the shard is corrupt");
+      const size_t want = static_cast<size_t>(c.length * elem);
+      raw.resize(want);
+      const size_t got = ZSTD_decompress(raw.data(), want, stored.data(), stored.size());
+      ACC_CHECK_AS(IoError, !ZSTD_isError(got) && got == want, "checkpoint '", step_dir, "': '",
+                   e.name, "' chunk in '", where, "' does not decompress to its ", want, " bytes");
+      std::memcpy(dst + (a - lo) * elem, raw.data() + (a - c.offset) * elem,
+                  static_cast<size_t>((b - a) * elem));
+    }
+  }
+}
+
+std::string save_trainer(const std::string& root, int64_t step, strategies::Trainer& trainer,
+                         const std::string& model_trace_hash, nlohmann::json extra,
+                         const SaveOptions& options) {
+  ACC_CHECK(trainer.group() != nullptr, "checkpoint: the trainer has no process group");
+  dist::ProcessGroup& group = *trainer.group();
+  // Step counts are per parameter and equal wherever a parameter has a piece; a rank may hold no
+  // piece of some parameter, so every rank's counts are gathered.
+  nlohmann::json mine = nlohmann::json::object();
+  const optim::Optimizer& opt = trainer.optimizer();
+  for (const std::string& name : opt.param_names()) mine[name] = opt.param_step(name);
+  nlohmann::json steps = nlohmann::json::object();
+  for (int r = 0; r < group.size(); ++r) {
+    const nlohmann::json theirs =
+        nlohmann::json::parse(dist::broadcast_text(group, group.rank() == r ? mine.dump() : "", r));
+    for (const auto& [name, s] : theirs.items()) {
+      steps[name] = std::max<int64_t>(steps.value(name, int64_t{0}), s.get<int64_t>());
+    }
+  }
+  if (extra.is_null()) extra = nlohmann::json::object();
+  ACC_CHECK(extra.is_object(), "checkpoint: extra must be a JSON object, got ", extra.dump());
+  extra["optimizer_steps"] = steps;
+  Header h;
+  h.model_trace_hash = model_trace_hash;
+  h.strategy = strategies::to_json(trainer.strategy());
+  h.extra = std::move(extra);
+  return save(root, step, trainer.placements(), h, group, options);
+}
+
+Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,
+                      const std::string& model_trace_hash) {
+  Metadata meta = read_metadata(step_dir);
+  ACC_CHECK(meta.model_trace_hash == model_trace_hash, "checkpoint '", step_dir,
+            "' is of another model: its trace hash is ", meta.model_trace_hash, ", this model's ",
+            model_trace_hash);
+  const nlohmann::json* steps =
+      meta.extra.contains("optimizer_steps") ? &meta.extra.at("optimizer_steps") : nullptr;
+  ACC_CHECK(steps != nullptr && steps->is_object(), "checkpoint '", step_dir,
+            "': extra.optimizer_steps is missing (not written by save_trainer)");
+  // Step counts first into a copy of the state, checked, so a failure changes nothing of them.
+  optim::Optimizer& opt = trainer.optimizer();
+  optim::StateDict sd = opt.state_dict();
+  const std::string suffix = ".step";
+  for (auto& [key, t] : sd) {
+    if (key.size() <= suffix.size() + 6 ||
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix)) {
+      continue;
+    }
+    const std::string name = key.substr(6, key.size() - 6 - suffix.size());  // "state.<name>.step"
+    ACC_CHECK(steps->contains(name) && steps->at(name).is_number_integer() &&
+                  steps->at(name).get<int64_t>() >= 0,
+              "checkpoint '", step_dir, "': extra.optimizer_steps has no step count >= 0 for '",
+              name, "'");
+    t = from_vector(std::vector<int64_t>{steps->at(name).get<int64_t>()}, {});
+  }
+  load(step_dir, meta, trainer.placements());
+  opt.load_state_dict(sd);
+  return meta;
+}
+
+}  // namespace acc::checkpoint

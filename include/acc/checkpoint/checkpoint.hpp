@@ -1,0 +1,93 @@
+#pragma once
+// Sharded checkpoints: every rank writes the parameters and optimizer state it holds, as the
+// strategy layer's placement table says (strategies/placement.hpp), and any rank of any layout
+// reads back exactly the regions it holds. No case per strategy: a whole replica (ddp) is written
+// once (by replica 0's holder), a flat shard (zero, fsdp) by its owner, and a loader of another
+// world size or method finds its regions in the chunks that overlap them.
+//
+// Commit protocol (save): the shards go into ROOT/.tmp-step-NNNNNNNN-<id>/ and are fsynced; the
+// ranks then agree that every one succeeded (any failure fails the save on every rank, naming the
+// ranks and their errors, and nothing is committed); rank 0 writes metadata.json (temporary +
+// fsync + rename), renames the directory to ROOT/step-NNNNNNNN, fsyncs ROOT, and points
+// ROOT/latest at it the same way. A reader therefore sees a committed step whole or not at all; a
+// crash at any point leaves the previous committed step loadable (a leftover .tmp-* directory is
+// removed by the next save).
+//
+// Format: acc/checkpoint/format.hpp and checkpoint/README.md.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "acc/checkpoint/format.hpp"
+#include "acc/dist/process_group.hpp"
+#include "acc/strategies/placement.hpp"
+#include "acc/strategies/strategy.hpp"
+
+namespace acc::checkpoint {
+
+struct SaveOptions {
+  int64_t chunk_bytes = int64_t{4} << 20;  // uncompressed bytes per chunk, at most
+  int zstd_level = 1;                      // fast: checkpoints are written often
+  int keep_last = 0;                       // committed steps kept after this one (0: all)
+};
+
+/// What the checkpoint says about its run, besides the tensors.
+struct Header {
+  std::string model_trace_hash;
+  nlohmann::json strategy = nlohmann::json::array();
+  nlohmann::json extra = nlohmann::json::object();  // schedule position, RNG, data position, ...
+};
+
+/// "step-00000042".
+std::string step_dir_name(int64_t step);
+
+/// Saves the parameters and optimizer state of `table` as step `step` under `root` (created when
+/// missing); returns the committed step directory. A collective over `group`: every rank calls it
+/// with its own table. Throws acc::IoError on every rank when any rank fails (nothing committed,
+/// the previous steps untouched), acc::ValueError for a negative step or bad options.
+std::string save(const std::string& root, int64_t step, const strategies::PlacementTable& table,
+                 const Header& header, dist::ProcessGroup& group, const SaveOptions& options = {});
+
+/// The committed step directories under `root`, oldest first (those with a metadata.json).
+std::vector<std::string> committed_steps(const std::string& root);
+
+/// The step directory ROOT/latest points at, when it names a committed step; else the newest
+/// committed step; std::nullopt when there is none. A path that is itself a step directory (has a
+/// metadata.json) is returned as it is.
+std::optional<std::string> resolve(const std::string& root_or_step);
+
+/// metadata.json of a step directory, validated (format.hpp). Throws acc::IoError when it cannot
+/// be read, acc::ValueError naming the field when it is malformed or hostile.
+Metadata read_metadata(const std::string& step_dir);
+
+/// Fills the parameter and optimizer-state entries of `table` in place (their `local` tensors)
+/// from the checkpoint in `step_dir`, described by `meta` (read_metadata): for each entry it reads
+/// only the chunks that overlap the entry's range, checks each chunk's bytes against the file's
+/// size and its xxh64 before decompressing, and copies the overlap. Every rank reads what it needs
+/// on its own (nothing collective). Throws acc::ValueError naming what differs when the table does
+/// not fit the checkpoint (a tensor missing from it, another shape or dtype), and acc::IoError
+/// naming the file and chunk for a missing or truncated shard, a checksum mismatch or a chunk that
+/// does not decompress to its size. Gradients are not in checkpoints and are left alone.
+void load(const std::string& step_dir, const Metadata& meta,
+          const strategies::PlacementTable& table);
+
+/// A Trainer's parameters, optimizer state and optimizer step counts (every rank's, gathered into
+/// metadata.extra["optimizer_steps"]), with the model's trace hash and the trainer's strategy in
+/// the header and `extra` beside them. A collective over the trainer's group; as save().
+std::string save_trainer(const std::string& root, int64_t step, strategies::Trainer& trainer,
+                         const std::string& model_trace_hash, nlohmann::json extra = {},
+                         const SaveOptions& options = {});
+
+/// Loads a checkpoint written by save_trainer from any layout into `trainer` (any world size and
+/// data-parallel method): parameters, optimizer state and step counts. Throws acc::ValueError
+/// naming both hashes when the checkpoint is of another model (`model_trace_hash` differs), and
+/// what load() throws. Returns the checkpoint's metadata (step, extra) for the caller's own state.
+/// Not collective.
+Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,
+                      const std::string& model_trace_hash);
+
+}  // namespace acc::checkpoint

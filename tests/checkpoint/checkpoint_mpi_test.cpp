@@ -1,0 +1,209 @@
+// The N -> M matrix under mpirun (CTest: 1, 2 and 4 ranks). With W ranks, sub-groups of the first
+// n ranks stand for jobs of n ranks: a checkpoint saved by {1, 2, 4} ranks (those <= W) with each
+// data-parallel method is loaded into {1, ..., W} ranks with each method. After the load every
+// parameter and optimizer-state region a rank holds equals the saved tensor's bitwise, and one
+// more step gives the saving run's next loss: bitwise in the same layout, within 1e-5 (the
+// reductions add in another order) in another.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "acc/checkpoint/checkpoint.hpp"
+#include "acc/dist/agreement.hpp"
+#include "acc/dist/dist.hpp"
+#include "acc/models/models.hpp"
+#include "acc/optim/adam.hpp"
+#include "acc/strategies/strategy.hpp"
+#include "acc/tensor/random.hpp"
+#include "acc/util/error.hpp"
+
+namespace acc::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int64_t kGlobalBatch = 12, kSeq = 16;  // 12 splits over 1, 2, 3 and 4 ranks
+const char* const kHash = "test-model";
+
+models::LanguageModelPtr make_model(uint64_t seed) {
+  manual_seed(seed);
+  return models::create_model("gpt", {{"n_layer", 2},
+                                      {"n_head", 2},
+                                      {"n_embd", 32},
+                                      {"vocab_size", 64},
+                                      {"block_size", kSeq},
+                                      {"bias", false}});
+}
+
+// Step s's global batch, rank r's share of it among n ranks.
+data::Batch batch(int64_t step, int n, int r) {
+  const int64_t b = kGlobalBatch / n;
+  std::vector<int64_t> idx(static_cast<size_t>(b * kSeq)), tgt(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    const int64_t g = (r * b) * kSeq + static_cast<int64_t>(i);  // position in the global batch
+    idx[i] = (g * 7 + step * 13) % 64;
+    tgt[i] = (g * 11 + step * 5 + 3) % 64;
+  }
+  return {from_vector(idx, {b, kSeq}), from_vector(tgt, {b, kSeq})};
+}
+
+// The first n ranks of the world as a group (the others get a group of their own they never use).
+// split is collective: every rank asks for every n in the same order.
+dist::ProcessGroupPtr first(int n) {
+  static std::map<int, dist::ProcessGroupPtr> groups;
+  auto& g = groups[n];
+  if (!g) {
+    auto w = dist::ProcessGroup::world();
+    g = w->split(w->rank() < n ? 0 : 1, w->rank(), "first" + std::to_string(n));
+  }
+  return g;
+}
+
+std::unique_ptr<strategies::Trainer> trainer(models::LanguageModelPtr m, const std::string& method,
+                                             dist::ProcessGroupPtr g) {
+  const std::string s = method.empty() ? "[]" : R"([{"name": ")" + method + R"("}])";
+  return strategies::apply(m, optim::AdamW::factory({.lr = 1e-2, .weight_decay = 0.1}),
+                           strategies::parse_strategy(nlohmann::json::parse(s)),
+                           {.group = g, .grad_clip = 1.0});
+}
+
+// Every tensor of a checkpoint, whole (read through load() itself, with whole-tensor placements).
+std::map<std::string, Tensor> read_whole(const std::string& dir) {
+  const Metadata meta = read_metadata(dir);
+  strategies::PlacementTable table;
+  std::map<std::string, Tensor> out;
+  for (const TensorInfo& t : meta.tensors) {
+    strategies::Placement e;
+    e.name = t.name;
+    e.param = t.param;
+    e.kind = t.kind == "parameter" ? strategies::TensorKind::kParameter
+                                   : strategies::TensorKind::kOptimizerState;
+    e.field = t.field;
+    e.global_shape = t.shape;
+    e.dtype = t.dtype;
+    e.range = {0, t.numel()};
+    e.local = empty({t.numel()}, {t.dtype});
+    out[t.name] = e.local;
+    table.push_back(e);
+  }
+  load(dir, meta, table);
+  return out;
+}
+
+double exchange(double v, int root) {  // bit-exact, over the world
+  Tensor t = from_vector(std::vector<int64_t>{std::bit_cast<int64_t>(v)}, {1});
+  dist::ProcessGroup::world()->broadcast(t, root)->wait();
+  return std::bit_cast<double>(t.to_vector<int64_t>()[0]);
+}
+
+TEST(Checkpoint, EveryLayoutLoadsIntoEveryOtherAndTrainsOn) {
+  auto world = dist::ProcessGroup::world();
+  const int W = world->size(), rank = world->rank();
+  std::string base =
+      rank == 0 ? testing::TempDir() + "ckpt-matrix-" + std::to_string(::getpid()) : std::string();
+  base = dist::broadcast_text(*world, base, 0);
+  for (int n = 1; n <= W; ++n) first(n);  // collective: made by every rank before the loops
+  const std::vector<std::string> methods = {"ddp", "zero1", "zero2", "fsdp"};
+  int loads = 0;
+  for (int src : {1, 2, 4}) {
+    if (src > W) continue;
+    for (const std::string& a : methods) {
+      const std::string root = base + "/" + std::to_string(src) + "-" + a;
+      double next_loss = 0;
+      if (rank < src) {
+        auto t = trainer(make_model(7), a, first(src));
+        for (int64_t s = 0; s < 2; ++s) t->train_step(batch(s, src, rank));
+        save_trainer(root, 2, *t, kHash, {{"note", "matrix"}});
+        next_loss = t->train_step(batch(2, src, rank));
+      }
+      next_loss = exchange(next_loss, 0);
+      const std::string dir = *resolve(root);
+      const std::map<std::string, Tensor> saved = read_whole(dir);
+      if (a == "ddp") {  // replicas are written once, by replica 0's holder
+        for (const TensorInfo& t : read_metadata(dir).tensors) {
+          for (const ChunkInfo& c : t.chunks) EXPECT_EQ(c.file, 0) << t.name;
+        }
+      }
+      for (int dst = 1; dst <= W; ++dst) {
+        for (const std::string& b : methods) {
+          if (rank >= dst) continue;
+          const std::string what =
+              std::to_string(src) + " x " + a + " -> " + std::to_string(dst) + " x " + b;
+          auto t = trainer(make_model(99), b, first(dst));  // another init: all must be loaded
+          const Metadata meta = load_trainer(dir, *t, kHash);
+          EXPECT_EQ(meta.step, 2) << what;
+          EXPECT_EQ(meta.extra.at("note"), "matrix") << what;
+          for (const auto& e : t->placements()) {
+            if (e.kind == strategies::TensorKind::kGradient || e.range.length == 0) continue;
+            const Tensor& whole = saved.at(e.name);
+            const size_t es = element_size(e.dtype);
+            const Tensor mine = e.local.contiguous();
+            ASSERT_EQ(std::memcmp(mine.raw_data(),
+                                  static_cast<const char*>(whole.raw_data()) + e.range.offset * es,
+                                  static_cast<size_t>(e.range.length) * es),
+                      0)
+                << what << ": " << e.name << " [" << e.range.offset << ", +" << e.range.length
+                << ")";
+          }
+          const double loss = t->train_step(batch(2, dst, rank));
+          if (dst == src && b == a) {
+            EXPECT_EQ(loss, next_loss) << what;
+          } else {
+            EXPECT_NEAR(loss, next_loss, 1e-5 * std::abs(next_loss)) << what;
+          }
+          ++loads;
+        }
+      }
+      world->barrier()->wait();
+    }
+  }
+  if (rank == 0) {
+    std::printf("%d loads checked on rank 0 (world %d)\n", loads, W);
+    std::error_code ec;
+    fs::remove_all(base, ec);
+  }
+}
+
+TEST(Checkpoint, ADifferentModelOrAMissingTensorIsRefusedByName) {
+  auto world = dist::ProcessGroup::world();
+  const int W = world->size();
+  std::string root = world->rank() == 0
+                         ? testing::TempDir() + "ckpt-refuse-" + std::to_string(::getpid())
+                         : std::string();
+  root = dist::broadcast_text(*world, root, 0);
+  auto t = trainer(make_model(7), W > 1 ? "ddp" : "", world);
+  t->train_step(batch(0, W, world->rank()));
+  const std::string dir = save_trainer(root, 1, *t, kHash);
+  try {
+    load_trainer(dir, *t, "another-model");
+    ADD_FAILURE() << "another model's checkpoint loaded";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("is of another model: its trace hash is test-model"),
+              std::string::npos)
+        << e.what();
+  }
+  // A model with another shape: named with both shapes.
+  auto wider = strategies::apply(
+      models::create_model("gpt", {{"n_layer", 2},
+                                   {"n_head", 2},
+                                   {"n_embd", 48},
+                                   {"vocab_size", 64},
+                                   {"block_size", kSeq},
+                                   {"bias", false}}),
+      optim::AdamW::factory({}),
+      strategies::parse_strategy(nlohmann::json::parse(W > 1 ? R"([{"name": "ddp"}])" : "[]")),
+      {.group = world});
+  EXPECT_THROW(load_trainer(dir, *wider, kHash), ShapeError);
+  world->barrier()->wait();
+  if (world->rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+}
+
+}  // namespace
+}  // namespace acc::checkpoint
