@@ -455,4 +455,67 @@ Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,
   return meta;
 }
 
+std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trainer,
+                              const std::string& model_trace_hash, bool fall_back) {
+  ACC_CHECK(trainer.group() != nullptr, "checkpoint: the trainer has no process group");
+  dist::ProcessGroup& group = *trainer.group();
+  // Rank 0's list, newest first (the latest pointer's target leads), for every rank.
+  nlohmann::json list = nlohmann::json::array();
+  if (group.rank() == 0) {
+    if (const auto first = resolve(root)) {
+      list.push_back(*first);
+      const std::vector<std::string> steps = committed_steps(root);
+      for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+        if (*it != *first) list.push_back(*it);
+      }
+    }
+  }
+  list = nlohmann::json::parse(dist::broadcast_text(group, list.dump(), 0));
+  if (list.empty()) return std::nullopt;
+  Resumed out;
+  for (const auto& entry : list) {
+    const std::string dir = entry.get<std::string>();
+    std::string error;
+    bool other_model = false;
+    try {
+      out.metadata = load_trainer(dir, trainer, model_trace_hash);
+    } catch (const ValueError& e) {
+      error = e.what();
+      other_model = error.find("is of another model") != std::string::npos;
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    Tensor flags =
+        from_vector(std::vector<int64_t>{error.empty() ? 0 : 1, other_model ? 1 : 0}, {2});
+    group.allreduce(flags, dist::ReduceOp::kSum)->wait();
+    const auto f = flags.to_vector<int64_t>();
+    if (f[0] == 0) {
+      out.dir = dir;
+      if (!out.skipped.empty() && group.rank() == 0) {
+        logging::warn("checkpoint: resumed from '{}' (skipped {} newer: {})", dir,
+                      out.skipped.size(), out.skipped.front());
+      }
+      return out;
+    }
+    std::string messages;
+    for (int r = 0; r < group.size(); ++r) {
+      const std::string text = dist::broadcast_text(group, group.rank() == r ? error : "", r);
+      if (!text.empty()) {
+        messages +=
+            (messages.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + text;
+      }
+    }
+    ACC_CHECK(f[1] == 0, messages);  // another model: no older step of this root would do
+    out.skipped.push_back(dir + " (" + messages + ")");
+    if (group.rank() == 0) {
+      logging::warn("checkpoint: '{}' does not load ({}){}", dir, messages,
+                    fall_back ? "; trying the previous committed step" : "");
+    }
+    if (!fall_back) break;
+  }
+  std::string tried;
+  for (const auto& s : out.skipped) tried += (tried.empty() ? "" : "; ") + s;
+  ACC_THROW(IoError, "checkpoint: nothing under '", root, "' loads: ", tried);
+}
+
 }  // namespace acc::checkpoint

@@ -11,6 +11,8 @@
 #include <bit>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 
 #include "acc/checkpoint/checkpoint.hpp"
@@ -200,6 +202,76 @@ TEST(Checkpoint, ADifferentModelOrAMissingTensorIsRefusedByName) {
   EXPECT_THROW(load_trainer(dir, *wider, kHash), ShapeError);
   world->barrier()->wait();
   if (world->rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+}
+
+// Each kind of damage to the newest step is found, named, and resume falls back to the step
+// before it (or, told not to, refuses).
+TEST(Checkpoint, DamageIsNamedAndResumeFallsBackToThePreviousStep) {
+  auto world = dist::ProcessGroup::world();
+  const int W = world->size(), rank = world->rank();
+  std::string root =
+      rank == 0 ? testing::TempDir() + "ckpt-damage-" + std::to_string(::getpid()) : std::string();
+  root = dist::broadcast_text(*world, root, 0);
+  const std::string method = W > 1 ? "ddp" : "";
+  auto t = trainer(make_model(7), method, world);
+  t->train_step(batch(0, W, rank));
+  const std::string step1 = save_trainer(root, 1, *t, kHash);
+  t->train_step(batch(1, W, rank));
+  struct Damage {
+    std::string name, words;
+    std::function<void(const fs::path&)> apply;
+  };
+  const std::vector<Damage> damages = {
+      {"flipped bit", "checksum mismatch",
+       [](const fs::path& dir) {
+         std::fstream f(dir / shard_file_name(0), std::ios::in | std::ios::out | std::ios::binary);
+         f.seekg(100);
+         char c = 0;
+         f.read(&c, 1);
+         c ^= 0x10;
+         f.seekp(100);
+         f.write(&c, 1);
+       }},
+      {"truncated shard", "is truncated",
+       [](const fs::path& dir) {
+         fs::resize_file(dir / shard_file_name(0), fs::file_size(dir / shard_file_name(0)) / 2);
+       }},
+      {"missing shard", "is missing",
+       [](const fs::path& dir) { fs::remove(dir / shard_file_name(0)); }},
+      {"corrupt metadata", "checkpoint metadata",
+       [](const fs::path& dir) {
+         std::ofstream(dir / "metadata.json", std::ios::trunc) << "{\"format\": \"autoacc-chec";
+       }},
+  };
+  for (const Damage& d : damages) {
+    const std::string step2 = save_trainer(root, 2, *t, kHash);
+    if (rank == 0) d.apply(step2);
+    world->barrier()->wait();
+    auto fresh = trainer(make_model(99), method, world);
+    try {
+      resume(root, *fresh, kHash, /*fall_back=*/false);
+      ADD_FAILURE() << d.name << ": a damaged step loaded without fallback";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find(d.words), std::string::npos)
+          << d.name << ": " << e.what();
+    }
+    const std::optional<Resumed> r = resume(root, *fresh, kHash);
+    ASSERT_TRUE(r.has_value()) << d.name;
+    EXPECT_EQ(r->dir, step1) << d.name;
+    EXPECT_EQ(r->metadata.step, 1) << d.name;
+    ASSERT_EQ(r->skipped.size(), 1u) << d.name;
+    EXPECT_NE(r->skipped[0].find(d.words), std::string::npos) << d.name << ": " << r->skipped[0];
+  }
+  // Undamaged, the newest step loads; an empty root has nothing to resume.
+  save_trainer(root, 2, *t, kHash);
+  auto fresh = trainer(make_model(99), method, world);
+  EXPECT_EQ(resume(root, *fresh, kHash)->metadata.step, 2);
+  EXPECT_FALSE(resume(root + "/nothing-here", *fresh, kHash).has_value());
+  world->barrier()->wait();
+  if (rank == 0) {
     std::error_code ec;
     fs::remove_all(root, ec);
   }

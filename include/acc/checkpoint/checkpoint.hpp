@@ -90,4 +90,21 @@ std::string save_trainer(const std::string& root, int64_t step, strategies::Trai
 Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,
                       const std::string& model_trace_hash);
 
+struct Resumed {
+  std::string dir;  // the step directory loaded
+  Metadata metadata;
+  std::vector<std::string> skipped;  // newer committed steps that failed to load, with why
+};
+
+/// Resumes `trainer` from the newest loadable checkpoint under `root` (or from `root` itself when
+/// it is a step directory): the one `latest` points at first, then, when `fall_back`, each older
+/// committed step in turn while loading fails on any rank (a corrupt or missing shard, a checksum
+/// mismatch), logging which it skipped and why. Collective over the trainer's group: rank 0 lists
+/// the steps, and every rank loads the same one (a failure on one rank fails that step on all).
+/// Returns std::nullopt when there is no committed step at all. Throws acc::IoError naming every
+/// step tried and the ranks' errors when none loads (or the first fails and fall_back is off), and
+/// acc::ValueError at once for a checkpoint of another model (falling back would not help).
+std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trainer,
+                              const std::string& model_trace_hash, bool fall_back = true);
+
 }  // namespace acc::checkpoint
