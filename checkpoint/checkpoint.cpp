@@ -19,7 +19,7 @@
 #include "acc/util/file.hpp"
 #include "acc/util/logging.hpp"
 
-namespace acc::checkpoint {
+namespace acc::ckpt {
 namespace fs = std::filesystem;
 namespace {
 
@@ -518,4 +518,4 @@ std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trai
   ACC_THROW(IoError, "checkpoint: nothing under '", root, "' loads: ", tried);
 }
 
-}  // namespace acc::checkpoint
+}  // namespace acc::ckpt

@@ -10,7 +10,7 @@
 #include "acc/util/json.hpp"
 #include "acc/util/json_fields.hpp"
 
-namespace acc::checkpoint {
+namespace acc::ckpt {
 namespace {
 
 using json::brief;
@@ -204,4 +204,4 @@ Metadata parse_metadata(const std::string& text, const std::string& where) {
   return m;
 }
 
-}  // namespace acc::checkpoint
+}  // namespace acc::ckpt

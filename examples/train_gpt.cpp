@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -40,7 +41,9 @@ struct Args {
   std::string data_order = "random";
   std::string init_from;
   std::string save;
-  std::string save_checkpoint;
+  std::string ckpt_dir;
+  int64_t save_every = 0;
+  int keep = 3;
   std::string resume;
   std::string log_json;
   std::string strategy;
@@ -132,11 +135,31 @@ int run(const Args& a) {
   ACC_CHECK(!a.data.empty(),
             "--data is required (a token file or, with --data-format text, "
             "any text file)");
+  ACC_CHECK(a.save_every == 0 || !a.ckpt_dir.empty(), "--save-every needs --ckpt-dir");
+  ACC_CHECK(a.resume != "auto" || !a.ckpt_dir.empty(),
+            "--resume auto resumes from --ckpt-dir: give --ckpt-dir");
+  if (!a.resume.empty() && a.resume != "auto") {
+    std::error_code ec;
+    ACC_CHECK_AS(IoError, !std::filesystem::is_regular_file(a.resume, ec), "--resume '", a.resume,
+                 "' is a file: single-file checkpoints (the former --save-checkpoint) are not read "
+                 "any more; resume from a checkpoint directory written with --ckpt-dir");
+    ACC_CHECK_AS(IoError, std::filesystem::is_directory(a.resume, ec), "--resume '", a.resume,
+                 "' is not a checkpoint directory (a --ckpt-dir or one of its step-N directories)");
+  }
 
   // Output paths before any work, so a typo costs nothing (rank 0 writes them).
   if (dist::rank() == 0) {
     if (!a.save.empty()) check_output_path(a.save, "--save");
-    if (!a.save_checkpoint.empty()) check_output_path(a.save_checkpoint, "--save-checkpoint");
+    if (!a.ckpt_dir.empty()) {
+      std::error_code ec;
+      ACC_CHECK_AS(
+          IoError,
+          !std::filesystem::exists(a.ckpt_dir, ec) || std::filesystem::is_directory(a.ckpt_dir, ec),
+          "--ckpt-dir '", a.ckpt_dir, "' is a file, not a directory");
+      const auto parent = std::filesystem::absolute(a.ckpt_dir).parent_path();
+      ACC_CHECK_AS(IoError, std::filesystem::is_directory(parent, ec), "--ckpt-dir '", a.ckpt_dir,
+                   "': directory '", parent.string(), "' does not exist");
+    }
     if (!a.log_json.empty()) check_output_path(a.log_json, "--log-json");
   }
 
@@ -257,13 +280,6 @@ int run(const Args& a) {
     trainer = strategies::apply(model, factory, strategy,
                                 {.group = group, .grad_clip = a.grad_clip, .agreement = agreement});
   }
-  // Whether every rank holds the whole training state, from the placement table (not from method
-  // names): a checkpoint in today's one-file format needs it.
-  const bool sharded = strategies::any_sharded(trainer->placements());
-  ACC_CHECK(!sharded || (a.save_checkpoint.empty() && a.resume.empty()),
-            "--save-checkpoint/--resume with a sharded strategy on ", group->size(),
-            " ranks is not supported yet (sharded checkpoints are a later issue); use ddp or one "
-            "rank");
   optim::Optimizer& opt = trainer->optimizer();
   std::unique_ptr<optim::LRScheduler> schedule;
   if (a.lr_schedule == "cosine") {
@@ -275,46 +291,75 @@ int run(const Args& a) {
     schedule = std::make_unique<optim::ConstantLR>(a.lr);
   }
 
+  // Sharded checkpoints (checkpoint/README.md): any strategy and world size saves, and a run on
+  // any other loads it. The model is named by its trace hash; the run's own state (data position,
+  // every rank's RNG, the model config) goes into the checkpoint's extra.
+  const std::string trace_hash = trace::model_trace_hash(a.model, config);
   int64_t start_step = 0;
   if (!a.resume.empty()) {
-    // Everything about the checkpoint is checked before any of it is loaded.
-    io::SafetensorsFile ck = io::load_safetensors(a.resume);
-    const std::string what = "--resume '" + a.resume + "'";
-    for (const char* key : {"loader", "step", "model_type", "config"}) {
-      ACC_CHECK(ck.metadata.count(key), what, " is not a train_gpt checkpoint (no '", key,
-                "' in its metadata)");
+    const std::string from = a.resume == "auto" ? a.ckpt_dir : a.resume;
+    const std::string what = "--resume '" + from + "'";
+    // The model's config first, by field (a clearer message than another trace hash).
+    if (const auto dir = ckpt::resolve(from)) {
+      nlohmann::json extra;
+      try {
+        extra = ckpt::read_metadata(*dir).extra;
+      } catch (const Error&) {
+        // Damaged: resume() below names it and falls back (auto) or refuses.
+      }
+      if (extra.contains("config") && extra.contains("model_type")) {
+        ACC_CHECK(extra.at("model_type") == a.model, what, " holds a ", extra.at("model_type"),
+                  " model, not --model ", a.model);
+        const nlohmann::json& saved = extra.at("config");
+        const nlohmann::json now = model->config_json();
+        for (const auto& [key, value] : now.items()) {
+          const auto it = saved.find(key);
+          ACC_CHECK(it != saved.end() && *it == value, what, " was saved with ", key, " = ",
+                    it == saved.end() ? std::string("(absent)") : it->dump(), ", this run has ",
+                    key, " = ", value.dump(), ": resume with the checkpoint's model config");
+        }
+      }
     }
-    start_step = parse_int64(ck.metadata.at("step"), what + ": metadata 'step'");
-    ACC_CHECK(start_step >= 0, what, ": metadata 'step' must be >= 0, got ", start_step);
-    ACC_CHECK(start_step < a.steps, what, " is at step ", start_step, " and --steps is ", a.steps,
-              ": nothing left to train (give --steps > ", start_step, ")");
-    // Same tensor shapes do not make the same model (n_head, activation, dropout): compare the
-    // stored config field by field.
-    ACC_CHECK(ck.metadata.at("model_type") == a.model, what, " holds a ",
-              ck.metadata.at("model_type"), " model, not --model ", a.model);
-    const nlohmann::json saved = parse_json(ck.metadata.at("config"), what + ": metadata 'config'");
-    const nlohmann::json now = model->config_json();
-    for (const auto& [key, value] : now.items()) {
-      const auto it = saved.find(key);
-      ACC_CHECK(it != saved.end() && *it == value, what, " was saved with ", key, " = ",
-                it == saved.end() ? std::string("(absent)") : it->dump(), ", this run has ", key,
-                " = ", value.dump(), ": resume with the checkpoint's model config");
+    const auto resumed = ckpt::resume(from, *trainer, trace_hash, a.resume == "auto");
+    ACC_CHECK(resumed || a.resume == "auto", what, ": no committed checkpoint there");
+    if (!resumed) {
+      if (leader)
+        logging::info("--resume auto: no checkpoint in '{}' yet, starting at step 0", from);
+    } else {
+      const nlohmann::json& extra = resumed->metadata.extra;
+      start_step = resumed->metadata.step;
+      ACC_CHECK(start_step < a.steps, what, " is at step ", start_step, " and --steps is ", a.steps,
+                ": nothing left to train (give --steps > ", start_step, ")");
+      ACC_CHECK(extra.contains("loader") && extra.contains("rng"), what,
+                ": not a train_gpt checkpoint (no loader or rng state in its extra)");
+      loader.load_state(extra.at("loader"));
+      // Each rank's generator; on another world size, rank 0's (every rank seeds alike).
+      const nlohmann::json& rng = extra.at("rng");
+      const size_t r =
+          rng.size() == static_cast<size_t>(group->size()) ? static_cast<size_t>(group->rank()) : 0;
+      default_generator().set_state(rng.at(r).at(0).get<uint64_t>(),
+                                    rng.at(r).at(1).get<uint64_t>());
+      if (leader) logging::info("resumed from {} at step {}", resumed->dir, start_step);
     }
-    nn::NamedTensors weights;
-    optim::StateDict ostate;
-    for (const auto& [name, t] : ck.tensors) {
-      if (name.rfind("model.", 0) == 0) weights.emplace_back(name.substr(6), t);
-      if (name.rfind("optim.", 0) == 0) ostate.emplace_back(name.substr(6), t);
-    }
-    const std::string non_finite = nn::describe_non_finite(weights);
-    ACC_CHECK(non_finite.empty(), what, ": the checkpoint's weights are not finite: ", non_finite);
-    const nlohmann::json loader_state =
-        parse_json(ck.metadata.at("loader"), what + ": metadata 'loader'");
-    model->load_state_dict(weights);
-    opt.load_state_dict(ostate);
-    loader.load_state(loader_state);
-    logging::info("resumed from {} at step {}", a.resume, start_step);
   }
+  int64_t saved_step = -1;
+  auto save_checkpoint = [&](int64_t step) {
+    nlohmann::json rng = nlohmann::json::array();
+    for (int r = 0; r < group->size(); ++r) {
+      const Generator& g = default_generator();
+      const std::string mine = nlohmann::json{g.seed(), g.offset()}.dump();
+      rng.push_back(
+          nlohmann::json::parse(dist::broadcast_text(*group, group->rank() == r ? mine : "", r)));
+    }
+    const nlohmann::json extra = {{"model_type", a.model},
+                                  {"config", model->config_json()},
+                                  {"loader", loader.state()},
+                                  {"rng", rng}};
+    const std::string dir =
+        ckpt::save_trainer(a.ckpt_dir, step, *trainer, trace_hash, extra, {.keep_last = a.keep});
+    saved_step = step;
+    if (leader) logging::info("saved checkpoint {} (step {})", dir, step);
+  };
 
   std::ofstream json_log;
   if (!a.log_json.empty() && leader) {
@@ -367,7 +412,9 @@ int run(const Args& a) {
       logging::info("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:7.1f} ms | {:8.0f} tok/s", step,
                     a.steps, loss_v, lr, ms, tps);
     }
+    if (a.save_every > 0 && (step + 1) % a.save_every == 0) save_checkpoint(step + 1);
   }
+  if (!a.ckpt_dir.empty() && saved_step != a.steps) save_checkpoint(a.steps);
   const double med = median(step_ms);
   if (leader) {
     logging::info(
@@ -384,16 +431,6 @@ int run(const Args& a) {
       io::save_safetensors(a.save, params, meta);
       logging::info("saved weights to {}", a.save);
     }
-  }
-  if (!a.save_checkpoint.empty() && leader) {
-    io::NamedTensors all;
-    for (auto& [n, t] : model->state_dict()) all.emplace_back("model." + n, t);
-    for (auto& [n, t] : opt.state_dict()) all.emplace_back("optim." + n, t);
-    io::Metadata ck_meta = meta;
-    ck_meta["loader"] = loader.state().dump();
-    ck_meta["step"] = std::to_string(a.steps);
-    io::save_safetensors(a.save_checkpoint, all, ck_meta);
-    logging::info("saved checkpoint to {}", a.save_checkpoint);
   }
   // Dropping the Trainer hands the model back whole on every rank (fsdp gathers it: all ranks
   // take part), so any strategy can sample.
@@ -419,9 +456,13 @@ int main(int argc, char** argv) {
   app.add_option("--data-order", a.data_order, "random | sequential")->capture_default_str();
   app.add_option("--init-from", a.init_from, "initial weights (safetensors, model names)");
   app.add_option("--save", a.save, "write the final weights (safetensors)");
-  app.add_option("--save-checkpoint", a.save_checkpoint,
-                 "write weights, optimizer state and data position to resume from");
-  app.add_option("--resume", a.resume, "continue from a --save-checkpoint file");
+  app.add_option("--ckpt-dir", a.ckpt_dir,
+                 "sharded checkpoints of the training state (weights, optimizer, data position, "
+                 "RNG), one step-N directory each, written at the end and every --save-every "
+                 "steps; any rank count and strategy loads them");
+  app.add_option("--resume", a.resume,
+                 "auto: continue from --ckpt-dir's latest loadable checkpoint (falling back past a "
+                 "damaged one; none yet: start at 0), or a checkpoint or step directory");
   // Every number is checked whole and in range before anything runs (acc::cli): no clamping,
   // no inf or nan, no negative counts.
   using acc::cli::integer;
@@ -464,6 +505,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--threads", a.threads, "threads for OpenBLAS and TBB together")
       ->check(integer(1, 4096))
+      ->capture_default_str();
+  app.add_option("--save-every", a.save_every,
+                 "with --ckpt-dir: also save every N steps (0: at the end only)")
+      ->check(integer(0))
+      ->capture_default_str();
+  app.add_option("--keep", a.keep, "with --ckpt-dir: committed checkpoints kept (0: all)")
+      ->check(integer(0, 1 << 20))
       ->capture_default_str();
   app.add_option("--log-json", a.log_json, "one JSON line per step");
   app.add_option("--log-every", a.log_every, "console log interval")

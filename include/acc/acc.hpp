@@ -9,6 +9,7 @@
 #include "acc/autograd/flops.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/autograd/saved.hpp"
+#include "acc/checkpoint/checkpoint.hpp"
 #include "acc/data/token_data.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/dist/flight_recorder.hpp"

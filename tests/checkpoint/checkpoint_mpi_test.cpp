@@ -24,7 +24,7 @@
 #include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
 
-namespace acc::checkpoint {
+namespace acc::ckpt {
 namespace {
 
 namespace fs = std::filesystem;
@@ -278,4 +278,4 @@ TEST(Checkpoint, DamageIsNamedAndResumeFallsBackToThePreviousStep) {
 }
 
 }  // namespace
-}  // namespace acc::checkpoint
+}  // namespace acc::ckpt

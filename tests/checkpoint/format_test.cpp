@@ -8,7 +8,7 @@
 #include "acc/util/error.hpp"
 #include "error_of.hpp"
 
-namespace acc::checkpoint {
+namespace acc::ckpt {
 namespace {
 
 Metadata sample() {
@@ -113,4 +113,4 @@ TEST(Metadata, MalformedOrHostileIsRefusedNamingTheField) {
 }
 
 }  // namespace
-}  // namespace acc::checkpoint
+}  // namespace acc::ckpt

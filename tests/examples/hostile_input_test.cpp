@@ -70,7 +70,7 @@ class HostileInput : public testing::Test {
     fs::create_directories(dir / "a_directory");
 
     // A checkpoint at step 2 and weights of the same model, then edited copies.
-    const auto ck = run_command(tg() + " --steps 2 --save-checkpoint " + (dir / "ck.st").string() +
+    const auto ck = run_command(tg() + " --steps 2 --ckpt-dir " + (dir / "ck").string() +
                                 " --save " + (dir / "w.st").string());
     ASSERT_EQ(ck.exit_code, 0) << ck.output;
     acc::io::SafetensorsFile w = acc::io::load_safetensors((dir / "w.st").string());
@@ -96,10 +96,12 @@ class HostileInput : public testing::Test {
       }
     }
     acc::io::save_safetensors((dir / "nan.st").string(), nan_weights, w.metadata);
-    acc::io::SafetensorsFile c = acc::io::load_safetensors((dir / "ck.st").string());
-    auto meta = c.metadata;
-    meta["step"] = "3abc";
-    acc::io::save_safetensors((dir / "ck_badstep.st").string(), c.tensors, meta);
+    // A copy of the checkpoint whose metadata says step "3abc".
+    fs::copy(dir / "ck", dir / "ck_badstep", fs::copy_options::recursive);
+    const fs::path md = dir / "ck_badstep" / "step-00000002" / "metadata.json";
+    nlohmann::json m = nlohmann::json::parse(std::ifstream(md));
+    m["step"] = "3abc";
+    write(md, m.dump());
   }
   static void TearDownTestSuite() { fs::remove_all(dir); }
 
@@ -206,17 +208,17 @@ TEST_F(HostileInput, PretrainedWeightsAreTakenOnlyAsTheyAre) {
 TEST_F(HostileInput, ResumeRefusesAnotherModelOrNothingToDo) {
   const std::vector<Case> cases = {
       {"5",
-       "{tg} --config {dir}/a_nhead4.json --steps 4 --resume {dir}/ck.st",
+       "{tg} --config {dir}/a_nhead4.json --steps 4 --resume {dir}/ck",
        1,
        {"was saved with n_head = 2, this run has n_head = 4"}},
       {"5",
-       "{tg} --steps 2 --resume {dir}/ck.st",
+       "{tg} --steps 2 --resume {dir}/ck",
        1,
        {"is at step 2 and --steps is 2: nothing left to train"}},
       {"7",
-       "{tg} --steps 4 --resume {dir}/ck_badstep.st",
+       "{tg} --steps 4 --resume {dir}/ck_badstep",
        1,
-       {"metadata 'step' must be an integer, got '3abc'"}},
+       {"field 'step' must be an integer", "3abc"}},
   };
   for (const auto& c : cases) check(c);
 }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -75,7 +76,8 @@ TEST_P(TrainMatchesPyTorch, TwentyStepsSameLosses) {
 
 INSTANTIATE_TEST_SUITE_P(Models, TrainMatchesPyTorch, testing::Values("gpt", "llama"));
 
-// Training 6 steps, checkpointing, and resuming to 12 gives the same losses as 12 straight steps.
+// Training 6 steps, checkpointing, and resuming to 12 gives the same losses as 12 straight steps
+// (--resume auto from the --ckpt-dir; --save-every 4 leaves step 4 and step 6, --keep 1 only 6).
 TEST(TrainGpt, ResumeFromCheckpointIsExact) {
   fs::path dir = temp_dir();
   const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
@@ -83,19 +85,60 @@ TEST(TrainGpt, ResumeFromCheckpointIsExact) {
                              " --data-format u16 --batch-size 2 --seq-len 16 --lr 3e-3"
                              " --grad-clip 1.0 --seed 5 --threads 1";
   ASSERT_EQ(run(common + " --steps 12 --log-json " + (dir / "full.jsonl").string()).exit_code, 0);
-  ProcessResult first =
-      run(common + " --steps 6 --save-checkpoint " + (dir / "ck.safetensors").string() +
-          " --log-json " + (dir / "a.jsonl").string());
+  const std::string ck = " --ckpt-dir " + (dir / "ck").string();
+  ProcessResult first = run(common + " --steps 6 --save-every 4 --keep 1" + ck + " --log-json " +
+                            (dir / "a.jsonl").string());
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  ProcessResult second = run(common + " --steps 12 --resume " + (dir / "ck.safetensors").string() +
-                             " --log-json " + (dir / "b.jsonl").string());
+  EXPECT_TRUE(fs::exists(dir / "ck" / "step-00000006" / "metadata.json"));
+  EXPECT_FALSE(fs::exists(dir / "ck" / "step-00000004")) << "--keep 1 kept step 4";
+  ProcessResult second =
+      run(common + " --steps 12 --resume auto" + ck + " --log-json " + (dir / "b.jsonl").string());
   ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("at step 6"), std::string::npos) << second.output;
   auto full = losses_from_log((dir / "full.jsonl").string());
   auto a = losses_from_log((dir / "a.jsonl").string());
   auto b = losses_from_log((dir / "b.jsonl").string());
   a.insert(a.end(), b.begin(), b.end());
   ASSERT_EQ(a.size(), full.size());
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(a[i], full[i]) << "step " << i;
+  fs::remove_all(dir);
+}
+
+// A run saved by 2 ranks with zero2 resumes on 4 ranks with fsdp (the same global batch of 4:
+// --batch-size is per rank) and trains as one process would, within 1e-5 (other reduction
+// orders).
+TEST(TrainGpt, ResumesInAnotherWorldSizeAndStrategy) {
+  fs::path dir = temp_dir();
+  const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
+  const std::string common = " --model gpt --data " + data +
+                             " --data-format u16 --data-order sequential --seq-len 16 --lr 3e-3"
+                             " --grad-clip 1.0 --seed 5 --threads 1 --ckpt-dir " +
+                             (dir / "ck").string();
+  const std::string mpi = std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np ";
+  const std::string tg = std::string(TRAIN_GPT_BIN);
+  ASSERT_EQ(run("--model gpt --data " + data +
+                " --data-format u16 --data-order sequential --seq-len 16 --lr 3e-3 --grad-clip 1.0"
+                " --seed 5 --threads 1 --batch-size 4 --steps 8 --log-json " +
+                (dir / "full.jsonl").string())
+                .exit_code,
+            0);
+  const auto first = acc::test::run_command(
+      mpi + "2 " + tg + common + " --batch-size 2 --steps 4 --strategy '[{\"name\": \"zero2\"}]'" +
+      " --log-json " + (dir / "a.jsonl").string());
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const auto second = acc::test::run_command(
+      mpi + "4 " + tg + common + " --batch-size 1 --steps 8 --resume auto" +
+      " --strategy '[{\"name\": \"fsdp\"}]' --log-json " + (dir / "b.jsonl").string());
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  auto full = losses_from_log((dir / "full.jsonl").string());
+  auto a = losses_from_log((dir / "a.jsonl").string());
+  auto b = losses_from_log((dir / "b.jsonl").string());
+  a.insert(a.end(), b.begin(), b.end());
+  ASSERT_EQ(a.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    EXPECT_NEAR(a[i], full[i], 1e-5 * std::abs(full[i])) << "step " << i;
+  }
   fs::remove_all(dir);
 }
 
@@ -132,8 +175,13 @@ TEST(TrainGpt, BadFlagsGetClearErrors) {
       // Output paths are checked before any training (no step is logged).
       {"--data " + data + " --save /nonexistent-dir/w.safetensors",
        "--save '/nonexistent-dir/w.safetensors': directory '/nonexistent-dir' does not exist"},
-      {"--data " + data + " --save-checkpoint " + fs::temp_directory_path().string(),
+      {"--data " + data + " --save " + fs::temp_directory_path().string(),
        "is a directory, not a file name"},
+      {"--data " + data + " --ckpt-dir /nonexistent-dir/ck",
+       "--ckpt-dir '/nonexistent-dir/ck': directory '/nonexistent-dir' does not exist"},
+      {"--data " + data + " --save-every 2", "--save-every needs --ckpt-dir"},
+      {"--data " + data + " --resume auto", "--resume auto resumes from --ckpt-dir"},
+      {"--data " + data + " --resume " + data, "single-file checkpoints (the former"},
       {"--data " + data + " --log-json /nonexistent-dir/log.jsonl",
        "--log-json '/nonexistent-dir/log.jsonl'"},
   };

@@ -13,7 +13,8 @@
 // crash at any point leaves the previous committed step loadable (a leftover .tmp-* directory is
 // removed by the next save).
 //
-// Format: acc/checkpoint/format.hpp and checkpoint/README.md.
+// Format: acc/checkpoint/format.hpp and checkpoint/README.md. The namespace is acc::ckpt
+// (acc::checkpoint is activation recomputation's function, acc/autograd/checkpoint.hpp).
 
 #include <nlohmann/json.hpp>
 
@@ -27,7 +28,7 @@
 #include "acc/strategies/placement.hpp"
 #include "acc/strategies/strategy.hpp"
 
-namespace acc::checkpoint {
+namespace acc::ckpt {
 
 struct SaveOptions {
   int64_t chunk_bytes = int64_t{4} << 20;  // uncompressed bytes per chunk, at most
@@ -107,4 +108,4 @@ struct Resumed {
 std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trainer,
                               const std::string& model_trace_hash, bool fall_back = true);
 
-}  // namespace acc::checkpoint
+}  // namespace acc::ckpt

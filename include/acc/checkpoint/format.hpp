@@ -30,7 +30,7 @@
 
 #include "acc/tensor/tensor.hpp"
 
-namespace acc::checkpoint {
+namespace acc::ckpt {
 
 inline constexpr const char* kFormatName = "autoacc-checkpoint";
 inline constexpr int kFormatVersion = 1;
@@ -78,4 +78,4 @@ std::string shard_file_name(int rank);
 /// is refused by name. Allocates nothing in proportion to what the file claims.
 Metadata parse_metadata(const std::string& text, const std::string& where);
 
-}  // namespace acc::checkpoint
+}  // namespace acc::ckpt
