@@ -205,7 +205,8 @@ std::string step_dir_name(int64_t step) {
 std::string save(const std::string& root, int64_t step, const strategies::PlacementTable& table,
                  const Header& header, dist::ProcessGroup& group, const SaveOptions& o) {
   ACC_CHECK(step >= 0, "checkpoint: step must be >= 0, got ", step);
-  ACC_CHECK(o.chunk_bytes >= 1, "checkpoint: chunk_bytes must be >= 1, got ", o.chunk_bytes);
+  ACC_CHECK(o.chunk_bytes >= 1 && o.chunk_bytes <= kMaxChunkBytes,
+            "checkpoint: chunk_bytes must be in [1, ", kMaxChunkBytes, "], got ", o.chunk_bytes);
   ACC_CHECK(o.keep_last >= 0, "checkpoint: keep_last must be >= 0, got ", o.keep_last);
   ACC_CHECK(o.zstd_level >= 1 && o.zstd_level <= ZSTD_maxCLevel(),
             "checkpoint: zstd_level must be in [1, ", ZSTD_maxCLevel(), "], got ", o.zstd_level);
@@ -382,14 +383,8 @@ void load(const std::string& step_dir, const Metadata& meta,
       f.in.read(stored.data(), static_cast<std::streamsize>(c.byte_length));
       ACC_CHECK_AS(IoError, f.in.good(), "checkpoint '", step_dir, "': reading '", where,
                    "' failed");
-      ACC_CHECK_AS(IoError, XXH64(stored.data(), stored.size(), 0) == c.xxh64, "checkpoint '",
-                   step_dir, "': checksum mismatch in '", where, "' ('", e.name, "' elements ",
-                   c.offset, "..", c.offset + c.length, "): the shard is corrupt");
-      const size_t want = static_cast<size_t>(c.length * elem);
-      raw.resize(want);
-      const size_t got = ZSTD_decompress(raw.data(), want, stored.data(), stored.size());
-      ACC_CHECK_AS(IoError, !ZSTD_isError(got) && got == want, "checkpoint '", step_dir, "': '",
-                   e.name, "' chunk in '", where, "' does not decompress to its ", want, " bytes");
+      decode_chunk(stored.data(), stored.size(), c, e.dtype,
+                   "checkpoint '" + step_dir + "': '" + e.name + "' chunk in '" + where + "'", raw);
       std::memcpy(dst + (a - lo) * elem, raw.data() + (a - c.offset) * elem,
                   static_cast<size_t>((b - a) * elem));
     }

@@ -1,5 +1,9 @@
 #include "acc/checkpoint/format.hpp"
 
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <limits>
@@ -86,6 +90,23 @@ nlohmann::json Metadata::to_json() const {
           {"extra", extra},
           {"files", files},
           {"tensors", ts}};
+}
+
+void decode_chunk(const char* stored, size_t size, const ChunkInfo& c, DType dtype,
+                  const std::string& where, std::vector<char>& out) {
+  ACC_CHECK_AS(IoError, XXH64(stored, size, 0) == c.xxh64, where, ": checksum mismatch (elements ",
+               c.offset, "..", c.offset + c.length, "): the shard is corrupt");
+  const int64_t want =
+      checked_mul(c.length, static_cast<int64_t>(element_size(dtype)), where, ": chunk bytes");
+  ACC_CHECK_AS(IoError, want <= kMaxChunkBytes, where, ": a chunk of ", want,
+               " bytes is over the limit of ", kMaxChunkBytes);
+  const unsigned long long declared = ZSTD_getFrameContentSize(stored, size);
+  ACC_CHECK_AS(IoError, declared == static_cast<unsigned long long>(want), where,
+               ": the chunk's zstd frame does not declare its ", want, " bytes");
+  out.resize(static_cast<size_t>(want));
+  const size_t got = ZSTD_decompress(out.data(), out.size(), stored, size);
+  ACC_CHECK_AS(IoError, !ZSTD_isError(got) && got == out.size(), where,
+               ": the chunk does not decompress to its ", want, " bytes");
 }
 
 Metadata parse_metadata(const std::string& text, const std::string& where) {
@@ -175,7 +196,10 @@ Metadata parse_metadata(const std::string& text, const std::string& where) {
       ChunkInfo ci;
       ci.file = static_cast<int>(ch.integer("file", 0, static_cast<int64_t>(m.files.size()) - 1));
       ci.offset = ch.integer("offset", 0, numel);
-      ci.length = ch.integer("length", 1, numel - ci.offset);
+      ci.length =
+          ch.integer("length", 1,
+                     std::min(numel - ci.offset,
+                              kMaxChunkBytes / static_cast<int64_t>(element_size(info.dtype))));
       if (ci.offset != covered) {
         ch.fail(ch.path("offset"),
                 "is " + std::to_string(ci.offset) + ", but the chunks before it end at " +

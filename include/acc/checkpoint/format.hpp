@@ -34,6 +34,9 @@ namespace acc::ckpt {
 
 inline constexpr const char* kFormatName = "autoacc-checkpoint";
 inline constexpr int kFormatVersion = 1;
+/// A chunk's uncompressed size is at most this (writers split tensors finer; readers refuse more,
+/// so no metadata makes a reader allocate more than this per chunk).
+inline constexpr int64_t kMaxChunkBytes = int64_t{256} << 20;
 
 struct ChunkInfo {
   int file = 0;             // index into Metadata::files
@@ -72,6 +75,13 @@ struct Metadata {
 
 /// "shard-00003.bin".
 std::string shard_file_name(int rank);
+
+/// Checks one chunk's stored bytes against its checksum and decompresses them into `out`
+/// (resized to its length x the element size of `dtype`), reading the zstd frame's declared size
+/// before allocating anything. Throws acc::IoError naming `where` on a checksum mismatch, a frame
+/// that does not declare exactly the chunk's size, or one that does not decompress to it.
+void decode_chunk(const char* stored, size_t size, const ChunkInfo& chunk, DType dtype,
+                  const std::string& where, std::vector<char>& out);
 
 /// Parses and validates metadata.json's text (see above). Throws acc::ValueError "checkpoint
 /// metadata '<where>': field '<path>' ..." naming the field; a version newer than this build reads
