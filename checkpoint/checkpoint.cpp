@@ -1,5 +1,6 @@
 #include "acc/checkpoint/checkpoint.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 #include <xxhash.h>
 #include <zstd.h>
@@ -15,9 +16,11 @@
 
 #include "acc/dist/agreement.hpp"
 #include "acc/util/checked.hpp"
+#include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
 #include "acc/util/logging.hpp"
+#include "acc/util/parse.hpp"
 
 namespace acc::ckpt {
 namespace fs = std::filesystem;
@@ -25,6 +28,53 @@ namespace {
 
 using strategies::Placement;
 using strategies::TensorKind;
+
+// Fault injection for the crash tests (checkpoint/README.md): ACC_CKPT_CRASH=POINT:rank=R[:step=S]
+// kills rank R with SIGKILL at POINT of a save (of step S, else of any step): "mid_write" (after
+// the first chunk of its shard), "before_rename" (rank 0: metadata.json written, the directory
+// not yet renamed) or "after_rename" (rank 0: renamed, `latest` not yet updated).
+struct CrashSpec {
+  std::string point;
+  int rank = 0;
+  int64_t step = -1;
+};
+
+std::optional<CrashSpec> crash_spec() {
+  const auto text = env::get("ACC_CKPT_CRASH");
+  if (!text || text->empty()) return std::nullopt;
+  CrashSpec c;
+  size_t start = 0;
+  for (size_t i = 0; start <= text->size(); ++i) {
+    const size_t end = std::min(text->find(':', start), text->size());
+    const std::string part = text->substr(start, end - start);
+    if (i == 0) {
+      c.point = part;
+    } else if (part.rfind("rank=", 0) == 0) {
+      c.rank = static_cast<int>(parse_int64(part.substr(5), "ACC_CKPT_CRASH rank"));
+    } else if (part.rfind("step=", 0) == 0) {
+      c.step = parse_int64(part.substr(5), "ACC_CKPT_CRASH step");
+    } else {
+      ACC_THROW(ValueError, "ACC_CKPT_CRASH='", *text, "': unknown part '", part,
+                "' (expected POINT:rank=R[:step=S])");
+    }
+    start = end + 1;
+  }
+  ACC_CHECK(c.point == "mid_write" || c.point == "before_rename" || c.point == "after_rename",
+            "ACC_CKPT_CRASH='", *text,
+            "': the point must be mid_write, before_rename or "
+            "after_rename, got '",
+            c.point, "'");
+  return c;
+}
+
+void crash_point(const char* point, int rank, int64_t step) {
+  static const std::optional<CrashSpec> spec = crash_spec();
+  if (spec && spec->point == point && spec->rank == rank &&
+      (spec->step < 0 || spec->step == step)) {
+    logging::warn("ACC_CKPT_CRASH: killing rank {} at {} of step {}", rank, point, step);
+    ::kill(::getpid(), SIGKILL);
+  }
+}
 
 bool saved_kind(TensorKind k) {
   return k == TensorKind::kParameter || k == TensorKind::kOptimizerState;
@@ -47,6 +97,7 @@ Tensor contiguous_local(const Placement& e) {
 // for rank 0 (file index = the rank).
 struct ShardWriter {
   std::string path;
+  int64_t step = 0;
   std::FILE* f = nullptr;
   int64_t pos = 0;
   nlohmann::json pieces = nlohmann::json::array();
@@ -83,6 +134,8 @@ struct ShardWriter {
                         {"byte_length", static_cast<int64_t>(z)},
                         {"xxh64", XXH64(out.data(), z, 0)}});
       pos += static_cast<int64_t>(z);
+      std::fflush(f);
+      crash_point("mid_write", rank, step);
     }
     pieces.push_back({{"name", e.name},
                       {"kind", kind_name(e.kind)},
@@ -165,10 +218,12 @@ std::string commit(const std::string& root, const std::string& tmp, const Metada
     ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot move the earlier '", final_dir.string(),
                  "' aside: ", ec.message());
   }
+  crash_point("before_rename", 0, m.step);
   fs::rename(tmp, final_dir, ec);
   ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot rename '", tmp, "' to '", final_dir.string(),
                "': ", ec.message());
   fsync_path(root, "checkpoint directory");
+  crash_point("after_rename", 0, m.step);
   write_text_file_atomically((fs::path(root) / "latest").string(), step_dir_name(m.step) + "\n",
                              "checkpoint latest pointer");
   if (!replaced.empty()) fs::remove_all(replaced, ec);
@@ -242,6 +297,7 @@ std::string save(const std::string& root, int64_t step, const strategies::Placem
   std::string pieces;
   try {
     ShardWriter w((fs::path(tmp) / shard_file_name(rank)).string());
+    w.step = step;
     for (const Placement& e : table) {
       if (!saved_kind(e.kind) || e.replica != 0 || e.range.length == 0) continue;
       ACC_CHECK(e.local.defined(), "checkpoint: '", e.name, "' has no local tensor to save");
@@ -293,32 +349,30 @@ std::string save(const std::string& root, int64_t step, const strategies::Placem
 }
 
 std::vector<std::string> committed_steps(const std::string& root) {
-  std::vector<std::string> out;
+  std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
-  if (!fs::is_directory(root, ec)) return out;
+  if (!fs::is_directory(root, ec)) return {};
   for (const auto& d : fs::directory_iterator(root, ec)) {
     const std::string n = d.path().filename().string();
-    if (n.rfind("step-", 0) == 0 && fs::is_regular_file(d.path() / "metadata.json", ec)) {
-      out.push_back(d.path().string());
+    if (n.size() <= 5 || n.rfind("step-", 0) != 0 ||
+        n.find_first_not_of("0123456789", 5) != std::string::npos || n.size() > 5 + 18 ||
+        !fs::is_regular_file(d.path() / "metadata.json", ec)) {
+      continue;
     }
+    found.emplace_back(std::stoll(n.substr(5)), d.path().string());
   }
-  std::sort(out.begin(), out.end());
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
   return out;
 }
 
 std::optional<std::string> resolve(const std::string& root_or_step) {
   std::error_code ec;
   if (fs::is_regular_file(fs::path(root_or_step) / "metadata.json", ec)) return root_or_step;
-  const fs::path latest = fs::path(root_or_step) / "latest";
-  if (fs::is_regular_file(latest, ec)) {
-    std::string name = read_file(latest.string(), "checkpoint latest pointer");
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    const fs::path dir = fs::path(root_or_step) / name;
-    if (name.rfind("step-", 0) == 0 && name.find('/') == std::string::npos &&
-        fs::is_regular_file(dir / "metadata.json", ec)) {
-      return dir.string();
-    }
-  }
+  // The newest committed step. `latest` says the same unless a save died between renaming its
+  // directory and updating the pointer: that step is committed all the same (its metadata was
+  // written before the rename), and losing it would lose committed work.
   std::vector<std::string> steps = committed_steps(root_or_step);
   if (steps.empty()) return std::nullopt;
   return steps.back();
@@ -457,12 +511,12 @@ std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trai
   // Rank 0's list, newest first (the latest pointer's target leads), for every rank.
   nlohmann::json list = nlohmann::json::array();
   if (group.rank() == 0) {
-    if (const auto first = resolve(root)) {
-      list.push_back(*first);
+    std::error_code ec;
+    if (fs::is_regular_file(fs::path(root) / "metadata.json", ec)) {
+      list.push_back(root);  // a step directory itself
+    } else {
       const std::vector<std::string> steps = committed_steps(root);
-      for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-        if (*it != *first) list.push_back(*it);
-      }
+      for (auto it = steps.rbegin(); it != steps.rend(); ++it) list.push_back(*it);
     }
   }
   list = nlohmann::json::parse(dist::broadcast_text(group, list.dump(), 0));

@@ -142,6 +142,50 @@ TEST(TrainGpt, ResumesInAnotherWorldSizeAndStrategy) {
   fs::remove_all(dir);
 }
 
+// A rank killed (SIGKILL) while a checkpoint is saved: mid-write, before the step directory is
+// renamed into place, and after it (before `latest` moves). Each time the next --resume auto
+// loads the newest committed step (2, 2 and 4), nothing committed is lost, and the run finishes
+// with bitwise the losses of one that never stopped.
+TEST(TrainGpt, AKilledSaveLosesNothingCommitted) {
+  fs::path dir = temp_dir();
+  const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
+  const std::string mpi = std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np 2 ";
+  const std::string args = std::string(TRAIN_GPT_BIN) + " --model gpt --data " + data +
+                           " --data-format u16 --seq-len 16 --batch-size 2 --lr 3e-3"
+                           " --grad-clip 1.0 --seed 5 --threads 1 --steps 6 --save-every 2" +
+                           " --strategy '[{\"name\": \"zero2\"}]'";
+  const auto full =
+      acc::test::run_command(mpi + args + " --ckpt-dir " + (dir / "ck-full").string() +
+                             " --log-json " + (dir / "full.jsonl").string());
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  const auto want = losses_from_log((dir / "full.jsonl").string());
+  struct Crash {
+    std::string spec;
+    int64_t resumed_at;
+  };
+  for (const Crash& c :
+       {Crash{"mid_write:rank=1:step=4", 2}, Crash{"before_rename:rank=0:step=4", 2},
+        Crash{"after_rename:rank=0:step=4", 4}}) {
+    const fs::path ck = dir / ("ck-" + c.spec.substr(0, c.spec.find(':')));
+    const auto killed = acc::test::run_command(mpi + "-x ACC_CKPT_CRASH=" + c.spec + " " + args +
+                                               " --ckpt-dir " + ck.string());
+    EXPECT_NE(killed.exit_code, 0) << c.spec << ": the job was not killed\n" << killed.output;
+    const fs::path log = dir / ("resumed-" + c.spec.substr(0, c.spec.find(':')) + ".jsonl");
+    const auto resumed = acc::test::run_command(mpi + args + " --ckpt-dir " + ck.string() +
+                                                " --resume auto --log-json " + log.string());
+    ASSERT_EQ(resumed.exit_code, 0) << c.spec << "\n" << resumed.output;
+    EXPECT_NE(resumed.output.find("at step " + std::to_string(c.resumed_at)), std::string::npos)
+        << c.spec << "\n"
+        << resumed.output;
+    const auto got = losses_from_log(log.string());
+    ASSERT_EQ(got.size(), want.size() - static_cast<size_t>(c.resumed_at)) << c.spec;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i], want[static_cast<size_t>(c.resumed_at) + i]) << c.spec << " step " << i;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // --strategy auto: the search runs, prints its table, and training goes on with the choice.
 TEST(TrainGpt, StrategyAutoSearchesThenTrains) {
   const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";

@@ -56,9 +56,9 @@ std::string save(const std::string& root, int64_t step, const strategies::Placem
 /// The committed step directories under `root`, oldest first (those with a metadata.json).
 std::vector<std::string> committed_steps(const std::string& root);
 
-/// The step directory ROOT/latest points at, when it names a committed step; else the newest
-/// committed step; std::nullopt when there is none. A path that is itself a step directory (has a
-/// metadata.json) is returned as it is.
+/// The newest committed step directory under `root` (what ROOT/latest names, or a newer one whose
+/// save died after its rename and before the pointer moved); std::nullopt when there is none. A
+/// path that is itself a step directory (has a metadata.json) is returned as it is.
 std::optional<std::string> resolve(const std::string& root_or_step);
 
 /// metadata.json of a step directory, validated (format.hpp). Throws acc::IoError when it cannot
@@ -98,13 +98,14 @@ struct Resumed {
 };
 
 /// Resumes `trainer` from the newest loadable checkpoint under `root` (or from `root` itself when
-/// it is a step directory): the one `latest` points at first, then, when `fall_back`, each older
-/// committed step in turn while loading fails on any rank (a corrupt or missing shard, a checksum
-/// mismatch), logging which it skipped and why. Collective over the trainer's group: rank 0 lists
-/// the steps, and every rank loads the same one (a failure on one rank fails that step on all).
-/// Returns std::nullopt when there is no committed step at all. Throws acc::IoError naming every
-/// step tried and the ranks' errors when none loads (or the first fails and fall_back is off), and
-/// acc::ValueError at once for a checkpoint of another model (falling back would not help).
+/// it is a step directory): the newest committed step first (resolve), then, when `fall_back`, each
+/// older committed step in turn while loading fails on any rank (a corrupt or missing shard, a
+/// checksum mismatch), logging which it skipped and why. Collective over the trainer's group: rank
+/// 0 lists the steps, and every rank loads the same one (a failure on one rank fails that step on
+/// all). Returns std::nullopt when there is no committed step at all. Throws acc::IoError naming
+/// every step tried and the ranks' errors when none loads (or the first fails and fall_back is
+/// off), and acc::ValueError at once for a checkpoint of another model (falling back would not
+/// help).
 std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trainer,
                               const std::string& model_trace_hash, bool fall_back = true);
 
