@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "acc/dist/agreement.hpp"
+#include "acc/io/safetensors.hpp"
 #include "acc/util/checked.hpp"
 #include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
@@ -565,6 +566,33 @@ std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trai
   std::string tried;
   for (const auto& s : out.skipped) tried += (tried.empty() ? "" : "; ") + s;
   ACC_THROW(IoError, "checkpoint: nothing under '", root, "' loads: ", tried);
+}
+
+size_t export_safetensors(const std::string& step_dir, const std::string& out) {
+  const Metadata m = read_metadata(step_dir);
+  strategies::PlacementTable table;
+  io::NamedTensors params;
+  for (const TensorInfo& t : m.tensors) {
+    if (t.kind != "parameter") continue;
+    Placement e;
+    e.name = t.name;
+    e.param = t.param;
+    e.kind = TensorKind::kParameter;
+    e.global_shape = t.shape;
+    e.dtype = t.dtype;
+    e.range = {0, t.numel()};
+    e.local = empty({t.numel()}, {t.dtype});
+    table.push_back(e);
+    params.emplace_back(t.name, e.local.view(t.shape));
+  }
+  load(step_dir, m, table);
+  io::Metadata meta = {{"step", std::to_string(m.step)}};
+  if (m.extra.contains("model_type") && m.extra.at("model_type").is_string()) {
+    meta["model_type"] = m.extra.at("model_type").get<std::string>();
+  }
+  if (m.extra.contains("config")) meta["config"] = m.extra.at("config").dump();
+  io::save_safetensors(out, params, meta);
+  return params.size();
 }
 
 }  // namespace acc::ckpt

@@ -330,15 +330,25 @@ int run(const Args& a) {
       start_step = resumed->metadata.step;
       ACC_CHECK(start_step < a.steps, what, " is at step ", start_step, " and --steps is ", a.steps,
                 ": nothing left to train (give --steps > ", start_step, ")");
-      ACC_CHECK(extra.contains("loader") && extra.contains("rng"), what,
-                ": not a train_gpt checkpoint (no loader or rng state in its extra)");
-      loader.load_state(extra.at("loader"));
+      // A checkpoint made from weights (acc-ckpt import-safetensors) has no data position or RNG:
+      // the data then starts from the beginning.
+      if (extra.contains("loader")) {
+        loader.load_state(extra.at("loader"));
+      } else if (leader) {
+        logging::warn(
+            "{}: no data position in the checkpoint (imported weights?): the data "
+            "starts from the beginning",
+            what);
+      }
       // Each rank's generator; on another world size, rank 0's (every rank seeds alike).
-      const nlohmann::json& rng = extra.at("rng");
-      const size_t r =
-          rng.size() == static_cast<size_t>(group->size()) ? static_cast<size_t>(group->rank()) : 0;
-      default_generator().set_state(rng.at(r).at(0).get<uint64_t>(),
-                                    rng.at(r).at(1).get<uint64_t>());
+      if (extra.contains("rng")) {
+        const nlohmann::json& rng = extra.at("rng");
+        const size_t r = rng.size() == static_cast<size_t>(group->size())
+                             ? static_cast<size_t>(group->rank())
+                             : 0;
+        default_generator().set_state(rng.at(r).at(0).get<uint64_t>(),
+                                      rng.at(r).at(1).get<uint64_t>());
+      }
       if (leader) logging::info("resumed from {} at step {}", resumed->dir, start_step);
     }
   }

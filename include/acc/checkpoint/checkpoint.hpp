@@ -91,6 +91,12 @@ std::string save_trainer(const std::string& root, int64_t step, strategies::Trai
 Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,
                       const std::string& model_trace_hash);
 
+/// Writes every parameter of the checkpoint in `step_dir`, whole, to a safetensors file at `out`
+/// (PyTorch's safetensors loads it; train_gpt --init-from takes it), with the step and, when the
+/// checkpoint's extra has them, model_type and config in its metadata. Returns the number of
+/// tensors. Throws what read_metadata, load and io::save_safetensors throw.
+size_t export_safetensors(const std::string& step_dir, const std::string& out);
+
 struct Resumed {
   std::string dir;  // the step directory loaded
   Metadata metadata;
