@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "acc/dist/agreement.hpp"
 #include "acc/io/safetensors.hpp"
@@ -258,65 +259,86 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-std::string save(const std::string& root, int64_t step, const strategies::PlacementTable& table,
-                 const Header& header, dist::ProcessGroup& group, const SaveOptions& o) {
+namespace {
+
+// A save in three parts: prepare (collective: the temporary directory), write (this rank's shard,
+// nothing collective: it may run on a background thread), finish (collective: agree, commit).
+struct PendingSave {
+  std::string root, tmp;
+  int64_t step = 0;
+  Header header;
+  SaveOptions options;
+  std::string pieces, error;  // the write's outcome
+};
+
+void check_options(int64_t step, const SaveOptions& o) {
   ACC_CHECK(step >= 0, "checkpoint: step must be >= 0, got ", step);
   ACC_CHECK(o.chunk_bytes >= 1 && o.chunk_bytes <= kMaxChunkBytes,
             "checkpoint: chunk_bytes must be in [1, ", kMaxChunkBytes, "], got ", o.chunk_bytes);
   ACC_CHECK(o.keep_last >= 0, "checkpoint: keep_last must be >= 0, got ", o.keep_last);
   ACC_CHECK(o.zstd_level >= 1 && o.zstd_level <= ZSTD_maxCLevel(),
             "checkpoint: zstd_level must be in [1, ", ZSTD_maxCLevel(), "], got ", o.zstd_level);
-  const int rank = group.rank(), world = group.size();
-  // Rank 0 makes the temporary directory (removing those of saves that died) and names it.
-  std::string tmp, error;
-  if (rank == 0) {
+}
+
+// Rank 0 makes the temporary directory (removing those of saves that died) and names it.
+void prepare(PendingSave& p, dist::ProcessGroup& group) {
+  check_options(p.step, p.options);
+  std::string error;
+  if (group.rank() == 0) {
     try {
       std::error_code ec;
-      fs::create_directories(root, ec);
-      ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot create '", root, "': ", ec.message());
-      for (const auto& d : fs::directory_iterator(root)) {
+      fs::create_directories(p.root, ec);
+      ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot create '", p.root, "': ", ec.message());
+      for (const auto& d : fs::directory_iterator(p.root)) {
         const std::string n = d.path().filename().string();
         if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".replaced-step-", 0) == 0) {
           fs::remove_all(d.path(), ec);
         }
       }
       static std::atomic<int> saves{0};
-      tmp = (fs::path(root) / (".tmp-" + step_dir_name(step) + "-" + std::to_string(::getpid()) +
-                               "-" + std::to_string(saves++)))
-                .string();
-      fs::create_directory(tmp, ec);
-      ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot create '", tmp, "': ", ec.message());
+      p.tmp = (fs::path(p.root) / (".tmp-" + step_dir_name(p.step) + "-" +
+                                   std::to_string(::getpid()) + "-" + std::to_string(saves++)))
+                  .string();
+      fs::create_directory(p.tmp, ec);
+      ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot create '", p.tmp, "': ", ec.message());
     } catch (const Error& e) {
       error = e.what();
     }
   }
   error = dist::broadcast_text(group, error, 0);
   ACC_CHECK_AS(IoError, error.empty(), error);
-  tmp = dist::broadcast_text(group, tmp, 0);
+  p.tmp = dist::broadcast_text(group, p.tmp, 0);
+}
 
-  // Every rank writes its shard (an empty file when it holds nothing of replica 0).
-  std::string pieces;
+// This rank's shard (an empty file when it holds nothing of replica 0). Never throws: the outcome
+// is in p.pieces or p.error, for finish_save() to share.
+void write_shard(PendingSave& p, const strategies::PlacementTable& table, int rank) {
   try {
-    ShardWriter w((fs::path(tmp) / shard_file_name(rank)).string());
-    w.step = step;
+    ShardWriter w((fs::path(p.tmp) / shard_file_name(rank)).string());
+    w.step = p.step;
     for (const Placement& e : table) {
       if (!saved_kind(e.kind) || e.replica != 0 || e.range.length == 0) continue;
       ACC_CHECK(e.local.defined(), "checkpoint: '", e.name, "' has no local tensor to save");
-      w.add(e, rank, o);
+      w.add(e, rank, p.options);
     }
     w.close();
-    pieces = w.pieces.dump();
-  } catch (const Error& e) {
-    error = e.what();
+    p.pieces = w.pieces.dump();
+  } catch (const std::exception& e) {
+    p.error = e.what();
   }
-  // Everyone learns whether anyone failed, with the messages of those that did.
-  Tensor failed = from_vector(std::vector<int64_t>{error.empty() ? 0 : 1}, {1});
+}
+
+// Everyone learns whether anyone failed (with the messages of those that did); rank 0 commits and
+// the others learn the outcome.
+std::string finish_save(PendingSave& p, dist::ProcessGroup& group) {
+  const int rank = group.rank(), world = group.size();
+  Tensor failed = from_vector(std::vector<int64_t>{p.error.empty() ? 0 : 1}, {1});
   group.allreduce(failed, dist::ReduceOp::kSum)->wait();
   std::vector<nlohmann::json> per_rank;
   std::string messages;
   for (int r = 0; r < world; ++r) {
-    const std::string text =
-        dist::broadcast_text(group, rank == r ? (error.empty() ? pieces : "!" + error) : "", r);
+    const std::string text = dist::broadcast_text(
+        group, rank == r ? (p.error.empty() ? p.pieces : "!" + p.error) : "", r);
     if (!text.empty() && text[0] == '!') {
       messages += (messages.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
                   text.substr(1);
@@ -324,29 +346,66 @@ std::string save(const std::string& root, int64_t step, const strategies::Placem
       per_rank.push_back(nlohmann::json::parse(text));
     }
   }
+  std::error_code ec;
   if (failed.to_vector<int64_t>()[0] > 0) {
-    if (rank == 0) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
-    ACC_THROW(IoError, "checkpoint: saving step ", step, " to '", root, "' failed, nothing ",
+    if (rank == 0) fs::remove_all(p.tmp, ec);
+    ACC_THROW(IoError, "checkpoint: saving step ", p.step, " to '", p.root, "' failed, nothing ",
               "committed: ", messages);
   }
-  // Rank 0 commits; the others learn the outcome.
-  std::string committed;
+  std::string committed, error;
   if (rank == 0) {
     try {
-      committed = commit(root, tmp, assemble(per_rank, step, header, world), o);
+      committed = commit(p.root, p.tmp, assemble(per_rank, p.step, p.header, world), p.options);
     } catch (const Error& e) {
       error = e.what();
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
+      fs::remove_all(p.tmp, ec);
     }
   }
   error = dist::broadcast_text(group, error, 0);
-  ACC_CHECK_AS(IoError, error.empty(), "checkpoint: committing step ", step,
+  ACC_CHECK_AS(IoError, error.empty(), "checkpoint: committing step ", p.step,
                " failed on rank 0: ", error);
   return dist::broadcast_text(group, committed, 0);
+}
+
+// The header of a Trainer's checkpoint: the step counts of every rank's optimizer (a rank may hold
+// no piece of some parameter), the model's hash and the strategy. Collective.
+Header trainer_header(strategies::Trainer& trainer, const std::string& model_trace_hash,
+                      nlohmann::json extra) {
+  ACC_CHECK(trainer.group() != nullptr, "checkpoint: the trainer has no process group");
+  dist::ProcessGroup& group = *trainer.group();
+  nlohmann::json mine = nlohmann::json::object();
+  const optim::Optimizer& opt = trainer.optimizer();
+  for (const std::string& name : opt.param_names()) mine[name] = opt.param_step(name);
+  nlohmann::json steps = nlohmann::json::object();
+  for (int r = 0; r < group.size(); ++r) {
+    const nlohmann::json theirs =
+        nlohmann::json::parse(dist::broadcast_text(group, group.rank() == r ? mine.dump() : "", r));
+    for (const auto& [name, s] : theirs.items()) {
+      steps[name] = std::max<int64_t>(steps.value(name, int64_t{0}), s.get<int64_t>());
+    }
+  }
+  if (extra.is_null()) extra = nlohmann::json::object();
+  ACC_CHECK(extra.is_object(), "checkpoint: extra must be a JSON object, got ", extra.dump());
+  extra["optimizer_steps"] = steps;
+  Header h;
+  h.model_trace_hash = model_trace_hash;
+  h.strategy = strategies::to_json(trainer.strategy());
+  h.extra = std::move(extra);
+  return h;
+}
+
+}  // namespace
+
+std::string save(const std::string& root, int64_t step, const strategies::PlacementTable& table,
+                 const Header& header, dist::ProcessGroup& group, const SaveOptions& o) {
+  PendingSave p;
+  p.root = root;
+  p.step = step;
+  p.header = header;
+  p.options = o;
+  prepare(p, group);
+  write_shard(p, table, group.rank());
+  return finish_save(p, group);
 }
 
 std::vector<std::string> committed_steps(const std::string& root) {
@@ -449,29 +508,87 @@ void load(const std::string& step_dir, const Metadata& meta,
 std::string save_trainer(const std::string& root, int64_t step, strategies::Trainer& trainer,
                          const std::string& model_trace_hash, nlohmann::json extra,
                          const SaveOptions& options) {
-  ACC_CHECK(trainer.group() != nullptr, "checkpoint: the trainer has no process group");
-  dist::ProcessGroup& group = *trainer.group();
-  // Step counts are per parameter and equal wherever a parameter has a piece; a rank may hold no
-  // piece of some parameter, so every rank's counts are gathered.
-  nlohmann::json mine = nlohmann::json::object();
-  const optim::Optimizer& opt = trainer.optimizer();
-  for (const std::string& name : opt.param_names()) mine[name] = opt.param_step(name);
-  nlohmann::json steps = nlohmann::json::object();
-  for (int r = 0; r < group.size(); ++r) {
-    const nlohmann::json theirs =
-        nlohmann::json::parse(dist::broadcast_text(group, group.rank() == r ? mine.dump() : "", r));
-    for (const auto& [name, s] : theirs.items()) {
-      steps[name] = std::max<int64_t>(steps.value(name, int64_t{0}), s.get<int64_t>());
-    }
+  const Header h = trainer_header(trainer, model_trace_hash, std::move(extra));
+  return save(root, step, trainer.placements(), h, *trainer.group(), options);
+}
+
+// ---- AsyncSaver ----
+
+struct AsyncSaver::State {
+  std::string root;
+  SaveOptions options;
+  dist::ProcessGroupPtr group;
+  std::unique_ptr<PendingSave> pending;
+  strategies::PlacementTable snapshot;
+  std::thread writer;
+  std::atomic<bool> written{false};
+};
+
+AsyncSaver::AsyncSaver(std::string root, SaveOptions options) : s_(std::make_unique<State>()) {
+  s_->root = std::move(root);
+  s_->options = options;
+  check_options(0, options);
+}
+
+AsyncSaver::~AsyncSaver() {
+  if (s_->writer.joinable()) s_->writer.join();
+  if (s_->pending) {
+    // Committing takes every rank (collectives), which a destructor cannot promise: the written
+    // shards stay in their temporary directory, which the next save removes.
+    logging::warn(
+        "checkpoint: the save of step {} was never finished (AsyncSaver::finish); "
+        "it is not committed",
+        s_->pending->step);
   }
-  if (extra.is_null()) extra = nlohmann::json::object();
-  ACC_CHECK(extra.is_object(), "checkpoint: extra must be a JSON object, got ", extra.dump());
-  extra["optimizer_steps"] = steps;
-  Header h;
-  h.model_trace_hash = model_trace_hash;
-  h.strategy = strategies::to_json(trainer.strategy());
-  h.extra = std::move(extra);
-  return save(root, step, trainer.placements(), h, group, options);
+}
+
+bool AsyncSaver::pending() const {
+  return s_->pending != nullptr;
+}
+
+void AsyncSaver::save(int64_t step, strategies::Trainer& trainer,
+                      const std::string& model_trace_hash, nlohmann::json extra) {
+  if (s_->pending) finish();  // the next save waits for the previous
+  ACC_CHECK(trainer.group() != nullptr, "checkpoint: the trainer has no process group");
+  s_->group = trainer.group();
+  auto p = std::make_unique<PendingSave>();
+  p->root = s_->root;
+  p->step = step;
+  p->options = s_->options;
+  p->header = trainer_header(trainer, model_trace_hash, std::move(extra));
+  prepare(*p, *s_->group);
+  // The state as it is at this step boundary, copied to host memory: training may change it
+  // while the copy is written.
+  s_->snapshot.clear();
+  for (const Placement& e : trainer.placements()) {
+    if (!saved_kind(e.kind) || e.replica != 0 || e.range.length == 0) continue;
+    Placement copy = e;
+    copy.local = e.local.contiguous().clone();
+    s_->snapshot.push_back(std::move(copy));
+  }
+  s_->written = false;
+  s_->pending = std::move(p);
+  const int rank = s_->group->rank();
+  s_->writer = std::thread([s = s_.get(), rank] {
+    write_shard(*s->pending, s->snapshot, rank);
+    s->written = true;
+  });
+}
+
+std::optional<std::string> AsyncSaver::poll() {
+  if (!s_->pending) return std::nullopt;
+  Tensor busy = from_vector(std::vector<int64_t>{s_->written ? 0 : 1}, {1});
+  s_->group->allreduce(busy, dist::ReduceOp::kSum)->wait();
+  if (busy.to_vector<int64_t>()[0] > 0) return std::nullopt;
+  return finish();
+}
+
+std::optional<std::string> AsyncSaver::finish() {
+  if (!s_->pending) return std::nullopt;
+  if (s_->writer.joinable()) s_->writer.join();
+  std::unique_ptr<PendingSave> p = std::move(s_->pending);
+  s_->snapshot.clear();
+  return finish_save(*p, *s_->group);
 }
 
 Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,

@@ -44,6 +44,7 @@ struct Args {
   std::string ckpt_dir;
   int64_t save_every = 0;
   int keep = 3;
+  bool sync_save = false;
   std::string resume;
   std::string log_json;
   std::string strategy;
@@ -352,7 +353,16 @@ int run(const Args& a) {
       if (leader) logging::info("resumed from {} at step {}", resumed->dir, start_step);
     }
   }
+  // Saves are written in the background by default (the state snapshotted at the step boundary,
+  // committed at a later boundary once every rank has written); --sync-save waits for each.
   int64_t saved_step = -1;
+  std::unique_ptr<ckpt::AsyncSaver> saver;
+  if (!a.ckpt_dir.empty() && !a.sync_save) {
+    saver = std::make_unique<ckpt::AsyncSaver>(a.ckpt_dir, ckpt::SaveOptions{.keep_last = a.keep});
+  }
+  auto committed = [&](const std::optional<std::string>& dir) {
+    if (dir && leader) logging::info("saved checkpoint {}", *dir);
+  };
   auto save_checkpoint = [&](int64_t step) {
     nlohmann::json rng = nlohmann::json::array();
     for (int r = 0; r < group->size(); ++r) {
@@ -365,10 +375,13 @@ int run(const Args& a) {
                                   {"config", model->config_json()},
                                   {"loader", loader.state()},
                                   {"rng", rng}};
-    const std::string dir =
-        ckpt::save_trainer(a.ckpt_dir, step, *trainer, trace_hash, extra, {.keep_last = a.keep});
     saved_step = step;
-    if (leader) logging::info("saved checkpoint {} (step {})", dir, step);
+    if (saver) {
+      saver->save(step, *trainer, trace_hash, extra);
+    } else {
+      committed(
+          ckpt::save_trainer(a.ckpt_dir, step, *trainer, trace_hash, extra, {.keep_last = a.keep}));
+    }
   };
 
   std::ofstream json_log;
@@ -422,9 +435,11 @@ int run(const Args& a) {
       logging::info("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:7.1f} ms | {:8.0f} tok/s", step,
                     a.steps, loss_v, lr, ms, tps);
     }
+    if (saver) committed(saver->poll());
     if (a.save_every > 0 && (step + 1) % a.save_every == 0) save_checkpoint(step + 1);
   }
   if (!a.ckpt_dir.empty() && saved_step != a.steps) save_checkpoint(a.steps);
+  if (saver) committed(saver->finish());
   const double med = median(step_ms);
   if (leader) {
     logging::info(
@@ -520,6 +535,9 @@ int main(int argc, char** argv) {
                  "with --ckpt-dir: also save every N steps (0: at the end only)")
       ->check(integer(0))
       ->capture_default_str();
+  app.add_flag("--sync-save", a.sync_save,
+               "with --ckpt-dir: wait for each save (default: written in the background while "
+               "training goes on, committed at a later step)");
   app.add_option("--keep", a.keep, "with --ckpt-dir: committed checkpoints kept (0: all)")
       ->check(integer(0, 1 << 20))
       ->capture_default_str();

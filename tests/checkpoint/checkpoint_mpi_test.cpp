@@ -207,6 +207,50 @@ TEST(Checkpoint, ADifferentModelOrAMissingTensorIsRefusedByName) {
   }
 }
 
+// An async save holds the state of its step, whatever training does meanwhile: it equals a
+// synchronous save taken at the same step, bitwise, and is committed by a poll at a later step
+// boundary or by finish().
+TEST(Checkpoint, AnAsyncSaveHoldsTheStateOfItsStep) {
+  auto world = dist::ProcessGroup::world();
+  const int W = world->size(), rank = world->rank();
+  std::string root =
+      rank == 0 ? testing::TempDir() + "ckpt-async-" + std::to_string(::getpid()) : std::string();
+  root = dist::broadcast_text(*world, root, 0);
+  auto t = trainer(make_model(7), W > 1 ? "zero2" : "", world);
+  t->train_step(batch(0, W, rank));
+  const std::string sync_dir = save_trainer(root + "/sync", 1, *t, kHash);
+  AsyncSaver saver(root + "/async", {.keep_last = 2});
+  saver.save(1, *t, kHash, {{"note", "async"}});
+  EXPECT_TRUE(saver.pending());
+  std::optional<std::string> committed;
+  for (int64_t s = 1; s < 4; ++s) {
+    t->train_step(batch(s, W, rank));  // changes every parameter the save is writing
+    if (!committed) committed = saver.poll();
+  }
+  if (!committed) committed = saver.finish();
+  ASSERT_TRUE(committed.has_value());
+  EXPECT_FALSE(saver.pending());
+  EXPECT_EQ(read_metadata(*committed).extra.at("note"), "async");
+  const auto want = read_whole(sync_dir), got = read_whole(*committed);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, tensor] : want) {
+    const Tensor& other = got.at(name);
+    ASSERT_EQ(other.nbytes(), tensor.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(other.raw_data(), tensor.raw_data(), tensor.nbytes()), 0) << name;
+  }
+  // A second save while none is pending, then finish: committed at once; keep_last holds 2.
+  saver.save(4, *t, kHash);
+  saver.save(5, *t, kHash);  // finishes step 4's first
+  EXPECT_EQ(saver.finish(), root + "/async/" + step_dir_name(5));
+  EXPECT_EQ(saver.finish(), std::nullopt);
+  EXPECT_EQ(committed_steps(root + "/async").size(), 2u);
+  world->barrier()->wait();
+  if (rank == 0) {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+}
+
 // Each kind of damage to the newest step is found, named, and resume falls back to the step
 // before it (or, told not to, refuses).
 TEST(Checkpoint, DamageIsNamedAndResumeFallsBackToThePreviousStep) {

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -82,6 +83,34 @@ void load(const std::string& step_dir, const Metadata& meta,
 std::string save_trainer(const std::string& root, int64_t step, strategies::Trainer& trainer,
                          const std::string& model_trace_hash, nlohmann::json extra = {},
                          const SaveOptions& options = {});
+
+/// save_trainer without stopping training for the write: save() snapshots the trainer's state to
+/// host memory at the step boundary (a copy of what the rank saves) and a background thread
+/// writes its shard while training goes on; the commit, which takes every rank, happens in poll()
+/// once every rank's write is done (call it at each step boundary: one small all-reduce while a
+/// save is pending, nothing otherwise), or in finish(). A save() while one is pending finishes
+/// that one first. save(), poll() and finish() are collectives over the trainer's group; errors
+/// are those of save(), thrown by the call that commits. Dropping a saver with a save pending
+/// leaves it uncommitted (logged; the next save removes its temporary directory).
+class AsyncSaver {
+ public:
+  explicit AsyncSaver(std::string root, SaveOptions options = {});
+  ~AsyncSaver();
+  AsyncSaver(const AsyncSaver&) = delete;
+  AsyncSaver& operator=(const AsyncSaver&) = delete;
+
+  void save(int64_t step, strategies::Trainer& trainer, const std::string& model_trace_hash,
+            nlohmann::json extra = {});
+  /// The committed step directory when the pending save was committed by this call.
+  std::optional<std::string> poll();
+  /// Waits for the pending save and commits it; std::nullopt when none was pending.
+  std::optional<std::string> finish();
+  bool pending() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 /// Loads a checkpoint written by save_trainer from any layout into `trainer` (any world size and
 /// data-parallel method): parameters, optimizer state and step counts. Throws acc::ValueError
