@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <set>
 
 #include "acc/util/checked.hpp"
@@ -92,21 +93,35 @@ nlohmann::json Metadata::to_json() const {
           {"tensors", ts}};
 }
 
-void decode_chunk(const char* stored, size_t size, const ChunkInfo& c, DType dtype,
-                  const std::string& where, std::vector<char>& out) {
-  ACC_CHECK_AS(IoError, XXH64(stored, size, 0) == c.xxh64, where, ": checksum mismatch (elements ",
-               c.offset, "..", c.offset + c.length, "): the shard is corrupt");
+int64_t chunk_bytes(const ChunkInfo& c, DType dtype, const std::string& where) {
   const int64_t want =
       checked_mul(c.length, static_cast<int64_t>(element_size(dtype)), where, ": chunk bytes");
   ACC_CHECK_AS(IoError, want <= kMaxChunkBytes, where, ": a chunk of ", want,
                " bytes is over the limit of ", kMaxChunkBytes);
+  return want;
+}
+
+void decode_chunk_into(const char* stored, size_t size, const ChunkInfo& c, DType dtype,
+                       const std::string& where, char* dst) {
+  ACC_CHECK_AS(IoError, XXH64(stored, size, 0) == c.xxh64, where, ": checksum mismatch (elements ",
+               c.offset, "..", c.offset + c.length, "): the shard is corrupt");
+  const int64_t want = chunk_bytes(c, dtype, where);
   const unsigned long long declared = ZSTD_getFrameContentSize(stored, size);
   ACC_CHECK_AS(IoError, declared == static_cast<unsigned long long>(want), where,
                ": the chunk's zstd frame does not declare its ", want, " bytes");
-  out.resize(static_cast<size_t>(want));
-  const size_t got = ZSTD_decompress(out.data(), out.size(), stored, size);
-  ACC_CHECK_AS(IoError, !ZSTD_isError(got) && got == out.size(), where,
+  // One context per thread, kept: making one per chunk costs its allocation every time.
+  static thread_local std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)> dctx{ZSTD_createDCtx(),
+                                                                              ZSTD_freeDCtx};
+  ACC_CHECK_AS(IoError, dctx != nullptr, where, ": zstd could not make a context");
+  const size_t got = ZSTD_decompressDCtx(dctx.get(), dst, static_cast<size_t>(want), stored, size);
+  ACC_CHECK_AS(IoError, !ZSTD_isError(got) && got == static_cast<size_t>(want), where,
                ": the chunk does not decompress to its ", want, " bytes");
+}
+
+void decode_chunk(const char* stored, size_t size, const ChunkInfo& c, DType dtype,
+                  const std::string& where, std::vector<char>& out) {
+  out.resize(static_cast<size_t>(chunk_bytes(c, dtype, where)));
+  decode_chunk_into(stored, size, c, dtype, where, out.data());
 }
 
 Metadata parse_metadata(const std::string& text, const std::string& where) {

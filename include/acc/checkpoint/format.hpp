@@ -82,6 +82,10 @@ std::string shard_file_name(int rank);
 /// that does not declare exactly the chunk's size, or one that does not decompress to it.
 void decode_chunk(const char* stored, size_t size, const ChunkInfo& chunk, DType dtype,
                   const std::string& where, std::vector<char>& out);
+/// decode_chunk into `dst`, which must hold the chunk's length x element size bytes (checked
+/// against the frame before anything is written).
+void decode_chunk_into(const char* stored, size_t size, const ChunkInfo& chunk, DType dtype,
+                       const std::string& where, char* dst);
 
 /// Parses and validates metadata.json's text (see above). Throws acc::ValueError "checkpoint
 /// metadata '<where>': field '<path>' ..." naming the field; a version newer than this build reads
