@@ -22,6 +22,7 @@
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
 #include "acc/trace/estimate.hpp"
+#include "acc/util/cli.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
 #include "acc/util/json.hpp"
@@ -178,11 +179,7 @@ int main(int argc, char** argv) {
   import_cmd->add_option("--step", step, "the step to record")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (const auto code = acc::cli::parse(app, argc, argv)) return *code;  // bad: 2
   int rc = 0;
   try {
     if (*import_cmd) acc::dist::init(argc, argv);  // a Trainer saves through a process group

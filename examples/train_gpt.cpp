@@ -568,12 +568,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--reference-attention", a.reference_attention,
                "use the unfused matmul/softmax attention (to find regressions)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // A bad command line exits 2 (CLI11's own codes are 100+); --help exits 0.
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (const auto code = acc::cli::parse(app, argc, argv)) return *code;  // bad: 2
   int rc = 0;
   try {
     acc::dist::init(argc, argv);

@@ -181,11 +181,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", a.seed, "seed of the model the dry-runs copy")
       ->check(integer(0))
       ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // a bad command line exits 2
-  }
+  if (const auto code = acc::cli::parse(app, argc, argv)) return *code;  // bad: 2
   int rc = 0;
   try {
     const nlohmann::json config = acc::read_json_file(a.config, "--config");

@@ -99,11 +99,7 @@ int main(int argc, char** argv) {
                  "a deeper model gets the summary from its estimate only")
       ->check(integer(1))
       ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;  // a bad command line exits 2, as train_gpt
-  }
+  if (const auto code = acc::cli::parse(app, argc, argv)) return *code;  // bad: 2
   try {
     using namespace acc;
     Timer timer;

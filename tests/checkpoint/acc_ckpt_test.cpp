@@ -11,6 +11,7 @@
 #include "acc/checkpoint/checkpoint.hpp"
 #include "acc/io/safetensors.hpp"
 #include "command.hpp"
+#include "flip_bit.hpp"
 
 namespace {
 
@@ -66,16 +67,7 @@ TEST(AccCkpt, InspectsVerifiesExportsAndImports) {
   EXPECT_NE(resumed.output.find("no data position"), std::string::npos) << resumed.output;
 
   // One flipped bit: verify names the file and tensor, exit 1.
-  const fs::path shard = fs::path(*acc::ckpt::resolve(ck)) / "shard-00000.bin";
-  {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(64);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x01;
-    f.seekp(64);
-    f.write(&c, 1);
-  }
+  acc::test::flip_bit(fs::path(*acc::ckpt::resolve(ck)) / "shard-00000.bin", 64, 0x01);
   const auto bad = run_command(ckpt("verify " + ck));
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_NE(bad.output.find("checksum mismatch"), std::string::npos) << bad.output;

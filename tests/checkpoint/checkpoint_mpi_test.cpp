@@ -23,6 +23,7 @@
 #include "acc/strategies/strategy.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
+#include "flip_bit.hpp"
 
 namespace acc::ckpt {
 namespace {
@@ -102,12 +103,45 @@ double exchange(double v, int root) {  // bit-exact, over the world
   return std::bit_cast<double>(t.to_vector<int64_t>()[0]);
 }
 
+// A directory for this test named by rank 0, the same on every rank.
+std::string job_dir(const std::string& tag) {
+  auto world = dist::ProcessGroup::world();
+  const std::string mine =
+      world->rank() == 0 ? testing::TempDir() + "ckpt-" + tag + "-" + std::to_string(::getpid())
+                         : std::string();
+  return dist::broadcast_text(*world, mine, 0);
+}
+
+// Every rank past its use of `dir`, then rank 0 removes it.
+void remove_job_dir(const std::string& dir) {
+  auto world = dist::ProcessGroup::world();
+  world->barrier()->wait();
+  if (world->rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+}
+
+// Every parameter and optimizer-state region `t` holds equals the saved tensor's, bitwise.
+void expect_holds(strategies::Trainer& t, const std::map<std::string, Tensor>& saved,
+                  const std::string& what) {
+  for (const auto& e : t.placements()) {
+    if (e.kind == strategies::TensorKind::kGradient || e.range.length == 0) continue;
+    const Tensor mine = e.local.contiguous();
+    const size_t es = element_size(e.dtype);
+    ASSERT_EQ(
+        std::memcmp(mine.raw_data(),
+                    static_cast<const char*>(saved.at(e.name).raw_data()) + e.range.offset * es,
+                    static_cast<size_t>(e.range.length) * es),
+        0)
+        << what << ": " << e.name << " [" << e.range.offset << ", +" << e.range.length << ")";
+  }
+}
+
 TEST(Checkpoint, EveryLayoutLoadsIntoEveryOtherAndTrainsOn) {
   auto world = dist::ProcessGroup::world();
   const int W = world->size(), rank = world->rank();
-  std::string base =
-      rank == 0 ? testing::TempDir() + "ckpt-matrix-" + std::to_string(::getpid()) : std::string();
-  base = dist::broadcast_text(*world, base, 0);
+  const std::string base = job_dir("matrix");
   for (int n = 1; n <= W; ++n) first(n);  // collective: made by every rank before the loops
   const std::vector<std::string> methods = {"ddp", "zero1", "zero2", "fsdp"};
   int loads = 0;
@@ -139,18 +173,7 @@ TEST(Checkpoint, EveryLayoutLoadsIntoEveryOtherAndTrainsOn) {
           const Metadata meta = load_trainer(dir, *t, kHash);
           EXPECT_EQ(meta.step, 2) << what;
           EXPECT_EQ(meta.extra.at("note"), "matrix") << what;
-          for (const auto& e : t->placements()) {
-            if (e.kind == strategies::TensorKind::kGradient || e.range.length == 0) continue;
-            const Tensor& whole = saved.at(e.name);
-            const size_t es = element_size(e.dtype);
-            const Tensor mine = e.local.contiguous();
-            ASSERT_EQ(std::memcmp(mine.raw_data(),
-                                  static_cast<const char*>(whole.raw_data()) + e.range.offset * es,
-                                  static_cast<size_t>(e.range.length) * es),
-                      0)
-                << what << ": " << e.name << " [" << e.range.offset << ", +" << e.range.length
-                << ")";
-          }
+          expect_holds(*t, saved, what);
           const double loss = t->train_step(batch(2, dst, rank));
           if (dst == src && b == a) {
             EXPECT_EQ(loss, next_loss) << what;
@@ -163,20 +186,14 @@ TEST(Checkpoint, EveryLayoutLoadsIntoEveryOtherAndTrainsOn) {
       world->barrier()->wait();
     }
   }
-  if (rank == 0) {
-    std::printf("%d loads checked on rank 0 (world %d)\n", loads, W);
-    std::error_code ec;
-    fs::remove_all(base, ec);
-  }
+  if (rank == 0) std::printf("%d loads checked on rank 0 (world %d)\n", loads, W);
+  remove_job_dir(base);
 }
 
 TEST(Checkpoint, ADifferentModelOrAMissingTensorIsRefusedByName) {
   auto world = dist::ProcessGroup::world();
   const int W = world->size();
-  std::string root = world->rank() == 0
-                         ? testing::TempDir() + "ckpt-refuse-" + std::to_string(::getpid())
-                         : std::string();
-  root = dist::broadcast_text(*world, root, 0);
+  const std::string root = job_dir("refuse");
   auto t = trainer(make_model(7), W > 1 ? "ddp" : "", world);
   t->train_step(batch(0, W, world->rank()));
   const std::string dir = save_trainer(root, 1, *t, kHash);
@@ -200,11 +217,7 @@ TEST(Checkpoint, ADifferentModelOrAMissingTensorIsRefusedByName) {
       strategies::parse_strategy(nlohmann::json::parse(W > 1 ? R"([{"name": "ddp"}])" : "[]")),
       {.group = world});
   EXPECT_THROW(load_trainer(dir, *wider, kHash), ShapeError);
-  world->barrier()->wait();
-  if (world->rank() == 0) {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
+  remove_job_dir(root);
 }
 
 // amp on or off: bf16 communication and activations change nothing saved (the parameters and
@@ -212,9 +225,7 @@ TEST(Checkpoint, ADifferentModelOrAMissingTensorIsRefusedByName) {
 TEST(Checkpoint, AmpOnOrOffLoadsEitherWay) {
   auto world = dist::ProcessGroup::world();
   const int W = world->size(), rank = world->rank();
-  std::string root =
-      rank == 0 ? testing::TempDir() + "ckpt-amp-" + std::to_string(::getpid()) : std::string();
-  root = dist::broadcast_text(*world, root, 0);
+  const std::string root = job_dir("amp");
   const std::string dp = W > 1 ? R"({"name": "zero2"}, )" : "";
   const std::string dp2 = W > 1 ? R"({"name": "fsdp"}, )" : "";
   auto make = [&](uint64_t seed, const std::string& json) {
@@ -233,23 +244,9 @@ TEST(Checkpoint, AmpOnOrOffLoadsEitherWay) {
     const auto saved = read_whole(dir);
     auto b = make(99, to);
     load_trainer(dir, *b, kHash);
-    for (const auto& e : b->placements()) {
-      if (e.kind == strategies::TensorKind::kGradient || e.range.length == 0) continue;
-      const Tensor mine = e.local.contiguous();
-      const size_t es = element_size(e.dtype);
-      EXPECT_EQ(
-          std::memcmp(mine.raw_data(),
-                      static_cast<const char*>(saved.at(e.name).raw_data()) + e.range.offset * es,
-                      static_cast<size_t>(e.range.length) * es),
-          0)
-          << from << " -> " << to << ": " << e.name;
-    }
+    expect_holds(*b, saved, from + " -> " + to);
   }
-  world->barrier()->wait();
-  if (rank == 0) {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
+  remove_job_dir(root);
 }
 
 // An async save holds the state of its step, whatever training does meanwhile: it equals a
@@ -258,9 +255,7 @@ TEST(Checkpoint, AmpOnOrOffLoadsEitherWay) {
 TEST(Checkpoint, AnAsyncSaveHoldsTheStateOfItsStep) {
   auto world = dist::ProcessGroup::world();
   const int W = world->size(), rank = world->rank();
-  std::string root =
-      rank == 0 ? testing::TempDir() + "ckpt-async-" + std::to_string(::getpid()) : std::string();
-  root = dist::broadcast_text(*world, root, 0);
+  const std::string root = job_dir("async");
   // zero2 with many small buckets. (A snapshot cloned with grad mode on recorded autograd nodes
   // on rank 0's parameters only; with the 17M GPT at 2 ranks the ranks' reduce-scatters then
   // failed with mismatched messages. This small model did not show it; bench_checkpoint at 2
@@ -297,11 +292,7 @@ TEST(Checkpoint, AnAsyncSaveHoldsTheStateOfItsStep) {
   EXPECT_EQ(saver.finish(), root + "/async/" + step_dir_name(5));
   EXPECT_EQ(saver.finish(), std::nullopt);
   EXPECT_EQ(committed_steps(root + "/async").size(), 2u);
-  world->barrier()->wait();
-  if (rank == 0) {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
+  remove_job_dir(root);
 }
 
 // Each kind of damage to the newest step is found, named, and resume falls back to the step
@@ -309,9 +300,7 @@ TEST(Checkpoint, AnAsyncSaveHoldsTheStateOfItsStep) {
 TEST(Checkpoint, DamageIsNamedAndResumeFallsBackToThePreviousStep) {
   auto world = dist::ProcessGroup::world();
   const int W = world->size(), rank = world->rank();
-  std::string root =
-      rank == 0 ? testing::TempDir() + "ckpt-damage-" + std::to_string(::getpid()) : std::string();
-  root = dist::broadcast_text(*world, root, 0);
+  const std::string root = job_dir("damage");
   const std::string method = W > 1 ? "ddp" : "";
   auto t = trainer(make_model(7), method, world);
   t->train_step(batch(0, W, rank));
@@ -323,15 +312,7 @@ TEST(Checkpoint, DamageIsNamedAndResumeFallsBackToThePreviousStep) {
   };
   const std::vector<Damage> damages = {
       {"flipped bit", "checksum mismatch",
-       [](const fs::path& dir) {
-         std::fstream f(dir / shard_file_name(0), std::ios::in | std::ios::out | std::ios::binary);
-         f.seekg(100);
-         char c = 0;
-         f.read(&c, 1);
-         c ^= 0x10;
-         f.seekp(100);
-         f.write(&c, 1);
-       }},
+       [](const fs::path& dir) { test::flip_bit(dir / shard_file_name(0), 100, 0x10); }},
       {"truncated shard", "is truncated",
        [](const fs::path& dir) {
          fs::resize_file(dir / shard_file_name(0), fs::file_size(dir / shard_file_name(0)) / 2);
@@ -367,11 +348,7 @@ TEST(Checkpoint, DamageIsNamedAndResumeFallsBackToThePreviousStep) {
   auto fresh = trainer(make_model(99), method, world);
   EXPECT_EQ(resume(root, *fresh, kHash)->metadata.step, 2);
   EXPECT_FALSE(resume(root + "/nothing-here", *fresh, kHash).has_value());
-  world->barrier()->wait();
-  if (rank == 0) {
-    std::error_code ec;
-    fs::remove_all(root, ec);
-  }
+  remove_job_dir(root);
 }
 
 }  // namespace

@@ -12,12 +12,25 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include "acc/util/parse.hpp"
 
 namespace acc::cli {
+
+/// Parses the command line: std::nullopt to go on, else the code to exit with: 0 after --help,
+/// 2 for a bad command line (CLI11 has printed what is wrong; its own codes are 100 and up).
+///   if (const auto code = acc::cli::parse(app, argc, argv)) return *code;
+inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return std::nullopt;
+}
 
 /// Integers in [lo, hi].
 inline CLI::Validator integer(int64_t lo = std::numeric_limits<int64_t>::min(),
