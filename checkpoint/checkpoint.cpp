@@ -83,6 +83,11 @@ bool saved_kind(TensorKind k) {
   return k == TensorKind::kParameter || k == TensorKind::kOptimizerState;
 }
 
+// Whether this rank writes the entry: saved kinds, replica 0's holder, something held.
+bool written_here(const Placement& e) {
+  return saved_kind(e.kind) && e.replica == 0 && e.range.length > 0;
+}
+
 const char* kind_name(TensorKind k) {
   return k == TensorKind::kParameter ? "parameter" : "optimizer_state";
 }
@@ -326,7 +331,7 @@ void write_shard(PendingSave& p, const strategies::PlacementTable& table, int ra
     ShardWriter w((fs::path(p.tmp) / shard_file_name(rank)).string());
     w.step = p.step;
     for (const Placement& e : table) {
-      if (!saved_kind(e.kind) || e.replica != 0 || e.range.length == 0) continue;
+      if (!written_here(e)) continue;
       ACC_CHECK(e.local.defined(), "checkpoint: '", e.name, "' has no local tensor to save");
       w.add(e, rank, p.options);
     }
@@ -343,18 +348,19 @@ std::string finish_save(PendingSave& p, dist::ProcessGroup& group) {
   const int rank = group.rank(), world = group.size();
   Tensor failed = from_vector(std::vector<int64_t>{p.error.empty() ? 0 : 1}, {1});
   group.allreduce(failed, dist::ReduceOp::kSum)->wait();
+  // Each rank's pieces, or its error after a '!'.
+  std::vector<std::string> texts =
+      dist::allgather_text(group, p.error.empty() ? p.pieces : "!" + p.error);
   std::vector<nlohmann::json> per_rank;
-  std::string messages;
-  for (int r = 0; r < world; ++r) {
-    const std::string text = dist::broadcast_text(
-        group, rank == r ? (p.error.empty() ? p.pieces : "!" + p.error) : "", r);
-    if (!text.empty() && text[0] == '!') {
-      messages += (messages.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
-                  text.substr(1);
-    } else if (rank == 0) {
-      per_rank.push_back(nlohmann::json::parse(text));
+  for (std::string& t : texts) {
+    if (!t.empty() && t[0] == '!') {
+      t.erase(0, 1);
+    } else {
+      if (rank == 0) per_rank.push_back(nlohmann::json::parse(t));
+      t.clear();
     }
   }
+  const std::string messages = dist::rank_messages(texts);
   std::error_code ec;
   if (failed.to_vector<int64_t>()[0] > 0) {
     if (rank == 0) fs::remove_all(p.tmp, ec);
@@ -386,9 +392,8 @@ Header trainer_header(strategies::Trainer& trainer, const std::string& model_tra
   const optim::Optimizer& opt = trainer.optimizer();
   for (const std::string& name : opt.param_names()) mine[name] = opt.param_step(name);
   nlohmann::json steps = nlohmann::json::object();
-  for (int r = 0; r < group.size(); ++r) {
-    const nlohmann::json theirs =
-        nlohmann::json::parse(dist::broadcast_text(group, group.rank() == r ? mine.dump() : "", r));
+  for (const std::string& text : dist::allgather_text(group, mine.dump())) {
+    const nlohmann::json theirs = nlohmann::json::parse(text);  // items() must not outlive it
     for (const auto& [name, s] : theirs.items()) {
       steps[name] = std::max<int64_t>(steps.value(name, int64_t{0}), s.get<int64_t>());
     }
@@ -577,7 +582,7 @@ void AsyncSaver::save(int64_t step, strategies::Trainer& trainer,
   s_->snapshot.clear();
   NoGradGuard no_grad;  // plain copies: no autograd node may tie them to the parameters
   for (const Placement& e : trainer.placements()) {
-    if (!saved_kind(e.kind) || e.replica != 0 || e.range.length == 0) continue;
+    if (!written_here(e)) continue;
     Placement copy = e;
     copy.local = e.local.contiguous().clone();
     s_->snapshot.push_back(std::move(copy));
@@ -610,12 +615,18 @@ std::optional<std::string> AsyncSaver::finish() {
   return finish_save(*p, *s_->group);
 }
 
-Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,
-                      const std::string& model_trace_hash) {
-  Metadata meta = read_metadata(step_dir);
+namespace {
+
+// Throws acc::ValueError naming both hashes when `meta` is of another model.
+void check_model(const Metadata& meta, const std::string& step_dir,
+                 const std::string& model_trace_hash) {
   ACC_CHECK(meta.model_trace_hash == model_trace_hash, "checkpoint '", step_dir,
             "' is of another model: its trace hash is ", meta.model_trace_hash, ", this model's ",
             model_trace_hash);
+}
+
+// load_trainer once the metadata is read and its model checked.
+void load_into(const std::string& step_dir, const Metadata& meta, strategies::Trainer& trainer) {
   const nlohmann::json* steps =
       meta.extra.contains("optimizer_steps") ? &meta.extra.at("optimizer_steps") : nullptr;
   ACC_CHECK(steps != nullptr && steps->is_object(), "checkpoint '", step_dir,
@@ -638,6 +649,15 @@ Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,
   }
   load(step_dir, meta, trainer.placements());
   opt.load_state_dict(sd);
+}
+
+}  // namespace
+
+Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,
+                      const std::string& model_trace_hash) {
+  Metadata meta = read_metadata(step_dir);
+  check_model(meta, step_dir, model_trace_hash);
+  load_into(step_dir, meta, trainer);
   return meta;
 }
 
@@ -645,7 +665,7 @@ std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trai
                               const std::string& model_trace_hash, bool fall_back) {
   ACC_CHECK(trainer.group() != nullptr, "checkpoint: the trainer has no process group");
   dist::ProcessGroup& group = *trainer.group();
-  // Rank 0's list, newest first (the latest pointer's target leads), for every rank.
+  // Rank 0's list of committed steps, newest first, for every rank.
   nlohmann::json list = nlohmann::json::array();
   if (group.rank() == 0) {
     std::error_code ec;
@@ -664,10 +684,10 @@ std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trai
     std::string error;
     bool other_model = false;
     try {
-      out.metadata = load_trainer(dir, trainer, model_trace_hash);
-    } catch (const ValueError& e) {
-      error = e.what();
-      other_model = error.find("is of another model") != std::string::npos;
+      out.metadata = read_metadata(dir);
+      other_model = out.metadata.model_trace_hash != model_trace_hash;
+      check_model(out.metadata, dir, model_trace_hash);
+      load_into(dir, out.metadata, trainer);
     } catch (const Error& e) {
       error = e.what();
     }
@@ -683,14 +703,7 @@ std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trai
       }
       return out;
     }
-    std::string messages;
-    for (int r = 0; r < group.size(); ++r) {
-      const std::string text = dist::broadcast_text(group, group.rank() == r ? error : "", r);
-      if (!text.empty()) {
-        messages +=
-            (messages.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + text;
-      }
-    }
+    const std::string messages = dist::rank_messages(dist::allgather_text(group, error));
     ACC_CHECK(f[1] == 0, messages);  // another model: no older step of this root would do
     out.skipped.push_back(dir + " (" + messages + ")");
     if (group.rank() == 0) {

@@ -21,6 +21,7 @@
 
 #include "acc/acc.hpp"
 #include "acc/data/token_data.hpp"
+#include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/io/safetensors.hpp"
 #include "acc/strategies/strategy.hpp"
@@ -364,12 +365,11 @@ int run(const Args& a) {
     if (dir && leader) logging::info("saved checkpoint {}", *dir);
   };
   auto save_checkpoint = [&](int64_t step) {
+    const Generator& g = default_generator();
     nlohmann::json rng = nlohmann::json::array();
-    for (int r = 0; r < group->size(); ++r) {
-      const Generator& g = default_generator();
-      const std::string mine = nlohmann::json{g.seed(), g.offset()}.dump();
-      rng.push_back(
-          nlohmann::json::parse(dist::broadcast_text(*group, group->rank() == r ? mine : "", r)));
+    for (const std::string& text :
+         dist::allgather_text(*group, nlohmann::json{g.seed(), g.offset()}.dump())) {
+      rng.push_back(nlohmann::json::parse(text));
     }
     const nlohmann::json extra = {{"model_type", a.model},
                                   {"config", model->config_json()},

@@ -90,17 +90,8 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
   // communicator (a collective the failed rank never joined) is left there for good.
   own->abandon();
   // Each rank that failed first-hand tells its message (the others only timed out waiting).
-  std::string messages;
-  for (int root = 0; root < group->size(); ++root) {
-    // Who failed first-hand is not known to the others yet: every rank takes a turn as root and
-    // sends its message or nothing.
-    const std::string text = dist::broadcast_text(
-        *group, group->rank() == root && first_hand ? r.error : std::string(), root);
-    if (!text.empty()) {
-      if (!messages.empty()) messages += "; ";
-      messages += "rank " + std::to_string(root) + ": " + text;
-    }
-  }
+  const std::string messages =
+      dist::rank_messages(dist::allgather_text(*group, first_hand ? r.error : std::string()));
   r.status = v[3] ? "oom" : "error";
   r.error = messages.empty() ? r.error : messages;
   r.step_seconds = 0;

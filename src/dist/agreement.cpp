@@ -1,5 +1,7 @@
 #include "acc/dist/agreement.hpp"
 
+#include <algorithm>
+
 #include <cstring>
 #include <map>
 #include <vector>
@@ -109,6 +111,36 @@ std::string broadcast_text(ProcessGroup& group, const std::string& text, int roo
   if (group.rank() == root) std::memcpy(bytes.data<int32_t>(), text.data(), text.size());
   group.broadcast(bytes, root)->wait();
   return {reinterpret_cast<const char*>(bytes.data<int32_t>()), static_cast<size_t>(n)};
+}
+
+std::vector<std::string> allgather_text(ProcessGroup& group, const std::string& text) {
+  const int W = group.size();
+  if (W == 1) return {text};
+  Tensor mine = from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1});
+  Tensor lengths = zeros({W}, TensorOptions{.dtype = DType::kInt64, .device = Device::kCPU});
+  group.allgather(lengths, mine)->wait();
+  const std::vector<int64_t> n = lengths.to_vector<int64_t>();
+  const int64_t words = (*std::max_element(n.begin(), n.end()) + 3) / 4;
+  const TensorOptions i32{.dtype = DType::kInt32, .device = Device::kCPU};
+  Tensor own = zeros({words}, i32), all = zeros({words * W}, i32);
+  std::memcpy(own.data<int32_t>(), text.data(), text.size());
+  group.allgather(all, own)->wait();
+  std::vector<std::string> out;
+  const char* base = reinterpret_cast<const char*>(all.data<int32_t>());
+  for (int r = 0; r < W; ++r) {
+    out.emplace_back(base + static_cast<size_t>(r) * static_cast<size_t>(words) * 4,
+                     static_cast<size_t>(n[static_cast<size_t>(r)]));
+  }
+  return out;
+}
+
+std::string rank_messages(const std::vector<std::string>& texts) {
+  std::string out;
+  for (size_t r = 0; r < texts.size(); ++r) {
+    if (texts[r].empty()) continue;
+    out += (out.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + texts[r];
+  }
+  return out;
 }
 
 }  // namespace acc::dist

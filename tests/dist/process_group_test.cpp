@@ -288,6 +288,30 @@ TEST(Agreement, EqualFactsPassAndTheFirstDifferenceIsNamed) {
   world().barrier()->wait();  // the group still works after a disagreement
 }
 
+// Texts of different lengths (one empty) reach every rank whole, in rank order.
+TEST(Agreement, AllgatherTextGivesEveryRanksTextInOrder) {
+  auto world = dist::ProcessGroup::world();
+  const int W = world->size(), r = world->rank();
+  const std::string mine =
+      r == 1 ? std::string()
+             : std::string(static_cast<size_t>(3 * r + 1), 'a' + static_cast<char>(r));
+  const std::vector<std::string> all = dist::allgather_text(*world, mine);
+  ASSERT_EQ(all.size(), static_cast<size_t>(W));
+  std::string want_messages;
+  for (int k = 0; k < W; ++k) {
+    const std::string want =
+        k == 1 ? std::string()
+               : std::string(static_cast<size_t>(3 * k + 1), 'a' + static_cast<char>(k));
+    EXPECT_EQ(all[static_cast<size_t>(k)], want) << "rank " << k;
+    if (!want.empty()) {
+      want_messages += (want_messages.empty() ? "" : "; ") + std::string("rank ") +
+                       std::to_string(k) + ": " + want;
+    }
+  }
+  EXPECT_EQ(dist::rank_messages(all), want_messages);
+  EXPECT_EQ(dist::rank_messages({"", ""}), "");
+}
+
 TEST(ProcessGroup, FlightRecorderKeepsSequenceAndState) {
   Tensor t = ones({16});
   const uint64_t before = world().sequence_number();

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
 
 #include "acc/dist/process_group.hpp"
 
@@ -28,5 +29,14 @@ void check_agreement(ProcessGroup& group, const nlohmann::json& facts,
 /// decision or file contents reach the others. Two broadcasts (the length, then the bytes); a
 /// collective with the group's usual timeout. Returns `text` on a group of one.
 std::string broadcast_text(ProcessGroup& group, const std::string& text, int root = 0);
+
+/// Every rank's `text`, on every rank, in rank order: how the ranks' own findings (pieces of a
+/// checkpoint, step counts, error messages) reach everyone. Two all-gathers (the lengths, then
+/// the bytes padded to the longest); a collective with the group's usual timeout. {text} on a
+/// group of one.
+std::vector<std::string> allgather_text(ProcessGroup& group, const std::string& text);
+
+/// "rank 1: <text>; rank 3: <text>" of the non-empty texts (allgather_text's order), "" if none.
+std::string rank_messages(const std::vector<std::string>& texts);
 
 }  // namespace acc::dist
