@@ -6,17 +6,19 @@
 //
 // 1. The model trains one step (AdamW state exists) with --strategy (none on one rank, ddp on
 //    more by default).
-// 2. The disk: each rank writes a file of its own as large as its share of the checkpoint's raw
-//    bytes, fsynced (the checkpoint fsyncs too), then drops it from the page cache
-//    (posix_fadvise DONTNEED) and reads it back; the slowest rank's time, median of --rounds.
-// 3. A synchronous save (ckpt::save_trainer) and a load (ckpt::load_trainer, its shards dropped
-//    from the page cache first), each --rounds times; median seconds. Throughput is the state's
-//    raw bytes over the time: save ÷ disk write and load ÷ disk read are the ratios.
+// 2. --rounds rounds of: the disk (each rank writes a file of its own as large as its share of the
+//    checkpoint's raw bytes, fsynced as the checkpoint is, then drops it from the page cache with
+//    posix_fadvise DONTNEED and reads it back; the slowest rank's time), then a synchronous save
+//    (ckpt::save_trainer) and a load (ckpt::load_trainer, its shards dropped from the page cache
+//    first). Throughput is the state's raw bytes over the median time; save_over_disk and
+//    load_over_disk are the medians of the rounds' ratios (disk time ÷ save or load time), since
+//    the disk's rate drifts between rounds.
 // 4. Stall: --steps plain steps (median step time), then the same steps with an async save
 //    started before every --every-th step and polled after each (what train_gpt does); stall share
 //    = (time with saves - time without) / time without, over the same steps.
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
@@ -86,6 +88,14 @@ std::pair<double, double> disk(const fs::path& file, int64_t bytes) {
   return {write_s, read_s};
 }
 
+// CPU seconds of this process so far, every thread's (the async writer's included).
+double process_cpu_s() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,19 +157,15 @@ int main(int argc, char** argv) {
     if (leader) fs::create_directories(dir);
     world->barrier()->wait();
 
-    // The disk's rate moves a lot from run to run on a VM: --rounds measurements, the median.
-    std::vector<double> disk_writes, disk_reads;
+    // The disk's rate moves a lot from run to run on a VM (5x between rounds here): each round
+    // measures the disk, then a save and a load, and the ratios are taken per round (the median).
+    std::vector<double> disk_writes, disk_reads, save_s, load_s, save_ratio, load_ratio;
+    std::string step_dir;
     for (int r = 0; r < rounds; ++r) {
       world->barrier()->wait();
       const auto [dw, dr] = disk(fs::path(dir) / ("disk-" + std::to_string(world->rank())), mine);
       disk_writes.push_back(slowest(*world, dw));
       disk_reads.push_back(slowest(*world, dr));
-    }
-    const double disk_write = median(disk_writes), disk_read = median(disk_reads);
-
-    std::vector<double> save_s, load_s;
-    std::string step_dir;
-    for (int r = 0; r < rounds; ++r) {
       world->barrier()->wait();
       Timer t;
       // keep_last 0: removing the previous round's step (an unlink of its shards, 25-30 ms here)
@@ -174,7 +180,10 @@ int main(int argc, char** argv) {
       Timer l;
       ckpt::load_trainer(step_dir, *trainer, hash);
       load_s.push_back(slowest(*world, l.elapsed_s()));
+      save_ratio.push_back(disk_writes.back() / save_s.back());
+      load_ratio.push_back(disk_reads.back() / load_s.back());
     }
+    const double disk_write = median(disk_writes), disk_read = median(disk_reads);
     int64_t stored = 0;
     for (const auto& t : ckpt::read_metadata(step_dir).tensors) {
       for (const auto& c : t.chunks) stored += c.byte_length;
@@ -182,10 +191,15 @@ int main(int argc, char** argv) {
 
     // Stall: the same steps without and with async saves.
     std::vector<double> save_calls;  // the part of an async save the training thread runs
+    std::vector<double> poll_calls;  // the poll()s of a save, summed
+    const int64_t saves_per_pass = (steps + every - 1) / every;
+    std::vector<double> cpu_plain, cpu_saving;  // this process's CPU seconds (all its threads)
     auto pass = [&](bool saving) {
       ckpt::AsyncSaver saver(dir + "/async", {.zstd_level = zstd_level, .keep_last = 1});
       world->barrier()->wait();
+      const double cpu0 = process_cpu_s();
       Timer t;
+      double polls = 0;
       for (int64_t i = 0; i < steps; ++i) {
         if (saving && i % every == 0) {
           Timer c;
@@ -193,10 +207,16 @@ int main(int argc, char** argv) {
           save_calls.push_back(c.elapsed_s());
         }
         trainer->train_step(b);
-        if (saving) saver.poll();
+        if (saving) {
+          Timer c;
+          saver.poll();
+          polls += c.elapsed_s();
+        }
       }
       const double s = slowest(*world, t.elapsed_s());
       saver.finish();  // a write still running at the end is not the training's stall
+      (saving ? cpu_saving : cpu_plain).push_back(slowest(*world, process_cpu_s() - cpu0));
+      if (saving) poll_calls.push_back(polls / static_cast<double>(saves_per_pass));
       return s;
     };
     std::vector<double> plain, with_saves;
@@ -221,8 +241,8 @@ int main(int argc, char** argv) {
           {"disk_read_gbps", disk_r},
           {"save_gbps", save_gbps},
           {"load_gbps", load_gbps},
-          {"save_over_disk", save_gbps / disk_w},
-          {"load_over_disk", load_gbps / disk_r},
+          {"save_over_disk", median(save_ratio)},
+          {"load_over_disk", median(load_ratio)},
           {"disk_write_s", disk_writes},
           {"disk_read_s", disk_reads},
           {"save_s", save_s},
@@ -233,10 +253,12 @@ int main(int argc, char** argv) {
           {"steps_s_with_async_saves", with_saves},
           {"median_step_s", p / static_cast<double>(steps)},
           {"async_save_call_s", median(save_calls)},
+          {"async_polls_per_save_s", median(poll_calls)},
+          {"async_cpu_per_save_s",
+           (median(cpu_saving) - median(cpu_plain)) / static_cast<double>(saves_per_pass)},
           {"async_stall_share", (w - p) / p},
-          {"async_stall_per_save_over_step", (w - p) /
-                                                 static_cast<double>((steps + every - 1) / every) /
-                                                 (p / static_cast<double>(steps))}};
+          {"async_stall_per_save_over_step",
+           (w - p) / static_cast<double>(saves_per_pass) / (p / static_cast<double>(steps))}};
       std::printf("%s\n", out.dump().c_str());
     }
     world->barrier()->wait();

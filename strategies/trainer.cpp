@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <utility>
 
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/dist.hpp"
@@ -162,6 +163,7 @@ void Trainer::step() {
             " loss() call(s) in this step, the strategy accumulates ", micro_batches_,
             " micro-batch(es) per step (grad_accum)");
   losses_in_step_ = 0;
+  for (const auto& fn : std::exchange(before_update_, {})) fn();
   GradSync& sync = *impl_->sync;
   sync.finish_backward();
 
@@ -189,6 +191,10 @@ void Trainer::step() {
   optimizer_->step_scaled(
       options_.grad_clip > 0 ? optim::clip_coefficient(options_.grad_clip, last_grad_norm_) : 1.0);
   sync.end_step();
+}
+
+void Trainer::before_next_update(std::function<void()> fn) {
+  before_update_.push_back(std::move(fn));
 }
 
 PlacementTable Trainer::placements() const {

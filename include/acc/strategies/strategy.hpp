@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,6 +121,10 @@ class Trainer {
   /// is this rank's, not averaged over the ranks (train_step's is).
   Tensor loss(const Tensor& idx, const Tensor& targets);
   void step();
+  /// Runs `fn` once, at the start of the next step() (train_step's included), before anything of
+  /// the parameters or optimizer state changes: a reader of the live state that runs beside
+  /// training (ckpt::AsyncSaver's copy) makes the update wait until it is done.
+  void before_next_update(std::function<void()> fn);
 
   models::LanguageModel& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
@@ -148,6 +153,7 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   int micro_batches_ = 1;
   int losses_in_step_ = 0;  // loss() calls since the last step()
+  std::vector<std::function<void()>> before_update_;
   double last_grad_norm_ = 0.0;
 };
 
