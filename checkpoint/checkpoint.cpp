@@ -29,6 +29,7 @@
 #include "acc/util/file.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/parse.hpp"
+#include "acc/util/progress.hpp"
 
 namespace acc::ckpt {
 namespace fs = std::filesystem;
@@ -566,6 +567,7 @@ Header trainer_header(strategies::Trainer& trainer, const std::string& model_tra
 
 std::string save(const std::string& root, int64_t step, const strategies::PlacementTable& table,
                  const Header& header, dist::ProcessGroup& group, const SaveOptions& o) {
+  progress::phase(progress::Phase::kSave);
   PendingSave p;
   p.root = root;
   p.step = step;
@@ -729,6 +731,7 @@ class ChunkReader {
 
 void load(const std::string& step_dir, const Metadata& meta,
           const strategies::PlacementTable& table) {
+  progress::phase(progress::Phase::kLoad);
   const auto entries = loaded_entries(step_dir, meta, table);
   // The chunks this rank reads, in order, and their files, opened (a missing one named).
   struct Read {
@@ -869,6 +872,7 @@ bool AsyncSaver::pending() const {
 
 void AsyncSaver::save(int64_t step, strategies::Trainer& trainer,
                       const std::string& model_trace_hash, nlohmann::json extra) {
+  progress::phase(progress::Phase::kSave);
   if (s_->pending) finish();  // the next save waits for the previous
   ACC_CHECK(trainer.group() != nullptr, "checkpoint: the trainer has no process group");
   s_->group = trainer.group();

@@ -218,6 +218,8 @@ int run(const Args& a) {
   // Strategy and the data-parallel group (one rank without mpirun).
   auto group = dist::ProcessGroup::world();
   const bool leader = group->rank() == 0;
+  // The hang detector and ACC_FAULT's fault injection (elastic/README.md), in every run.
+  const std::unique_ptr<elastic::Agent> agent = elastic::Agent::start(group);
   // --strategy: auto (the search), a strategy cache (acc-search's --out: its key checked, then
   // used, re-planned for another world size, or searched again / refused when stale), or a plain
   // strategy list applied as given.
@@ -282,6 +284,7 @@ int run(const Args& a) {
     trainer = strategies::apply(model, factory, strategy,
                                 {.group = group, .grad_clip = a.grad_clip, .agreement = agreement});
   }
+  if (trainer->group()) agent->watch(trainer->group());
   optim::Optimizer& opt = trainer->optimizer();
   std::unique_ptr<optim::LRScheduler> schedule;
   if (a.lr_schedule == "cosine") {
@@ -402,6 +405,7 @@ int run(const Args& a) {
   double first_loss = NAN, last_loss = NAN;
   memory::reset_peak();
   for (int64_t step = start_step; step < a.steps; ++step) {
+    progress::step(step);
     data::Batch batch = loader.next();
     Timer timer;
     const double lr = schedule->apply(opt, step);

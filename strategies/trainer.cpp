@@ -11,6 +11,7 @@
 #include "acc/optim/clip_grad.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/progress.hpp"
 #include "grad_sync.hpp"
 #include "method.hpp"
 
@@ -132,6 +133,7 @@ double Trainer::train_step(const data::Batch& batch) {
     Tensor l = loss(batch.idx.narrow(0, i * mb, mb), batch.targets.narrow(0, i * mb, mb));
     loss_sum += l.item();
     Tensor scaled = micro_batches_ > 1 ? scale(l, 1.0 / micro_batches_) : l;
+    progress::phase(progress::Phase::kBackward);
     scaled.backward();
   }
   step();
@@ -155,6 +157,7 @@ Tensor Trainer::loss(const Tensor& idx, const Tensor& targets) {
   }
   sync.set_sync(losses_in_step_ + 1 == micro_batches_);
   ++losses_in_step_;
+  progress::phase(progress::Phase::kForward);
   return impl_->plan.loss(*model_, idx, targets);
 }
 
@@ -163,6 +166,7 @@ void Trainer::step() {
             " loss() call(s) in this step, the strategy accumulates ", micro_batches_,
             " micro-batch(es) per step (grad_accum)");
   losses_in_step_ = 0;
+  progress::phase(progress::Phase::kUpdate);
   for (const auto& fn : std::exchange(before_update_, {})) fn();
   GradSync& sync = *impl_->sync;
   sync.finish_backward();

@@ -7,6 +7,7 @@
 #include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/logging.hpp"
+#include "acc/util/progress.hpp"
 #include "comm_engine.hpp"
 
 namespace acc::dist {
@@ -358,6 +359,10 @@ struct PgAccess {
   static WorkPtr make_work(GroupState& s, const std::string& op, const Tensor* t, int peer,
                            std::optional<std::chrono::milliseconds> timeout) {
     const uint64_t seq = ++s.seq;
+    // Marked before the op is recorded or issued: fault injection stops a rank right here.
+    progress::phase(progress::Phase::kCollective, [&] {
+      return ::acc::detail::str_cat(op, " seq ", seq, " of group '", s.name, "'");
+    });
     FlightRecord r;
     r.group = s.name;
     r.seq = seq;

@@ -44,6 +44,7 @@ def read_libraries(root):
     folders = [os.path.join(root, "src", d) for d in sorted(os.listdir(os.path.join(root, "src")))]
     folders.append(os.path.join(root, "strategies"))
     folders.append(os.path.join(root, "checkpoint"))
+    folders.append(os.path.join(root, "elastic"))
     for folder in folders:
         cmake = os.path.join(folder, "CMakeLists.txt")
         if not os.path.isfile(cmake):

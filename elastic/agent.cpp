@@ -1,0 +1,520 @@
+#include "acc/elastic/agent.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "acc/dist/agreement.hpp"
+#include "acc/dist/flight_recorder.hpp"
+#include "acc/elastic/fault.hpp"
+#include "acc/util/env.hpp"
+#include "acc/util/error.hpp"
+#include "acc/util/file.hpp"
+#include "acc/util/logging.hpp"
+#include "acc/util/progress.hpp"
+
+namespace acc::elastic {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr double kFloorS = 60.0;       // the learned timeout is never below this
+constexpr double kAllowanceS = 600.0;  // first steps, saves and loads
+constexpr double kFactor = 10.0;       // over the longest recent step
+constexpr size_t kRecentSteps = 20;
+constexpr int64_t kStepsBeforeLearning = 3;
+
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// The node this rank runs on: ACC_NODE (acc-run's rsh agent sets it for namespace "nodes", which
+// share one host name), else the host name.
+std::string node_name() {
+  if (auto n = env::get("ACC_NODE")) return *n;
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Seconds since the epoch, for the times in reports and markers (ranks and tests compare them).
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+bool waiting_state(const std::string& s) {
+  return s == "queued" || s == "started" || s == "timed_out";
+}
+
+}  // namespace
+
+struct Agent::State : progress::Listener {
+  // Set at start.
+  int rank = 0, world = 1;
+  std::vector<std::string> nodes;  // by rank
+  std::string job_dir, run_dir;
+  std::optional<double> fixed_timeout;
+  double grace_s = 2.0;
+  std::vector<std::pair<size_t, FaultSpec>> faults;  // (index in the list, spec) not yet fired
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::thread watchdog;
+  std::vector<dist::ProcessGroupPtr> groups;
+  Clock::time_point last_progress = Clock::now();
+  std::optional<Clock::time_point> step_started;
+  std::deque<double> recent;  // step times, as the other ranks see them (slowness included)
+  double last_work_s = 0;     // the last step's time without injected slowness
+  double injected_s = 0;      // slowness injected into the current step
+  int64_t steps_seen = 0, step = -1;
+  std::string phase = "start", what;
+
+  double timeout_locked() const {
+    if (fixed_timeout) return *fixed_timeout;
+    if (steps_seen < kStepsBeforeLearning || phase == "save" || phase == "load") {
+      return std::max(kFloorS, kAllowanceS);
+    }
+    const double longest = recent.empty() ? 0.0 : *std::max_element(recent.begin(), recent.end());
+    return std::max(kFloorS, kFactor * longest);
+  }
+
+  bool applies(const FaultSpec& f) const {
+    if (f.action == FaultAction::kKillNode) {
+      return f.rank < world && nodes[static_cast<size_t>(f.rank)] == nodes[rank];
+    }
+    return f.rank == rank;
+  }
+
+  // The fault's marker: a restarted job (same job directory) does not inject it again.
+  void mark_fired(size_t index, const FaultSpec& f) {
+    const fs::path dir = fs::path(job_dir) / "faults";
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    const std::string path = (dir / ("fired-" + std::to_string(index))).string();
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      const std::string line =
+          nlohmann::json{
+              {"fault", f.text}, {"rank", rank}, {"step", step}, {"time", wall_seconds()}}
+              .dump() +
+          "\n";
+      (void)!::write(fd, line.data(), line.size());
+      ::fsync(fd);
+      ::close(fd);
+      try {
+        fsync_path(dir.string(), "fault marker directory");
+      } catch (const Error&) {
+      }
+    }
+  }
+
+  // Fires what is due at this mark (`phase_mark`: the phase marked, nullopt at a step's start).
+  // Runs on the marking thread, without the lock.
+  void fire_due(std::optional<progress::Phase> phase_mark) {
+    std::vector<std::pair<size_t, FaultSpec>> due;
+    double slow_s = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto it = faults.begin(); it != faults.end();) {
+        const FaultSpec& f = it->second;
+        const bool at_mark = f.phase ? phase_mark == f.phase : !phase_mark.has_value();
+        if (!applies(f) || step < f.step || !at_mark) {
+          ++it;
+          continue;
+        }
+        if (f.action == FaultAction::kSlow) {  // every step from here on; marked once
+          slow_s = (f.factor - 1.0) * last_work_s;
+          if (f.text.find("#fired") == std::string::npos) {
+            due.push_back(*it);
+            it->second.text += " #fired";
+          }
+          ++it;
+          continue;
+        }
+        due.push_back(*it);
+        it = faults.erase(it);
+      }
+      injected_s = slow_s;
+    }
+    for (const auto& [index, f] : due) {
+      mark_fired(index, f);
+      const std::string where = f.phase ? progress::phase_name(*f.phase) : "start";
+      logging::warn("ACC_FAULT '{}': {} rank {} at step {} ({})", f.text,
+                    f.action == FaultAction::kSlow ? "slowing" : fault_action_name(f.action), rank,
+                    step, where);
+      logging::logger().flush();
+      if (f.action == FaultAction::kKill || f.action == FaultAction::kKillNode) {
+        ::kill(::getpid(), SIGKILL);
+      }
+      if (f.action == FaultAction::kStall) {
+        while (true) std::this_thread::sleep_for(std::chrono::hours(1));  // the watchdog runs on
+      }
+    }
+    if (slow_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s));
+  }
+
+  void on_step(int64_t s) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const auto now = Clock::now();
+      if (step_started) {
+        const double t = seconds(now - *step_started);
+        recent.push_back(t);
+        if (recent.size() > kRecentSteps) recent.pop_front();
+        last_work_s = std::max(0.0, t - injected_s);
+        ++steps_seen;
+      }
+      step_started = now;
+      step = s;
+      phase = "step";
+      what.clear();
+      last_progress = now;
+    }
+    fire_due(std::nullopt);
+  }
+
+  void on_phase(progress::Phase p, const std::string& w) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      phase = progress::phase_name(p);
+      what = w;
+      last_progress = Clock::now();
+    }
+    fire_due(p);
+  }
+
+  nlohmann::json group_report(dist::ProcessGroup& g) const {
+    const double now_ms = dist::FlightRecorder::now_ms();
+    uint64_t last_completed = 0;
+    nlohmann::json in_flight = nlohmann::json::array(), recent_ops = nlohmann::json::array();
+    const auto entries = g.flight_recorder().entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const dist::FlightRecord& e = entries[i];
+      if (e.state == "completed") last_completed = std::max(last_completed, e.seq);
+      const nlohmann::json j = {{"op", e.op},       {"seq", e.seq},
+                                {"state", e.state}, {"bytes", e.bytes},
+                                {"peer", e.peer},   {"age_s", (now_ms - e.enqueue_ms) / 1000.0}};
+      if (waiting_state(e.state)) in_flight.push_back(j);
+      if (i + 8 >= entries.size()) recent_ops.push_back(j);
+    }
+    return {{"group", g.name()},
+            {"rank", g.rank()},
+            {"size", g.size()},
+            {"issued_seq", g.sequence_number()},
+            {"last_completed_seq", last_completed},
+            {"in_flight", in_flight},
+            {"recent", recent_ops}};
+  }
+
+  [[noreturn]] void on_hang(double idle_s, double timeout) {
+    nlohmann::json report;
+    std::vector<dist::ProcessGroupPtr> gs;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      gs = groups;
+      report = {{"rank", rank},          {"world", world},   {"node", nodes[rank]},
+                {"pid", ::getpid()},     {"step", step},     {"phase", phase},
+                {"what", what},          {"idle_s", idle_s}, {"timeout_s", timeout},
+                {"time", wall_seconds()}};
+    }
+    nlohmann::json groups_json = nlohmann::json::array();
+    for (const auto& g : gs) groups_json.push_back(group_report(*g));
+    report["groups"] = groups_json;
+    const fs::path dir(run_dir);
+    std::error_code made;
+    fs::create_directories(dir, made);
+    const fs::path mine = dir / ("rank-" + std::to_string(rank) + ".json");
+    try {
+      write_text_file_atomically(mine.string(), report.dump(1), "hang report");
+    } catch (const std::exception& e) {
+      logging::error("hang: could not write the report: {}", e.what());
+    }
+    logging::error(
+        "hang: no progress for {:.1f} s (timeout {:.1f} s) at step {} in {}{}; report {}", idle_s,
+        timeout, report["step"].get<int64_t>(), report["phase"].get<std::string>(),
+        what.empty() ? "" : " (" + report["what"].get<std::string>() + ")", mine.string());
+    // The others' reports, for up to the grace period.
+    auto present = [&] {
+      std::vector<std::optional<nlohmann::json>> out(static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r) {
+        const fs::path p = dir / ("rank-" + std::to_string(r) + ".json");
+        std::error_code ec;
+        if (!fs::exists(p, ec)) continue;
+        try {
+          out[static_cast<size_t>(r)] = nlohmann::json::parse(read_text(p));
+        } catch (const std::exception&) {
+        }
+      }
+      return out;
+    };
+    const auto deadline = Clock::now() + std::chrono::duration<double>(grace_s);
+    std::vector<std::optional<nlohmann::json>> reports = present();
+    while (Clock::now() < deadline &&
+           std::any_of(reports.begin(), reports.end(), [](const auto& r) { return !r; })) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      reports = present();
+    }
+    int lowest = rank;
+    for (int r = 0; r < world; ++r) {
+      if (reports[static_cast<size_t>(r)]) {
+        lowest = std::min(lowest, r);
+        break;
+      }
+    }
+    const fs::path analysis_path = dir / "analysis.json";
+    if (lowest == rank) {
+      nlohmann::json a = analyze_hang(reports);
+      a["detected_by"] = rank;
+      a["timeout_s"] = timeout;
+      try {
+        write_text_file_atomically(analysis_path.string(), a.dump(1), "hang analysis");
+      } catch (const std::exception& e) {
+        logging::error("hang: could not write the analysis: {}", e.what());
+      }
+      logging::error("hang analysis: {} ({})", a["summary"].get<std::string>(),
+                     analysis_path.string());
+    } else {  // the analysing rank's exit must not kill it first (mpirun ends the job then)
+      const auto until = Clock::now() + std::chrono::duration<double>(grace_s + 3.0);
+      std::error_code ec;
+      while (Clock::now() < until && !fs::exists(analysis_path, ec)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    logging::logger().flush();
+    std::fflush(nullptr);
+    std::_Exit(kHangExitCode);  // the last resort: the stuck communicator cannot be shut down
+  }
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stopping) {
+      cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (stopping) return;
+      const auto gs = groups;
+      const double timeout = timeout_locked();
+      double idle = seconds(Clock::now() - last_progress);
+      lock.unlock();
+      // A collective completing is progress too (a long all-reduce marks nothing while it runs).
+      const double now_ms = dist::FlightRecorder::now_ms();
+      for (const auto& g : gs) {
+        for (const auto& e : g->flight_recorder().entries()) {
+          if (e.end_ms >= 0) idle = std::min(idle, (now_ms - e.end_ms) / 1000.0);
+        }
+      }
+      if (idle > timeout) on_hang(idle, timeout);
+      lock.lock();
+    }
+  }
+};
+
+Agent::Agent(std::shared_ptr<State> s) : s_(std::move(s)) {}
+
+std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions options) {
+  ACC_CHECK(world != nullptr, "elastic::Agent::start: no process group");
+  auto s = std::make_shared<State>();
+  s->rank = world->rank();
+  s->world = world->size();
+  s->grace_s = options.grace_s;
+  ACC_CHECK(options.grace_s >= 0, "elastic: grace_s must be >= 0, got ", options.grace_s);
+  s->fixed_timeout = options.hang_timeout_s;
+  if (!s->fixed_timeout) {
+    const double t = env::get_double("ACC_HANG_TIMEOUT_SEC", 0.0);
+    if (env::get("ACC_HANG_TIMEOUT_SEC")) {
+      ACC_CHECK(t > 0, "ACC_HANG_TIMEOUT_SEC must be > 0, got ", t);
+      s->fixed_timeout = t;
+    }
+  }
+  ACC_CHECK(!s->fixed_timeout || *s->fixed_timeout > 0,
+            "elastic: the hang timeout must be > 0, got ", s->fixed_timeout.value_or(0));
+  const std::vector<FaultSpec> specs =
+      parse_faults(options.faults ? *options.faults : env::get_string("ACC_FAULT", ""));
+  for (const FaultSpec& f : specs) {
+    ACC_CHECK(f.rank < s->world, "ACC_FAULT '", f.text, "': rank ", f.rank, " is not in a job of ",
+              s->world, " rank(s)");
+  }
+
+  // Rank 0 names the job directory and this run; every rank learns the ranks' nodes.
+  std::string dir = options.job_dir.empty() ? env::get_string("ACC_JOB_DIR", "") : options.job_dir;
+  std::string error, run;
+  if (s->rank == 0) {
+    try {
+      const std::string stamp =
+          std::to_string(std::time(nullptr)) + "-" + std::to_string(::getpid());
+      run = "run-" + stamp;
+      if (dir.empty()) {  // made when something is written to it (most runs write nothing)
+        dir = (fs::current_path() / ("acc-job-" + stamp)).string();
+      } else {
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        ACC_CHECK_AS(IoError, !ec, "elastic: cannot make the job directory '", dir,
+                     "': ", ec.message());
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  error = dist::broadcast_text(*world, error, 0);
+  ACC_CHECK_AS(IoError, error.empty(), error);
+  s->job_dir = dist::broadcast_text(*world, dir, 0);
+  s->run_dir = (fs::path(s->job_dir) / "hang" / dist::broadcast_text(*world, run, 0)).string();
+  s->nodes = dist::allgather_text(*world, node_name());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::error_code ec;
+    if (fs::exists(fs::path(s->job_dir) / "faults" / ("fired-" + std::to_string(i)), ec)) {
+      if (s->rank == 0)
+        logging::info("ACC_FAULT '{}' fired in an earlier run: not again", specs[i].text);
+      continue;
+    }
+    s->faults.emplace_back(i, specs[i]);
+  }
+  s->groups.push_back(world);
+  s->last_progress = Clock::now();
+  State* raw = s.get();
+  s->watchdog = std::thread([raw] { raw->run(); });
+  progress::set_listener(s);
+  return std::unique_ptr<Agent>(new Agent(std::move(s)));
+}
+
+Agent::~Agent() {
+  progress::set_listener(nullptr);
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->stopping = true;
+  }
+  s_->cv.notify_all();
+  if (s_->watchdog.joinable()) s_->watchdog.join();
+}
+
+void Agent::watch(dist::ProcessGroupPtr group) {
+  ACC_CHECK(group != nullptr, "elastic::Agent::watch: no process group");
+  std::lock_guard<std::mutex> lock(s_->mu);
+  for (const auto& g : s_->groups) {
+    if (g == group) return;
+  }
+  s_->groups.push_back(std::move(group));
+}
+
+const std::string& Agent::job_dir() const {
+  return s_->job_dir;
+}
+
+double Agent::timeout_s() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->timeout_locked();
+}
+
+nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& reports) {
+  struct Member {
+    int rank;
+    uint64_t last_completed;
+    std::optional<uint64_t> oldest;  // the oldest collective it waits in
+    std::string op;
+  };
+  std::map<std::string, std::vector<Member>> by_group;
+  nlohmann::json not_reporting = nlohmann::json::array();
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (!reports[r]) {
+      not_reporting.push_back(static_cast<int>(r));
+      continue;
+    }
+    for (const auto& g : reports[r]->value("groups", nlohmann::json::array())) {
+      Member m{static_cast<int>(r), g.value("last_completed_seq", uint64_t{0}), std::nullopt, ""};
+      for (const auto& e : g.value("in_flight", nlohmann::json::array())) {
+        const uint64_t seq = e.value("seq", uint64_t{0});
+        if (!m.oldest || seq < *m.oldest) {
+          m.oldest = seq;
+          m.op = e.value("op", "");
+        }
+      }
+      by_group[g.value("group", "")].push_back(m);
+    }
+  }
+  auto ranks_text = [](const std::vector<int>& rs) {
+    std::string t = rs.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < rs.size(); ++i) t += (i ? "," : "") + std::to_string(rs[i]);
+    return t;
+  };
+  auto where = [&](int r) {
+    const nlohmann::json& rep = *reports[static_cast<size_t>(r)];
+    const std::string phase = rep.value("phase", std::string("?"));
+    const std::string what = rep.value("what", std::string());
+    std::string w =
+        phase == "collective" && !what.empty() ? "is entering " + what : "is in " + phase;
+    if (phase != "collective" && !what.empty()) w += " (" + what + ")";
+    return w + " at step " + std::to_string(rep.value("step", int64_t{-1}));
+  };
+  nlohmann::json groups = nlohmann::json::array();
+  std::set<int> culprits;
+  std::vector<std::string> parts;
+  for (const auto& [name, members] : by_group) {
+    std::optional<uint64_t> stuck;
+    std::string op;
+    for (const Member& m : members) {
+      if (m.oldest && (!stuck || *m.oldest < *stuck)) {
+        stuck = m.oldest;
+        op = m.op;
+      }
+    }
+    if (!stuck) continue;
+    std::vector<int> waiting;
+    nlohmann::json lagging = nlohmann::json::array();
+    std::string lag_text;
+    for (const Member& m : members) {
+      if (m.oldest == stuck) {
+        waiting.push_back(m.rank);
+      } else if (m.last_completed < *stuck) {
+        const nlohmann::json& rep = *reports[static_cast<size_t>(m.rank)];
+        lagging.push_back({{"rank", m.rank},
+                           {"last_completed_seq", m.last_completed},
+                           {"step", rep.value("step", int64_t{-1})},
+                           {"phase", rep.value("phase", std::string())},
+                           {"what", rep.value("what", std::string())}});
+        culprits.insert(m.rank);
+        lag_text += "; rank " + std::to_string(m.rank) + " last completed seq " +
+                    std::to_string(m.last_completed) + " and " + where(m.rank);
+      }
+    }
+    groups.push_back(
+        {{"group", name}, {"op", op}, {"seq", *stuck}, {"waiting", waiting}, {"lagging", lagging}});
+    parts.push_back(ranks_text(waiting) + " wait" + (waiting.size() == 1 ? "s" : "") + " in " + op +
+                    " seq " + std::to_string(*stuck) + " of group '" + name + "'" + lag_text);
+  }
+  if (groups.empty()) {
+    std::string t = "no collective in flight";
+    for (size_t r = 0; r < reports.size(); ++r) {
+      if (reports[r]) t += "; rank " + std::to_string(r) + " " + where(static_cast<int>(r));
+    }
+    parts.push_back(t);
+  }
+  for (const auto& r : not_reporting) {
+    culprits.insert(r.get<int>());
+    parts.push_back("rank " + std::to_string(r.get<int>()) + " wrote no report (stopped or dead)");
+  }
+  std::string summary;
+  for (const auto& p : parts) summary += (summary.empty() ? "" : "; ") + p;
+  return {{"summary", summary},
+          {"groups", groups},
+          {"not_reporting", not_reporting},
+          {"culprits", std::vector<int>(culprits.begin(), culprits.end())}};
+}
+
+}  // namespace acc::elastic

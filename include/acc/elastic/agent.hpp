@@ -1,0 +1,76 @@
+#pragma once
+// The per-rank elastic agent: a hang detector (a watchdog thread over the progress marks of
+// acc/util/progress.hpp and the flight recorders of the process groups it watches) and the fault
+// injection of ACC_FAULT (acc/elastic/fault.hpp). Works in any mpirun job, with or without
+// acc-run. elastic/README.md has the whole story.
+//
+// On a hang (no progress for the timeout) each rank writes a report (its step, phase, and per
+// watched group the last completed sequence number and the collectives in flight) to
+// JOB/hang/<run>/rank-R.json, out of band (files, never the stuck communicator), waits up to the
+// grace period for the others' reports, and the lowest rank that reported writes analysis.json
+// (analyze_hang) and logs it: which ranks wait in which collective (op, sequence number, group),
+// which rank lags and where it is, which ranks wrote nothing (stopped or dead). Every rank then
+// ends its process with kHangExitCode, the hang detector's last resort, so the launcher restarts
+// the job.
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "acc/dist/process_group.hpp"
+
+namespace acc::elastic {
+
+/// A rank's exit code after a hang (EX_TEMPFAIL: try again).
+inline constexpr int kHangExitCode = 75;
+
+struct AgentOptions {
+  /// Where reports and fault markers go: "" means ACC_JOB_DIR, else a new directory
+  /// ./acc-job-<time>-<pid> that rank 0 names to every rank, made only when something is written
+  /// to it. A directory given is made at start.
+  std::string job_dir;
+  /// A fixed hang timeout in seconds; default ACC_HANG_TIMEOUT_SEC, else learned
+  /// (Agent::timeout_s).
+  std::optional<double> hang_timeout_s;
+  /// How long a rank that found a hang waits for the other ranks' reports.
+  double grace_s = 2.0;
+  /// Fault specs; default ACC_FAULT.
+  std::optional<std::string> faults;
+};
+
+class Agent {
+ public:
+  /// Starts the agent of this rank: a collective over `world` (the job directory, the run's id,
+  /// every rank's node). Watches `world`'s flight recorder; installs itself as the progress
+  /// listener. Throws acc::ValueError for a bad ACC_FAULT or ACC_HANG_TIMEOUT_SEC, acc::IoError
+  /// when the job directory cannot be made.
+  static std::unique_ptr<Agent> start(dist::ProcessGroupPtr world, AgentOptions options = {});
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  /// Also report this group's collectives (a trainer's data-parallel group, a mesh's groups).
+  void watch(dist::ProcessGroupPtr group);
+  const std::string& job_dir() const;
+  /// The hang timeout now: the fixed one, else learned from the step times seen: 10 x the
+  /// longest of the last 20 steps, at least 60 s; 600 s before 3 steps were seen and while a
+  /// checkpoint is saved or loaded (first steps, dry-runs and saves are slow by nature).
+  double timeout_s() const;
+
+  struct State;
+
+ private:
+  explicit Agent(std::shared_ptr<State> s);
+  std::shared_ptr<State> s_;
+};
+
+/// The analysis of a hang from the ranks' reports (reports[r]: rank r's, nullopt when it wrote
+/// none): {"summary": text, "groups": [{"group", "op", "seq", "waiting": [ranks], "lagging":
+/// [{"rank", "last_completed_seq", "step", "phase", "what"}]}], "not_reporting": [ranks],
+/// "culprits": [ranks]}. A pure function, for the tests.
+nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& reports);
+
+}  // namespace acc::elastic

@@ -1,0 +1,38 @@
+#pragma once
+// Fault injection for the elastic tests: ACC_FAULT=ACTION:rank=R:step=S[:phase=P][:factor=F],
+// several separated by ';' (elastic/README.md).
+//   kill       rank R sends itself SIGKILL
+//   stall      rank R stops making progress (its training thread sleeps for good; the process
+//              and its watchdog stay alive), as a rank stuck in compute would
+//   slow       every step of rank R from step S on takes F times as long (F > 1)
+//   kill-node  every rank on R's node (ACC_NODE, else the host name) sends itself SIGKILL
+// The fault fires at step S (the training loop's progress::step), or with phase=P at the first
+// mark of phase P (forward, backward, update, collective, save, load) at step S or later.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "acc/util/progress.hpp"
+
+namespace acc::elastic {
+
+enum class FaultAction { kKill, kStall, kSlow, kKillNode };
+
+const char* fault_action_name(FaultAction a);
+
+struct FaultSpec {
+  FaultAction action = FaultAction::kKill;
+  int rank = 0;
+  int64_t step = 0;
+  std::optional<progress::Phase> phase;
+  double factor = 1.0;  // slow only
+  std::string text;     // as written, for logs
+};
+
+/// Parses ACC_FAULT's grammar. Throws acc::ValueError naming the bad part: an unknown action,
+/// key or phase, a missing rank or step, a negative number, a slow factor not above 1 or a factor
+/// on another action.
+std::vector<FaultSpec> parse_faults(const std::string& text);
+
+}  // namespace acc::elastic

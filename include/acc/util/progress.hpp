@@ -1,0 +1,47 @@
+#pragma once
+// What the training thread is doing, for whoever watches it: the training loop marks each step,
+// the Trainer its phases, a process group each collective it issues, checkpoints their saves and
+// loads. The hang detector (acc/elastic/agent.hpp) turns the marks into progress and the phase a
+// stalled rank was in; fault injection (ACC_FAULT) fires at them. Without a listener a mark costs
+// one atomic load.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace acc::progress {
+
+enum class Phase { kForward, kBackward, kUpdate, kCollective, kSave, kLoad };
+
+/// "forward", "backward", "update", "collective", "save", "load".
+const char* phase_name(Phase p);
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  /// Step `step` of the training loop begins.
+  virtual void on_step(int64_t step) = 0;
+  /// The marking thread enters `phase`; `what` says more ("allreduce seq 12 of group 'world'").
+  virtual void on_phase(Phase phase, const std::string& what) = 0;
+};
+
+/// The process's one listener (nullptr: none). Marks already under way finish with the old one.
+void set_listener(std::shared_ptr<Listener> listener);
+
+void step(int64_t step);
+void phase(Phase p);
+/// As phase(p), with `what` made only when someone listens.
+template <class MakeWhat>
+void phase(Phase p, MakeWhat&& make_what);
+
+namespace detail {
+bool listening();
+void phase_with(Phase p, const std::string& what);
+}  // namespace detail
+
+template <class MakeWhat>
+void phase(Phase p, MakeWhat&& make_what) {
+  if (detail::listening()) detail::phase_with(p, make_what());
+}
+
+}  // namespace acc::progress

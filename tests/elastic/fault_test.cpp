@@ -1,0 +1,102 @@
+// ACC_FAULT's grammar, and the hang analysis on hand-made reports.
+
+#include <gtest/gtest.h>
+
+#include "acc/elastic/agent.hpp"
+#include "acc/elastic/fault.hpp"
+#include "acc/util/error.hpp"
+#include "error_of.hpp"
+
+namespace acc::elastic {
+namespace {
+
+TEST(Faults, ParsesEveryActionWithItsOptions) {
+  const auto f = parse_faults(
+      "kill:rank=1:step=5; stall:rank=2:step=3:phase=backward;slow:rank=0:step=0:factor=2.5;"
+      "kill-node:rank=3:step=7:phase=collective");
+  ASSERT_EQ(f.size(), 4u);
+  EXPECT_EQ(f[0].action, FaultAction::kKill);
+  EXPECT_EQ(f[0].rank, 1);
+  EXPECT_EQ(f[0].step, 5);
+  EXPECT_FALSE(f[0].phase.has_value());
+  EXPECT_EQ(f[1].action, FaultAction::kStall);
+  EXPECT_EQ(f[1].phase, progress::Phase::kBackward);
+  EXPECT_EQ(f[1].text, "stall:rank=2:step=3:phase=backward");
+  EXPECT_EQ(f[2].action, FaultAction::kSlow);
+  EXPECT_DOUBLE_EQ(f[2].factor, 2.5);
+  EXPECT_EQ(f[3].action, FaultAction::kKillNode);
+  EXPECT_EQ(f[3].phase, progress::Phase::kCollective);
+  EXPECT_TRUE(parse_faults("").empty());
+  EXPECT_TRUE(parse_faults(" ; ").empty());
+}
+
+TEST(Faults, BadSpecsAreNamed) {
+  struct Case {
+    const char* spec;
+    const char* message;
+  };
+  for (const Case& c :
+       {Case{"explode:rank=1:step=2", "unknown action 'explode'"},
+        Case{"kill:rank=1", "rank=R and step=S are required"},
+        Case{"kill:step=1", "rank=R and step=S are required"},
+        Case{"kill:rank=-1:step=1", "must be >= 0, got -1"}, Case{"kill:rank=x:step=1", "rank"},
+        Case{"kill:rank=1:step=1:phase=lunch", "unknown phase 'lunch'"},
+        Case{"kill:rank=1:step=1:when=now", "unknown key 'when'"},
+        Case{"kill:rank=1:step=1:factor=2", "factor applies to slow only"},
+        Case{"slow:rank=1:step=1", "slow needs factor=F with F > 1"},
+        Case{"slow:rank=1:step=1:factor=0.5", "slow needs factor=F with F > 1"},
+        Case{"kill:rank=1:step", "is not KEY=VALUE"}}) {
+    const std::string msg = test::error_of<ValueError>([&] { parse_faults(c.spec); });
+    EXPECT_NE(msg.find(c.message), std::string::npos) << c.spec << ": " << msg;
+    EXPECT_NE(msg.find("ACC_FAULT"), std::string::npos) << msg;
+  }
+}
+
+nlohmann::json report(int rank, int64_t step, const std::string& phase, const std::string& what,
+                      uint64_t last_completed, const std::vector<uint64_t>& in_flight) {
+  nlohmann::json flights = nlohmann::json::array();
+  for (uint64_t s : in_flight)
+    flights.push_back({{"op", "allreduce.sum"}, {"seq", s}, {"state", "started"}});
+  return {{"rank", rank},
+          {"step", step},
+          {"phase", phase},
+          {"what", what},
+          {"groups",
+           {{{"group", "dp"}, {"last_completed_seq", last_completed}, {"in_flight", flights}}}}};
+}
+
+TEST(HangAnalysis, NamesTheWaitersTheLaggardAndTheSilent) {
+  // Ranks 0 and 2 wait in seq 1042; rank 1 completed 1041 and is in backward; rank 3 is silent.
+  const auto a = analyze_hang(
+      {report(0, 9, "collective", "allreduce.sum seq 1042 of group 'dp'", 1041, {1042}),
+       report(1, 9, "backward", "", 1041, {}), report(2, 9, "collective", "", 1041, {1042}),
+       std::nullopt});
+  EXPECT_EQ(a["summary"],
+            "ranks 0,2 wait in allreduce.sum seq 1042 of group 'dp'; rank 1 last completed seq "
+            "1041 and is in backward at step 9; rank 3 wrote no report (stopped or dead)");
+  EXPECT_EQ(a["culprits"], nlohmann::json({1, 3}));
+  EXPECT_EQ(a["not_reporting"], nlohmann::json({3}));
+  ASSERT_EQ(a["groups"].size(), 1u);
+  EXPECT_EQ(a["groups"][0]["seq"], 1042);
+  EXPECT_EQ(a["groups"][0]["waiting"], nlohmann::json({0, 2}));
+  EXPECT_EQ(a["groups"][0]["lagging"][0]["rank"], 1);
+  EXPECT_EQ(a["groups"][0]["lagging"][0]["last_completed_seq"], 1041);
+}
+
+TEST(HangAnalysis, ARankAheadIsNoCulpritAndNoCollectiveMeansEveryoneStopped) {
+  // Rank 1 has completed 1042 and waits in 1043: it is ahead of rank 0, which waits in 1042, so
+  // nobody is behind in 1042 (whatever holds rank 0 there, it is not rank 1).
+  const auto ahead = analyze_hang(
+      {report(0, 4, "collective", "", 1041, {1042}), report(1, 4, "collective", "", 1042, {1043})});
+  EXPECT_EQ(ahead["culprits"], nlohmann::json::array());
+  EXPECT_EQ(ahead["groups"][0]["waiting"], nlohmann::json({0}));
+  const auto idle =
+      analyze_hang({report(0, 2, "forward", "", 10, {}), report(1, 2, "update", "", 10, {})});
+  EXPECT_EQ(
+      idle["summary"],
+      "no collective in flight; rank 0 is in forward at step 2; rank 1 is in update at step 2");
+  EXPECT_EQ(idle["culprits"], nlohmann::json::array());
+}
+
+}  // namespace
+}  // namespace acc::elastic

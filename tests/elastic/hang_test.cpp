@@ -1,0 +1,103 @@
+// The hang detector end to end: a train_gpt job under mpirun in which ACC_FAULT stalls one rank.
+// Every rank reports, the analysis names the stalled rank, the group, the collective and its
+// sequence number, within the timeout + 2 s of the stall, and the job ends with kHangExitCode; the
+// same job started again (same job directory) does not stall again.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "acc/elastic/agent.hpp"
+#include "command.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kTimeoutS = 3.0;
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d =
+      fs::temp_directory_path() / ("acc_hang_test_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+// The one run directory under JOB/hang.
+fs::path run_dir(const fs::path& job) {
+  std::vector<fs::path> runs;
+  for (const auto& d : fs::directory_iterator(job / "hang")) runs.push_back(d.path());
+  EXPECT_EQ(runs.size(), 1u);
+  return runs.empty() ? fs::path() : runs.front();
+}
+
+std::string train_gpt_job(int ranks, const fs::path& job, const std::string& fault) {
+  const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
+  return std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np " + std::to_string(ranks) +
+         " -x ACC_JOB_DIR=" + job.string() +
+         " -x ACC_HANG_TIMEOUT_SEC=" + std::to_string(kTimeoutS) + " -x ACC_FAULT=" + fault + " " +
+         TRAIN_GPT_BIN + " --model gpt --data " + data +
+         " --data-format u16 --seq-len 16 --batch-size 2 --steps 8 --threads 1 --strategy "
+         "'[{\"name\": \"ddp\"}]'";
+}
+
+TEST(HangDetector, NamesTheStalledRankAndItsCollective) {
+  const fs::path job = temp_dir("collective");
+  const std::string cmd = train_gpt_job(4, job, "stall:rank=1:step=3:phase=collective");
+  const auto r = acc::test::run_command(cmd);
+  ASSERT_EQ(r.exit_code, acc::elastic::kHangExitCode) << r.output;
+  EXPECT_NE(r.output.find("hang analysis: ranks 0,2,3 wait in allreduce"), std::string::npos)
+      << r.output;
+  const fs::path run = run_dir(job);
+  const nlohmann::json a = read_json(run / "analysis.json");
+  EXPECT_EQ(a["culprits"], nlohmann::json({1})) << a.dump(1);
+  EXPECT_EQ(a["not_reporting"], nlohmann::json::array());
+  ASSERT_EQ(a["groups"].size(), 1u) << a.dump(1);
+  const nlohmann::json& g = a["groups"][0];
+  EXPECT_EQ(g["group"], "world");
+  EXPECT_EQ(g["op"].get<std::string>().rfind("allreduce", 0), 0u) << g.dump();
+  EXPECT_EQ(g["waiting"], nlohmann::json({0, 2, 3}));
+  ASSERT_EQ(g["lagging"].size(), 1u);
+  EXPECT_EQ(g["lagging"][0]["rank"], 1);
+  EXPECT_EQ(g["lagging"][0]["last_completed_seq"].get<uint64_t>() + 1, g["seq"].get<uint64_t>());
+  EXPECT_EQ(g["lagging"][0]["step"], 3);
+  // Found within the timeout + 2 s of the stall: every rank's report against the fault's time.
+  const nlohmann::json fired = read_json(job / "faults" / "fired-0");
+  for (int rank = 0; rank < 4; ++rank) {
+    const nlohmann::json rep = read_json(run / ("rank-" + std::to_string(rank) + ".json"));
+    const double after = rep["time"].get<double>() - fired["time"].get<double>();
+    EXPECT_GE(after, kTimeoutS - 0.5) << "rank " << rank;
+    EXPECT_LE(after, kTimeoutS + 2.0) << "rank " << rank;
+  }
+  // The job started again in the same job directory: the fault fired already, training ends.
+  const auto again = acc::test::run_command(cmd);
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("fired in an earlier run"), std::string::npos) << again.output;
+  fs::remove_all(job);
+}
+
+TEST(HangDetector, NamesTheRankStalledInBackward) {
+  const fs::path job = temp_dir("backward");
+  const auto r =
+      acc::test::run_command(train_gpt_job(2, job, "stall:rank=0:step=2:phase=backward"));
+  ASSERT_EQ(r.exit_code, acc::elastic::kHangExitCode) << r.output;
+  const nlohmann::json a = read_json(run_dir(job) / "analysis.json");
+  EXPECT_EQ(a["culprits"], nlohmann::json({0})) << a.dump(1);
+  EXPECT_NE(a["summary"].get<std::string>().find("rank 1 waits in allreduce"), std::string::npos)
+      << a.dump(1);
+  EXPECT_NE(a["summary"].get<std::string>().find("rank 0 last completed seq"), std::string::npos)
+      << a.dump(1);
+  EXPECT_NE(a["summary"].get<std::string>().find("is in backward at step 2"), std::string::npos)
+      << a.dump(1);
+  fs::remove_all(job);
+}
+
+}  // namespace
