@@ -13,9 +13,10 @@
 //    first). Throughput is the state's raw bytes over the median time; save_over_disk and
 //    load_over_disk are the medians of the rounds' ratios (disk time ÷ save or load time), since
 //    the disk's rate drifts between rounds.
-// 4. Stall: --steps plain steps (median step time), then the same steps with an async save
-//    started before every --every-th step and polled after each (what train_gpt does); stall share
-//    = (time with saves - time without) / time without, over the same steps.
+// 3. Stall: --steps plain steps, then the same steps with an async save started before every
+//    --every-th step and polled after each (what train_gpt does), alternated over --rounds; stall
+//    share = (time with saves - time without) / time without, over the same steps; the process's
+//    extra CPU time per save (getrusage: every thread's, the writer's included).
 
 #include <fcntl.h>
 #include <sys/resource.h>

@@ -84,7 +84,11 @@ struct Agent::State : progress::Listener {
   std::optional<Clock::time_point> step_started;
   std::deque<double> recent;  // step times, as the other ranks see them (slowness included)
   double last_work_s = 0;     // the last step's time without injected slowness
-  double injected_s = 0;      // slowness injected into the current step
+  double wait_at_step = 0;    // dist::wait_seconds() when the step began
+  std::vector<double> busy;   // per step since the last straggler comparison: time not waiting
+  int64_t straggler_every = 50, steps_to_compare = 0;
+  double straggler_factor = 1.5;
+  double injected_s = 0;  // slowness injected into the current step
   int64_t steps_seen = 0, step = -1;
   std::string phase = "start", what;
 
@@ -153,7 +157,7 @@ struct Agent::State : progress::Listener {
         due.push_back(*it);
         it = faults.erase(it);
       }
-      injected_s = slow_s;
+      if (!phase_mark) injected_s = slow_s;  // what this step's start sleeps (none: 0)
     }
     for (const auto& [index, f] : due) {
       mark_fired(index, f);
@@ -176,13 +180,16 @@ struct Agent::State : progress::Listener {
     {
       std::lock_guard<std::mutex> lock(mu);
       const auto now = Clock::now();
+      const double waited = dist::wait_seconds();
       if (step_started) {
         const double t = seconds(now - *step_started);
         recent.push_back(t);
         if (recent.size() > kRecentSteps) recent.pop_front();
         last_work_s = std::max(0.0, t - injected_s);
+        busy.push_back(std::max(0.0, t - (waited - wait_at_step)));
         ++steps_seen;
       }
+      wait_at_step = waited;
       step_started = now;
       step = s;
       phase = "step";
@@ -386,6 +393,13 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
     }
     s->faults.emplace_back(i, specs[i]);
   }
+  s->straggler_every =
+      options.straggler_every ? *options.straggler_every : env::get_int("ACC_STRAGGLER_EVERY", 50);
+  ACC_CHECK(s->straggler_every >= 0, "ACC_STRAGGLER_EVERY must be >= 0, got ", s->straggler_every);
+  s->straggler_factor = options.straggler_factor ? *options.straggler_factor
+                                                 : env::get_double("ACC_STRAGGLER_FACTOR", 1.5);
+  ACC_CHECK(s->straggler_factor > 1.0, "ACC_STRAGGLER_FACTOR must be > 1, got ",
+            s->straggler_factor);
   s->groups.push_back(world);
   s->last_progress = Clock::now();
   State* raw = s.get();
@@ -420,6 +434,46 @@ const std::string& Agent::job_dir() const {
 double Agent::timeout_s() const {
   std::lock_guard<std::mutex> lock(s_->mu);
   return s_->timeout_locked();
+}
+
+std::vector<int> Agent::report_stragglers() {
+  State& s = *s_;
+  std::vector<double> window;
+  dist::ProcessGroupPtr world;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.straggler_every <= 0 || ++s.steps_to_compare < s.straggler_every) return {};
+    s.steps_to_compare = 0;
+    window.swap(s.busy);
+    world = s.groups.front();
+  }
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  const double mine = median(window);
+  std::vector<double> all;
+  for (const std::string& t : dist::allgather_text(*world, std::to_string(mine))) {
+    all.push_back(std::stod(t));
+  }
+  std::vector<int> out;
+  for (size_t r = 0; r < all.size() && all.size() > 1; ++r) {
+    std::vector<double> others = all;
+    others.erase(others.begin() + static_cast<std::ptrdiff_t>(r));
+    const double m = median(others);
+    if (m > 0 && all[r] > s.straggler_factor * m) {
+      out.push_back(static_cast<int>(r));
+      if (s.rank == 0) {
+        logging::warn(
+            "straggler: rank {} (node {}) is busy {:.3f} s per step over the last {} steps, "
+            "{:.1f}x the median of the other ranks ({:.3f} s; ACC_STRAGGLER_FACTOR {})",
+            r, s.nodes[r], all[r], window.size(), all[r] / m, m, s.straggler_factor);
+      }
+    }
+  }
+  return out;
 }
 
 nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& reports) {

@@ -439,6 +439,7 @@ int run(const Args& a) {
       logging::info("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:7.1f} ms | {:8.0f} tok/s", step,
                     a.steps, loss_v, lr, ms, tps);
     }
+    agent->report_stragglers();
     if (saver) committed(saver->poll());
     if (a.save_every > 0 && (step + 1) % a.save_every == 0) save_checkpoint(step + 1);
   }

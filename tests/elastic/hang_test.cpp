@@ -1,7 +1,8 @@
 // The hang detector end to end: a train_gpt job under mpirun in which ACC_FAULT stalls one rank.
 // Every rank reports, the analysis names the stalled rank, the group, the collective and its
 // sequence number, within the timeout + 2 s of the stall, and the job ends with kHangExitCode; the
-// same job started again (same job directory) does not stall again.
+// same job started again (same job directory) does not stall again. A slowed rank is named in
+// the straggler report and the job goes on.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -39,10 +40,11 @@ fs::path run_dir(const fs::path& job) {
   return runs.empty() ? fs::path() : runs.front();
 }
 
-std::string train_gpt_job(int ranks, const fs::path& job, const std::string& fault) {
+std::string train_gpt_job(int ranks, const fs::path& job, const std::string& fault,
+                          const std::string& env = "") {
   const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
   return std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np " + std::to_string(ranks) +
-         " -x ACC_JOB_DIR=" + job.string() +
+         env + " -x ACC_JOB_DIR=" + job.string() +
          " -x ACC_HANG_TIMEOUT_SEC=" + std::to_string(kTimeoutS) + " -x ACC_FAULT=" + fault + " " +
          TRAIN_GPT_BIN + " --model gpt --data " + data +
          " --data-format u16 --seq-len 16 --batch-size 2 --steps 8 --threads 1 --strategy "
@@ -97,6 +99,18 @@ TEST(HangDetector, NamesTheRankStalledInBackward) {
       << a.dump(1);
   EXPECT_NE(a["summary"].get<std::string>().find("is in backward at step 2"), std::string::npos)
       << a.dump(1);
+  fs::remove_all(job);
+}
+
+// A rank slowed 4x is named in the straggler report (every 4 steps) and the job trains on.
+TEST(HangDetector, ASlowedRankIsNamedAsAStraggler) {
+  const fs::path job = temp_dir("slow");
+  const auto r = acc::test::run_command(
+      train_gpt_job(2, job, "slow:rank=1:step=2:factor=4", " -x ACC_STRAGGLER_EVERY=4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("straggler: rank 1 "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("straggler: rank 0 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: loss"), std::string::npos) << r.output;
   fs::remove_all(job);
 }
 

@@ -39,6 +39,12 @@ struct AgentOptions {
   double grace_s = 2.0;
   /// Fault specs; default ACC_FAULT.
   std::optional<std::string> faults;
+  /// report_stragglers compares the ranks every this many steps (0: never); default
+  /// ACC_STRAGGLER_EVERY, else 50.
+  std::optional<int64_t> straggler_every;
+  /// A rank busier per step than this factor x the median of the others is a straggler; default
+  /// ACC_STRAGGLER_FACTOR, else 1.5.
+  std::optional<double> straggler_factor;
 };
 
 class Agent {
@@ -59,6 +65,12 @@ class Agent {
   /// longest of the last 20 steps, at least 60 s; 600 s before 3 steps were seen and while a
   /// checkpoint is saved or loaded (first steps, dry-runs and saves are slow by nature).
   double timeout_s() const;
+  /// Call after every step, on every rank (a collective over the world every straggler_every
+  /// steps, nothing otherwise): compares the ranks' busy time per step (the step's time less the
+  /// time blocked in collectives, median over the steps since the last comparison) and logs, on
+  /// rank 0, each rank busier than straggler_factor x the median of the others. Returns those
+  /// ranks (empty between comparisons).
+  std::vector<int> report_stragglers();
 
   struct State;
 
