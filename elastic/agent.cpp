@@ -87,6 +87,10 @@ struct Agent::State : progress::Listener {
   double wait_at_step = 0;    // dist::wait_seconds() when the step began
   std::vector<double> busy;   // per step since the last straggler comparison: time not waiting
   int64_t straggler_every = 50, steps_to_compare = 0;
+  // Under acc-run (ACC_RUN_ATTEMPT set), rank 0 keeps JOB/attempts/attempt-N/progress.json: the
+  // attempt's first and last steps with their times, for acc-run's incident log.
+  std::string progress_file;
+  std::optional<std::pair<int64_t, double>> first_step;
   double straggler_factor = 1.5;
   double injected_s = 0;  // slowness injected into the current step
   int64_t steps_seen = 0, step = -1;
@@ -196,7 +200,27 @@ struct Agent::State : progress::Listener {
       what.clear();
       last_progress = now;
     }
+    write_progress(s);
     fire_due(std::nullopt);
+  }
+
+  // A hint for acc-run, not durable state: written and renamed, never fsynced.
+  void write_progress(int64_t s) {
+    if (progress_file.empty()) return;
+    const double now = wall_seconds();
+    if (!first_step) first_step = {s, now};
+    const nlohmann::json j = {{"first_step", first_step->first},
+                              {"first_step_time", first_step->second},
+                              {"last_step", s},
+                              {"last_step_time", now}};
+    const std::string tmp = progress_file + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << j.dump();
+      if (!out) return;
+    }
+    std::error_code ec;
+    fs::rename(tmp, progress_file, ec);
   }
 
   void on_phase(progress::Phase p, const std::string& w) override {
@@ -400,6 +424,12 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
                                                  : env::get_double("ACC_STRAGGLER_FACTOR", 1.5);
   ACC_CHECK(s->straggler_factor > 1.0, "ACC_STRAGGLER_FACTOR must be > 1, got ",
             s->straggler_factor);
+  if (const auto attempt = env::get("ACC_RUN_ATTEMPT"); attempt && s->rank == 0) {
+    const fs::path dir = fs::path(s->job_dir) / "attempts" / ("attempt-" + *attempt);
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (!ec) s->progress_file = (dir / "progress.json").string();
+  }
   s->groups.push_back(world);
   s->last_progress = Clock::now();
   State* raw = s.get();

@@ -51,6 +51,7 @@ struct Args {
   std::string strategy;
   int64_t steps = 100;
   int64_t batch_size = 8;
+  int64_t global_batch = 0;  // > 0: batch_size = global_batch / ranks (acc-run's restarts)
   int64_t seq_len = 256;
   double lr = 1e-3;
   double min_lr = 0.0;
@@ -501,9 +502,14 @@ int main(int argc, char** argv) {
   app.add_option("--steps", a.steps, "total optimizer steps")
       ->check(integer(1))
       ->capture_default_str();
-  app.add_option("--batch-size", a.batch_size, "sequences per step")
+  auto* per_rank = app.add_option("--batch-size", a.batch_size, "sequences per step per rank")
+                       ->check(integer(1))
+                       ->capture_default_str();
+  app.add_option("--global-batch", a.global_batch,
+                 "sequences per step over all ranks (each rank takes its share; the same global "
+                 "batch on any number of ranks, as after acc-run restarts on fewer nodes)")
       ->check(integer(1))
-      ->capture_default_str();
+      ->excludes(per_rank);
   app.add_option("--seq-len", a.seq_len, "tokens per sequence")
       ->check(integer(1))
       ->capture_default_str();
@@ -577,6 +583,12 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     acc::dist::init(argc, argv);
+    if (a.global_batch > 0) {
+      const int64_t world = acc::dist::world_size();
+      ACC_CHECK(a.global_batch % world == 0, "--global-batch ", a.global_batch,
+                " does not split evenly over ", world, " rank(s)");
+      a.batch_size = a.global_batch / world;
+    }
     rc = run(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: error: %s\n", e.what());

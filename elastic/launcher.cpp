@@ -1,0 +1,290 @@
+#include "acc/elastic/launcher.hpp"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "acc/elastic/agent.hpp"
+#include "acc/util/error.hpp"
+#include "acc/util/logging.hpp"
+#include "acc/util/parse.hpp"
+
+extern char** environ;
+
+namespace acc::elastic {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::optional<nlohmann::json> read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) return std::nullopt;
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+// Runs argv in its own process group; polls `tick` every 100 ms while it runs. When it ends (an
+// exit, a signal, a crash of mpirun itself), whatever is left of its group is killed and every
+// orphan acc-run inherited (it is a child subreaper) is reaped: nothing of the attempt is left.
+// Returns the exit code, or 128 + the signal.
+template <class Tick>
+int run_attempt(const std::vector<std::string>& argv, Tick&& tick) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  ACC_CHECK_AS(IoError, pid >= 0, "acc-run: fork failed (", std::strerror(errno), ")");
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "acc-run: cannot run '%s': %s\n", args[0], std::strerror(errno));
+    std::_Exit(127);
+  }
+  ::setpgid(pid, pid);
+  int status = 0;
+  while (true) {
+    const pid_t w = ::waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+    if (w < 0 && errno != EINTR) break;
+    tick();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ::kill(-pid, SIGKILL);
+  // Reap the group's leftovers and any orphan handed to us, for up to 5 s.
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < until) {
+    const pid_t w = ::waitpid(-1, nullptr, WNOHANG);
+    if (w > 0) continue;
+    if (w < 0 && errno == ECHILD) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+// A node is healthy when mpirun can start a process there within the timeout.
+bool healthy(const LaunchOptions& o, const std::string& node) {
+  std::vector<std::string> argv = {"timeout", std::to_string(o.health_timeout_s), o.mpirun};
+  argv.insert(argv.end(), o.mpirun_args.begin(), o.mpirun_args.end());
+  for (const std::string& a : {std::string("--host"), node + ":1", std::string("-np"),
+                               std::string("1"), std::string("true")}) {
+    argv.push_back(a);
+  }
+  return run_attempt(argv, [] {}) == 0;
+}
+
+}  // namespace
+
+std::vector<std::string> read_hostfile(const std::string& path) {
+  std::ifstream in(path);
+  ACC_CHECK_AS(IoError, in.is_open(), "acc-run: cannot read the hostfile '", path, "' (",
+               std::strerror(errno), ")");
+  std::vector<std::string> hosts;
+  std::set<std::string> seen;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string host, extra;
+    if (!(words >> host)) continue;
+    while (words >> extra) {
+      ACC_CHECK(extra.rfind("slots=", 0) == 0 || extra.rfind("max_slots=", 0) == 0,
+                "acc-run: hostfile '", path, "' line ", n, ": unexpected '", extra,
+                "' (expected HOST [slots=N])");
+    }
+    ACC_CHECK(seen.insert(host).second, "acc-run: hostfile '", path, "' line ", n, ": host '", host,
+              "' is listed twice");
+    hosts.push_back(host);
+  }
+  ACC_CHECK(!hosts.empty(), "acc-run: hostfile '", path, "' names no host");
+  return hosts;
+}
+
+std::pair<int, int> parse_nnodes(const std::string& text) {
+  const size_t colon = text.find(':');
+  const int64_t lo = parse_int64(text.substr(0, colon), "--nnodes '" + text + "' MIN");
+  const int64_t hi = colon == std::string::npos
+                         ? lo
+                         : parse_int64(text.substr(colon + 1), "--nnodes '" + text + "' MAX");
+  ACC_CHECK(lo >= 1 && lo <= hi && hi < (1 << 20), "--nnodes '", text,
+            "': need 1 <= MIN <= MAX (MIN:MAX or N)");
+  return {static_cast<int>(lo), static_cast<int>(hi)};
+}
+
+std::vector<std::string> mpirun_command(const LaunchOptions& o,
+                                        const std::vector<std::string>& nodes, int attempt) {
+  std::vector<std::string> argv = {o.mpirun};
+  argv.insert(argv.end(), o.mpirun_args.begin(), o.mpirun_args.end());
+  std::string hosts;
+  for (const auto& n : nodes) {
+    hosts += (hosts.empty() ? "" : ",") + n + ":" + std::to_string(o.nproc_per_node);
+  }
+  for (const std::string& a : {std::string("--host"), hosts, std::string("-np"),
+                               std::to_string(static_cast<int>(nodes.size()) * o.nproc_per_node),
+                               std::string("-x"), "ACC_JOB_DIR=" + o.job_dir, std::string("-x"),
+                               "ACC_RUN_ATTEMPT=" + std::to_string(attempt)}) {
+    argv.push_back(a);
+  }
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string name = kv.substr(0, kv.find('='));
+    if (name == "ACC_JOB_DIR" || name == "ACC_RUN_ATTEMPT") continue;
+    if (name.rfind("ACC_", 0) == 0 || name == "OPENBLAS_NUM_THREADS" || name == "OMP_NUM_THREADS") {
+      argv.push_back("-x");
+      argv.push_back(name);
+    }
+  }
+  argv.insert(argv.end(), o.command.begin(), o.command.end());
+  return argv;
+}
+
+int run_elastic(const LaunchOptions& o) {
+  ACC_CHECK(!o.command.empty(), "acc-run: no program to run (give it after --)");
+  ACC_CHECK(o.nproc_per_node >= 1, "acc-run: --nproc-per-node must be >= 1, got ",
+            o.nproc_per_node);
+  ACC_CHECK(o.max_restarts >= 0, "acc-run: --max-restarts must be >= 0, got ", o.max_restarts);
+  (void)::prctl(PR_SET_CHILD_SUBREAPER, 1);  // the attempt's orphans come back to acc-run
+  std::error_code ec;
+  fs::create_directories(o.job_dir, ec);
+  ACC_CHECK_AS(IoError, !ec, "acc-run: cannot make the job directory '", o.job_dir,
+               "': ", ec.message());
+  const fs::path incidents = fs::path(o.job_dir) / "incidents.jsonl";
+
+  std::vector<std::string> nodes;
+  for (const auto& n : o.nodes) {
+    if (static_cast<int>(nodes.size()) == o.max_nodes) break;
+    if (healthy(o, n)) {
+      nodes.push_back(n);
+    } else {
+      logging::warn("acc-run: node {} does not answer (mpirun cannot start a process there)", n);
+    }
+  }
+  std::optional<nlohmann::json> open_incident;  // waits for the next attempt's first step
+  auto write_incident = [&](nlohmann::json inc) {
+    std::ofstream out(incidents, std::ios::app);
+    out << inc.dump() << "\n";
+    logging::info("acc-run: incident {}", inc.dump());
+  };
+  for (int attempt = 0;; ++attempt) {
+    if (static_cast<int>(nodes.size()) < o.min_nodes) {
+      logging::error("acc-run: {} node(s) left, fewer than the minimum {}: giving up", nodes.size(),
+                     o.min_nodes);
+      if (open_incident) write_incident(*open_incident);
+      return 1;
+    }
+    const std::vector<std::string> argv = mpirun_command(o, nodes, attempt);
+    const fs::path progress =
+        fs::path(o.job_dir) / "attempts" / ("attempt-" + std::to_string(attempt)) / "progress.json";
+    logging::info("acc-run: attempt {} on {} node(s) ({}) x {}: {}", attempt, nodes.size(),
+                  join(nodes, ","), o.nproc_per_node, join(argv, " "));
+    const double started = wall_now();
+    if (open_incident) (*open_incident)["relaunched_at"] = started;
+    const int rc = run_attempt(argv, [&] {
+      if (!open_incident) return;
+      const auto p = read_json(progress);
+      if (!p || !p->contains("first_step")) return;
+      nlohmann::json& inc = *open_incident;
+      inc["resumed_at_step"] = (*p)["first_step"];
+      inc["first_step_at"] = (*p)["first_step_time"];
+      const double failed = inc["failed_at"].is_number() ? inc["failed_at"].get<double>()
+                                                         : inc["ended_at"].get<double>();
+      inc["time_to_first_step_s"] = (*p)["first_step_time"].get<double>() - failed;
+      if (inc["last_step"].is_number()) {
+        inc["steps_lost"] = inc["last_step"].get<int64_t>() + 1 - (*p)["first_step"].get<int64_t>();
+      }
+      write_incident(inc);
+      open_incident.reset();
+    });
+    const double ended = wall_now();
+    if (rc == 0) {
+      if (open_incident) write_incident(*open_incident);
+      logging::info("acc-run: attempt {} finished", attempt);
+      return 0;
+    }
+    // What failed: the hang detector's analysis of this attempt, a fault that fired in it, else
+    // the exit code alone.
+    nlohmann::json inc = {{"attempt", attempt},
+                          {"exit_code", rc},
+                          {"nodes", nodes},
+                          {"started_at", started},
+                          {"ended_at", ended}};
+    inc["what"] = rc == kHangExitCode ? "hang" : rc >= 128 ? "signal" : "exit";
+    for (const auto& d : fs::directory_iterator(fs::path(o.job_dir) / "hang", ec)) {
+      const auto a = read_json(d.path() / "analysis.json");
+      if (a && fs::last_write_time(d.path() / "analysis.json", ec) >=
+                   fs::file_time_type::clock::now() -
+                       std::chrono::seconds(static_cast<int64_t>(ended - started + 1))) {
+        inc["what"] = "hang";
+        inc["summary"] = (*a)["summary"];
+        inc["culprits"] = (*a)["culprits"];
+      }
+    }
+    for (const auto& d : fs::directory_iterator(fs::path(o.job_dir) / "faults", ec)) {
+      std::ifstream in(d.path());
+      std::string line;
+      while (std::getline(in, line)) {
+        try {
+          const auto f = nlohmann::json::parse(line);
+          const double t = f.value("time", 0.0);
+          if (t >= started && (!inc.contains("failed_at") || t < inc["failed_at"].get<double>())) {
+            inc["failed_at"] = t;
+            inc["fault"] = f["fault"];
+          }
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    if (inc.contains("failed_at")) inc["time_to_detect_s"] = ended - inc["failed_at"].get<double>();
+    if (const auto p = read_json(progress); p && p->contains("last_step")) {
+      inc["last_step"] = (*p)["last_step"];
+    }
+    std::vector<std::string> left, lost;
+    for (const auto& n : nodes) (healthy(o, n) ? left : lost).push_back(n);
+    inc["lost_nodes"] = lost;
+    inc["nodes_after"] = left;
+    inc["checked_at"] = wall_now();
+    logging::warn("acc-run: attempt {} ended with {} ({}){}", attempt, rc,
+                  inc["what"].get<std::string>(),
+                  lost.empty() ? "" : "; lost node(s) " + join(lost, ","));
+    if (open_incident) write_incident(*open_incident);  // the previous one never saw a first step
+    open_incident.reset();
+    if (attempt >= o.max_restarts) {
+      inc["gave_up"] = "max restarts " + std::to_string(o.max_restarts) + " reached";
+      write_incident(inc);
+      logging::error("acc-run: {} restart(s) done, giving up", o.max_restarts);
+      return rc >= 128 ? 1 : rc;
+    }
+    open_incident = inc;
+    nodes = left;
+  }
+}
+
+}  // namespace acc::elastic
