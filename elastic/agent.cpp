@@ -378,10 +378,6 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
             "elastic: the hang timeout must be > 0, got ", s->fixed_timeout.value_or(0));
   const std::vector<FaultSpec> specs =
       parse_faults(options.faults ? *options.faults : env::get_string("ACC_FAULT", ""));
-  for (const FaultSpec& f : specs) {
-    ACC_CHECK(f.rank < s->world, "ACC_FAULT '", f.text, "': rank ", f.rank, " is not in a job of ",
-              s->world, " rank(s)");
-  }
 
   // Rank 0 names the job directory and this run; every rank learns the ranks' nodes.
   std::string dir = options.job_dir.empty() ? env::get_string("ACC_JOB_DIR", "") : options.job_dir;
@@ -415,6 +411,10 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
         logging::info("ACC_FAULT '{}' fired in an earlier run: not again", specs[i].text);
       continue;
     }
+    // A fault not yet fired must name a rank of this job (one that fired may not: the job may
+    // have been restarted on fewer ranks since).
+    ACC_CHECK(specs[i].rank < s->world, "ACC_FAULT '", specs[i].text, "': rank ", specs[i].rank,
+              " is not in a job of ", s->world, " rank(s)");
     s->faults.emplace_back(i, specs[i]);
   }
   s->straggler_every =

@@ -7,10 +7,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -28,6 +30,10 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+double seconds_since(Clock::time_point t, Clock::time_point now) {
+  return std::chrono::duration<double>(now - t).count();
+}
 
 double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -49,10 +55,11 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return out;
 }
 
-// Runs argv in its own process group; polls `tick` every 100 ms while it runs. When it ends (an
-// exit, a signal, a crash of mpirun itself), whatever is left of its group is killed and every
-// orphan acc-run inherited (it is a child subreaper) is reaped: nothing of the attempt is left.
-// Returns the exit code, or 128 + the signal.
+// Runs argv in its own process group; polls `tick` every 100 ms while it runs (tick() returning
+// true ends it: SIGKILL to the group). When it ends (an exit, a signal, a crash of mpirun itself),
+// whatever is left of its group is killed and reaped (orphans come back to acc-run, a child
+// subreaper, and keep the group): nothing of the attempt is left. Returns the exit code, or 128 +
+// the signal.
 template <class Tick>
 int run_attempt(const std::vector<std::string>& argv, Tick&& tick) {
   std::vector<char*> args;
@@ -72,14 +79,14 @@ int run_attempt(const std::vector<std::string>& argv, Tick&& tick) {
     const pid_t w = ::waitpid(pid, &status, WNOHANG);
     if (w == pid) break;
     if (w < 0 && errno != EINTR) break;
-    tick();
+    if (tick()) ::kill(-pid, SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ::kill(-pid, SIGKILL);
-  // Reap the group's leftovers and any orphan handed to us, for up to 5 s.
+  // Reap the group's leftovers (orphans handed to us included), for up to 5 s.
   const auto until = Clock::now() + std::chrono::seconds(5);
   while (Clock::now() < until) {
-    const pid_t w = ::waitpid(-1, nullptr, WNOHANG);
+    const pid_t w = ::waitpid(-pid, nullptr, WNOHANG);
     if (w > 0) continue;
     if (w < 0 && errno == ECHILD) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -87,6 +94,37 @@ int run_attempt(const std::vector<std::string>& argv, Tick&& tick) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;
+}
+
+// Kills and reaps every child acc-run has left: an attempt's ranks sit in process groups of their
+// own (orted makes one per rank) and come back to acc-run, the child subreaper, when their
+// daemon dies. Repeated for up to 3 s, as grandchildren keep arriving while their parents die.
+// Called with no health check running (those are children too).
+void kill_children() {
+  const pid_t me = ::getpid();
+  const auto until = Clock::now() + std::chrono::seconds(3);
+  while (Clock::now() < until) {
+    std::vector<pid_t> kids;
+    std::error_code ec;
+    for (const auto& d : fs::directory_iterator("/proc", ec)) {
+      const std::string name = d.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream stat(d.path() / "stat");
+      std::string line;
+      if (!std::getline(stat, line)) continue;
+      const size_t close = line.rfind(')');  // "pid (comm) state ppid ..."
+      if (close == std::string::npos) continue;
+      std::istringstream rest(line.substr(close + 1));
+      char state = 0;
+      pid_t ppid = 0;
+      rest >> state >> ppid;
+      if (ppid == me) kids.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+    if (kids.empty()) return;
+    for (pid_t k : kids) ::kill(k, SIGKILL);
+    for (pid_t k : kids) ::waitpid(k, nullptr, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 // A node is healthy when mpirun can start a process there within the timeout.
@@ -97,7 +135,17 @@ bool healthy(const LaunchOptions& o, const std::string& node) {
                                std::string("1"), std::string("true")}) {
     argv.push_back(a);
   }
-  return run_attempt(argv, [] {}) == 0;
+  return run_attempt(argv, [] { return false; }) == 0;
+}
+
+// The nodes that answer and those that do not, checked side by side.
+std::pair<std::vector<std::string>, std::vector<std::string>> check_nodes(
+    const LaunchOptions& o, const std::vector<std::string>& nodes) {
+  std::vector<std::future<bool>> checks;
+  for (const auto& n : nodes) checks.push_back(std::async(std::launch::async, healthy, o, n));
+  std::vector<std::string> left, lost;
+  for (size_t i = 0; i < nodes.size(); ++i) (checks[i].get() ? left : lost).push_back(nodes[i]);
+  return {left, lost};
 }
 
 }  // namespace
@@ -179,12 +227,13 @@ int run_elastic(const LaunchOptions& o) {
   const fs::path incidents = fs::path(o.job_dir) / "incidents.jsonl";
 
   std::vector<std::string> nodes;
-  for (const auto& n : o.nodes) {
-    if (static_cast<int>(nodes.size()) == o.max_nodes) break;
-    if (healthy(o, n)) {
-      nodes.push_back(n);
-    } else {
+  {
+    auto [left, lost] = check_nodes(o, o.nodes);
+    for (const auto& n : lost) {
       logging::warn("acc-run: node {} does not answer (mpirun cannot start a process there)", n);
+    }
+    for (const auto& n : left) {
+      if (static_cast<int>(nodes.size()) < o.max_nodes) nodes.push_back(n);
     }
   }
   std::optional<nlohmann::json> open_incident;  // waits for the next attempt's first step
@@ -207,10 +256,63 @@ int run_elastic(const LaunchOptions& o) {
                   join(nodes, ","), o.nproc_per_node, join(argv, " "));
     const double started = wall_now();
     if (open_incident) (*open_incident)["relaunched_at"] = started;
+    // While the attempt runs: when its progress stalls, the nodes are checked (every 5 s at
+    // most); a node that stops answering, or a hang analysis that mpirun outlives by 5 s, ends
+    // the attempt (mpirun may wait for ever on a lost node's daemon).
+    const auto attempt_start = Clock::now();
+    auto last_change = attempt_start, last_check = attempt_start - std::chrono::hours(1);
+    int64_t last_seen = -1;
+    double median_step_s = 0;
+    std::future<std::pair<std::vector<std::string>, std::vector<std::string>>> check;
+    std::optional<std::vector<std::string>> lost_in_attempt;
+    std::optional<Clock::time_point> analysis_seen;
+    const auto hang_analysis_done = [&] {
+      std::error_code e;
+      for (const auto& d : fs::directory_iterator(fs::path(o.job_dir) / "hang", e)) {
+        const fs::path a = d.path() / "analysis.json";
+        if (fs::exists(a, e) && fs::last_write_time(a, e) >= fs::file_time_type::clock::now() -
+                                                                 (Clock::now() - attempt_start)) {
+          return true;
+        }
+      }
+      return false;
+    };
     const int rc = run_attempt(argv, [&] {
-      if (!open_incident) return;
+      const auto now = Clock::now();
       const auto p = read_json(progress);
-      if (!p || !p->contains("first_step")) return;
+      if (p && p->contains("last_step") && (*p)["last_step"].get<int64_t>() != last_seen) {
+        last_seen = (*p)["last_step"].get<int64_t>();
+        last_change = now;
+        const int64_t n = last_seen - (*p)["first_step"].get<int64_t>();
+        if (n > 0) {
+          median_step_s =
+              ((*p)["last_step_time"].get<double>() - (*p)["first_step_time"].get<double>()) /
+              static_cast<double>(n);
+        }
+      }
+      if (check.valid() && check.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+        auto [left, lost] = check.get();
+        if (!lost.empty()) {
+          lost_in_attempt = lost;
+          logging::warn("acc-run: node(s) {} stopped answering: ending attempt {}", join(lost, ","),
+                        attempt);
+          return true;
+        }
+      }
+      const double stale = seconds_since(last_change, now);
+      if (!check.valid() && stale > std::max(2.0, 3.0 * median_step_s) &&
+          seconds_since(last_check, now) >= 5.0) {
+        last_check = now;
+        check = std::async(std::launch::async, check_nodes, std::cref(o), nodes);
+      }
+      if (!analysis_seen && hang_analysis_done()) analysis_seen = now;
+      if (analysis_seen && seconds_since(*analysis_seen, now) > 5.0) {
+        logging::warn("acc-run: mpirun outlived the hang analysis by 5 s: ending attempt {}",
+                      attempt);
+        return true;
+      }
+      if (!open_incident) return false;
+      if (!p || !p->contains("first_step")) return false;
       nlohmann::json& inc = *open_incident;
       inc["resumed_at_step"] = (*p)["first_step"];
       inc["first_step_at"] = (*p)["first_step_time"];
@@ -222,7 +324,10 @@ int run_elastic(const LaunchOptions& o) {
       }
       write_incident(inc);
       open_incident.reset();
+      return false;
     });
+    if (check.valid()) check.wait();
+    kill_children();
     const double ended = wall_now();
     if (rc == 0) {
       if (open_incident) write_incident(*open_incident);
@@ -267,7 +372,14 @@ int run_elastic(const LaunchOptions& o) {
       inc["last_step"] = (*p)["last_step"];
     }
     std::vector<std::string> left, lost;
-    for (const auto& n : nodes) (healthy(o, n) ? left : lost).push_back(n);
+    if (lost_in_attempt) {  // just checked
+      lost = *lost_in_attempt;
+      for (const auto& n : nodes) {
+        if (std::find(lost.begin(), lost.end(), n) == lost.end()) left.push_back(n);
+      }
+    } else {
+      std::tie(left, lost) = check_nodes(o, nodes);
+    }
     inc["lost_nodes"] = lost;
     inc["nodes_after"] = left;
     inc["checked_at"] = wall_now();

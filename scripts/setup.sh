@@ -12,6 +12,7 @@ acc_packages=(
   openmpi-bin libopenmpi-dev libopenblas-dev libboost-graph-dev libtbb-dev
   nlohmann-json3-dev libspdlog-dev libzstd-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  iproute2 coreutils
 )
 # Only for scripts/test's fuzz stage: clang and its libFuzzer runtime (libclang_rt.fuzzer).
 acc_fuzz_packages=(clang libclang-rt-dev)
