@@ -1,7 +1,13 @@
 #include "acc/elastic/agent.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,9 +17,11 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "acc/dist/agreement.hpp"
@@ -60,6 +68,68 @@ double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// This rank's listening endpoint, "ip,ip,...:port" (its IPv4 addresses, loopback when it has no
+// other), or "" when no socket could be made (then nobody probes it).
+std::string listen_endpoint(int& fd) {
+  fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, 128) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    fd = -1;
+    return "";
+  }
+  std::string ips;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) == 0) {
+    for (ifaddrs* i = list; i; i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || (i->ifa_flags & IFF_LOOPBACK)) {
+        continue;
+      }
+      char buf[INET_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf,
+                  sizeof(buf));
+      ips += (ips.empty() ? "" : ",") + std::string(buf);
+    }
+    ::freeifaddrs(list);
+  }
+  if (ips.empty()) ips = "127.0.0.1";
+  return ips + ":" + std::to_string(ntohs(a.sin_port));
+}
+
+// Whether a TCP connection to any address of the endpoint completes within 1 s.
+bool reachable(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos) return true;
+  const int port = std::atoi(endpoint.c_str() + colon + 1);
+  std::istringstream ips(endpoint.substr(0, colon));
+  for (std::string ip; std::getline(ips, ip, ',');) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) continue;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    bool ok = ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) == 1;
+    if (ok && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      ok = false;
+      if (errno == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        int err = 0;
+        socklen_t len = sizeof(err);
+        ok = ::poll(&p, 1, 1000) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+             err == 0;
+      }
+    }
+    ::close(fd);
+    if (ok) return true;
+  }
+  return false;
+}
+
 bool waiting_state(const std::string& s) {
   return s == "queued" || s == "started" || s == "timed_out";
 }
@@ -74,6 +144,11 @@ struct Agent::State : progress::Listener {
   std::optional<double> fixed_timeout;
   double grace_s = 2.0;
   std::vector<std::pair<size_t, FaultSpec>> faults;  // (index in the list, spec) not yet fired
+  // Reachability: every rank listens on a TCP port (the kernel completes a connection without an
+  // accept) and knows every rank's addresses and port; a hang report says which ranks it cannot
+  // reach, which names a partition (a link down) for what it is.
+  int listen_fd = -1;
+  std::vector<std::string> endpoints;  // by rank: "ip,ip,...:port"
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -233,6 +308,20 @@ struct Agent::State : progress::Listener {
     fire_due(p);
   }
 
+  // The ranks whose endpoint accepts no connection within 1 s (probed side by side).
+  std::vector<int> unreachable_ranks() const {
+    std::vector<std::future<bool>> probes(endpoints.size());
+    for (size_t r = 0; r < endpoints.size(); ++r) {
+      if (static_cast<int>(r) == rank || endpoints[r].empty()) continue;
+      probes[r] = std::async(std::launch::async, reachable, endpoints[r]);
+    }
+    std::vector<int> out;
+    for (size_t r = 0; r < probes.size(); ++r) {
+      if (probes[r].valid() && !probes[r].get()) out.push_back(static_cast<int>(r));
+    }
+    return out;
+  }
+
   nlohmann::json group_report(dist::ProcessGroup& g) const {
     const double now_ms = dist::FlightRecorder::now_ms();
     uint64_t last_completed = 0;
@@ -270,6 +359,7 @@ struct Agent::State : progress::Listener {
     nlohmann::json groups_json = nlohmann::json::array();
     for (const auto& g : gs) groups_json.push_back(group_report(*g));
     report["groups"] = groups_json;
+    report["unreachable"] = unreachable_ranks();
     const fs::path dir(run_dir);
     std::error_code made;
     fs::create_directories(dir, made);
@@ -404,6 +494,7 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
   s->job_dir = dist::broadcast_text(*world, dir, 0);
   s->run_dir = (fs::path(s->job_dir) / "hang" / dist::broadcast_text(*world, run, 0)).string();
   s->nodes = dist::allgather_text(*world, node_name());
+  s->endpoints = dist::allgather_text(*world, listen_endpoint(s->listen_fd));
   for (size_t i = 0; i < specs.size(); ++i) {
     std::error_code ec;
     if (fs::exists(fs::path(s->job_dir) / "faults" / ("fired-" + std::to_string(i)), ec)) {
@@ -446,6 +537,7 @@ Agent::~Agent() {
   }
   s_->cv.notify_all();
   if (s_->watchdog.joinable()) s_->watchdog.join();
+  if (s_->listen_fd >= 0) ::close(s_->listen_fd);
 }
 
 void Agent::watch(dist::ProcessGroupPtr group) {
@@ -534,7 +626,10 @@ nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& re
   }
   auto ranks_text = [](const std::vector<int>& rs) {
     std::string t = rs.size() == 1 ? "rank " : "ranks ";
-    for (size_t i = 0; i < rs.size(); ++i) t += (i ? "," : "") + std::to_string(rs[i]);
+    for (size_t i = 0; i < rs.size(); ++i) {
+      if (i) t += ',';
+      t += std::to_string(rs[i]);
+    }
     return t;
   };
   auto where = [&](int r) {
@@ -589,6 +684,21 @@ nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& re
     }
     parts.push_back(t);
   }
+  // Ranks that could not reach others: a partition (a link down), whatever else is seen.
+  // Said once per set of ranks that cannot reach the same others.
+  nlohmann::json partition = nlohmann::json::array();
+  std::map<std::vector<int>, std::vector<int>> cut_off;  // unreachable ranks -> who says so
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (!reports[r]) continue;
+    const auto un = reports[r]->value("unreachable", std::vector<int>{});
+    if (un.empty()) continue;
+    partition.push_back({{"rank", static_cast<int>(r)}, {"unreachable", un}});
+    cut_off[un].push_back(static_cast<int>(r));
+  }
+  for (const auto& [un, who] : cut_off) {
+    parts.push_back(ranks_text(who) + " cannot reach " + ranks_text(un) +
+                    " (a link down or a partition)");
+  }
   for (const auto& r : not_reporting) {
     culprits.insert(r.get<int>());
     parts.push_back("rank " + std::to_string(r.get<int>()) + " wrote no report (stopped or dead)");
@@ -598,6 +708,7 @@ nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& re
   return {{"summary", summary},
           {"groups", groups},
           {"not_reporting", not_reporting},
+          {"partition", partition},
           {"culprits", std::vector<int>(culprits.begin(), culprits.end())}};
 }
 

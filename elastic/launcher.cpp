@@ -316,10 +316,10 @@ int run_elastic(const LaunchOptions& o) {
       nlohmann::json& inc = *open_incident;
       inc["resumed_at_step"] = (*p)["first_step"];
       inc["first_step_at"] = (*p)["first_step_time"];
-      const double failed = inc["failed_at"].is_number() ? inc["failed_at"].get<double>()
-                                                         : inc["ended_at"].get<double>();
+      const double failed = inc.contains("failed_at") ? inc["failed_at"].get<double>()
+                                                      : inc["ended_at"].get<double>();
       inc["time_to_first_step_s"] = (*p)["first_step_time"].get<double>() - failed;
-      if (inc["last_step"].is_number()) {
+      if (inc.contains("last_step")) {
         inc["steps_lost"] = inc["last_step"].get<int64_t>() + 1 - (*p)["first_step"].get<int64_t>();
       }
       write_incident(inc);
@@ -372,8 +372,12 @@ int run_elastic(const LaunchOptions& o) {
       inc["last_step"] = (*p)["last_step"];
     }
     std::vector<std::string> left, lost;
-    if (lost_in_attempt) {  // just checked
+    if (lost_in_attempt) {  // just checked: the attempt was ended for it
       lost = *lost_in_attempt;
+      inc["what"] = "node lost";
+      inc["summary"] = "node(s) " + join(lost, ",") +
+                       " stopped answering while the job made no progress (mpirun cannot start a "
+                       "process there: down, or its link cut)";
       for (const auto& n : nodes) {
         if (std::find(lost.begin(), lost.end(), n) == lost.end()) left.push_back(n);
       }

@@ -98,5 +98,19 @@ TEST(HangAnalysis, ARankAheadIsNoCulpritAndNoCollectiveMeansEveryoneStopped) {
   EXPECT_EQ(idle["culprits"], nlohmann::json::array());
 }
 
+TEST(HangAnalysis, APartitionIsNamed) {
+  auto a0 = report(0, 4, "collective", "", 72, {73}), a1 = report(1, 4, "collective", "", 72, {73});
+  auto b2 = report(2, 4, "collective", "", 72, {73}), b3 = report(3, 4, "collective", "", 72, {73});
+  a0["unreachable"] = a1["unreachable"] = {2, 3};
+  b2["unreachable"] = b3["unreachable"] = {0, 1};
+  const auto a = analyze_hang({a0, a1, b2, b3});
+  EXPECT_EQ(
+      a["summary"],
+      "ranks 0,1,2,3 wait in allreduce.sum seq 73 of group 'dp'; ranks 2,3 cannot reach ranks "
+      "0,1 (a link down or a partition); ranks 0,1 cannot reach ranks 2,3 (a link down or a "
+      "partition)");
+  EXPECT_EQ(a["partition"].size(), 4u);
+}
+
 }  // namespace
 }  // namespace acc::elastic

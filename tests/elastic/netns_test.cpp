@@ -112,4 +112,51 @@ TEST(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
   fs::remove_all(dir);
 }
 
+// Node 2's link goes down with its ranks alive (a partition): acc-run sees the job stop making
+// progress, finds node 2 not answering, ends the attempt, says so in the incident log, and the job
+// ends on node 1. (Without acc-run, the hang detector's analysis names the partition: "ranks 0,1
+// cannot reach ranks 2,3"; fault_test checks that analysis.)
+TEST(AccRunNodes, APartitionIsDiagnosedAndLeftBehind) {
+  const auto can = acc::test::run_command(kNodes + " check");
+  if (can.exit_code != 0) GTEST_SKIP() << "network namespaces cannot be made here: " << can.output;
+  Nodes nodes;
+  ASSERT_TRUE(nodes.up);
+  const fs::path dir =
+      fs::temp_directory_path() / ("acc_netns_test_cut_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "hosts") << "10.77.0.11 slots=2\n10.77.0.12 slots=2\n";
+  const std::string mpi_args =
+      "--oversubscribe --bind-to none --mca plm_rsh_agent " + kRsh +
+      " --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include "
+      "10.77.0.0/24";
+  std::atomic<bool> done{false};
+  std::thread cutter([&] {  // after 3 logged steps
+    while (!done && read_lines(dir / "log.jsonl").size() < 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!done) acc::test::run_command(kNodes + " link 2 down");
+  });
+  const auto r = acc::test::run_command(
+      "ACC_HANG_TIMEOUT_SEC=3 " + std::string(ACC_RUN_BIN) + " --hostfile " +
+      (dir / "hosts").string() + " --nnodes 1:2 --nproc-per-node 2 --max-restarts 2 --job-dir " +
+      (dir / "job").string() + " --health-timeout 6 --mpirun " + MPIEXEC_BIN + " --mpirun-args '" +
+      mpi_args + "' -- " + train_args(dir, (dir / "ck").string(), "auto"));
+  done = true;
+  cutter.join();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto incidents = read_lines(dir / "job" / "incidents.jsonl");
+  ASSERT_EQ(incidents.size(), 1u) << r.output;
+  const nlohmann::json& inc = incidents[0];
+  EXPECT_EQ(inc["what"], "node lost") << inc.dump();
+  EXPECT_NE(inc.value("summary", std::string()).find("10.77.0.12 stopped answering"),
+            std::string::npos)
+      << inc.dump();
+  EXPECT_EQ(inc["lost_nodes"], nlohmann::json({"10.77.0.12"})) << inc.dump();
+  const auto log = read_lines(dir / "log.jsonl");
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.back()["step"], 9);
+  fs::remove_all(dir);
+}
+
 }  // namespace
