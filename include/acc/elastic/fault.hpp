@@ -7,7 +7,9 @@
 //   slow       every step of rank R from step S on takes F times as long (F > 1)
 //   kill-node  every rank on R's node (ACC_NODE, else the host name) sends itself SIGKILL
 // The fault fires at step S (the training loop's progress::step), or with phase=P at the first
-// mark of phase P (forward, backward, update, collective, save, load) at step S or later.
+// mark of phase P (forward, backward, update, collective, save, load) at step S or later; a load
+// counts as the step of the checkpoint loaded (load:step=4 fires loading a checkpoint of step 4 or
+// later, on a resume).
 
 #include <optional>
 #include <string>
