@@ -18,6 +18,7 @@
 #include "acc/util/error.hpp"
 #include "command.hpp"
 #include "error_of.hpp"
+#include "jsonl.hpp"
 
 namespace fs = std::filesystem;
 
@@ -31,14 +32,7 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-std::vector<nlohmann::json> read_lines(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  }
-  return out;
-}
+using acc::test::read_jsonl;
 
 // 4 ranks of ddp, 10 steps of the global batch 8, an async checkpoint every 2 steps.
 std::string train_args(const fs::path& dir) {
@@ -57,7 +51,7 @@ std::vector<double> uninterrupted_losses() {
         std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np 4 " + train_args(dir));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::vector<double> out;
-    for (const auto& l : read_lines(dir / "log.jsonl")) out.push_back(l["loss"].get<double>());
+    for (const auto& l : read_jsonl(dir / "log.jsonl")) out.push_back(l["loss"].get<double>());
     fs::remove_all(dir);
     return out;
   }();
@@ -102,8 +96,8 @@ Job acc_run(const fs::path& dir, const std::string& env, int max_restarts = 2) {
       " --nnodes 1 --nproc-per-node 4 --max-restarts " + std::to_string(max_restarts) +
       " --job-dir " + (dir / "job").string() + " --mpirun " + MPIEXEC_BIN +
       " --mpirun-args '--oversubscribe --bind-to none' -- " + train_args(dir));
-  j.incidents = read_lines(dir / "job" / "incidents.jsonl");
-  j.log = read_lines(dir / "log.jsonl");
+  j.incidents = read_jsonl(dir / "job" / "incidents.jsonl");
+  j.log = read_jsonl(dir / "log.jsonl");
   return j;
 }
 

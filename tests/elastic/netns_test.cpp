@@ -15,9 +15,11 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "command.hpp"
+#include "jsonl.hpp"
 
 namespace fs = std::filesystem;
 
@@ -26,14 +28,7 @@ namespace {
 const std::string kNodes = std::string(ACC_SOURCE_DIR) + "/scripts/netns/nodes";
 const std::string kRsh = std::string(ACC_SOURCE_DIR) + "/scripts/netns/rsh";
 
-std::vector<nlohmann::json> read_lines(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  }
-  return out;
-}
+using acc::test::read_jsonl;
 
 std::string train_args(const fs::path& dir, const std::string& ck, const std::string& resume) {
   const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
@@ -48,7 +43,7 @@ std::string train_args(const fs::path& dir, const std::string& ck, const std::st
 nlohmann::json incident_with(const fs::path& dir, const std::string& key, const std::string& value,
                              const std::string& output) {
   nlohmann::json found;
-  for (const auto& inc : read_lines(dir / "job" / "incidents.jsonl")) {
+  for (const auto& inc : read_jsonl(dir / "job" / "incidents.jsonl")) {
     if (inc.value(key, std::string()) == value) {
       EXPECT_TRUE(found.is_null()) << "two incidents with " << key << " " << value;
       found = inc;
@@ -64,34 +59,48 @@ struct Nodes {
   bool up = false;
 };
 
-TEST(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
-  const auto can = acc::test::run_command(kNodes + " check");
-  if (can.exit_code != 0) GTEST_SKIP() << "network namespaces cannot be made here: " << can.output;
-  Nodes nodes;
-  ASSERT_TRUE(nodes.up);
-  const fs::path dir = fs::temp_directory_path() / ("acc_netns_test_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+// acc-run on the two nodes (2 ranks each) in `dir`, with `env` before it; node 2's link is taken
+// down as soon as cut_now() says so (polled every 20 ms while the job runs).
+acc::test::CommandResult run_on_two_nodes(const fs::path& dir, const std::string& env,
+                                          double health_timeout_s,
+                                          const std::function<bool()>& cut_now) {
   std::ofstream(dir / "hosts") << "10.77.0.11 slots=2\n10.77.0.12 slots=2\n";
   const std::string mpi_args =
       "--oversubscribe --bind-to none --mca plm_rsh_agent " + kRsh +
       " --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include "
       "10.77.0.0/24";
-  // The node dies with its ranks: its link goes down as soon as the fault has fired.
   std::atomic<bool> done{false};
-  std::thread killer([&] {
-    while (!done && !fs::exists(dir / "job" / "faults" / "fired-0")) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+  std::thread cutter([&] {
+    while (!done && !cut_now()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (!done) acc::test::run_command(kNodes + " link 2 down");
   });
   const auto r = acc::test::run_command(
-      "ACC_FAULT=kill-node:rank=2:step=5 " + std::string(ACC_RUN_BIN) + " --hostfile " +
-      (dir / "hosts").string() + " --nnodes 1:2 --nproc-per-node 2 --max-restarts 3 --job-dir " +
-      (dir / "job").string() + " --health-timeout 4 --mpirun " + MPIEXEC_BIN + " --mpirun-args '" +
-      mpi_args + "' -- " + train_args(dir, (dir / "ck").string(), "auto"));
+      env + " " + ACC_RUN_BIN + " --hostfile " + (dir / "hosts").string() +
+      " --nnodes 1:2 --nproc-per-node 2 --max-restarts 3 --job-dir " + (dir / "job").string() +
+      " --health-timeout " + std::to_string(health_timeout_s) + " --mpirun " + MPIEXEC_BIN +
+      " --mpirun-args '" + mpi_args + "' -- " + train_args(dir, (dir / "ck").string(), "auto"));
   done = true;
-  killer.join();
+  cutter.join();
+  return r;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("acc_netns_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+TEST(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
+  const auto can = acc::test::run_command(kNodes + " check");
+  if (can.exit_code != 0) GTEST_SKIP() << "network namespaces cannot be made here: " << can.output;
+  Nodes nodes;
+  ASSERT_TRUE(nodes.up);
+  const fs::path dir = fresh_dir("lost");
+  // The node dies with its ranks: its link goes down as soon as the fault has fired.
+  const auto r = run_on_two_nodes(dir, "ACC_FAULT=kill-node:rank=2:step=5", 4.0,
+                                  [&] { return fs::exists(dir / "job" / "faults" / "fired-0"); });
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // The incident of the lost node (mpirun itself now and then dies at start on these
   // namespaces, SIGSEGV: acc-run restarts that too, and it is an incident of its own).
@@ -100,7 +109,7 @@ TEST(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
   EXPECT_EQ(inc.at("nodes_after"), nlohmann::json({"10.77.0.11"})) << inc.dump();
   EXPECT_EQ(inc.at("fault"), "kill-node:rank=2:step=5");
   EXPECT_LE(inc.at("time_to_first_step_s").get<double>(), 10.0) << inc.dump();
-  const auto got = read_lines(dir / "log.jsonl");  // the last attempt's
+  const auto got = read_jsonl(dir / "log.jsonl");  // the last attempt's
   ASSERT_FALSE(got.empty());
   const int64_t resumed = got.front().at("step").get<int64_t>();
   // Nothing of the job is left in either node.
@@ -118,7 +127,7 @@ TEST(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
       acc::test::run_command(std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np 2 " +
                              train_args(ref, (ref / "ck").string(), (dir / "ck" / step).string()));
   ASSERT_EQ(want_run.exit_code, 0) << want_run.output;
-  const auto want = read_lines(ref / "log.jsonl");
+  const auto want = read_jsonl(ref / "log.jsonl");
   ASSERT_EQ(got.size(), want.size());
   ASSERT_EQ(got.size(), static_cast<size_t>(10 - resumed));
   for (size_t i = 0; i < got.size(); ++i) {
@@ -136,36 +145,17 @@ TEST(AccRunNodes, APartitionIsDiagnosedAndLeftBehind) {
   if (can.exit_code != 0) GTEST_SKIP() << "network namespaces cannot be made here: " << can.output;
   Nodes nodes;
   ASSERT_TRUE(nodes.up);
-  const fs::path dir =
-      fs::temp_directory_path() / ("acc_netns_test_cut_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  std::ofstream(dir / "hosts") << "10.77.0.11 slots=2\n10.77.0.12 slots=2\n";
-  const std::string mpi_args =
-      "--oversubscribe --bind-to none --mca plm_rsh_agent " + kRsh +
-      " --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include "
-      "10.77.0.0/24";
-  std::atomic<bool> done{false};
-  std::thread cutter([&] {  // after 3 logged steps
-    while (!done && read_lines(dir / "log.jsonl").size() < 3) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (!done) acc::test::run_command(kNodes + " link 2 down");
+  const fs::path dir = fresh_dir("cut");
+  const auto r = run_on_two_nodes(dir, "ACC_HANG_TIMEOUT_SEC=3", 6.0, [&] {
+    return read_jsonl(dir / "log.jsonl").size() >= 3;  // after 3 logged steps
   });
-  const auto r = acc::test::run_command(
-      "ACC_HANG_TIMEOUT_SEC=3 " + std::string(ACC_RUN_BIN) + " --hostfile " +
-      (dir / "hosts").string() + " --nnodes 1:2 --nproc-per-node 2 --max-restarts 3 --job-dir " +
-      (dir / "job").string() + " --health-timeout 6 --mpirun " + MPIEXEC_BIN + " --mpirun-args '" +
-      mpi_args + "' -- " + train_args(dir, (dir / "ck").string(), "auto"));
-  done = true;
-  cutter.join();
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json inc = incident_with(dir, "what", "node lost", r.output);
   EXPECT_NE(inc.value("summary", std::string()).find("10.77.0.12 stopped answering"),
             std::string::npos)
       << inc.dump();
   EXPECT_EQ(inc.at("lost_nodes"), nlohmann::json({"10.77.0.12"})) << inc.dump();
-  const auto log = read_lines(dir / "log.jsonl");
+  const auto log = read_jsonl(dir / "log.jsonl");
   ASSERT_FALSE(log.empty());
   EXPECT_EQ(log.back()["step"], 9);
   fs::remove_all(dir);
