@@ -1,7 +1,6 @@
 #include "acc/elastic/agent.hpp"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -32,10 +31,12 @@
 #include "acc/util/file.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/progress.hpp"
+#include "job_files.hpp"
 
 namespace acc::elastic {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using detail::wall_seconds;
 
 namespace {
 
@@ -56,16 +57,6 @@ std::string node_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
   return buf;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// Seconds since the epoch, for the times in reports and markers (ranks and tests compare them).
-double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // This rank's listening endpoint, "ip,ip,...:port" (its IPv4 addresses, loopback when it has no
@@ -143,7 +134,12 @@ struct Agent::State : progress::Listener {
   std::string job_dir, run_dir;
   std::optional<double> fixed_timeout;
   double grace_s = 2.0;
-  std::vector<std::pair<size_t, FaultSpec>> faults;  // (index in the list, spec) not yet fired
+  struct Pending {
+    size_t index;  // in the ACC_FAULT list: its marker's name
+    FaultSpec spec;
+    bool fired = false;  // slow only: it stays, slowing every step from its first
+  };
+  std::vector<Pending> faults;  // those not fired in an earlier run
   // Reachability: every rank listens on a TCP port (the kernel completes a connection without an
   // accept) and knows every rank's addresses and port; a hang report says which ranks it cannot
   // reach, which names a partition (a link down) for what it is.
@@ -187,38 +183,31 @@ struct Agent::State : progress::Listener {
     return f.rank == rank;
   }
 
-  // The fault's marker: a restarted job (same job directory) does not inject it again.
+  // The fault's marker: a restarted job (same job directory) does not inject it again. Written
+  // to the disk before the fault fires (a kill follows at once); a failure is logged, not fatal.
   void mark_fired(size_t index, const FaultSpec& f) {
     const fs::path dir = fs::path(job_dir) / "faults";
     std::error_code ec;
     fs::create_directories(dir, ec);
-    const std::string path = (dir / ("fired-" + std::to_string(index))).string();
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      const std::string line =
-          nlohmann::json{
-              {"fault", f.text}, {"rank", rank}, {"step", step}, {"time", wall_seconds()}}
-              .dump() +
-          "\n";
-      (void)!::write(fd, line.data(), line.size());
-      ::fsync(fd);
-      ::close(fd);
-      try {
-        fsync_path(dir.string(), "fault marker directory");
-      } catch (const Error&) {
-      }
+    const nlohmann::json marker = {
+        {"fault", f.text}, {"rank", rank}, {"step", step}, {"time", wall_seconds()}};
+    try {
+      write_text_file_atomically((dir / ("fired-" + std::to_string(index))).string(),
+                                 marker.dump() + "\n", "fault marker");
+    } catch (const Error& e) {
+      logging::warn("ACC_FAULT '{}': {}", f.text, e.what());
     }
   }
 
   // Fires what is due at this mark (`phase_mark`: the phase marked, nullopt at a step's start).
   // Runs on the marking thread, without the lock.
   void fire_due(std::optional<progress::Phase> phase_mark) {
-    std::vector<std::pair<size_t, FaultSpec>> due;
+    std::vector<Pending> due;
     double slow_s = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
       for (auto it = faults.begin(); it != faults.end();) {
-        const FaultSpec& f = it->second;
+        const FaultSpec& f = it->spec;
         const bool at_mark = f.phase ? phase_mark == f.phase : !phase_mark.has_value();
         if (!applies(f) || step < f.step || !at_mark) {
           ++it;
@@ -226,10 +215,8 @@ struct Agent::State : progress::Listener {
         }
         if (f.action == FaultAction::kSlow) {  // every step from here on; marked once
           slow_s = (f.factor - 1.0) * last_work_s;
-          if (f.text.find("#fired") == std::string::npos) {
-            due.push_back(*it);
-            it->second.text += " #fired";
-          }
+          if (!it->fired) due.push_back(*it);
+          it->fired = true;
           ++it;
           continue;
         }
@@ -238,8 +225,9 @@ struct Agent::State : progress::Listener {
       }
       if (!phase_mark) injected_s = slow_s;  // what this step's start sleeps (none: 0)
     }
-    for (const auto& [index, f] : due) {
-      mark_fired(index, f);
+    for (const Pending& p : due) {
+      const FaultSpec& f = p.spec;
+      mark_fired(p.index, f);
       const std::string where = f.phase ? progress::phase_name(*f.phase) : "start";
       logging::warn("ACC_FAULT '{}': {} rank {} at step {} ({})", f.text,
                     f.action == FaultAction::kSlow ? "slowing" : fault_action_name(f.action), rank,
@@ -380,18 +368,15 @@ struct Agent::State : progress::Listener {
     logging::error(
         "hang: no progress for {:.1f} s (timeout {:.1f} s) at step {} in {}{}; report {}", idle_s,
         timeout, report["step"].get<int64_t>(), report["phase"].get<std::string>(),
-        what.empty() ? "" : " (" + report["what"].get<std::string>() + ")", mine.string());
+        report["what"].get<std::string>().empty() ? ""
+                                                  : " (" + report["what"].get<std::string>() + ")",
+        mine.string());
     // The others' reports, for up to the grace period.
     auto present = [&] {
       std::vector<std::optional<nlohmann::json>> out(static_cast<size_t>(world));
       for (int r = 0; r < world; ++r) {
-        const fs::path p = dir / ("rank-" + std::to_string(r) + ".json");
-        std::error_code ec;
-        if (!fs::exists(p, ec)) continue;
-        try {
-          out[static_cast<size_t>(r)] = nlohmann::json::parse(read_text(p));
-        } catch (const std::exception&) {
-        }
+        out[static_cast<size_t>(r)] =
+            detail::try_read_json(dir / ("rank-" + std::to_string(r) + ".json"));
       }
       return out;
     };
@@ -514,7 +499,7 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
     // have been restarted on fewer ranks since).
     ACC_CHECK(specs[i].rank < s->world, "ACC_FAULT '", specs[i].text, "': rank ", specs[i].rank,
               " is not in a job of ", s->world, " rank(s)");
-    s->faults.emplace_back(i, specs[i]);
+    s->faults.push_back({i, specs[i]});
   }
   s->straggler_every =
       options.straggler_every ? *options.straggler_every : env::get_int("ACC_STRAGGLER_EVERY", 50);

@@ -22,12 +22,15 @@
 #include "acc/util/error.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/parse.hpp"
+#include "job_files.hpp"
 
 extern char** environ;
 
 namespace acc::elastic {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using detail::try_read_json;
+using detail::wall_seconds;
 
 namespace {
 
@@ -35,18 +38,18 @@ double seconds_since(Clock::time_point t, Clock::time_point now) {
   return std::chrono::duration<double>(now - t).count();
 }
 
-double wall_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::optional<nlohmann::json> read_json(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) return std::nullopt;
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const std::exception&) {
-    return std::nullopt;
+// The hang detector's analysis written since `since` (this attempt's), if any.
+std::optional<nlohmann::json> hang_analysis_since(const std::string& job_dir,
+                                                  Clock::time_point since) {
+  const auto written_after = fs::file_time_type::clock::now() - (Clock::now() - since);
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(fs::path(job_dir) / "hang", ec)) {
+    const fs::path a = d.path() / "analysis.json";
+    if (fs::exists(a, ec) && fs::last_write_time(a, ec) >= written_after) {
+      if (auto j = detail::try_read_json(a)) return j;
+    }
   }
+  return std::nullopt;
 }
 
 std::string join(const std::vector<std::string>& v, const std::string& sep) {
@@ -254,7 +257,7 @@ int run_elastic(const LaunchOptions& o) {
         fs::path(o.job_dir) / "attempts" / ("attempt-" + std::to_string(attempt)) / "progress.json";
     logging::info("acc-run: attempt {} on {} node(s) ({}) x {}: {}", attempt, nodes.size(),
                   join(nodes, ","), o.nproc_per_node, join(argv, " "));
-    const double started = wall_now();
+    const double started = wall_seconds();
     if (open_incident) (*open_incident)["relaunched_at"] = started;
     // While the attempt runs: when its progress stalls, the nodes are checked (every 5 s at
     // most); a node that stops answering, or a hang analysis that mpirun outlives by 5 s, ends
@@ -262,32 +265,20 @@ int run_elastic(const LaunchOptions& o) {
     const auto attempt_start = Clock::now();
     auto last_change = attempt_start, last_check = attempt_start - std::chrono::hours(1);
     int64_t last_seen = -1;
-    double median_step_s = 0;
+    double step_s = 0;  // the attempt's mean step time so far
     std::future<std::pair<std::vector<std::string>, std::vector<std::string>>> check;
     std::optional<std::vector<std::string>> lost_in_attempt;
     std::optional<Clock::time_point> analysis_seen;
-    const auto hang_analysis_done = [&] {
-      std::error_code e;
-      for (const auto& d : fs::directory_iterator(fs::path(o.job_dir) / "hang", e)) {
-        const fs::path a = d.path() / "analysis.json";
-        if (fs::exists(a, e) && fs::last_write_time(a, e) >= fs::file_time_type::clock::now() -
-                                                                 (Clock::now() - attempt_start)) {
-          return true;
-        }
-      }
-      return false;
-    };
     const int rc = run_attempt(argv, [&] {
       const auto now = Clock::now();
-      const auto p = read_json(progress);
+      const auto p = try_read_json(progress);
       if (p && p->contains("last_step") && (*p)["last_step"].get<int64_t>() != last_seen) {
         last_seen = (*p)["last_step"].get<int64_t>();
         last_change = now;
         const int64_t n = last_seen - (*p)["first_step"].get<int64_t>();
         if (n > 0) {
-          median_step_s =
-              ((*p)["last_step_time"].get<double>() - (*p)["first_step_time"].get<double>()) /
-              static_cast<double>(n);
+          step_s = ((*p)["last_step_time"].get<double>() - (*p)["first_step_time"].get<double>()) /
+                   static_cast<double>(n);
         }
       }
       if (check.valid() && check.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
@@ -300,12 +291,12 @@ int run_elastic(const LaunchOptions& o) {
         }
       }
       const double stale = seconds_since(last_change, now);
-      if (!check.valid() && stale > std::max(2.0, 3.0 * median_step_s) &&
+      if (!check.valid() && stale > std::max(2.0, 3.0 * step_s) &&
           seconds_since(last_check, now) >= 5.0) {
         last_check = now;
         check = std::async(std::launch::async, check_nodes, std::cref(o), nodes);
       }
-      if (!analysis_seen && hang_analysis_done()) analysis_seen = now;
+      if (!analysis_seen && hang_analysis_since(o.job_dir, attempt_start)) analysis_seen = now;
       if (analysis_seen && seconds_since(*analysis_seen, now) > 5.0) {
         logging::warn("acc-run: mpirun outlived the hang analysis by 5 s: ending attempt {}",
                       attempt);
@@ -328,7 +319,7 @@ int run_elastic(const LaunchOptions& o) {
     });
     if (check.valid()) check.wait();
     kill_children();
-    const double ended = wall_now();
+    const double ended = wall_seconds();
     if (rc == 0) {
       if (open_incident) write_incident(*open_incident);
       logging::info("acc-run: attempt {} finished", attempt);
@@ -342,33 +333,21 @@ int run_elastic(const LaunchOptions& o) {
                           {"started_at", started},
                           {"ended_at", ended}};
     inc["what"] = rc == kHangExitCode ? "hang" : rc >= 128 ? "signal" : "exit";
-    for (const auto& d : fs::directory_iterator(fs::path(o.job_dir) / "hang", ec)) {
-      const auto a = read_json(d.path() / "analysis.json");
-      if (a && fs::last_write_time(d.path() / "analysis.json", ec) >=
-                   fs::file_time_type::clock::now() -
-                       std::chrono::seconds(static_cast<int64_t>(ended - started + 1))) {
-        inc["what"] = "hang";
-        inc["summary"] = (*a)["summary"];
-        inc["culprits"] = (*a)["culprits"];
-      }
+    if (const auto a = hang_analysis_since(o.job_dir, attempt_start)) {
+      inc["what"] = "hang";
+      inc["summary"] = (*a)["summary"];
+      inc["culprits"] = (*a)["culprits"];
     }
     for (const auto& d : fs::directory_iterator(fs::path(o.job_dir) / "faults", ec)) {
-      std::ifstream in(d.path());
-      std::string line;
-      while (std::getline(in, line)) {
-        try {
-          const auto f = nlohmann::json::parse(line);
-          const double t = f.value("time", 0.0);
-          if (t >= started && (!inc.contains("failed_at") || t < inc["failed_at"].get<double>())) {
-            inc["failed_at"] = t;
-            inc["fault"] = f["fault"];
-          }
-        } catch (const std::exception&) {
-        }
+      const auto f = try_read_json(d.path());  // the agent's marker of a fault that fired
+      const double t = f && f->is_object() ? f->value("time", 0.0) : 0.0;
+      if (t >= started && (!inc.contains("failed_at") || t < inc["failed_at"].get<double>())) {
+        inc["failed_at"] = t;
+        inc["fault"] = (*f)["fault"];
       }
     }
     if (inc.contains("failed_at")) inc["time_to_detect_s"] = ended - inc["failed_at"].get<double>();
-    if (const auto p = read_json(progress); p && p->contains("last_step")) {
+    if (const auto p = try_read_json(progress); p && p->contains("last_step")) {
       inc["last_step"] = (*p)["last_step"];
     }
     std::vector<std::string> left, lost;
@@ -386,7 +365,7 @@ int run_elastic(const LaunchOptions& o) {
     }
     inc["lost_nodes"] = lost;
     inc["nodes_after"] = left;
-    inc["checked_at"] = wall_now();
+    inc["checked_at"] = wall_seconds();
     logging::warn("acc-run: attempt {} ended with {} ({}){}", attempt, rc,
                   inc["what"].get<std::string>(),
                   lost.empty() ? "" : "; lost node(s) " + join(lost, ","));
