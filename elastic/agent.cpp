@@ -430,9 +430,8 @@ struct Agent::State : progress::Listener {
       // A collective completing is progress too (a long all-reduce marks nothing while it runs).
       const double now_ms = dist::FlightRecorder::now_ms();
       for (const auto& g : gs) {
-        for (const auto& e : g->flight_recorder().entries()) {
-          if (e.end_ms >= 0) idle = std::min(idle, (now_ms - e.end_ms) / 1000.0);
-        }
+        const double end_ms = g->flight_recorder().last_finished_ms();
+        if (end_ms >= 0) idle = std::min(idle, (now_ms - end_ms) / 1000.0);
       }
       if (idle > timeout) on_hang(idle, timeout);
       lock.lock();

@@ -47,7 +47,13 @@ void FlightRecorder::mark_finished(size_t id, const std::string& state) {
   if (slot < ring_.size() && ids_[slot] == id) {
     ring_[slot].end_ms = now_ms();
     ring_[slot].state = state;
+    last_finished_ms_ = ring_[slot].end_ms;
   }
+}
+
+double FlightRecorder::last_finished_ms() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_finished_ms_;
 }
 
 std::vector<FlightRecord> FlightRecorder::entries() const {

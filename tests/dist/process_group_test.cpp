@@ -324,6 +324,7 @@ TEST(ProcessGroup, FlightRecorderKeepsSequenceAndState) {
   EXPECT_EQ(last.seq, before + 2);
   EXPECT_EQ(last.state, "completed");
   EXPECT_GE(last.end_ms, last.start_ms);
+  EXPECT_EQ(world().flight_recorder().last_finished_ms(), last.end_ms);
   const auto& prev = entries[entries.size() - 2];
   EXPECT_EQ(prev.op, "allreduce.sum");
   EXPECT_EQ(prev.bytes, 64);

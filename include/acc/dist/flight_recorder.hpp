@@ -35,6 +35,9 @@ class FlightRecorder {
   void mark_finished(size_t id, const std::string& state);
   /// Entries oldest first.
   std::vector<FlightRecord> entries() const;
+  /// When the last entry finished (any final state), now_ms() time; -1 when none has. What a
+  /// watchdog polls for progress without copying the entries.
+  double last_finished_ms() const;
   nlohmann::json to_json() const;
   /// Writes every entry to the log (one line each), with `reason` first.
   void dump_to_log(const std::string& reason) const;
@@ -45,6 +48,7 @@ class FlightRecorder {
   std::vector<FlightRecord> ring_;
   std::vector<size_t> ids_;  // slot -> id stored there
   size_t next_ = 0;
+  double last_finished_ms_ = -1;
   size_t capacity_;
 };
 
