@@ -125,6 +125,21 @@ bool waiting_state(const std::string& s) {
   return s == "queued" || s == "started" || s == "timed_out";
 }
 
+// Where a rank's report puts it: "is in backward of transformer.h.7.mlp at step 3, about to issue
+// allreduce.sum seq 68 of group 'world'".
+std::string where_text(const nlohmann::json& report) {
+  std::string w = "is in " + report.value("phase", std::string("?"));
+  if (const std::string m = report.value("module", std::string()); !m.empty()) w += " of " + m;
+  if (const std::string what = report.value("what", std::string()); !what.empty()) {
+    w += " (" + what + ")";
+  }
+  w += " at step " + std::to_string(report.value("step", int64_t{-1}));
+  if (const std::string e = report.value("entering", std::string()); !e.empty()) {
+    w += ", about to issue " + e;
+  }
+  return w;
+}
+
 }  // namespace
 
 struct Agent::State : progress::Listener {
@@ -138,6 +153,7 @@ struct Agent::State : progress::Listener {
     size_t index;  // in the ACC_FAULT list: its marker's name
     FaultSpec spec;
     bool fired = false;  // slow only: it stays, slowing every step from its first
+    bool armed = false;  // stall only: reached, it waits for the next collective
   };
   std::vector<Pending> faults;  // those not fired in an earlier run
   // Reachability: every rank listens on a TCP port (the kernel completes a connection without an
@@ -165,7 +181,10 @@ struct Agent::State : progress::Listener {
   double straggler_factor = 1.5;
   double injected_s = 0;  // slowness injected into the current step
   int64_t steps_seen = 0, step = -1;
-  std::string phase = "start", what;
+  // Where the training thread is: its phase ("start", "step", "forward", ...; never "collective")
+  // and what more the phase's mark said, the module it computes in (forward and backward), and
+  // the collective it marked but has not issued (a rank stopped right before issuing it).
+  std::string phase = "start", what, module, entering;
 
   double timeout_locked() const {
     if (fixed_timeout) return *fixed_timeout;
@@ -199,17 +218,26 @@ struct Agent::State : progress::Listener {
     }
   }
 
-  // Fires what is due at this mark (`phase_mark`: the phase marked, nullopt at a step's start).
+  // Fires what is due at this mark (`phase_mark`: the phase marked, nullopt at a step's start;
+  // `what`: the mark's own words). A stall reached at another mark waits for the next collective
+  // mark: the rank stops right before it issues that collective, as one stuck in compute would.
   // Runs on the marking thread, without the lock.
-  void fire_due(std::optional<progress::Phase> phase_mark) {
+  void fire_due(std::optional<progress::Phase> phase_mark, const std::string& what_now) {
     std::vector<Pending> due;
     double slow_s = 0;
+    const bool at_collective = phase_mark == progress::Phase::kCollective;
     {
       std::lock_guard<std::mutex> lock(mu);
       for (auto it = faults.begin(); it != faults.end();) {
         const FaultSpec& f = it->spec;
         const bool at_mark = f.phase ? phase_mark == f.phase : !phase_mark.has_value();
-        if (!applies(f) || step < f.step || !at_mark) {
+        const bool reached = applies(f) && step >= f.step && at_mark;
+        if (f.action == FaultAction::kStall && !at_collective) {
+          it->armed = it->armed || reached;
+          ++it;
+          continue;
+        }
+        if (!reached && !it->armed) {
           ++it;
           continue;
         }
@@ -228,7 +256,9 @@ struct Agent::State : progress::Listener {
     for (const Pending& p : due) {
       const FaultSpec& f = p.spec;
       mark_fired(p.index, f);
-      const std::string where = f.phase ? progress::phase_name(*f.phase) : "start";
+      const std::string where = f.action == FaultAction::kStall ? "before " + what_now
+                                : f.phase                       ? progress::phase_name(*f.phase)
+                                                                : "start";
       logging::warn("ACC_FAULT '{}': {} rank {} at step {} ({})", f.text,
                     f.action == FaultAction::kSlow ? "slowing" : fault_action_name(f.action), rank,
                     step, where);
@@ -261,10 +291,12 @@ struct Agent::State : progress::Listener {
       step = s;
       phase = "step";
       what.clear();
+      module.clear();
+      entering.clear();
       last_progress = now;
     }
     write_progress(s);
-    fire_due(std::nullopt);
+    fire_due(std::nullopt, "");
   }
 
   // A hint for acc-run, not durable state: written and renamed, never fsynced.
@@ -297,11 +329,28 @@ struct Agent::State : progress::Listener {
         } catch (const std::exception&) {
         }
       }
-      phase = progress::phase_name(p);
-      what = w;
+      if (p == progress::Phase::kCollective) {
+        entering = w;
+      } else {
+        phase = progress::phase_name(p);
+        what = w;
+        module.clear();
+        entering.clear();
+      }
       last_progress = Clock::now();
     }
-    fire_due(p);
+    fire_due(p, w);
+  }
+
+  void on_module(const std::string& name) override {
+    std::lock_guard<std::mutex> lock(mu);
+    module = name;
+    last_progress = Clock::now();
+  }
+
+  void on_issued() override {
+    std::lock_guard<std::mutex> lock(mu);
+    entering.clear();
   }
 
   // The ranks whose endpoint accepts no connection within 1 s (probed side by side).
@@ -347,10 +396,10 @@ struct Agent::State : progress::Listener {
     {
       std::lock_guard<std::mutex> lock(mu);
       gs = groups;
-      report = {{"rank", rank},          {"world", world},   {"node", nodes[rank]},
-                {"pid", ::getpid()},     {"step", step},     {"phase", phase},
-                {"what", what},          {"idle_s", idle_s}, {"timeout_s", timeout},
-                {"time", wall_seconds()}};
+      report = {{"rank", rank},      {"world", world},       {"node", nodes[rank]},
+                {"pid", ::getpid()}, {"step", step},         {"phase", phase},
+                {"what", what},      {"module", module},     {"entering", entering},
+                {"idle_s", idle_s},  {"timeout_s", timeout}, {"time", wall_seconds()}};
     }
     nlohmann::json groups_json = nlohmann::json::array();
     for (const auto& g : gs) groups_json.push_back(group_report(*g));
@@ -365,12 +414,8 @@ struct Agent::State : progress::Listener {
     } catch (const std::exception& e) {
       logging::error("hang: could not write the report: {}", e.what());
     }
-    logging::error(
-        "hang: no progress for {:.1f} s (timeout {:.1f} s) at step {} in {}{}; report {}", idle_s,
-        timeout, report["step"].get<int64_t>(), report["phase"].get<std::string>(),
-        report["what"].get<std::string>().empty() ? ""
-                                                  : " (" + report["what"].get<std::string>() + ")",
-        mine.string());
+    logging::error("hang: no progress for {:.1f} s (timeout {:.1f} s): this rank {}; report {}",
+                   idle_s, timeout, where_text(report), mine.string());
     // The others' reports, for up to the grace period.
     auto present = [&] {
       std::vector<std::optional<nlohmann::json>> out(static_cast<size_t>(world));
@@ -624,15 +669,7 @@ nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& re
     }
     return t;
   };
-  auto where = [&](int r) {
-    const nlohmann::json& rep = *reports[static_cast<size_t>(r)];
-    const std::string phase = rep.value("phase", std::string("?"));
-    const std::string what = rep.value("what", std::string());
-    std::string w =
-        phase == "collective" && !what.empty() ? "is entering " + what : "is in " + phase;
-    if (phase != "collective" && !what.empty()) w += " (" + what + ")";
-    return w + " at step " + std::to_string(rep.value("step", int64_t{-1}));
-  };
+  auto where = [&](int r) { return where_text(*reports[static_cast<size_t>(r)]); };
   nlohmann::json groups = nlohmann::json::array();
   std::set<int> culprits;
   std::vector<std::string> parts;
@@ -658,7 +695,9 @@ nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& re
                            {"last_completed_seq", m.last_completed},
                            {"step", rep.value("step", int64_t{-1})},
                            {"phase", rep.value("phase", std::string())},
-                           {"what", rep.value("what", std::string())}});
+                           {"what", rep.value("what", std::string())},
+                           {"module", rep.value("module", std::string())},
+                           {"entering", rep.value("entering", std::string())}});
         culprits.insert(m.rank);
         lag_text += "; rank " + std::to_string(m.rank) + " last completed seq " +
                     std::to_string(m.last_completed) + " and " + where(m.rank);

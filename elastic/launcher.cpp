@@ -239,17 +239,24 @@ int run_elastic(const LaunchOptions& o) {
       if (static_cast<int>(nodes.size()) < o.max_nodes) nodes.push_back(n);
     }
   }
-  std::optional<nlohmann::json> open_incident;  // waits for the next attempt's first step
-  auto write_incident = [&](nlohmann::json inc) {
+  // Incidents waiting for the next first step: the last attempt's, and those before it when
+  // the attempts since ended before a first step (mpirun dying at start): their time to the first
+  // step counts the whole way back to training.
+  std::vector<nlohmann::json> open_incidents;
+  auto write_incident = [&](const nlohmann::json& inc) {
     std::ofstream out(incidents, std::ios::app);
     out << inc.dump() << "\n";
     logging::info("acc-run: incident {}", inc.dump());
+  };
+  auto write_open = [&] {
+    for (const auto& inc : open_incidents) write_incident(inc);
+    open_incidents.clear();
   };
   for (int attempt = 0;; ++attempt) {
     if (static_cast<int>(nodes.size()) < o.min_nodes) {
       logging::error("acc-run: {} node(s) left, fewer than the minimum {}: giving up", nodes.size(),
                      o.min_nodes);
-      if (open_incident) write_incident(*open_incident);
+      write_open();
       return 1;
     }
     const std::vector<std::string> argv = mpirun_command(o, nodes, attempt);
@@ -258,7 +265,9 @@ int run_elastic(const LaunchOptions& o) {
     logging::info("acc-run: attempt {} on {} node(s) ({}) x {}: {}", attempt, nodes.size(),
                   join(nodes, ","), o.nproc_per_node, join(argv, " "));
     const double started = wall_seconds();
-    if (open_incident) (*open_incident)["relaunched_at"] = started;
+    for (auto& inc : open_incidents) {
+      if (!inc.contains("relaunched_at")) inc["relaunched_at"] = started;
+    }
     // While the attempt runs: when its progress stalls, the nodes are checked (every 5 s at
     // most); a node that stops answering, or a hang analysis that mpirun outlives by 5 s, ends
     // the attempt (mpirun may wait for ever on a lost node's daemon).
@@ -302,26 +311,27 @@ int run_elastic(const LaunchOptions& o) {
                       attempt);
         return true;
       }
-      if (!open_incident) return false;
+      if (open_incidents.empty()) return false;
       if (!p || !p->contains("first_step")) return false;
-      nlohmann::json& inc = *open_incident;
-      inc["resumed_at_step"] = (*p)["first_step"];
-      inc["first_step_at"] = (*p)["first_step_time"];
-      const double failed = inc.contains("failed_at") ? inc["failed_at"].get<double>()
-                                                      : inc["ended_at"].get<double>();
-      inc["time_to_first_step_s"] = (*p)["first_step_time"].get<double>() - failed;
-      if (inc.contains("last_step")) {
-        inc["steps_lost"] = inc["last_step"].get<int64_t>() + 1 - (*p)["first_step"].get<int64_t>();
+      for (nlohmann::json& inc : open_incidents) {
+        inc["resumed_at_step"] = (*p)["first_step"];
+        inc["first_step_at"] = (*p)["first_step_time"];
+        const double failed = inc.contains("failed_at") ? inc["failed_at"].get<double>()
+                                                        : inc["ended_at"].get<double>();
+        inc["time_to_first_step_s"] = (*p)["first_step_time"].get<double>() - failed;
+        if (inc.contains("last_step")) {
+          inc["steps_lost"] =
+              inc["last_step"].get<int64_t>() + 1 - (*p)["first_step"].get<int64_t>();
+        }
       }
-      write_incident(inc);
-      open_incident.reset();
+      write_open();
       return false;
     });
     if (check.valid()) check.wait();
     kill_children();
     const double ended = wall_seconds();
     if (rc == 0) {
-      if (open_incident) write_incident(*open_incident);
+      write_open();
       logging::info("acc-run: attempt {} finished", attempt);
       return 0;
     }
@@ -369,15 +379,14 @@ int run_elastic(const LaunchOptions& o) {
     logging::warn("acc-run: attempt {} ended with {} ({}){}", attempt, rc,
                   inc["what"].get<std::string>(),
                   lost.empty() ? "" : "; lost node(s) " + join(lost, ","));
-    if (open_incident) write_incident(*open_incident);  // the previous one never saw a first step
-    open_incident.reset();
     if (attempt >= o.max_restarts) {
       inc["gave_up"] = "max restarts " + std::to_string(o.max_restarts) + " reached";
+      write_open();
       write_incident(inc);
       logging::error("acc-run: {} restart(s) done, giving up", o.max_restarts);
       return rc >= 128 ? 1 : rc;
     }
-    open_incident = inc;
+    open_incidents.push_back(inc);
     nodes = left;
   }
 }

@@ -575,7 +575,7 @@ std::string memory_time(const Report& r) {
   double ly = kHeight - 30;
   for (const auto& [status, label] : kinds) {
     const bool present = std::any_of(r.rows.begin(), r.rows.end(),
-                                     [&](const Row& row) { return row.status == status; });
+                                     [st = status](const Row& row) { return row.status == st; });
     if (!present) continue;
     if (lx + kCharWidth * static_cast<double>(std::string(label).size()) + 34 > kWidth) {
       lx = left;

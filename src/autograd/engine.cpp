@@ -7,6 +7,7 @@
 #include "acc/tensor/kernels.hpp"
 #include "acc/tensor/observer.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/progress.hpp"
 
 namespace acc {
 namespace autograd {
@@ -143,6 +144,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
         detail::pop_scope();
         obs->on_op(node->name(), node->scope(), {}, out, true);
       } else {
+        progress::module(node->scope());  // the hang detector's "in backward of <module>"
         out = node->apply(std::move(in));
       }
     }

@@ -108,6 +108,10 @@ std::string broadcast_text(ProcessGroup& group, const std::string& text, int roo
   const int64_t n = length.data<int64_t>()[0];
   Tensor bytes =
       zeros({(n + 3) / 4}, TensorOptions{.dtype = DType::kInt32, .device = Device::kCPU});
+  if (n == 0) {                            // an empty tensor has no storage to copy into or out of
+    group.broadcast(bytes, root)->wait();  // every rank issues the same collectives
+    return {};
+  }
   if (group.rank() == root) std::memcpy(bytes.data<int32_t>(), text.data(), text.size());
   group.broadcast(bytes, root)->wait();
   return {reinterpret_cast<const char*>(bytes.data<int32_t>()), static_cast<size_t>(n)};
@@ -121,9 +125,10 @@ std::vector<std::string> allgather_text(ProcessGroup& group, const std::string& 
   group.allgather(lengths, mine)->wait();
   const std::vector<int64_t> n = lengths.to_vector<int64_t>();
   const int64_t words = (*std::max_element(n.begin(), n.end()) + 3) / 4;
+  if (words == 0) return std::vector<std::string>(static_cast<size_t>(W));  // same on every rank
   const TensorOptions i32{.dtype = DType::kInt32, .device = Device::kCPU};
   Tensor own = zeros({words}, i32), all = zeros({words * W}, i32);
-  std::memcpy(own.data<int32_t>(), text.data(), text.size());
+  if (!text.empty()) std::memcpy(own.data<int32_t>(), text.data(), text.size());
   group.allgather(all, own)->wait();
   std::vector<std::string> out;
   const char* base = reinterpret_cast<const char*>(all.data<int32_t>());

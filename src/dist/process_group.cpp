@@ -246,7 +246,7 @@ class RingReduceScatter {
 
   std::vector<MPI_Request> start() {
     if (st_->size == 1) {
-      std::memcpy(out_.raw_data(), in_.raw_data(), static_cast<size_t>(n_) * es_);
+      if (n_ > 0) std::memcpy(out_.raw_data(), in_.raw_data(), static_cast<size_t>(n_) * es_);
       return {};
     }
     // Partial sums in flight (tracked memory): none at 2 ranks, where the one step receives
@@ -373,6 +373,7 @@ struct PgAccess {
     }
     r.peer = peer;
     const size_t id = s.recorder.record(std::move(r));
+    progress::issued();
     // The call's own timeout, else the group's, else the process default (read now: tests and
     // launchers set ACC_COMM_TIMEOUT_SEC before the first collective, not before init).
     const auto limit = timeout ? *timeout : s.timeout ? *s.timeout : default_timeout();

@@ -2,6 +2,7 @@
 
 #include "acc/tensor/observer.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/progress.hpp"
 
 namespace acc {
 namespace {
@@ -56,6 +57,14 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   return {};
 }
 
+namespace {
+// Whether nodes remember the module they were made in: for a trace, and for the hang detector
+// (the module a rank's backward was in). A copy of the scope's name per op otherwise spared.
+bool scope_wanted() {
+  return detail::op_observer() != nullptr || progress::detail::listening();
+}
+}  // namespace
+
 Edge gradient_edge(const Tensor& t) {
   if (!t.defined() || !t.has_autograd_meta()) return {};
   AutogradMeta& meta = t.autograd_meta();
@@ -64,8 +73,8 @@ Edge gradient_edge(const Tensor& t) {
   auto acc = meta.grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
-    // Traced: the accumulator belongs to the module that first reads the parameter.
-    if (detail::op_observer()) acc->set_scope(detail::current_scope());
+    // Traced or watched: the accumulator belongs to the module that first reads the parameter.
+    if (scope_wanted()) acc->set_scope(detail::current_scope());
     meta.grad_accumulator = acc;
   }
   return {acc, 0};
@@ -97,7 +106,7 @@ bool record_op(const std::string& name, const std::vector<Tensor>& inputs,
   if (obs) obs->on_op(forward_name(name), detail::current_scope(), inputs, outputs, false);
   if (!any_requires_grad(inputs)) return false;
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
-  if (obs) node->set_scope(detail::current_scope());
+  if (scope_wanted()) node->set_scope(detail::current_scope());
   auto& edges = node->mutable_next_edges();
   edges.reserve(inputs.size());
   for (const Tensor& t : inputs) edges.push_back(gradient_edge(t));

@@ -1,5 +1,7 @@
 #include "acc/tensor/observer.hpp"
 
+#include "acc/util/progress.hpp"
+
 namespace acc::detail {
 namespace {
 thread_local OpObserver* tls_observer = nullptr;
@@ -19,9 +21,11 @@ OpObserver* set_op_observer(OpObserver* obs) {
 
 void push_scope(std::string scope) {
   tls_scopes.push_back(std::move(scope));
+  progress::module(tls_scopes.back());
 }
 void pop_scope() {
   if (!tls_scopes.empty()) tls_scopes.pop_back();
+  progress::module(current_scope());
 }
 const std::string& current_scope() {
   return tls_scopes.empty() ? kEmpty : tls_scopes.back();

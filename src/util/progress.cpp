@@ -59,6 +59,16 @@ void phase(Phase p) {
   if (detail::listening()) detail::phase_with(p, "");
 }
 
+void module(const std::string& name) {
+  if (!detail::listening()) return;
+  if (auto l = current()) l->on_module(name);
+}
+
+void issued() {
+  if (!detail::listening()) return;
+  if (auto l = current()) l->on_issued();
+}
+
 namespace detail {
 
 bool listening() {

@@ -66,14 +66,17 @@ nlohmann::json report(int rank, int64_t step, const std::string& phase, const st
 }
 
 TEST(HangAnalysis, NamesTheWaitersTheLaggardAndTheSilent) {
-  // Ranks 0 and 2 wait in seq 1042; rank 1 completed 1041 and is in backward; rank 3 is silent.
-  const auto a = analyze_hang(
-      {report(0, 9, "collective", "allreduce.sum seq 1042 of group 'dp'", 1041, {1042}),
-       report(1, 9, "backward", "", 1041, {}), report(2, 9, "collective", "", 1041, {1042}),
-       std::nullopt});
+  // Ranks 0 and 2 wait in seq 1042; rank 1 completed 1041 and stopped in backward of a module,
+  // right before it issued 1042; rank 3 is silent.
+  nlohmann::json lagging = report(1, 9, "backward", "", 1041, {});
+  lagging["module"] = "transformer.h.7.mlp";
+  lagging["entering"] = "allreduce.sum seq 1042 of group 'dp'";
+  const auto a = analyze_hang({report(0, 9, "backward", "", 1041, {1042}), lagging,
+                               report(2, 9, "backward", "", 1041, {1042}), std::nullopt});
   EXPECT_EQ(a["summary"],
             "ranks 0,2 wait in allreduce.sum seq 1042 of group 'dp'; rank 1 last completed seq "
-            "1041 and is in backward at step 9; rank 3 wrote no report (stopped or dead)");
+            "1041 and is in backward of transformer.h.7.mlp at step 9, about to issue "
+            "allreduce.sum seq 1042 of group 'dp'; rank 3 wrote no report (stopped or dead)");
   EXPECT_EQ(a["culprits"], nlohmann::json({1, 3}));
   EXPECT_EQ(a["not_reporting"], nlohmann::json({3}));
   ASSERT_EQ(a["groups"].size(), 1u);
@@ -81,13 +84,14 @@ TEST(HangAnalysis, NamesTheWaitersTheLaggardAndTheSilent) {
   EXPECT_EQ(a["groups"][0]["waiting"], nlohmann::json({0, 2}));
   EXPECT_EQ(a["groups"][0]["lagging"][0]["rank"], 1);
   EXPECT_EQ(a["groups"][0]["lagging"][0]["last_completed_seq"], 1041);
+  EXPECT_EQ(a["groups"][0]["lagging"][0]["module"], "transformer.h.7.mlp");
 }
 
 TEST(HangAnalysis, ARankAheadIsNoCulpritAndNoCollectiveMeansEveryoneStopped) {
   // Rank 1 has completed 1042 and waits in 1043: it is ahead of rank 0, which waits in 1042, so
   // nobody is behind in 1042 (whatever holds rank 0 there, it is not rank 1).
   const auto ahead = analyze_hang(
-      {report(0, 4, "collective", "", 1041, {1042}), report(1, 4, "collective", "", 1042, {1043})});
+      {report(0, 4, "backward", "", 1041, {1042}), report(1, 4, "backward", "", 1042, {1043})});
   EXPECT_EQ(ahead["culprits"], nlohmann::json::array());
   EXPECT_EQ(ahead["groups"][0]["waiting"], nlohmann::json({0}));
   const auto idle =
@@ -99,8 +103,8 @@ TEST(HangAnalysis, ARankAheadIsNoCulpritAndNoCollectiveMeansEveryoneStopped) {
 }
 
 TEST(HangAnalysis, APartitionIsNamed) {
-  auto a0 = report(0, 4, "collective", "", 72, {73}), a1 = report(1, 4, "collective", "", 72, {73});
-  auto b2 = report(2, 4, "collective", "", 72, {73}), b3 = report(3, 4, "collective", "", 72, {73});
+  auto a0 = report(0, 4, "update", "", 72, {73}), a1 = report(1, 4, "update", "", 72, {73});
+  auto b2 = report(2, 4, "update", "", 72, {73}), b3 = report(3, 4, "update", "", 72, {73});
   a0["unreachable"] = a1["unreachable"] = {2, 3};
   b2["unreachable"] = b3["unreachable"] = {0, 1};
   const auto a = analyze_hang({a0, a1, b2, b3});

@@ -4,8 +4,10 @@
 // down as they die): acc-run finds it does not answer, relaunches the job on node 1 with 2 ranks
 // (the global batch unchanged), which resumes from the newest committed checkpoint and ends with
 // bitwise the losses of a 2-rank run resumed from that checkpoint; the first step comes within
-// 10 s of the ranks' death, and nothing is left running. Skipped, saying why, where namespaces
-// cannot be made (not root, no iproute2).
+// 10 s of the ranks' death, and nothing is left running. A partition (node 2's link cut, its ranks
+// alive) ends the same way. Faults on healthy nodes (a rank killed, a node's ranks killed, a rank
+// stalled, a rank slowed) restart the job on the same two nodes, or (slowed) only name the
+// straggler. Skipped, saying why, where namespaces cannot be made (not root, no iproute2).
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -63,7 +65,8 @@ struct Nodes {
 // down as soon as cut_now() says so (polled every 20 ms while the job runs).
 acc::test::CommandResult run_on_two_nodes(const fs::path& dir, const std::string& env,
                                           double health_timeout_s,
-                                          const std::function<bool()>& cut_now) {
+                                          const std::function<bool()>& cut_now,
+                                          int max_restarts = 3) {
   std::ofstream(dir / "hosts") << "10.77.0.11 slots=2\n10.77.0.12 slots=2\n";
   const std::string mpi_args =
       "--oversubscribe --bind-to none --mca plm_rsh_agent " + kRsh +
@@ -76,12 +79,33 @@ acc::test::CommandResult run_on_two_nodes(const fs::path& dir, const std::string
   });
   const auto r = acc::test::run_command(
       env + " " + ACC_RUN_BIN + " --hostfile " + (dir / "hosts").string() +
-      " --nnodes 1:2 --nproc-per-node 2 --max-restarts 3 --job-dir " + (dir / "job").string() +
-      " --health-timeout " + std::to_string(health_timeout_s) + " --mpirun " + MPIEXEC_BIN +
-      " --mpirun-args '" + mpi_args + "' -- " + train_args(dir, (dir / "ck").string(), "auto"));
+      " --nnodes 1:2 --nproc-per-node 2 --max-restarts " + std::to_string(max_restarts) +
+      " --job-dir " + (dir / "job").string() + " --health-timeout " +
+      std::to_string(health_timeout_s) + " --mpirun " + MPIEXEC_BIN + " --mpirun-args '" +
+      mpi_args + "' -- " + train_args(dir, (dir / "ck").string(), "auto"));
   done = true;
   cutter.join();
   return r;
+}
+
+// The losses (by step) of `ranks` ranks on this host, from scratch or resumed from `resume`.
+std::vector<double> reference_losses(const fs::path& dir, int ranks, const std::string& resume) {
+  const fs::path ref = dir / "ref";
+  fs::create_directories(ref);
+  const auto r = acc::test::run_command(
+      std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np " + std::to_string(ranks) +
+      " " + train_args(ref, (ref / "ck").string(), resume));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::vector<double> out;
+  for (const auto& l : read_jsonl(ref / "log.jsonl")) out.push_back(l["loss"].get<double>());
+  return out;
+}
+
+void expect_nothing_left() {
+  for (const char* ns : {"accn1", "accn2"}) {
+    const auto pids = acc::test::run_command(std::string("ip netns pids ") + ns);
+    EXPECT_EQ(pids.output, "") << ns;
+  }
 }
 
 fs::path fresh_dir(const std::string& name) {
@@ -112,26 +136,70 @@ TEST(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
   const auto got = read_jsonl(dir / "log.jsonl");  // the last attempt's
   ASSERT_FALSE(got.empty());
   const int64_t resumed = got.front().at("step").get<int64_t>();
-  // Nothing of the job is left in either node.
-  for (const char* ns : {"accn1", "accn2"}) {
-    const auto pids = acc::test::run_command(std::string("ip netns pids ") + ns);
-    EXPECT_EQ(pids.output, "") << ns;
-  }
+  expect_nothing_left();
 
   // The reference: 2 ranks on this host resumed from the same committed step.
   char step[32];
   std::snprintf(step, sizeof(step), "step-%08lld", static_cast<long long>(resumed));
-  const fs::path ref = dir / "ref";
-  fs::create_directories(ref);
-  const auto want_run =
-      acc::test::run_command(std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np 2 " +
-                             train_args(ref, (ref / "ck").string(), (dir / "ck" / step).string()));
-  ASSERT_EQ(want_run.exit_code, 0) << want_run.output;
-  const auto want = read_jsonl(ref / "log.jsonl");
+  const auto want = reference_losses(dir, 2, (dir / "ck" / step).string());
   ASSERT_EQ(got.size(), want.size());
   ASSERT_EQ(got.size(), static_cast<size_t>(10 - resumed));
   for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i]["loss"].get<double>(), want[i]["loss"].get<double>()) << "step " << i;
+    EXPECT_EQ(got[i]["loss"].get<double>(), want[i]) << "step " << i;
+  }
+  fs::remove_all(dir);
+}
+
+// Faults on healthy nodes, one after the other in one job: rank 1 killed (node 1), node 1's ranks
+// killed (the node itself answers), rank 3 stalled in backward (node 2), rank 2 slowed 4x. Every
+// stop restarts the job on both nodes; the stall is diagnosed naming rank 3, its module and its
+// collective; the slowed rank is named a straggler and nothing restarts for it; the job ends with
+// bitwise the losses of a 4-rank run that never failed (every attempt has the same layout).
+TEST(AccRunNodes, FaultsOnHealthyNodesRestartOnTheSameNodes) {
+  const auto can = acc::test::run_command(kNodes + " check");
+  if (can.exit_code != 0) GTEST_SKIP() << "network namespaces cannot be made here: " << can.output;
+  Nodes nodes;
+  ASSERT_TRUE(nodes.up);
+  const fs::path dir = fresh_dir("healthy");
+  const std::string kill = "kill:rank=1:step=2", kill_node = "kill-node:rank=0:step=4",
+                    stall = "stall:rank=3:step=6:phase=backward",
+                    slow = "slow:rank=2:step=8:factor=4";
+  const auto r = run_on_two_nodes(
+      dir,
+      "ACC_HANG_TIMEOUT_SEC=3 ACC_STRAGGLER_EVERY=2 ACC_FAULT='" + kill + ";" + kill_node + ";" +
+          stall + ";" + slow + "'",
+      4.0, [] { return false; }, 5);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json both = {"10.77.0.11", "10.77.0.12"};
+  for (const std::string& f : {kill, kill_node, stall}) {
+    const nlohmann::json inc = incident_with(dir, "fault", f, r.output);
+    EXPECT_EQ(inc.value("lost_nodes", nlohmann::json()), nlohmann::json::array()) << inc.dump();
+    EXPECT_EQ(inc.value("nodes_after", nlohmann::json()), both) << inc.dump();
+    EXPECT_LE(inc.value("time_to_first_step_s", 99.0), 10.0) << inc.dump();
+  }
+  const nlohmann::json hang = incident_with(dir, "fault", stall, r.output);
+  EXPECT_EQ(hang.value("what", ""), "hang") << hang.dump();
+  EXPECT_EQ(hang.value("culprits", nlohmann::json()), nlohmann::json({3})) << hang.dump();
+  const std::string summary = hang.value("summary", "");
+  EXPECT_NE(summary.find("rank 3 last completed seq"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("is in backward of "), std::string::npos) << summary;
+  EXPECT_NE(summary.find(", about to issue allreduce"), std::string::npos) << summary;
+  EXPECT_LE(hang.value("time_to_detect_s", 99.0), 3.0 + 2.0 + 1.0) << hang.dump();
+  for (const auto& inc : read_jsonl(dir / "job" / "incidents.jsonl")) {
+    EXPECT_NE(inc.value("fault", ""), slow) << "the slowed rank stopped the job: " << inc.dump();
+  }
+  EXPECT_NE(r.output.find("straggler: rank 2 "), std::string::npos) << r.output;
+  expect_nothing_left();
+
+  const auto got = read_jsonl(dir / "log.jsonl");  // the last attempt's
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.back().at("step"), 9);
+  const auto want = reference_losses(dir, 4, "auto");
+  ASSERT_EQ(want.size(), 10u);
+  for (const auto& l : got) {
+    const auto step = l.at("step").get<size_t>();
+    ASSERT_LT(step, want.size());
+    EXPECT_EQ(l.at("loss").get<double>(), want[step]) << "step " << step;
   }
   fs::remove_all(dir);
 }
@@ -158,6 +226,7 @@ TEST(AccRunNodes, APartitionIsDiagnosedAndLeftBehind) {
   const auto log = read_jsonl(dir / "log.jsonl");
   ASSERT_FALSE(log.empty());
   EXPECT_EQ(log.back()["step"], 9);
+  expect_nothing_left();
   fs::remove_all(dir);
 }
 

@@ -4,8 +4,8 @@
 // injection of ACC_FAULT (acc/elastic/fault.hpp). Works in any mpirun job, with or without
 // acc-run. elastic/README.md has the whole story.
 //
-// On a hang (no progress for the timeout) each rank writes a report (its step, phase, and per
-// watched group the last completed sequence number and the collectives in flight) to
+// On a hang (no progress for the timeout) each rank writes a report (its step, phase, module, and
+// per watched group the last completed sequence number and the collectives in flight) to
 // JOB/hang/<run>/rank-R.json, out of band (files, never the stuck communicator), waits up to the
 // grace period for the others' reports, and the lowest rank that reported writes analysis.json
 // (analyze_hang) and logs it: which ranks wait in which collective (op, sequence number, group),
@@ -81,7 +81,8 @@ class Agent {
 
 /// The analysis of a hang from the ranks' reports (reports[r]: rank r's, nullopt when it wrote
 /// none): {"summary": text, "groups": [{"group", "op", "seq", "waiting": [ranks], "lagging":
-/// [{"rank", "last_completed_seq", "step", "phase", "what"}]}], "not_reporting": [ranks],
+/// [{"rank", "last_completed_seq", "step", "phase", "what", "module", "entering"}]}],
+/// "not_reporting": [ranks],
 /// "culprits": [ranks]}. A pure function, for the tests.
 nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& reports);
 

@@ -1,9 +1,9 @@
 #pragma once
 // What the training thread is doing, for whoever watches it: the training loop marks each step,
 // the Trainer its phases, a process group each collective it issues, checkpoints their saves and
-// loads. The hang detector (acc/elastic/agent.hpp) turns the marks into progress and the phase a
-// stalled rank was in; fault injection (ACC_FAULT) fires at them. Without a listener a mark costs
-// one atomic load.
+// loads, modules (forward) and gradient ops (backward) the module they compute in. The hang
+// detector (acc/elastic/agent.hpp) turns the marks into progress and the phase a stalled rank was
+// in; fault injection (ACC_FAULT) fires at them. Without a listener a mark costs one atomic load.
 
 #include <cstdint>
 #include <memory>
@@ -23,6 +23,10 @@ class Listener {
   virtual void on_step(int64_t step) = 0;
   /// The marking thread enters `phase`; `what` says more ("allreduce seq 12 of group 'world'").
   virtual void on_phase(Phase phase, const std::string& what) = 0;
+  /// The marking thread now computes inside module `name` (a dotted path, "" outside any).
+  virtual void on_module(const std::string& name) = 0;
+  /// The collective the thread marked last is issued (in its group's flight recorder).
+  virtual void on_issued() = 0;
 };
 
 /// The process's one listener (nullptr: none). Marks already under way finish with the old one.
@@ -30,6 +34,13 @@ void set_listener(std::shared_ptr<Listener> listener);
 
 void step(int64_t step);
 void phase(Phase p);
+/// The module the thread computes in: forward marks each module as it is called and left (the
+/// scope stack of acc/tensor/observer.hpp), backward each gradient op's module as it runs, so that
+/// a hang report can say "in backward of transformer.h.7.mlp".
+void module(const std::string& name);
+/// After phase(kCollective, ...): the collective is recorded and issued. A rank whose last mark is
+/// a collective not issued stopped right before it.
+void issued();
 /// As phase(p), with `what` made only when someone listens.
 template <class MakeWhat>
 void phase(Phase p, MakeWhat&& make_what);
