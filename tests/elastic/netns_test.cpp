@@ -2,8 +2,9 @@
 // OpenMPI's TCP transport between them, mpirun starting its daemons through scripts/netns/rsh.
 // Node 2 is lost for real at step 5 (ACC_FAULT kill-node kills its ranks, and its link is taken
 // down as they die): acc-run finds it does not answer, relaunches the job on node 1 with 2 ranks
-// (the global batch unchanged), which resumes from the newest committed checkpoint and ends with
-// bitwise the losses of a 2-rank run resumed from that checkpoint; the first step comes within
+// (the global batch unchanged; the job's strategy cache, planned for 4 ranks, re-planned for 2),
+// which resumes from the newest committed checkpoint and ends with bitwise the losses of a 2-rank
+// run resumed from that checkpoint with the same cache; the first step comes within
 // 10 s of the ranks' death, and nothing is left running. A partition (node 2's link cut, its ranks
 // alive) ends the same way. Faults on healthy nodes (a rank killed, a node's ranks killed, a rank
 // stalled, a rank slowed) restart the job on the same two nodes, or (slowed) only name the
@@ -32,13 +33,17 @@ const std::string kRsh = std::string(ACC_SOURCE_DIR) + "/scripts/netns/rsh";
 
 using acc::test::read_jsonl;
 
-std::string train_args(const fs::path& dir, const std::string& ck, const std::string& resume) {
+const std::string kDdp = R"('[{"name": "ddp"}]')";
+const std::string kConfig = std::string(ACC_GOLDEN_DIR) + "/train_ref/gpt.config.json";
+
+std::string train_args(const fs::path& dir, const std::string& ck, const std::string& resume,
+                       const std::string& strategy = kDdp) {
   const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
-  return std::string(TRAIN_GPT_BIN) + " --model gpt --data " + data +
+  return std::string(TRAIN_GPT_BIN) + " --model gpt --config " + kConfig + " --data " + data +
          " --data-format u16 --data-order sequential --seq-len 16 --global-batch 8 --steps 10"
-         " --lr 3e-3 --seed 5 --threads 1 --strategy '[{\"name\": \"ddp\"}]' --save-every 2"
-         " --keep 0 --resume " +
-         resume + " --ckpt-dir " + ck + " --log-json " + (dir / "log.jsonl").string();
+         " --lr 3e-3 --seed 5 --threads 1 --strategy " +
+         strategy + " --save-every 2 --keep 0 --resume " + resume + " --ckpt-dir " + ck +
+         " --log-json " + (dir / "log.jsonl").string();
 }
 
 // The one incident whose `key` is `value` (a failing expectation, and null, when there is none).
@@ -66,7 +71,8 @@ struct Nodes {
 acc::test::CommandResult run_on_two_nodes(const fs::path& dir, const std::string& env,
                                           double health_timeout_s,
                                           const std::function<bool()>& cut_now,
-                                          int max_restarts = 3) {
+                                          int max_restarts = 3,
+                                          const std::string& strategy = kDdp) {
   std::ofstream(dir / "hosts") << "10.77.0.11 slots=2\n10.77.0.12 slots=2\n";
   const std::string mpi_args =
       "--oversubscribe --bind-to none --mca plm_rsh_agent " + kRsh +
@@ -82,19 +88,20 @@ acc::test::CommandResult run_on_two_nodes(const fs::path& dir, const std::string
       " --nnodes 1:2 --nproc-per-node 2 --max-restarts " + std::to_string(max_restarts) +
       " --job-dir " + (dir / "job").string() + " --health-timeout " +
       std::to_string(health_timeout_s) + " --mpirun " + MPIEXEC_BIN + " --mpirun-args '" +
-      mpi_args + "' -- " + train_args(dir, (dir / "ck").string(), "auto"));
+      mpi_args + "' -- " + train_args(dir, (dir / "ck").string(), "auto", strategy));
   done = true;
   cutter.join();
   return r;
 }
 
 // The losses (by step) of `ranks` ranks on this host, from scratch or resumed from `resume`.
-std::vector<double> reference_losses(const fs::path& dir, int ranks, const std::string& resume) {
+std::vector<double> reference_losses(const fs::path& dir, int ranks, const std::string& resume,
+                                     const std::string& strategy = kDdp) {
   const fs::path ref = dir / "ref";
   fs::create_directories(ref);
   const auto r = acc::test::run_command(
       std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np " + std::to_string(ranks) +
-      " " + train_args(ref, (ref / "ck").string(), resume));
+      " " + train_args(ref, (ref / "ck").string(), resume, strategy));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   std::vector<double> out;
   for (const auto& l : read_jsonl(ref / "log.jsonl")) out.push_back(l["loss"].get<double>());
@@ -122,10 +129,19 @@ TEST(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
   Nodes nodes;
   ASSERT_TRUE(nodes.up);
   const fs::path dir = fresh_dir("lost");
+  // The job's strategy: acc-search's cache, planned for its 4 ranks; on the 2 left the program
+  // re-plans it for the new world.
+  const std::string cache = (dir / "strategy.json").string();
+  const auto planned = acc::test::run_command(
+      std::string(ACC_SEARCH_BIN) + " --plan-only --world 4 --model gpt --config " + kConfig +
+      " --global-batch 8 --seq-len 16 --out " + cache);
+  ASSERT_EQ(planned.exit_code, 0) << planned.output;
   // The node dies with its ranks: its link goes down as soon as the fault has fired.
-  const auto r = run_on_two_nodes(dir, "ACC_FAULT=kill-node:rank=2:step=5", 4.0,
-                                  [&] { return fs::exists(dir / "job" / "faults" / "fired-0"); });
+  const auto r = run_on_two_nodes(
+      dir, "ACC_FAULT=kill-node:rank=2:step=5", 4.0,
+      [&] { return fs::exists(dir / "job" / "faults" / "fired-0"); }, 3, cache);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("re-planned for 2"), std::string::npos) << r.output;
   // The incident of the lost node (mpirun itself now and then dies at start on these
   // namespaces, SIGSEGV: acc-run restarts that too, and it is an incident of its own).
   const nlohmann::json inc = incident_with(dir, "fault", "kill-node:rank=2:step=5", r.output);
@@ -141,7 +157,7 @@ TEST(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
   // The reference: 2 ranks on this host resumed from the same committed step.
   char step[32];
   std::snprintf(step, sizeof(step), "step-%08lld", static_cast<long long>(resumed));
-  const auto want = reference_losses(dir, 2, (dir / "ck" / step).string());
+  const auto want = reference_losses(dir, 2, (dir / "ck" / step).string(), cache);
   ASSERT_EQ(got.size(), want.size());
   ASSERT_EQ(got.size(), static_cast<size_t>(10 - resumed));
   for (size_t i = 0; i < got.size(); ++i) {
