@@ -178,7 +178,7 @@ struct Agent::State : progress::Listener {
   // attempt's first and last steps with their times, for acc-run's incident log.
   std::string progress_file;
   std::optional<std::pair<int64_t, double>> first_step;
-  double straggler_factor = 1.5;
+  double straggler_factor = 1.5, straggler_min_s = 0.01;
   double injected_s = 0;  // slowness injected into the current step
   int64_t steps_seen = 0, step = -1;
   // Where the training thread is: its phase ("start", "step", "forward", ...; never "collective")
@@ -552,6 +552,10 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
                                                  : env::get_double("ACC_STRAGGLER_FACTOR", 1.5);
   ACC_CHECK(s->straggler_factor > 1.0, "ACC_STRAGGLER_FACTOR must be > 1, got ",
             s->straggler_factor);
+  s->straggler_min_s = options.straggler_min_s ? *options.straggler_min_s
+                                               : env::get_double("ACC_STRAGGLER_MIN_SEC", 0.01);
+  ACC_CHECK(s->straggler_min_s >= 0, "ACC_STRAGGLER_MIN_SEC must be >= 0, got ",
+            s->straggler_min_s);
   if (const auto attempt = env::get("ACC_RUN_ATTEMPT"); attempt && s->rank == 0) {
     const fs::path dir = fs::path(s->job_dir) / "attempts" / ("attempt-" + *attempt);
     std::error_code ec;
@@ -622,7 +626,7 @@ std::vector<int> Agent::report_stragglers() {
     std::vector<double> others = all;
     others.erase(others.begin() + static_cast<std::ptrdiff_t>(r));
     const double m = median(others);
-    if (m > 0 && all[r] > s.straggler_factor * m) {
+    if (m > 0 && all[r] > s.straggler_factor * m && all[r] - m >= s.straggler_min_s) {
       out.push_back(static_cast<int>(r));
       if (s.rank == 0) {
         logging::warn(

@@ -45,6 +45,10 @@ struct AgentOptions {
   /// A rank busier per step than this factor x the median of the others is a straggler; default
   /// ACC_STRAGGLER_FACTOR, else 1.5.
   std::optional<double> straggler_factor;
+  /// ... when it is also busier by at least this many seconds per step: below it the difference
+  /// costs the job nothing worth a warning, and millisecond steps are all noise (measured: ranks
+  /// of a tiny model named at 0.004 s against 0.002 s); default ACC_STRAGGLER_MIN_SEC, else 0.01.
+  std::optional<double> straggler_min_s;
 };
 
 class Agent {
@@ -68,7 +72,8 @@ class Agent {
   /// Call after every step, on every rank (a collective over the world every straggler_every
   /// steps, nothing otherwise): compares the ranks' busy time per step (the step's time less the
   /// time blocked in collectives, median over the steps since the last comparison) and logs, on
-  /// rank 0, each rank busier than straggler_factor x the median of the others. Returns those
+  /// rank 0, each rank busier than straggler_factor x the median of the others (and by at least
+  /// straggler_min_s). Returns those
   /// ranks (empty between comparisons).
   std::vector<int> report_stragglers();
 
