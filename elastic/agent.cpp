@@ -159,7 +159,10 @@ struct Agent::State : progress::Listener {
   // Reachability: every rank listens on a TCP port (the kernel completes a connection without an
   // accept) and knows every rank's addresses and port; a hang report says which ranks it cannot
   // reach, which names a partition (a link down) for what it is.
-  int listen_fd = -1;
+  int listen_fd = -1;  // closed with the state (also when start() throws after opening it)
+  ~State() override {
+    if (listen_fd >= 0) ::close(listen_fd);
+  }
   std::vector<std::string> endpoints;  // by rank: "ip,ip,...:port"
 
   mutable std::mutex mu;
@@ -578,7 +581,6 @@ Agent::~Agent() {
   }
   s_->cv.notify_all();
   if (s_->watchdog.joinable()) s_->watchdog.join();
-  if (s_->listen_fd >= 0) ::close(s_->listen_fd);
 }
 
 void Agent::watch(dist::ProcessGroupPtr group) {

@@ -1,14 +1,89 @@
-// ACC_FAULT's grammar, and the hang analysis on hand-made reports.
+// ACC_FAULT's grammar, the hang analysis on hand-made reports, and the agent of a one-rank job:
+// its learned timeout and the options it refuses.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "acc/dist/process_group.hpp"
 #include "acc/elastic/agent.hpp"
 #include "acc/elastic/fault.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/progress.hpp"
 #include "error_of.hpp"
 
 namespace acc::elastic {
 namespace {
+
+namespace fs = std::filesystem;
+
+AgentOptions options_in(const fs::path& dir) {
+  AgentOptions o;
+  o.job_dir = dir.string();
+  o.faults = "";
+  return o;
+}
+
+// The timeout is 600 s until 3 steps have been seen and while a checkpoint is saved or loaded,
+// else 10x the longest recent step, never under 60 s; a fixed one overrides all of it.
+TEST(Agent, TheLearnedTimeoutAllowsSlowFirstStepsSavesAndLoads) {
+  const fs::path dir = fs::temp_directory_path() / ("acc_agent_test_" + std::to_string(::getpid()));
+  auto world = dist::ProcessGroup::world();
+  {
+    auto agent = Agent::start(world, options_in(dir));
+    EXPECT_EQ(agent->timeout_s(), 600.0);
+    for (int64_t s = 0; s < 4; ++s) {
+      progress::step(s);
+      if (s < 3) {
+        EXPECT_EQ(agent->timeout_s(), 600.0) << "after step " << s << " began";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(agent->timeout_s(), 60.0);  // 10 x a few ms: the floor
+    progress::phase(progress::Phase::kSave);
+    EXPECT_EQ(agent->timeout_s(), 600.0);
+    progress::phase(progress::Phase::kForward);
+    EXPECT_EQ(agent->timeout_s(), 60.0);
+    progress::phase(progress::Phase::kLoad, [] { return std::string("checkpoint step 2"); });
+    EXPECT_EQ(agent->timeout_s(), 600.0);
+  }
+  AgentOptions fixed = options_in(dir);
+  fixed.hang_timeout_s = 4.5;
+  EXPECT_EQ(Agent::start(world, fixed)->timeout_s(), 4.5);
+  fs::remove_all(dir);
+}
+
+TEST(Agent, BadOptionsAreNamed) {
+  const fs::path dir = fs::temp_directory_path() / ("acc_agent_bad_" + std::to_string(::getpid()));
+  auto world = dist::ProcessGroup::world();
+  struct Case {
+    std::function<void(AgentOptions&)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](AgentOptions& o) { o.hang_timeout_s = 0; }, "hang timeout must be > 0, got 0"},
+      {[](AgentOptions& o) { o.grace_s = -1; }, "grace_s must be >= 0, got -1"},
+      {[](AgentOptions& o) { o.straggler_factor = 1.0; },
+       "ACC_STRAGGLER_FACTOR must be > 1, got 1"},
+      {[](AgentOptions& o) { o.straggler_min_s = -0.5; },
+       "ACC_STRAGGLER_MIN_SEC must be >= 0, got -0.5"},
+      {[](AgentOptions& o) { o.straggler_every = -2; }, "ACC_STRAGGLER_EVERY must be >= 0, got -2"},
+      {[](AgentOptions& o) { o.faults = "kill:rank=3:step=1"; },
+       "ACC_FAULT 'kill:rank=3:step=1': rank 3 is not in a job of 1 rank(s)"},
+  };
+  for (const Case& c : cases) {
+    AgentOptions o = options_in(dir);
+    c.set(o);
+    const std::string msg = test::error_of<Error>([&] { Agent::start(world, o); });
+    EXPECT_NE(msg.find(c.message), std::string::npos) << msg;
+  }
+  fs::remove_all(dir);
+}
 
 TEST(Faults, ParsesEveryActionWithItsOptions) {
   const auto f = parse_faults(
