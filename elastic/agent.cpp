@@ -153,7 +153,8 @@ struct Agent::State : progress::Listener {
     size_t index;  // in the ACC_FAULT list: its marker's name
     FaultSpec spec;
     bool fired = false;  // slow only: it stays, slowing every step from its first
-    bool armed = false;  // stall only: reached, it waits for the next collective
+    // Stall only: the step it was reached at; it then waits for the next collective.
+    std::optional<int64_t> armed_at;
   };
   std::vector<Pending> faults;  // those not fired in an earlier run
   // Reachability: every rank listens on a TCP port (the kernel completes a connection without an
@@ -223,7 +224,8 @@ struct Agent::State : progress::Listener {
 
   // Fires what is due at this mark (`phase_mark`: the phase marked, nullopt at a step's start;
   // `what`: the mark's own words). A stall reached at another mark waits for the next collective
-  // mark: the rank stops right before it issues that collective, as one stuck in compute would.
+  // mark: the rank stops right before it issues that collective, as one stuck in compute would;
+  // when a step begins with none issued since (a one-rank job issues none), it stops there.
   // Runs on the marking thread, without the lock.
   void fire_due(std::optional<progress::Phase> phase_mark, const std::string& what_now) {
     std::vector<Pending> due;
@@ -236,11 +238,14 @@ struct Agent::State : progress::Listener {
         const bool at_mark = f.phase ? phase_mark == f.phase : !phase_mark.has_value();
         const bool reached = applies(f) && step >= f.step && at_mark;
         if (f.action == FaultAction::kStall && !at_collective) {
-          it->armed = it->armed || reached;
-          ++it;
-          continue;
+          if (reached && !it->armed_at) it->armed_at = step;
+          const bool overdue = !phase_mark && it->armed_at && *it->armed_at < step;
+          if (!overdue) {
+            ++it;
+            continue;
+          }
         }
-        if (!reached && !it->armed) {
+        if (!reached && !it->armed_at) {
           ++it;
           continue;
         }
@@ -259,9 +264,12 @@ struct Agent::State : progress::Listener {
     for (const Pending& p : due) {
       const FaultSpec& f = p.spec;
       mark_fired(p.index, f);
-      const std::string where = f.action == FaultAction::kStall ? "before " + what_now
-                                : f.phase                       ? progress::phase_name(*f.phase)
-                                                                : "start";
+      std::string where = f.phase ? progress::phase_name(*f.phase) : "start";
+      if (f.action == FaultAction::kStall) {
+        where = what_now.empty() ? "start of the step: no collective since step " +
+                                       std::to_string(p.armed_at.value_or(step))
+                                 : "before " + what_now;
+      }
       logging::warn("ACC_FAULT '{}': {} rank {} at step {} ({})", f.text,
                     f.action == FaultAction::kSlow ? "slowing" : fault_action_name(f.action), rank,
                     step, where);
@@ -546,7 +554,7 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
     // have been restarted on fewer ranks since).
     ACC_CHECK(specs[i].rank < s->world, "ACC_FAULT '", specs[i].text, "': rank ", specs[i].rank,
               " is not in a job of ", s->world, " rank(s)");
-    s->faults.push_back({i, specs[i]});
+    s->faults.push_back({i, specs[i], false, std::nullopt});
   }
   s->straggler_every =
       options.straggler_every ? *options.straggler_every : env::get_int("ACC_STRAGGLER_EVERY", 50);
@@ -581,6 +589,14 @@ Agent::~Agent() {
   }
   s_->cv.notify_all();
   if (s_->watchdog.joinable()) s_->watchdog.join();
+  // A fault of this rank that never fired is worth a word: its step or phase never came.
+  std::lock_guard<std::mutex> lock(s_->mu);
+  for (const State::Pending& p : s_->faults) {
+    if (!s_->applies(p.spec) || p.fired) continue;
+    logging::warn("ACC_FAULT '{}' never fired on rank {} (the run ended at step {}{})", p.spec.text,
+                  s_->rank, s_->step,
+                  p.armed_at ? ", with no collective after it was reached" : "");
+  }
 }
 
 void Agent::watch(dist::ProcessGroupPtr group) {

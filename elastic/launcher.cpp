@@ -252,6 +252,21 @@ int run_elastic(const LaunchOptions& o) {
     for (const auto& inc : open_incidents) write_incident(inc);
     open_incidents.clear();
   };
+  // Once an attempt's progress file names its first step, the open incidents are complete.
+  auto resolve_open = [&](const std::optional<nlohmann::json>& p) {
+    if (open_incidents.empty() || !p || !p->contains("first_step")) return;
+    for (nlohmann::json& inc : open_incidents) {
+      inc["resumed_at_step"] = (*p)["first_step"];
+      inc["first_step_at"] = (*p)["first_step_time"];
+      const double failed = inc.contains("failed_at") ? inc["failed_at"].get<double>()
+                                                      : inc["ended_at"].get<double>();
+      inc["time_to_first_step_s"] = (*p)["first_step_time"].get<double>() - failed;
+      if (inc.contains("last_step")) {
+        inc["steps_lost"] = inc["last_step"].get<int64_t>() + 1 - (*p)["first_step"].get<int64_t>();
+      }
+    }
+    write_open();
+  };
   for (int attempt = 0;; ++attempt) {
     if (static_cast<int>(nodes.size()) < o.min_nodes) {
       logging::error("acc-run: {} node(s) left, fewer than the minimum {}: giving up", nodes.size(),
@@ -311,25 +326,13 @@ int run_elastic(const LaunchOptions& o) {
                       attempt);
         return true;
       }
-      if (open_incidents.empty()) return false;
-      if (!p || !p->contains("first_step")) return false;
-      for (nlohmann::json& inc : open_incidents) {
-        inc["resumed_at_step"] = (*p)["first_step"];
-        inc["first_step_at"] = (*p)["first_step_time"];
-        const double failed = inc.contains("failed_at") ? inc["failed_at"].get<double>()
-                                                        : inc["ended_at"].get<double>();
-        inc["time_to_first_step_s"] = (*p)["first_step_time"].get<double>() - failed;
-        if (inc.contains("last_step")) {
-          inc["steps_lost"] =
-              inc["last_step"].get<int64_t>() + 1 - (*p)["first_step"].get<int64_t>();
-        }
-      }
-      write_open();
+      resolve_open(p);
       return false;
     });
     if (check.valid()) check.wait();
     kill_children();
     const double ended = wall_seconds();
+    resolve_open(try_read_json(progress));  // a first step after the last tick
     if (rc == 0) {
       write_open();
       logging::info("acc-run: attempt {} finished", attempt);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,7 @@ AgentOptions options_in(const fs::path& dir) {
 // The timeout is 600 s until 3 steps have been seen and while a checkpoint is saved or loaded,
 // else 10x the longest recent step, never under 60 s; a fixed one overrides all of it.
 TEST(Agent, TheLearnedTimeoutAllowsSlowFirstStepsSavesAndLoads) {
+  ::unsetenv("ACC_HANG_TIMEOUT_SEC");  // learned, whatever the caller's environment says
   const fs::path dir = fs::temp_directory_path() / ("acc_agent_test_" + std::to_string(::getpid()));
   auto world = dist::ProcessGroup::world();
   {
@@ -76,12 +78,17 @@ TEST(Agent, BadOptionsAreNamed) {
       {[](AgentOptions& o) { o.faults = "kill:rank=3:step=1"; },
        "ACC_FAULT 'kill:rank=3:step=1': rank 3 is not in a job of 1 rank(s)"},
   };
+  auto open_fds = [] {
+    return std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator());
+  };
+  const auto fds = open_fds();
   for (const Case& c : cases) {
     AgentOptions o = options_in(dir);
     c.set(o);
     const std::string msg = test::error_of<Error>([&] { Agent::start(world, o); });
     EXPECT_NE(msg.find(c.message), std::string::npos) << msg;
   }
+  EXPECT_EQ(open_fds(), fds) << "a refused start left a descriptor open (its listening socket)";
   fs::remove_all(dir);
 }
 

@@ -2,14 +2,16 @@
 // Fault injection for the elastic tests: ACC_FAULT=ACTION:rank=R:step=S[:phase=P][:factor=F],
 // several separated by ';' (elastic/README.md).
 //   kill       rank R sends itself SIGKILL
-//   stall      rank R stops making progress (its training thread sleeps for good; the process
-//              and its watchdog stay alive), as a rank stuck in compute would
+//   stall      rank R stops making progress right before it issues its next collective (its
+//              training thread sleeps for good; the process and its watchdog stay alive), as a
+//              rank stuck in compute would; when a step begins with no collective issued since
+//              the stall was reached (a one-rank job), it stops there
 //   slow       every step of rank R from step S on takes F times as long (F > 1)
 //   kill-node  every rank on R's node (ACC_NODE, else the host name) sends itself SIGKILL
-// The fault fires at step S (the training loop's progress::step), or with phase=P at the first
-// mark of phase P (forward, backward, update, collective, save, load) at step S or later; a load
-// counts as the step of the checkpoint loaded (load:step=4 fires loading a checkpoint of step 4 or
-// later, on a resume).
+// The fault is reached at step S (the training loop's progress::step), or with phase=P at the
+// first mark of phase P (forward, backward, update, collective, save, load) at step S or later; a
+// load counts as the step of the checkpoint loaded (load:step=4 fires loading a checkpoint of step
+// 4 or later, on a resume).
 
 #include <optional>
 #include <string>
