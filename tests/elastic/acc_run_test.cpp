@@ -4,7 +4,6 @@
 // deterministic); the incident log says what happened. A soak of random faults does the same.
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -18,19 +17,11 @@
 #include "acc/util/error.hpp"
 #include "command.hpp"
 #include "error_of.hpp"
-#include "jsonl.hpp"
+#include "files.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path d =
-      fs::temp_directory_path() / ("acc_run_test_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 using acc::test::read_jsonl;
 
@@ -46,7 +37,7 @@ std::string train_args(const fs::path& dir) {
 
 std::vector<double> uninterrupted_losses() {
   static const std::vector<double> losses = [] {
-    const fs::path dir = temp_dir("reference");
+    const fs::path dir = acc::test::fresh_dir("run_test_reference");
     const auto r = acc::test::run_command(
         std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np 4 " + train_args(dir));
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -113,7 +104,7 @@ void expect_losses_continue(const Job& j, int64_t resumed_at) {
 }
 
 TEST(AccRun, AKilledRankIsRestartedAndTheJobResumes) {
-  const fs::path dir = temp_dir("kill");
+  const fs::path dir = acc::test::fresh_dir("run_test_kill");
   const Job j = acc_run(dir, "ACC_FAULT=kill:rank=1:step=5");
   ASSERT_EQ(j.result.exit_code, 0) << j.result.output;
   ASSERT_EQ(j.incidents.size(), 1u) << j.result.output;
@@ -133,7 +124,7 @@ TEST(AccRun, AKilledRankIsRestartedAndTheJobResumes) {
 }
 
 TEST(AccRun, AStalledRankIsDiagnosedRestartedAndTheJobResumes) {
-  const fs::path dir = temp_dir("stall");
+  const fs::path dir = acc::test::fresh_dir("run_test_stall");
   const Job j = acc_run(dir, "ACC_FAULT=stall:rank=2:step=5:phase=backward ACC_HANG_TIMEOUT_SEC=3");
   ASSERT_EQ(j.result.exit_code, 0) << j.result.output;
   ASSERT_EQ(j.incidents.size(), 1u) << j.result.output;
@@ -183,7 +174,7 @@ TEST(AccRun, ASoakOfRandomFaultsEndsWithTheUninterruptedLosses) {
     if (action != "slow") ++stops;
   }
   SCOPED_TRACE("ACC_FAULT=" + spec);
-  const fs::path dir = temp_dir("soak");
+  const fs::path dir = acc::test::fresh_dir("run_test_soak");
   const Job j =
       acc_run(dir, "ACC_HANG_TIMEOUT_SEC=3 ACC_FAULT='" + spec + "'", static_cast<int>(stops) + 1);
   ASSERT_EQ(j.result.exit_code, 0) << j.result.output;
@@ -196,7 +187,7 @@ TEST(AccRun, ASoakOfRandomFaultsEndsWithTheUninterruptedLosses) {
 }
 
 TEST(AccRun, BadInputIsNamed) {
-  const fs::path dir = temp_dir("bad");
+  const fs::path dir = acc::test::fresh_dir("run_test_bad");
   std::ofstream(dir / "twice") << "a\nb slots=2\na\n";
   EXPECT_NE(acc::test::error_of<acc::ValueError>([&] {
               acc::elastic::read_hostfile((dir / "twice").string());

@@ -2,9 +2,9 @@
 // its learned timeout and the options it refuses.
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <iterator>
@@ -17,6 +17,7 @@
 #include "acc/util/error.hpp"
 #include "acc/util/progress.hpp"
 #include "error_of.hpp"
+#include "files.hpp"
 
 namespace acc::elastic {
 namespace {
@@ -34,7 +35,7 @@ AgentOptions options_in(const fs::path& dir) {
 // else 10x the longest recent step, never under 60 s; a fixed one overrides all of it.
 TEST(Agent, TheLearnedTimeoutAllowsSlowFirstStepsSavesAndLoads) {
   ::unsetenv("ACC_HANG_TIMEOUT_SEC");  // learned, whatever the caller's environment says
-  const fs::path dir = fs::temp_directory_path() / ("acc_agent_test_" + std::to_string(::getpid()));
+  const fs::path dir = test::fresh_dir("agent_test");
   auto world = dist::ProcessGroup::world();
   {
     auto agent = Agent::start(world, options_in(dir));
@@ -61,7 +62,7 @@ TEST(Agent, TheLearnedTimeoutAllowsSlowFirstStepsSavesAndLoads) {
 }
 
 TEST(Agent, BadOptionsAreNamed) {
-  const fs::path dir = fs::temp_directory_path() / ("acc_agent_bad_" + std::to_string(::getpid()));
+  const fs::path dir = test::fresh_dir("agent_bad");
   auto world = dist::ProcessGroup::world();
   struct Case {
     std::function<void(AgentOptions&)> set;

@@ -5,27 +5,19 @@
 // the straggler report and the job goes on.
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "acc/elastic/agent.hpp"
 #include "command.hpp"
+#include "files.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
 constexpr double kTimeoutS = 3.0;
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path d =
-      fs::temp_directory_path() / ("acc_hang_test_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);
@@ -53,7 +45,7 @@ std::string train_gpt_job(int ranks, const fs::path& job, const std::string& fau
 }
 
 TEST(HangDetector, NamesTheStalledRankAndItsCollective) {
-  const fs::path job = temp_dir("collective");
+  const fs::path job = acc::test::fresh_dir("hang_test_collective");
   const std::string cmd = train_gpt_job(4, job, "stall:rank=1:step=3:phase=collective");
   const auto r = acc::test::run_command(cmd);
   ASSERT_EQ(r.exit_code, acc::elastic::kHangExitCode) << r.output;
@@ -88,7 +80,7 @@ TEST(HangDetector, NamesTheStalledRankAndItsCollective) {
 }
 
 TEST(HangDetector, NamesTheRankStalledInBackward) {
-  const fs::path job = temp_dir("backward");
+  const fs::path job = acc::test::fresh_dir("hang_test_backward");
   const auto r =
       acc::test::run_command(train_gpt_job(2, job, "stall:rank=0:step=2:phase=backward", "",
                                            R"({"name": "ddp", "config": {"bucket_mb": 0.05}})"));
@@ -112,7 +104,7 @@ TEST(HangDetector, NamesTheRankStalledInBackward) {
 
 // A rank slowed 4x is named in the straggler report (every 4 steps) and the job trains on.
 TEST(HangDetector, ASlowedRankIsNamedAsAStraggler) {
-  const fs::path job = temp_dir("slow");
+  const fs::path job = acc::test::fresh_dir("hang_test_slow");
   const auto r = acc::test::run_command(
       train_gpt_job(2, job, "slow:rank=1:step=2:factor=4", " -x ACC_STRAGGLER_EVERY=4"));
   ASSERT_EQ(r.exit_code, 0) << r.output;

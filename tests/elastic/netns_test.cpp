@@ -11,7 +11,6 @@
 // straggler. Skipped, saying why, where namespaces cannot be made (not root, no iproute2).
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -23,7 +22,7 @@
 #include <thread>
 
 #include "command.hpp"
-#include "jsonl.hpp"
+#include "files.hpp"
 
 namespace fs = std::filesystem;
 
@@ -142,16 +141,8 @@ void expect_nothing_left() {
   }
 }
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("acc_netns_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
 TEST_F(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
-  const fs::path dir = fresh_dir("lost");
+  const fs::path dir = acc::test::fresh_dir("netns_test_lost");
   // The job's strategy: acc-search's cache, planned for its 4 ranks; on the 2 left the program
   // re-plans it for the new world.
   const std::string cache = (dir / "strategy.json").string();
@@ -194,7 +185,7 @@ TEST_F(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
 // job ends with bitwise the losses of a 4-rank run that never failed (every attempt has the same
 // layout).
 TEST_F(AccRunNodes, FaultsOnHealthyNodesRestartOnTheSameNodes) {
-  const fs::path dir = fresh_dir("healthy");
+  const fs::path dir = acc::test::fresh_dir("netns_test_healthy");
   const std::string kill = "kill:rank=1:step=2", kill_node = "kill-node:rank=0:step=4",
                     stall = "stall:rank=3:step=6:phase=backward",
                     slow = "slow:rank=2:step=7:factor=6";
@@ -240,7 +231,7 @@ TEST_F(AccRunNodes, FaultsOnHealthyNodesRestartOnTheSameNodes) {
 // ends on node 1. (Without acc-run, the hang detector's analysis names the partition: "ranks 0,1
 // cannot reach ranks 2,3"; fault_test checks that analysis.)
 TEST_F(AccRunNodes, APartitionIsDiagnosedAndLeftBehind) {
-  const fs::path dir = fresh_dir("cut");
+  const fs::path dir = acc::test::fresh_dir("netns_test_cut");
   const auto r = run_on_two_nodes(dir, "ACC_HANG_TIMEOUT_SEC=3", 6.0, [&] {
     return read_jsonl(dir / "log.jsonl").size() >= 3;  // after 3 logged steps
   });
