@@ -7,12 +7,14 @@ ACC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ACC_BUILD="${ACC_BUILD:-$ACC_ROOT/build}"
 ACC_JOBS="${ACC_JOBS:-2}"
 
+# clang-format: the suite's format_check (tests/CMakeLists.txt) runs only where it is installed.
 acc_packages=(
   g++ cmake make pkg-config ccache python3
   openmpi-bin libopenmpi-dev libopenblas-dev libboost-graph-dev libtbb-dev
   nlohmann-json3-dev libspdlog-dev libzstd-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   iproute2 coreutils
+  clang-format
 )
 # Only for scripts/test's fuzz stage: clang and its libFuzzer runtime (libclang_rt.fuzzer).
 acc_fuzz_packages=(clang libclang-rt-dev)

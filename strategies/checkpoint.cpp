@@ -1,7 +1,9 @@
 // checkpoint: activation recomputation. The first N repeated blocks (repeated_blocks, i.e.
 // trace::find_blocks: the blocks the tracer's recompute option wraps, through the same
 // nn::recompute_blocks) keep only their input during forward and run again in backward. Config:
-// {"blocks": N | "all"} (default "all"); N larger than the number of blocks means all of them.
+// {"blocks": N | "all"} (default "all"). N larger than the number of blocks is refused when the
+// method is applied (issue 29: "blocks": 99 on a 2-block model was taken as "all" without a word;
+// a count that does not fit is a config written for another model).
 #include <algorithm>
 
 #include "acc/nn/recompute.hpp"
@@ -32,9 +34,11 @@ MethodSpec checkpoint_method() {
                 plan.model_transforms.push_back(
                     {"checkpoint", [n](models::LanguageModel& model) -> Undo {
                        std::vector<std::string> blocks = repeated_blocks(model, "checkpoint");
-                       if (n >= 0 && n < static_cast<int64_t>(blocks.size())) {
-                         blocks.resize(static_cast<size_t>(n));
-                       }
+                       const auto have = static_cast<int64_t>(blocks.size());
+                       ACC_CHECK(n <= have, "checkpoint: blocks ", n, " is more than the ", have,
+                                 " repeated block(s) of the model (", blocks.front(), " ... ",
+                                 blocks.back(), "): give at most ", have, " or \"all\"");
+                       if (n >= 0) blocks.resize(static_cast<size_t>(n));
                        return nn::recompute_blocks(model, blocks);
                      }});
               },

@@ -161,6 +161,15 @@ nlohmann::json to_json(const Strategy& s) {
   return j;
 }
 
+std::string describe(const Strategy& s) {
+  std::string out;
+  for (const auto& m : s) {
+    out += (out.empty() ? "" : " + ") + m.name;
+    if (!m.config.empty()) out += m.config.dump();
+  }
+  return out.empty() ? "single process" : out;
+}
+
 TrainingPlan make_plan(const Strategy& s) {
   TrainingPlan plan;
   for (const auto& m : s) {

@@ -3,9 +3,10 @@
 #include <gtest/gtest.h>
 
 #include "acc/tensor/threading.hpp"
+#include "skip_exit.hpp"
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   acc::init_threads_from_env();
-  return RUN_ALL_TESTS();
+  return acc::test::exit_code_of(RUN_ALL_TESTS());
 }

@@ -101,7 +101,6 @@ acc::AccelerateOptions options_of(const Args& a) {
 
 int plan(const Args& a, const nlohmann::json& config) {
   using namespace acc;
-  ACC_CHECK(a.world >= 1, "--plan-only needs --world N (the ranks to plan for)");
   check_output_path(a.out, "--out");
   if (!a.report.empty()) accelerate::check_report_dir(a.report);
   const AccelerateOptions o = options_of(a);
@@ -143,7 +142,10 @@ int main(int argc, char** argv) {
   CLI::App app{"acc-search: find the fastest strategy that fits and cache it"};
   using acc::cli::integer;
   using acc::cli::number;
-  app.add_option("--model", a.model, "gpt | llama")->capture_default_str();
+  // The model and --plan-only's --world are checked with the command line (exit 2), not after.
+  app.add_option("--model", a.model, "gpt | llama")
+      ->check(CLI::IsMember({"gpt", "llama"}))
+      ->capture_default_str();
   app.add_option("--config", a.config, "model config JSON")->required();
   app.add_option("--global-batch", a.global_batch, "samples per optimizer step over all ranks")
       ->required()
@@ -161,9 +163,11 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-bf16", a.allow_bf16, "amp (bf16) may be chosen");
   app.add_option("--out", a.out, "the strategy cache to write")->required();
   app.add_option("--report", a.report, "directory for report.json and report.html");
-  app.add_flag("--plan-only", a.plan_only, "predictions only: no MPI, no dry-runs (needs --world)");
-  app.add_option("--world", a.world, "with --plan-only: the ranks to plan for")
-      ->check(integer(1, 1 << 20));
+  auto* plan_only = app.add_flag("--plan-only", a.plan_only,
+                                 "predictions only: no MPI, no dry-runs (needs --world)");
+  auto* world = app.add_option("--world", a.world, "with --plan-only: the ranks to plan for")
+                    ->check(integer(1, 1 << 20));
+  plan_only->needs(world);
   app.add_option("--comm", a.comm,
                  "with --plan-only: collective figures (a search report.json, or its 'comm')");
   app.add_option("--time-budget", a.time_budget, "seconds the dry-runs may take (0: no limit)")
@@ -185,8 +189,6 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     const nlohmann::json config = acc::read_json_file(a.config, "--config");
-    ACC_CHECK(a.model == "gpt" || a.model == "llama", "--model must be gpt or llama, got '",
-              a.model, "'");
     if (a.plan_only) {
       if (a.threads > 0) acc::set_num_threads(a.threads);
       rc = plan(a, config);

@@ -124,7 +124,10 @@ StrategyCache StrategyCache::from_json(const nlohmann::json& j, const std::strin
   } catch (const ValueError& e) {
     f.fail("strategy", e.what());
   }
-  c.name = f.string("name");
+  // The name is what the strategy says, whatever the file's "name" claims: it goes into logs and
+  // stale-cache messages, where a hand-edited name would misreport what runs.
+  f.string("name");
+  c.name = strategies::describe(c.strategy);
   c.micro_batch = f.integer("micro_batch", 1, kMaxInt);
   c.key = StrategyKey::from_json(f.at("key"), what);
   for (const char* figures : {"predicted", "measured"}) {

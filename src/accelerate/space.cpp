@@ -1,6 +1,7 @@
 #include "acc/accelerate/space.hpp"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "acc/util/checked.hpp"
@@ -30,12 +31,7 @@ struct Option {
 }  // namespace
 
 std::string Candidate::describe() const {
-  std::string s;
-  for (const auto& m : strategy) {
-    s += (s.empty() ? "" : " + ") + m.name;
-    if (!m.config.empty()) s += m.config.dump();
-  }
-  return s.empty() ? "single process" : s;
+  return strategies::describe(strategy);
 }
 
 std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_blocks) {
@@ -56,6 +52,16 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
   for (const auto& name : o.included) {
     ACC_CHECK(!contains(o.excluded, name), "search: method '", name,
               "' is both excluded and included");
+  }
+  // Two included methods of one exclusive slot cannot both be in a candidate: "--include ddp
+  // zero2" used to mean "either" without a word.
+  std::map<std::string, std::string> slot_taken;  // exclusive slot -> its included method
+  for (const auto& m : methods) {
+    if (!m.exclusive_slot || !contains(o.included, m.name)) continue;
+    const auto [it, fresh] = slot_taken.emplace(m.slot, m.name);
+    ACC_CHECK(fresh, "search: included methods '", it->second, "' and '", m.name,
+              "' both fill the slot '", m.slot,
+              "', which takes one method: include at most one of them");
   }
   const strategies::SearchContext ctx{.world = o.world,
                                       .num_blocks = num_blocks,

@@ -19,6 +19,7 @@
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
 #include "acc/util/json.hpp"
+#include "acc/util/json_strict.hpp"
 #include "acc/util/logging.hpp"
 
 namespace acc::io {
@@ -235,42 +236,38 @@ SafetensorsHeader parse_header(const Source& src) {
   //   (found while writing fuzz_safetensors, by a hand-made input: a 400 KB header of '[' as a
   //   shape overflowed the stack). serde_json, behind the reference reader, stops at 128 levels
   //   too.
-  std::vector<std::set<std::string>> keys;  // per open object or array
-  std::string entry;                        // the top-level key being parsed
-  auto callback = [&](int /*depth*/, ojson::parse_event_t event, ojson& parsed) {
-    switch (event) {
-      case ojson::parse_event_t::object_start:
-      case ojson::parse_event_t::array_start:
-        ACC_CHECK_AS(IoError, keys.size() < static_cast<size_t>(kMaxJsonDepth), quoted(file),
-                     ": header nests deeper than ", kMaxJsonDepth, " levels");
-        keys.emplace_back();
-        break;
-      case ojson::parse_event_t::object_end:
-      case ojson::parse_event_t::array_end:
-        keys.pop_back();
-        break;
-      case ojson::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (keys.size() == 1) entry = key;
-        if (!keys.back().insert(key).second) {
-          ACC_CHECK_AS(IoError, keys.size() != 1, quoted(file), ": duplicate tensor name '", key,
-                       "' in the header");
-          ACC_THROW(IoError, quoted(file), ": duplicate key '", key, "' in the header entry '",
-                    entry, "'");
-        }
-        break;
-      }
-      case ojson::parse_event_t::value:
-        break;
+  //   (acc/util/json_strict.hpp parses in linear time; nlohmann's callback parser was quadratic
+  //   in the number of tensors).
+  struct Refusal final : detail::StrictJsonSink {
+    explicit Refusal(const std::string& file) : file_(file) {}
+    void syntax_error(const std::string& what) override {
+      ACC_THROW(IoError, quoted(file_), ": header is not valid JSON: ", what);
     }
-    return true;
-  };
-  ojson header;
-  try {
-    header = ojson::parse(text, callback);
-  } catch (const ojson::exception& ex) {
-    ACC_THROW(IoError, quoted(file), ": header is not valid JSON: ", ex.what());
-  }
+    void duplicate_key(const std::string& key, const std::string& pointer, size_t depth) override {
+      ACC_CHECK_AS(IoError, depth != 1, quoted(file_), ": duplicate tensor name '", key,
+                   "' in the header");
+      ACC_THROW(IoError, quoted(file_), ": duplicate key '", key, "' in the header entry '",
+                top_level_entry(pointer), "'");
+    }
+    void too_deep(const std::string&, size_t limit) override {
+      ACC_THROW(IoError, quoted(file_), ": header nests deeper than ", limit, " levels");
+    }
+    // "/a~1b/shape" -> "a/b": the first segment of a JSON pointer, unescaped.
+    static std::string top_level_entry(const std::string& pointer) {
+      const size_t end = pointer.find('/', 1);
+      std::string escaped = pointer.substr(1, end == std::string::npos ? end : end - 1), out;
+      for (size_t i = 0; i < escaped.size(); ++i) {
+        if (escaped[i] == '~' && i + 1 < escaped.size()) {
+          out += escaped[++i] == '1' ? '/' : '~';
+        } else {
+          out += escaped[i];
+        }
+      }
+      return out;
+    }
+    const std::string& file_;
+  } refusal(file);
+  const ojson header = detail::parse_strict_json<ojson>(text, kMaxJsonDepth, refusal);
   ACC_CHECK_AS(IoError, header.is_object(), quoted(file), ": header is not a JSON object but ",
                header.type_name());
 

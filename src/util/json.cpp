@@ -1,102 +1,50 @@
 #include "acc/util/json.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <set>
-#include <vector>
 
 #include "acc/util/error.hpp"
+#include "acc/util/json_strict.hpp"
 
 namespace acc {
 namespace {
 
-// One open object or array while parsing: what the parser callback needs to refuse a repeated
-// key and to say where it is.
-struct Frame {
-  bool is_array = false;
-  size_t index = 0;            // arrays: the element being parsed
-  std::set<std::string> keys;  // objects: the keys seen so far
-  std::string key;             // objects: the member being parsed
-};
-
-// The JSON pointer (RFC 6901) of the innermost open container, e.g. /0/config.
-std::string pointer_of(const std::vector<Frame>& frames) {
-  std::string out;
-  for (size_t i = 0; i + 1 < frames.size(); ++i) {
-    out += '/';
-    if (frames[i].is_array) {
-      out += std::to_string(frames[i].index);
-      continue;
-    }
-    for (char c : frames[i].key) {
-      if (c == '~') {
-        out += "~0";
-      } else if (c == '/') {
-        out += "~1";
-      } else {
-        out += c;
-      }
-    }
-  }
-  return out;
-}
-
 // nlohmann's what() starts with "[json.exception.parse_error.101] "; the rest says where.
-std::string without_exception_id(const char* what) {
-  const char* p = std::strstr(what, "] ");
-  return p != nullptr ? std::string(p + 2) : std::string(what);
+std::string without_exception_id(const std::string& what) {
+  const size_t p = what.find("] ");
+  return p != std::string::npos ? what.substr(p + 2) : what;
 }
+
+// parse_json's words for what the strict reader refuses.
+struct Refusal final : detail::StrictJsonSink {
+  explicit Refusal(const std::string& what) : what_(what) {}
+  void syntax_error(const std::string& message) override {
+    ACC_THROW(ValueError, what_, ": invalid JSON: ", without_exception_id(message));
+  }
+  void duplicate_key(const std::string& key, const std::string& pointer, size_t) override {
+    ACC_THROW(ValueError, what_, ": duplicate key ", nlohmann::json(key).dump(),
+              pointer.empty() ? "" : " in " + pointer, " (JSON objects must not repeat a key)");
+  }
+  void too_deep(const std::string& pointer, size_t limit) override {
+    ACC_THROW(ValueError, what_, ": JSON nested deeper than ", limit, " levels at ",
+              pointer + "/...");
+  }
+  const std::string& what_;
+};
 
 }  // namespace
 
 nlohmann::json parse_json(const std::string& text, const std::string& what) {
-  std::vector<Frame> frames;
-  auto element_done = [&] {
-    if (!frames.empty() && frames.back().is_array) ++frames.back().index;
-  };
-  auto callback = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using Event = nlohmann::json::parse_event_t;
-    switch (event) {
-      case Event::object_start:
-      case Event::array_start:
-        ACC_CHECK(frames.size() < static_cast<size_t>(kMaxJsonDepth), what,
-                  ": JSON nested deeper than ", kMaxJsonDepth, " levels at ",
-                  pointer_of(frames) + "/...");
-        frames.emplace_back().is_array = event == Event::array_start;
-        break;
-      case Event::key: {
-        Frame& f = frames.back();
-        f.key = parsed.get<std::string>();
-        if (!f.keys.insert(f.key).second) {
-          const std::string where = pointer_of(frames);
-          ACC_THROW(ValueError, what, ": duplicate key ", nlohmann::json(f.key).dump(),
-                    where.empty() ? "" : " in " + where, " (JSON objects must not repeat a key)");
-        }
-        break;
-      }
-      case Event::object_end:
-      case Event::array_end:
-        frames.pop_back();
-        element_done();
-        break;
-      case Event::value:
-        element_done();
-        break;
-    }
-    return true;
-  };
-  try {
-    return nlohmann::json::parse(text, callback);
-  } catch (const nlohmann::json::exception& e) {
-    ACC_THROW(ValueError, what, ": invalid JSON: ", without_exception_id(e.what()));
-  }
+  Refusal refusal(what);
+  return detail::parse_strict_json<nlohmann::json>(text, kMaxJsonDepth, refusal);
 }
 
-nlohmann::json read_json_file(const std::string& path, const std::string& what) {
+nlohmann::json read_json_file(const std::string& path, const std::string& what, int64_t max_bytes) {
   namespace fs = std::filesystem;
   const std::string where = what + " '" + path + "'";
   ACC_CHECK_AS(IoError, !path.empty(), what, ": the path is empty");
@@ -111,7 +59,17 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
   // "basic_filebuf::underflow error reading the file" without the path).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ACC_CHECK_AS(IoError, fd >= 0, where, ": cannot open (", std::strerror(errno), ")");
+  // The size before anything is read or parsed (a parsed document takes about 4x its text), and
+  // again while reading, for a file that grows meanwhile.
+  struct stat sb {};
+  const bool stat_ok = ::fstat(fd, &sb) == 0;
+  const int stat_errno = errno;
+  if (!stat_ok || sb.st_size > max_bytes) ::close(fd);
+  ACC_CHECK_AS(IoError, stat_ok, where, ": cannot stat (", std::strerror(stat_errno), ")");
+  ACC_CHECK_AS(IoError, sb.st_size <= max_bytes, where, ": ", sb.st_size,
+               " bytes is over the limit of ", max_bytes, " bytes for ", what);
   std::string text;
+  text.reserve(static_cast<size_t>(sb.st_size));
   char buf[1 << 16];
   for (;;) {
     const ssize_t r = ::read(fd, buf, sizeof(buf));
@@ -123,6 +81,11 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
       break;
     }
     text.append(buf, static_cast<size_t>(r));
+    if (static_cast<int64_t>(text.size()) > max_bytes) {
+      ::close(fd);
+      ACC_THROW(IoError, where, ": grew past the limit of ", max_bytes, " bytes for ", what,
+                " while being read");
+    }
   }
   return parse_json(text, where);
 }

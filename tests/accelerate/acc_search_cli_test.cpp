@@ -105,7 +105,12 @@ TEST_F(AccSearch, BadFlagsAndBudgetsAreNamed) {
            {"--plan-only --world 2 --mem-per-rank -1GiB " + base, 2, "-1GiB"},
            {"--plan-only --world 2 --mem-per-rank 1KiB " + base, 1,
             "no candidate fits the memory budget of 1.00 KiB per rank"},
-           {"--plan-only " + base, 1, "--plan-only needs --world N"},
+           // Issue 29: a bad command line exits 2 (it was 1, after reading the config).
+           {"--plan-only " + base, 2, "--plan-only requires --world"},
+           {"--model bert --plan-only --world 2 " + base, 2, "--model: bert not in {gpt,llama}"},
+           // Issue 29: two methods of one exclusive slot used to mean "either".
+           {"--plan-only --world 2 --include ddp zero2 " + base, 1,
+            "included methods 'ddp' and 'zero2' both fill the slot"},
            {"--plan-only --world 3 " + base, 1, "global batch 8 does not split evenly over 3"},
            {"--plan-only --world 2 --exclude tensor_parallel " + base, 1,
             "unknown method 'tensor_parallel' in excluded"},
@@ -119,6 +124,25 @@ TEST_F(AccSearch, BadFlagsAndBudgetsAreNamed) {
     EXPECT_NE(r.output.find(c.words), std::string::npos);
   }
   EXPECT_FALSE(fs::exists(dir / "x.json")) << "a refused run wrote its output";
+}
+
+// Issue 29: the cache's "name" went into logs and stale-cache messages as written; it is derived
+// from the strategy now, whatever the file says.
+TEST_F(AccSearch, ACacheIsNamedByItsStrategyNotByItsNameField) {
+  const fs::path out = dir / "named.json";
+  const auto p = run_command(
+      search("--plan-only --world 1 --global-batch 4 --seq-len 16 --out " + out.string()));
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  nlohmann::json j = read_json_file(out.string(), "test");
+  const std::string real = read_cache(out).name;
+  j["name"] = "fsdp + tensor_parallel{size:8}";
+  std::ofstream(out) << j.dump();
+  EXPECT_EQ(read_cache(out).name, real);
+  const auto used = run_command(train("--batch-size 4 --strategy " + out.string()));
+  ASSERT_EQ(used.exit_code, 0) << used.output;
+  EXPECT_NE(used.output.find("strategy cache '" + out.string() + "': " + real), std::string::npos)
+      << used.output;
+  EXPECT_EQ(used.output.find("tensor_parallel"), std::string::npos) << used.output;
 }
 
 }  // namespace

@@ -63,6 +63,8 @@ class HostileInput : public testing::Test {
     nlohmann::json a4 = a;
     a4["n_head"] = 4;
     write(dir / "a_nhead4.json", a4.dump());
+    // A config over read_json_file's limit (16 MiB): a key of 17 MiB of spaces.
+    write(dir / "huge.json", "{\"n_layer\": 2" + std::string(17 << 20, ' ') + "}");
     nlohmann::json deep = a;
     deep["n_layer"] = 1000000000;
     write(dir / "deep.json", deep.dump());
@@ -230,6 +232,30 @@ TEST_F(HostileInput, MoreThreadsThanCoresIsSaid) {
          0,
          {"threads on " + std::to_string(acc::usable_cores()) + " usable core(s)"},
          {"error"}});
+}
+
+// Issue 29's rows of the search and JSON readers (the checkpoint and acc-run rows are in
+// tests/checkpoint and tests/elastic).
+TEST_F(HostileInput, Issue29ConfigsAndStrategiesThatDoNotFit) {
+  const std::vector<Case> cases = {
+      {"29.6",
+       "{tg} --config {dir}/huge.json",
+       1,
+       {"--config '" + dir.string() +
+        "/huge.json': 17825806 bytes is over the limit of 16777216 "
+        "bytes"}},
+      {"29.7",
+       "{tg} --steps 1 --strategy '[{\"name\": \"checkpoint\", \"config\": {\"blocks\": 99}}]'",
+       1,
+       {"checkpoint: blocks 99 is more than the 2 repeated block(s) of the model "
+        "(transformer.h.0 ... transformer.h.1): give at most 2 or \"all\""}},
+      {"29.7",
+       "{tg} --steps 1 --strategy '[{\"name\": \"checkpoint\", \"config\": {\"blocks\": 2}}]'",
+       0,
+       {"done: loss"},
+       {"error"}},
+  };
+  for (const auto& c : cases) check(c);
 }
 
 // Ranks started with different configs, batches or strategies: before issue 16 rank 1 died in

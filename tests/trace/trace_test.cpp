@@ -265,7 +265,9 @@ TEST(Trace, GptFlopsMatchClosedForm) {
 }
 
 // The memory estimate from liveness over the trace predicts the tracking allocator's peak over a
-// real training step (forward, backward, AdamW step) within 10%.
+// real training step (forward, backward, AdamW step) within 0.5% (the README's figure; the sizes of
+// allocations are the same on every CPU, so this is not a timing or rounding figure: measured
+// 0.03-0.19% over the cases below).
 struct MemCase {
   std::string name;
   std::string model;
@@ -275,7 +277,7 @@ struct MemCase {
 
 class MemoryEstimate : public testing::TestWithParam<MemCase> {};
 
-TEST_P(MemoryEstimate, PredictsMeasuredPeakWithinTenPercent) {
+TEST_P(MemoryEstimate, PredictsMeasuredPeakWithinHalfAPercent) {
   const MemCase& mc = GetParam();
   manual_seed(0);
   models::LanguageModelPtr model =
@@ -308,7 +310,7 @@ TEST_P(MemoryEstimate, PredictsMeasuredPeakWithinTenPercent) {
   const int64_t measured = memory::peak_bytes() - base;
   for (auto& [block, w] : saved) block->set_forward_wrapper(w);
   const double err = std::abs(static_cast<double>(est.peak - measured)) / measured;
-  EXPECT_LT(err, 0.10) << mc.name << ": estimated " << est.peak << " measured " << measured;
+  EXPECT_LT(err, 0.005) << mc.name << ": estimated " << est.peak << " measured " << measured;
   RecordProperty("relative_error", std::to_string(err));
 }
 

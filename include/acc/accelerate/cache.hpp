@@ -65,7 +65,7 @@ StrategyKey strategy_key(const std::string& model_type, const nlohmann::json& co
 struct StrategyCache {
   StrategyKey key;
   strategies::Strategy strategy;
-  std::string name;          // the candidate's description, for logs
+  std::string name;          // strategies::describe(strategy), for logs (derived on read)
   int64_t micro_batch = 0;   // samples per forward/backward on a rank
   nlohmann::json predicted;  // the search's figures for it (objects; may be empty)
   nlohmann::json measured;

@@ -70,6 +70,9 @@ nlohmann::json read_strategy_arg(const std::string& file_or_json);
 /// which it was.
 bool is_inline_json(const std::string& file_or_json);
 nlohmann::json to_json(const Strategy& s);
+/// One line for logs and reports: "zero2 + amp + checkpoint{"blocks":2}" ("single process" when
+/// empty). Derived from the methods alone, so a name written in a file is never trusted.
+std::string describe(const Strategy& s);
 /// Names of the registered methods.
 std::vector<std::string> method_names();
 
