@@ -23,6 +23,7 @@
 #include "acc/data/token_data.hpp"
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
+#include "acc/dist/node.hpp"
 #include "acc/io/safetensors.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/trace/estimate.hpp"
@@ -244,14 +245,16 @@ int run(const Args& a) {
     ACC_CHECK_AS(IoError, refused.empty(), refused);
   }
 
-  // More threads than cores time-slice every GEMM: say so (it ran 10x slower without a word).
-  const int cores = usable_cores();
-  if (a.threads * dist::local_world_size() > cores && dist::rank() == 0) {
+  // More threads than cores time-slice every GEMM: say so (it ran 10x slower without a word). The
+  // node's ranks count together (the union of their affinity masks): under mpirun's default
+  // binding each rank's own mask is one core, which is no reason to warn at one thread per rank.
+  const dist::NodeCores node = dist::node_cores(*dist::ProcessGroup::world());
+  if (a.threads * node.ranks > node.cores && dist::rank() == 0) {
     logging::warn(
         "--threads {} x {} rank(s) on this node = {} threads on {} usable core(s): they will "
         "time-slice and run slower than --threads {}",
-        a.threads, dist::local_world_size(), a.threads * dist::local_world_size(), cores,
-        std::max(1, cores / dist::local_world_size()));
+        a.threads, node.ranks, a.threads * node.ranks, node.cores,
+        std::max(1, node.cores / node.ranks));
   }
 
   // Model.

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "acc/checkpoint/checkpoint.hpp"
+#include "acc/util/system.hpp"
 #include "command.hpp"
 #include "flip_bit.hpp"
 
@@ -146,6 +147,7 @@ class CkptSafety : public testing::Test {
         {"{ck}", ACC_CKPT_BIN},
         {"{nobody}", as_nobody},
         {"{mpi}", std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none"},
+        {"{mpi_default}", MPIEXEC_BIN},  // mpirun's own binding: a core per rank at 2 ranks
         {"{ddp}", "--strategy '[{\"name\": \"ddp\"}]'"},
         {"{dir}", dir.string()},
         {"{pid}", std::to_string(::getpid())},
@@ -384,6 +386,25 @@ TEST_F(CkptSafety, MessagesSayWhatIsTrue) {
        "{tg} --steps 4 --resume {dir}/ck_model_type",
        1,
        {"field 'extra.model_type' must be a string (gpt or llama), got 7"}},
+  };
+  for (const auto& c : cases) check(c);
+}
+
+// Item 5: under mpirun's default binding each of 2 ranks runs on a core of its own; 1 thread per
+// rank is then no oversubscription, 2 are (4 threads on the 2 cores the ranks have together).
+TEST_F(CkptSafety, ThreadsAreCountedOverTheNodesRanks) {
+  if (acc::machine_cores() < 2) GTEST_SKIP() << "needs 2 cores (one per rank)";
+  const std::vector<Case> cases = {
+      {"5",
+       "{mpi_default} -np 2 {tg} --steps 1 {ddp}",
+       0,
+       {"done: loss"},
+       {"usable core(s)", "time-slice", "error"}},
+      {"5",
+       "{mpi_default} -np 2 {tg} --steps 1 {ddp} --threads 2",
+       0,
+       {"--threads 2 x 2 rank(s) on this node = 4 threads on 2 usable core(s)"},
+       {"error"}},
   };
   for (const auto& c : cases) check(c);
 }
