@@ -357,6 +357,36 @@ Metadata assemble(const std::vector<nlohmann::json>& per_rank, int64_t step, con
   return m;
 }
 
+// The step is committed (its directory renamed into place and the root flushed) but `latest` could
+// not be moved: a save that failed, but not one whose step is lost, and the message says so.
+class LatestNotMoved : public IoError {
+ public:
+  LatestNotMoved(const std::string& root, const std::string& dir, int64_t step,
+                 const std::string& why)
+      : IoError(message(root, dir, step, why)) {}
+
+ private:
+  static std::string message(const std::string& root, const std::string& dir, int64_t step,
+                             const std::string& why) {
+    const fs::path latest = fs::path(root) / "latest";
+    std::string names = "nothing";
+    if (std::ifstream in(latest); in) {
+      std::string line;
+      if (std::getline(in, line) && !line.empty()) names = "'" + line + "'";
+    }
+    const std::vector<std::string> steps = committed_steps(root);
+    const std::string readers =
+        !steps.empty() && steps.back() == dir
+            ? "readers find step " + std::to_string(step) +
+                  " all the same, as the newest committed step (they go by the step directories)"
+            : "readers take the newest committed step, '" +
+                  (steps.empty() ? std::string("?") : steps.back()) + "'";
+    return detail::str_cat("checkpoint: step ", step, " is committed ('", dir,
+                           "'), but the latest pointer was not moved (", why, "): '",
+                           latest.string(), "' still names ", names, "; ", readers);
+  }
+};
+
 // Rank 0's commit of a complete temporary directory (see the header).
 std::string commit(const std::string& root, const std::string& tmp, const Metadata& m,
                    const SaveOptions& o) {
@@ -377,9 +407,14 @@ std::string commit(const std::string& root, const std::string& tmp, const Metada
   ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot rename '", tmp, "' to '", final_dir.string(),
                "': ", ec.message());
   fsync_path(root, "checkpoint directory");
+  // Committed from here: readers take the newest step directory, whatever `latest` says.
   crash_point("after_rename", 0, m.step);
-  write_text_file_atomically((fs::path(root) / "latest").string(), step_dir_name(m.step) + "\n",
-                             "checkpoint latest pointer");
+  try {
+    write_text_file_atomically((fs::path(root) / "latest").string(), step_dir_name(m.step) + "\n",
+                               "checkpoint latest pointer");
+  } catch (const IoError& e) {
+    throw LatestNotMoved(root, final_dir.string(), m.step, e.what());
+  }
   if (!replaced.empty()) fs::remove_all(replaced, ec);
   if (o.keep_last > 0) {
     std::vector<std::string> steps = committed_steps(root);
@@ -394,28 +429,10 @@ std::string commit(const std::string& root, const std::string& tmp, const Metada
   return final_dir.string();
 }
 
-std::string read_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  ACC_CHECK_AS(IoError, in.is_open(), what, ": cannot open '", path, "' (", std::strerror(errno),
-               ")");
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ACC_CHECK_AS(IoError, !in.bad(), what, ": reading '", path, "' failed");
-  return s;
-}
-
-}  // namespace
-
-std::string step_dir_name(int64_t step) {
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
-  return buf;
-}
-
-namespace {
-
 // A save in three parts: prepare (collective: the temporary directory), write (this rank's shard,
 // nothing collective: it may run on a background thread), finish (collective: agree, commit).
 struct PendingSave {
+  std::optional<RootLock> lock;  // rank 0's, for this save, when the process did not hold it
   std::string root, tmp;
   int64_t step = 0;
   Header header;
@@ -425,7 +442,8 @@ struct PendingSave {
 };
 
 void check_options(int64_t step, const SaveOptions& o) {
-  ACC_CHECK(step >= 0, "checkpoint: step must be >= 0, got ", step);
+  ACC_CHECK(step >= 0 && step <= kMaxStep, "checkpoint: step must be in [0, ", kMaxStep,
+            "] (the step-N names readers find), got ", step);
   ACC_CHECK(o.chunk_bytes >= 1 && o.chunk_bytes <= kMaxChunkBytes,
             "checkpoint: chunk_bytes must be in [1, ", kMaxChunkBytes, "], got ", o.chunk_bytes);
   ACC_CHECK(o.keep_last >= 0, "checkpoint: keep_last must be >= 0, got ", o.keep_last);
@@ -435,7 +453,8 @@ void check_options(int64_t step, const SaveOptions& o) {
       "] and not 0, got ", o.zstd_level);
 }
 
-// Rank 0 makes the temporary directory (removing those of saves that died) and names it.
+// Rank 0 takes the root's lock (unless this process holds it), makes the temporary directory
+// (removing those of saves that died) and names it.
 void prepare(PendingSave& p, dist::ProcessGroup& group) {
   check_options(p.step, p.options);
   std::string error;
@@ -444,6 +463,9 @@ void prepare(PendingSave& p, dist::ProcessGroup& group) {
       std::error_code ec;
       fs::create_directories(p.root, ec);
       ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot create '", p.root, "': ", ec.message());
+      p.lock = lock_for_write(p.root);
+      // Every earlier writer of the root is gone now (the lock is this process's, and the kernel
+      // drops a dead holder's), so what they left is nobody's save in progress.
       for (const auto& d : fs::directory_iterator(p.root)) {
         const std::string n = d.path().filename().string();
         if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".replaced-step-", 0) == 0) {
@@ -516,8 +538,11 @@ std::vector<nlohmann::json> agree(PendingSave& p, dist::ProcessGroup& group) {
 void commit_here(PendingSave& p, const std::vector<nlohmann::json>& per_rank, int world) {
   try {
     p.committed = commit(p.root, p.tmp, assemble(per_rank, p.step, p.header, world), p.options);
+  } catch (const LatestNotMoved& e) {
+    p.commit_error = e.what();  // committed: nothing to remove
   } catch (const std::exception& e) {
-    p.commit_error = e.what();
+    p.commit_error =
+        detail::str_cat("checkpoint: committing step ", p.step, " failed on rank 0: ", e.what());
     std::error_code ec;
     fs::remove_all(p.tmp, ec);
   }
@@ -526,8 +551,7 @@ void commit_here(PendingSave& p, const std::vector<nlohmann::json>& per_rank, in
 // Every rank learns rank 0's outcome: the committed directory, or acc::IoError.
 std::string share_commit(const PendingSave& p, dist::ProcessGroup& group) {
   const std::string error = dist::broadcast_text(group, p.commit_error, 0);
-  ACC_CHECK_AS(IoError, error.empty(), "checkpoint: committing step ", p.step,
-               " failed on rank 0: ", error);
+  ACC_CHECK_AS(IoError, error.empty(), error);
   return dist::broadcast_text(group, p.committed, 0);
 }
 
@@ -578,54 +602,20 @@ std::string save(const std::string& root, int64_t step, const strategies::Placem
   return finish_save(p, group);
 }
 
-std::vector<std::string> committed_steps(const std::string& root) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return {};
-  for (const auto& d : fs::directory_iterator(root, ec)) {
-    const std::string n = d.path().filename().string();
-    if (n.size() <= 5 || n.rfind("step-", 0) != 0 ||
-        n.find_first_not_of("0123456789", 5) != std::string::npos || n.size() > 5 + 18 ||
-        !fs::is_regular_file(d.path() / "metadata.json", ec)) {
-      continue;
-    }
-    found.emplace_back(std::stoll(n.substr(5)), d.path().string());
-  }
-  std::sort(found.begin(), found.end());
-  std::vector<std::string> out;
-  for (auto& [step, path] : found) out.push_back(std::move(path));
-  return out;
-}
-
-std::optional<std::string> resolve(const std::string& root_or_step) {
-  std::error_code ec;
-  if (fs::is_regular_file(fs::path(root_or_step) / "metadata.json", ec)) return root_or_step;
-  // The newest committed step. `latest` says the same unless a save died between renaming its
-  // directory and updating the pointer: that step is committed all the same (its metadata was
-  // written before the rename), and losing it would lose committed work.
-  std::vector<std::string> steps = committed_steps(root_or_step);
-  if (steps.empty()) return std::nullopt;
-  return steps.back();
-}
-
 Metadata read_metadata(const std::string& step_dir) {
-  const std::string path = (fs::path(step_dir) / "metadata.json").string();
-  return parse_metadata(read_file(path, "checkpoint metadata"), path);
+  const StepFile file = StepFile::open(step_dir, "metadata.json");
+  Metadata m = parse_metadata(file.read_all(), file.path());
+  // Readers order steps by their directories' names: a name that disagrees with the metadata
+  // would be found as another step than it is. (A copy under another name is the user's own.)
+  std::string name = fs::path(step_dir).filename().string();
+  if (name.empty()) name = fs::path(step_dir).parent_path().filename().string();  // "step-2/"
+  const std::optional<int64_t> named = step_of_dir_name(name);
+  ACC_CHECK(!named || *named == m.step, "checkpoint '", step_dir, "' is named ", name,
+            " but its metadata says step ", m.step, ": it would be taken for another step");
+  return m;
 }
 
 namespace {
-
-// A shard opened for reading, closed with its owner.
-struct ShardFile {
-  int fd = -1;
-  int64_t size = 0;
-  ShardFile() = default;
-  ShardFile(const ShardFile&) = delete;
-  ShardFile& operator=(const ShardFile&) = delete;
-  ~ShardFile() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 // The placement entries load() fills and, for each, the checkpoint's tensor; checked to fit.
 std::vector<std::pair<const Placement*, const TensorInfo*>> loaded_entries(
@@ -740,23 +730,14 @@ void load(const std::string& step_dir, const Metadata& meta,
     const ChunkInfo* chunk;
   };
   std::vector<Read> reads;
-  std::map<int, ShardFile> files;
+  std::map<int, StepFile> files;
   for (const auto& [e, t] : entries) {
     for (const ChunkInfo& c : t->chunks) {
       if (!overlaps(*e, c)) continue;
       reads.push_back({e, &c});
-      ShardFile& f = files[c.file];
-      if (f.fd >= 0) continue;
-      const std::string path =
-          (fs::path(step_dir) / meta.files.at(static_cast<size_t>(c.file))).string();
-      std::error_code ec;
-      const auto size = fs::file_size(path, ec);
-      ACC_CHECK_AS(IoError, !ec, "checkpoint '", step_dir, "': shard '", path, "' is missing (",
-                   ec.message(), ")");
-      f.size = static_cast<int64_t>(size);
-      f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      ACC_CHECK_AS(IoError, f.fd >= 0, "checkpoint '", step_dir, "': cannot open '", path, "' (",
-                   std::strerror(errno), ")");
+      if (files.count(c.file) == 0) {
+        files.emplace(c.file, StepFile::open(step_dir, meta.files.at(static_cast<size_t>(c.file))));
+      }
     }
   }
   // A second thread reads the chunks ahead (a few buffers) while this one checksums and
@@ -764,20 +745,13 @@ void load(const std::string& step_dir, const Metadata& meta,
   // (posix_fadvise WILLNEED ahead of the reads made loads 30% slower on this VM's disk.)
   ChunkReader reader(reads.size(), [&](size_t i, std::vector<char>& into) {
     const ChunkInfo& c = *reads[i].chunk;
-    const ShardFile& f = files.at(c.file);
+    const StepFile& f = files.at(c.file);
     const std::string& where = meta.files.at(static_cast<size_t>(c.file));
-    ACC_CHECK_AS(IoError, c.byte_offset + c.byte_length <= f.size, "checkpoint '", step_dir,
+    ACC_CHECK_AS(IoError, c.byte_offset + c.byte_length <= f.size(), "checkpoint '", step_dir,
                  "': shard '", where, "' is truncated: '", reads[i].entry->name, "' chunk at byte ",
-                 c.byte_offset, " needs ", c.byte_length, " bytes, the file has ", f.size);
+                 c.byte_offset, " needs ", c.byte_length, " bytes, the file has ", f.size());
     into.resize(static_cast<size_t>(c.byte_length));
-    for (int64_t got = 0; got < c.byte_length;) {
-      const ssize_t n = ::pread(f.fd, into.data() + got, static_cast<size_t>(c.byte_length - got),
-                                c.byte_offset + got);
-      if (n < 0 && errno == EINTR) continue;
-      ACC_CHECK_AS(IoError, n > 0, "checkpoint '", step_dir, "': reading '", where, "' failed (",
-                   n < 0 ? std::strerror(errno) : "end of file", ")");
-      got += n;
-    }
+    f.read_at(c.byte_offset, into.data(), c.byte_length);
   });
   NoGradGuard no_grad;
   std::vector<char> raw;
@@ -1062,6 +1036,7 @@ std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trai
 }
 
 size_t export_safetensors(const std::string& step_dir, const std::string& out) {
+  check_outside_checkpoints(out, "export-safetensors: the output");
   const Metadata m = read_metadata(step_dir);
   strategies::PlacementTable table;
   io::NamedTensors params;

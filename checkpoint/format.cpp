@@ -156,6 +156,19 @@ Metadata parse_metadata(const std::string& text, const std::string& where) {
     if (!seen_files.insert(files[i].get<std::string>()).second) f.fail(at, "is listed twice");
     m.files.push_back(files[i].get<std::string>());
   }
+  // One shard file per rank of the saving world, file r being rank r's: a reader of another
+  // world size must not take a file of rank r for another rank's.
+  if (m.files.size() != static_cast<size_t>(m.world)) {
+    f.fail("files", "lists " + std::to_string(m.files.size()) + " shard file(s), but 'world' is " +
+                        std::to_string(m.world) + " (one file per rank)");
+  }
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    if (m.files[i] != shard_file_name(static_cast<int>(i))) {
+      f.fail("files[" + std::to_string(i) + "]",
+             "must be \"" + shard_file_name(static_cast<int>(i)) + "\" (rank " + std::to_string(i) +
+                 "'s), got \"" + m.files[i] + "\"");
+    }
+  }
 
   const nlohmann::json& tensors = f.at("tensors");
   if (!tensors.is_array()) f.fail("tensors", "must be a list, got " + brief(tensors));

@@ -23,12 +23,14 @@
 #include "acc/data/token_data.hpp"
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
+#include "acc/dist/node.hpp"
 #include "acc/io/safetensors.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/trace/estimate.hpp"
 #include "acc/util/cli.hpp"
 #include "acc/util/file.hpp"
 #include "acc/util/json.hpp"
+#include "acc/util/json_fields.hpp"
 #include "acc/util/parse.hpp"
 #include "acc/util/system.hpp"
 
@@ -46,6 +48,7 @@ struct Args {
   int64_t save_every = 0;
   int keep = 3;
   bool sync_save = false;
+  bool ckpt_start_over = false;
   std::string resume;
   std::string log_json;
   std::string strategy;
@@ -127,6 +130,62 @@ std::string sample_text(acc::models::LanguageModel& model, int64_t n, uint64_t s
   return out;
 }
 
+// A job that does not continue the run in its --ckpt-dir must not write there: its steps would
+// interleave with the other run's (a step of the same number replacing the other's), and a later
+// --resume auto would continue whichever step is newest. Rank 0, holding the root's lock.
+void check_ckpt_dir_is_this_runs(const Args& a) {
+  const bool resumes_here =
+      a.resume == "auto" || (!a.resume.empty() && acc::ckpt::path_within(a.resume, a.ckpt_dir));
+  if (a.ckpt_start_over) {
+    ACC_CHECK(!resumes_here, "--ckpt-start-over deletes the committed steps of --ckpt-dir '",
+              a.ckpt_dir, "', which --resume ", a.resume == "auto" ? "auto" : "'" + a.resume + "'",
+              " would continue: give one or the other");
+    return;
+  }
+  const std::vector<std::string> steps = acc::ckpt::committed_steps(a.ckpt_dir);
+  if (steps.empty() || resumes_here) return;
+  ACC_THROW(
+      acc::ValueError, "--ckpt-dir '", a.ckpt_dir, "' holds ", steps.size(),
+      " committed step(s) of another run (the newest: ",
+      std::filesystem::path(steps.back()).filename().string(), ")",
+      a.resume.empty() ? std::string() : ", and --resume '" + a.resume + "' is not one of them",
+      ": this run's steps would interleave with them. Continue that run with --resume auto, "
+      "or give --ckpt-start-over to delete its steps and start over");
+}
+
+// The run state train_gpt keeps in a checkpoint's extra, checked before any of it is used, so that
+// a damaged or hand-edited field is named with its file (it failed inside nlohmann::json:
+// "[json.exception.type_error.304] cannot use at() with string"). Every rank reads the same file
+// and so fails alike.
+void check_run_state(const nlohmann::json& extra, const std::string& step_dir) {
+  using acc::json::brief;
+  acc::json::Fields f(
+      extra,
+      "checkpoint metadata '" + (std::filesystem::path(step_dir) / "metadata.json").string() + "'",
+      "extra");
+  if (const nlohmann::json* t = f.optional("model_type"); t && !t->is_string()) {
+    f.fail(f.path("model_type"), "must be a string (gpt or llama), got " + brief(*t));
+  }
+  if (const nlohmann::json* c = f.optional("config"); c && !c->is_object()) {
+    f.fail(f.path("config"), "must be an object (the model's config), got " + brief(*c));
+  }
+  if (const nlohmann::json* l = f.optional("loader"); l && !l->is_object()) {
+    f.fail(f.path("loader"), "must be an object (the data loader's position), got " + brief(*l));
+  }
+  if (const nlohmann::json* r = f.optional("rng")) {
+    bool ok = r->is_array() && !r->empty();
+    for (size_t i = 0; ok && i < r->size(); ++i) {
+      const nlohmann::json& e = r->at(i);
+      ok = e.is_array() && e.size() == 2 && e[0].is_number_unsigned() && e[1].is_number_unsigned();
+    }
+    if (!ok) {
+      f.fail(f.path("rng"),
+             "must be a list of [seed, offset] pairs of unsigned integers, one per rank, got " +
+                 brief(*r));
+    }
+  }
+}
+
 int run(const Args& a) {
   using namespace acc;
   set_num_threads(a.threads);
@@ -139,6 +198,7 @@ int run(const Args& a) {
             "--data is required (a token file or, with --data-format text, "
             "any text file)");
   ACC_CHECK(a.save_every == 0 || !a.ckpt_dir.empty(), "--save-every needs --ckpt-dir");
+  ACC_CHECK(!a.ckpt_start_over || !a.ckpt_dir.empty(), "--ckpt-start-over needs --ckpt-dir");
   ACC_CHECK(a.resume != "auto" || !a.ckpt_dir.empty(),
             "--resume auto resumes from --ckpt-dir: give --ckpt-dir");
   if (!a.resume.empty() && a.resume != "auto") {
@@ -166,14 +226,35 @@ int run(const Args& a) {
     if (!a.log_json.empty()) check_output_path(a.log_json, "--log-json");
   }
 
-  // More threads than cores time-slice every GEMM: say so (it ran 10x slower without a word).
-  const int cores = usable_cores();
-  if (a.threads * dist::local_world_size() > cores && dist::rank() == 0) {
+  // One writing job per checkpoint root (checkpoint/README.md): rank 0 takes ROOT/.lock for the
+  // job's life before anything is built, and every rank learns the outcome, so that a refused job
+  // stops on every rank before its first step, naming the job that holds the root.
+  std::optional<ckpt::RootLock> root_lock;
+  {
+    std::string refused;
+    if (dist::rank() == 0 && !a.ckpt_dir.empty()) {
+      try {
+        root_lock = ckpt::RootLock::acquire(a.ckpt_dir);
+        check_ckpt_dir_is_this_runs(a);
+      } catch (const std::exception& e) {
+        refused = e.what();
+        root_lock.reset();
+      }
+    }
+    refused = dist::broadcast_text(*dist::ProcessGroup::world(), refused, 0);
+    ACC_CHECK_AS(IoError, refused.empty(), refused);
+  }
+
+  // More threads than cores time-slice every GEMM: say so (it ran 10x slower without a word). The
+  // node's ranks count together (the union of their affinity masks): under mpirun's default
+  // binding each rank's own mask is one core, which is no reason to warn at one thread per rank.
+  const dist::NodeCores node = dist::node_cores(*dist::ProcessGroup::world());
+  if (a.threads * node.ranks > node.cores && dist::rank() == 0) {
     logging::warn(
         "--threads {} x {} rank(s) on this node = {} threads on {} usable core(s): they will "
         "time-slice and run slower than --threads {}",
-        a.threads, dist::local_world_size(), a.threads * dist::local_world_size(), cores,
-        std::max(1, cores / dist::local_world_size()));
+        a.threads, node.ranks, a.threads * node.ranks, node.cores,
+        std::max(1, node.cores / node.ranks));
   }
 
   // Model.
@@ -313,6 +394,7 @@ int run(const Args& a) {
       } catch (const Error&) {
         // Damaged: resume() below names it and falls back (auto) or refuses.
       }
+      if (extra.is_object()) check_run_state(extra, *dir);
       if (extra.contains("config") && extra.contains("model_type")) {
         ACC_CHECK(extra.at("model_type") == a.model, what, " holds a ", extra.at("model_type"),
                   " model, not --model ", a.model);
@@ -326,20 +408,38 @@ int run(const Args& a) {
         }
       }
     }
-    const auto resumed = ckpt::resume(from, *trainer, trace_hash, a.resume == "auto");
+    // Falling back past a damaged newest step either way: --resume auto goes on from the step that
+    // loads; a root named by hand is refused, naming that step, since its owner asked for the
+    // newest and may not want to lose the steps after it.
+    const auto resumed = ckpt::resume(from, *trainer, trace_hash, /*fall_back=*/true);
     ACC_CHECK(resumed || a.resume == "auto", what, ": no committed checkpoint there");
+    if (resumed && a.resume != "auto" && !resumed->skipped.empty()) {
+      std::string skipped;
+      for (const std::string& s : resumed->skipped) skipped += (skipped.empty() ? "" : "; ") + s;
+      ACC_THROW(IoError, what, ": its newest committed step does not load: ", skipped,
+                ". The older '", resumed->dir, "' does: give --resume ", resumed->dir,
+                " to resume from it (--resume auto with --ckpt-dir ", from,
+                " falls back to it by itself)");
+    }
     if (!resumed) {
       if (leader)
         logging::info("--resume auto: no checkpoint in '{}' yet, starting at step 0", from);
     } else {
       const nlohmann::json& extra = resumed->metadata.extra;
+      check_run_state(extra, resumed->dir);
       start_step = resumed->metadata.step;
       ACC_CHECK(start_step < a.steps, what, " is at step ", start_step, " and --steps is ", a.steps,
                 ": nothing left to train (give --steps > ", start_step, ")");
       // A checkpoint made from weights (acc-ckpt import-safetensors) has no data position or RNG:
       // the data then starts from the beginning.
       if (extra.contains("loader")) {
-        loader.load_state(extra.at("loader"));
+        try {
+          loader.load_state(extra.at("loader"));
+        } catch (const ValueError& e) {
+          ACC_THROW(ValueError, "checkpoint metadata '",
+                    (std::filesystem::path(resumed->dir) / "metadata.json").string(),
+                    "': field 'extra.loader': ", e.what());
+        }
       } else if (leader) {
         logging::warn(
             "{}: no data position in the checkpoint (imported weights?): the data "
@@ -357,6 +457,24 @@ int run(const Args& a) {
       }
       if (leader) logging::info("resumed from {} at step {}", resumed->dir, start_step);
     }
+  }
+  // --ckpt-start-over: the root's old steps go once everything before training has worked (a
+  // typo in another flag loses nothing); rank 0 holds the lock, every rank learns the outcome.
+  if (a.ckpt_start_over) {
+    std::string error;
+    if (leader) {
+      try {
+        const std::vector<std::string> removed = ckpt::remove_committed_steps(a.ckpt_dir);
+        if (!removed.empty()) {
+          logging::info("--ckpt-start-over: deleted {} committed step(s) of '{}' ({} to {})",
+                        removed.size(), a.ckpt_dir, removed.front(), removed.back());
+        }
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    error = dist::broadcast_text(*group, error, 0);
+    ACC_CHECK_AS(IoError, error.empty(), "--ckpt-start-over: ", error);
   }
   // Saves are written in the background by default (the state snapshotted at the step boundary,
   // committed at a later boundary once every rank has written); --sync-save waits for each.
@@ -490,10 +608,17 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-dir", a.ckpt_dir,
                  "sharded checkpoints of the training state (weights, optimizer, data position, "
                  "RNG), one step-N directory each, written at the end and every --save-every "
-                 "steps; any rank count and strategy loads them");
+                 "steps; any rank count and strategy loads them; one job writes a root at a time "
+                 "(rank 0 holds its lock, ROOT/.lock, for the job's life)");
   app.add_option("--resume", a.resume,
-                 "auto: continue from --ckpt-dir's latest loadable checkpoint (falling back past a "
-                 "damaged one; none yet: start at 0), or a checkpoint or step directory");
+                 "auto: continue from --ckpt-dir's newest loadable step (falling back past a "
+                 "damaged one; none yet: start at 0); or a step directory; or a checkpoint root "
+                 "(its newest step: when that does not load, refused naming the older step that "
+                 "does)");
+  app.add_flag("--ckpt-start-over", a.ckpt_start_over,
+               "with --ckpt-dir: delete the root's committed steps (another run's) before "
+               "training, and start over; without it a run that does not resume from --ckpt-dir "
+               "refuses a root that holds any");
   // Every number is checked whole and in range before anything runs (acc::cli): no clamping,
   // no inf or nan, no negative counts.
   using acc::cli::integer;

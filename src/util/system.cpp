@@ -156,10 +156,8 @@ int64_t available_memory_bytes() {
   return bytes;
 }
 
-namespace {
-
-// `cores` capped by the cgroup CPU quota of this process (v2 cpu.max or v1 cfs quota), rounded up.
-int capped_by_quota(int cores) {
+// v2 cpu.max or v1 cfs quota, rounded up.
+int capped_by_cpu_quota(int cores) {
   for (const std::string& dir : cgroup_dirs("cpu")) {
     int64_t quota = -1, period = 0;
     const std::vector<std::string> max = split(first_line(dir + "/cpu.max"), ' ');
@@ -181,16 +179,25 @@ int capped_by_quota(int cores) {
   return std::max(cores, 1);
 }
 
-}  // namespace
-
 int usable_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  return capped_by_quota(sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1);
+  return capped_by_cpu_quota(sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1);
+}
+
+std::vector<int> affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  }
+  return out;
 }
 
 int machine_cores() {
-  return capped_by_quota(static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
+  return capped_by_cpu_quota(static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
 }
 
 }  // namespace acc

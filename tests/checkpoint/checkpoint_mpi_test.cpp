@@ -6,6 +6,7 @@
 // reductions add in another order) in another.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <bit>
@@ -348,6 +349,61 @@ TEST(Checkpoint, DamageIsNamedAndResumeFallsBackToThePreviousStep) {
   auto fresh = trainer(make_model(99), method, world);
   EXPECT_EQ(resume(root, *fresh, kHash)->metadata.step, 2);
   EXPECT_FALSE(resume(root + "/nothing-here", *fresh, kHash).has_value());
+  remove_job_dir(root);
+}
+
+// A program that never took a root's lock is protected too: while another job holds it (here
+// another open file description of ROOT/.lock, as another process's would be), save_trainer and
+// AsyncSaver fail on every rank naming the holder, and its save in progress (a .tmp-step
+// directory) is left alone; once it is gone, the next save removes that leftover and commits,
+// and releases the lock it took for itself.
+TEST(Checkpoint, ASaveIntoARootAnotherJobWritesIsRefusedOnEveryRank) {
+  auto world = dist::ProcessGroup::world();
+  const int W = world->size(), rank = world->rank();
+  const std::string root = job_dir("locked");
+  const fs::path theirs = fs::path(root) / ".tmp-step-00000001-4242-0";
+  int fd = -1;
+  if (rank == 0) {
+    fs::create_directories(theirs);
+    fd = ::open((fs::path(root) / ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &fl), 0);
+    const std::string entry = R"({"host": "node9", "pid": 4242, "started": "", "command": ""})";
+    ASSERT_EQ(::write(fd, entry.data(), entry.size()), static_cast<ssize_t>(entry.size()));
+  }
+  world->barrier()->wait();
+  auto t = trainer(make_model(7), W > 1 ? "ddp" : "", world);
+  t->train_step(batch(0, W, rank));
+  const std::string want = "is in use by another job: pid 4242 on host node9";
+  try {
+    save_trainer(root, 1, *t, kHash);
+    ADD_FAILURE() << "saved into a root another job holds";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+  AsyncSaver saver(root);
+  try {
+    saver.save(1, *t, kHash);
+    ADD_FAILURE() << "an async save began in a root another job holds";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(saver.pending());
+  if (rank == 0) {
+    EXPECT_TRUE(fs::exists(theirs)) << "a live job's save in progress was removed";
+    EXPECT_TRUE(committed_steps(root).empty());
+    ::close(fd);  // that job ends
+  }
+  world->barrier()->wait();
+  EXPECT_EQ(save_trainer(root, 1, *t, kHash), root + "/" + step_dir_name(1));
+  if (rank == 0) {
+    EXPECT_FALSE(fs::exists(theirs)) << "the dead job's leftover was kept";
+    EXPECT_FALSE(RootLock::held_here(root)) << "the save kept the lock it took";
+    EXPECT_TRUE(RootLock::acquire(root).owner().pid == ::getpid());
+  }
   remove_job_dir(root);
 }
 

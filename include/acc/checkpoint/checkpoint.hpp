@@ -11,7 +11,7 @@
 // fsync + rename), renames the directory to ROOT/step-NNNNNNNN, fsyncs ROOT, and points
 // ROOT/latest at it the same way. A reader therefore sees a committed step whole or not at all; a
 // crash at any point leaves the previous committed step loadable (a leftover .tmp-* directory is
-// removed by the next save).
+// removed by the next save, which holds the root's lock: root_lock.hpp).
 //
 // Format: acc/checkpoint/format.hpp and checkpoint/README.md. The namespace is acc::ckpt
 // (acc::checkpoint is activation recomputation's function, acc/autograd/checkpoint.hpp).
@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "acc/checkpoint/format.hpp"
+#include "acc/checkpoint/layout.hpp"
+#include "acc/checkpoint/root_lock.hpp"
 #include "acc/dist/process_group.hpp"
 #include "acc/strategies/placement.hpp"
 #include "acc/strategies/strategy.hpp"
@@ -47,26 +49,20 @@ struct Header {
   nlohmann::json extra = nlohmann::json::object();  // schedule position, RNG, data position, ...
 };
 
-/// "step-00000042".
-std::string step_dir_name(int64_t step);
-
 /// Saves the parameters and optimizer state of `table` as step `step` under `root` (created when
 /// missing); returns the committed step directory. A collective over `group`: every rank calls it
-/// with its own table. Throws acc::IoError on every rank when any rank fails (nothing committed,
-/// the previous steps untouched), acc::ValueError for a negative step or bad options.
+/// with its own table. Rank 0 writes under the root's lock: its own for the save when no
+/// RootLock of this process holds it (root_lock.hpp). Throws acc::IoError on every rank when any
+/// rank fails (nothing committed, the previous steps untouched), another job holds the root's
+/// lock (naming it), or, once the step is committed, `latest` cannot be moved (saying so);
+/// acc::ValueError for a step outside [0, kMaxStep] or bad options.
 std::string save(const std::string& root, int64_t step, const strategies::PlacementTable& table,
                  const Header& header, dist::ProcessGroup& group, const SaveOptions& options = {});
 
-/// The committed step directories under `root`, oldest first (those with a metadata.json).
-std::vector<std::string> committed_steps(const std::string& root);
-
-/// The newest committed step directory under `root` (what ROOT/latest names, or a newer one whose
-/// save died after its rename and before the pointer moved); std::nullopt when there is none. A
-/// path that is itself a step directory (has a metadata.json) is returned as it is.
-std::optional<std::string> resolve(const std::string& root_or_step);
-
 /// metadata.json of a step directory, validated (format.hpp). Throws acc::IoError when it cannot
-/// be read, acc::ValueError naming the field when it is malformed or hostile.
+/// be read or the directory leads out of its root through a symlink (layout.hpp), acc::ValueError
+/// naming the field when it is malformed or hostile, or when a step-N directory's name disagrees
+/// with its metadata's step.
 Metadata read_metadata(const std::string& step_dir);
 
 /// Fills the parameter and optimizer-state entries of `table` in place (their `local` tensors)
@@ -75,8 +71,9 @@ Metadata read_metadata(const std::string& step_dir);
 /// size and its xxh64 before decompressing, and copies the overlap. Every rank reads what it needs
 /// on its own (nothing collective). Throws acc::ValueError naming what differs when the table does
 /// not fit the checkpoint (a tensor missing from it, another shape or dtype), and acc::IoError
-/// naming the file and chunk for a missing or truncated shard, a checksum mismatch or a chunk that
-/// does not decompress to its size. Gradients are not in checkpoints and are left alone.
+/// naming the file and chunk for a missing, unreadable (the system's error named) or truncated
+/// shard, one reached through a symlink out of the checkpoint root, a checksum mismatch or a chunk
+/// that does not decompress to its size. Gradients are not in checkpoints and are left alone.
 void load(const std::string& step_dir, const Metadata& meta,
           const strategies::PlacementTable& table);
 
@@ -96,10 +93,11 @@ std::string save_trainer(const std::string& root, int64_t step, strategies::Trai
 /// directory. finish() does what is left at once. A save() while one is pending finishes that one
 /// first. Until the next step() the trainer's state must change only through step() (call finish()
 /// before loading into it). save(), poll() and finish() are collectives over the trainer's group;
-/// errors are those of save(), thrown by the call that learns them. The copy's buffers are kept
-/// for the next save (one host copy of this rank's share of the state). Dropping a saver with a
-/// save pending leaves it uncommitted unless rank 0 was already committing it (logged; the next
-/// save removes its temporary directory).
+/// errors are those of save(), thrown by the call that learns them. Rank 0 holds the root's lock
+/// from save() until the commit's outcome is known, unless this process holds it already (a job's
+/// RootLock). The copy's buffers are kept for the next save (one host copy of this rank's share of
+/// the state). Dropping a saver with a save pending leaves it uncommitted unless rank 0 was already
+/// committing it (logged; the next save removes its temporary directory).
 class AsyncSaver {
  public:
   explicit AsyncSaver(std::string root, SaveOptions options = {});
@@ -134,7 +132,9 @@ Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,
 /// Writes every parameter of the checkpoint in `step_dir`, whole, to a safetensors file at `out`
 /// (PyTorch's safetensors loads it; train_gpt --init-from takes it), with the step and, when the
 /// checkpoint's extra has them, model_type and config in its metadata. Returns the number of
-/// tensors. Throws what read_metadata, load and io::save_safetensors throw.
+/// tensors. Throws acc::IoError before reading anything when `out` lies inside a checkpoint
+/// (check_outside_checkpoints: its own input included), and what read_metadata, load and
+/// io::save_safetensors (temporary file, fsync, rename) throw.
 size_t export_safetensors(const std::string& step_dir, const std::string& out);
 
 struct Resumed {

@@ -17,8 +17,9 @@
 //                             "byte_length": 91234, "xxh64": "0f1e2d3c4b5a6978"}]}, ...]}
 //
 // parse_metadata trusts nothing in the file: file names must be "shard-NNNNN.bin" (no path can
-// leave the directory), shapes and ranges must fit in 64 bits and inside their tensor, names must
-// be unique, dtypes known, byte ranges must not overflow; every error names the field by its path.
+// leave the directory), one per rank of `world` in rank order, shapes and ranges must fit in 64
+// bits and inside their tensor, names must be unique, dtypes known, byte ranges must not
+// overflow; every error names the field by its path.
 // Byte ranges past the end of a shard file are caught when the file is opened (its size is known
 // then), before anything is read.
 

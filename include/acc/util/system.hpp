@@ -8,6 +8,7 @@
 // memory changes while a program runs.
 
 #include <cstdint>
+#include <vector>
 
 namespace acc {
 
@@ -21,8 +22,16 @@ int64_t physical_memory_bytes();
 int64_t available_memory_bytes();
 
 /// CPUs this process may run on (sched_getaffinity), or fewer when a cgroup CPU quota allows
-/// less (cpu.max or cpu.cfs_quota_us / cpu.cfs_period_us, rounded up). At least 1.
+/// less (cpu.max or cpu.cfs_quota_us / cpu.cfs_period_us, rounded up). At least 1. One process's
+/// view: under mpirun's default binding each rank sees only its own cores
+/// (acc::dist::node_cores counts a node's ranks together).
 int usable_cores();
+
+/// The CPUs this process may run on (sched_getaffinity), by number; {} when it cannot be read.
+std::vector<int> affinity_cpus();
+
+/// `cores` capped by this process's cgroup CPU quota (rounded up), at least 1.
+int capped_by_cpu_quota(int cores);
 
 /// Cores of this machine the job may use: online CPUs, the cgroup quota applied, this process's
 /// affinity not (mpirun binds each rank to a share of them). What describes the machine, where
