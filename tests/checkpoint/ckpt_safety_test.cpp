@@ -99,7 +99,7 @@ class CkptSafety : public testing::Test {
     for (const char* name :
          {"ck_run", "ck_over", "ck_export", "ck_imp", "ck_force", "ck_shardlink", "ck_steplink",
           "ck_renamed", "ck_world", "ck_dirshard", "ck_noperm", "ck_rng", "ck_rng_pair",
-          "ck_loader", "ck_loader_field", "ck_config", "ck_model_type"}) {
+          "ck_loader", "ck_loader_field", "ck_config", "ck_model_type", "ck_huge_meta"}) {
       fs::copy(dir / "ck", dir / name, fs::copy_options::recursive);
     }
     const fs::path step = "step-00000002";
@@ -122,6 +122,8 @@ class CkptSafety : public testing::Test {
                   [](nlohmann::json& m) { m["extra"]["loader"]["step"] = "three"; });
     edit_metadata(dir / "ck_config", [](nlohmann::json& m) { m["extra"]["config"] = "small"; });
     edit_metadata(dir / "ck_model_type", [](nlohmann::json& m) { m["extra"]["model_type"] = 7; });
+    // A metadata.json past kMaxMetadataBytes (256 MiB), sparse: refused by its size, unread.
+    fs::resize_file(dir / "ck_huge_meta" / step / "metadata.json", (int64_t{256} << 20) + 1);
     // `latest` cannot be replaced (a directory there): moving it fails after the commit, as it
     // does on a full disk.
     for (const char* name : {"latest_sync", "latest_async"}) {
@@ -308,6 +310,11 @@ TEST_F(CkptSafety, ACheckpointIsReadOnlyFromItsRootAsItsNamesSay) {
        "{ck} verify {dir}/ck_world",
        1,
        {"field 'files' lists 1 shard file(s), but 'world' is 2 (one file per rank)"}},
+      {"issue 29.6",
+       "{ck} inspect {dir}/ck_huge_meta",
+       1,
+       {"metadata.json': 268435457 bytes is over the limit of 268435456 bytes for a "
+        "metadata.json"}},
       {"4",
        "{tg} --steps 4 --resume {dir}/ck_world",
        1,
