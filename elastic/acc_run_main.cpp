@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   app.add_option("--mpirun-args", mpirun_args, "extra mpirun arguments, split at blanks");
   app.add_option("--mpirun", mpirun, "the mpirun to use")->capture_default_str();
   app.add_option("--health-timeout", health_timeout, "seconds for a node's health check")
-      ->check(CLI::Range(0.1, 3600.0))
+      ->check(acc::cli::seconds(0.1, acc::cli::kClosed, 3600.0))
       ->capture_default_str();
   app.footer("The program and its arguments follow --, passed as they are.");
   // Everything after "--" is the command, untouched (CLI11 would read "[...]" as a list).

@@ -29,7 +29,9 @@
 #include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
+#include "acc/util/hash.hpp"
 #include "acc/util/logging.hpp"
+#include "acc/util/parse.hpp"
 #include "acc/util/progress.hpp"
 #include "job_files.hpp"
 
@@ -502,18 +504,13 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
   auto s = std::make_shared<State>();
   s->rank = world->rank();
   s->world = world->size();
-  s->grace_s = options.grace_s;
-  ACC_CHECK(options.grace_s >= 0, "elastic: grace_s must be >= 0, got ", options.grace_s);
+  s->grace_s = check_duration_seconds(options.grace_s, "elastic: grace_s", ZeroSeconds::kAllowed);
   s->fixed_timeout = options.hang_timeout_s;
-  if (!s->fixed_timeout) {
-    const double t = env::get_double("ACC_HANG_TIMEOUT_SEC", 0.0);
-    if (env::get("ACC_HANG_TIMEOUT_SEC")) {
-      ACC_CHECK(t > 0, "ACC_HANG_TIMEOUT_SEC must be > 0, got ", t);
-      s->fixed_timeout = t;
-    }
+  if (s->fixed_timeout) {
+    check_duration_seconds(*s->fixed_timeout, "elastic: the hang timeout");
+  } else {
+    s->fixed_timeout = env::get_seconds("ACC_HANG_TIMEOUT_SEC");
   }
-  ACC_CHECK(!s->fixed_timeout || *s->fixed_timeout > 0,
-            "elastic: the hang timeout must be > 0, got ", s->fixed_timeout.value_or(0));
   const std::vector<FaultSpec> specs =
       parse_faults(options.faults ? *options.faults : env::get_string("ACC_FAULT", ""));
 
@@ -563,10 +560,11 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
                                                  : env::get_double("ACC_STRAGGLER_FACTOR", 1.5);
   ACC_CHECK(s->straggler_factor > 1.0, "ACC_STRAGGLER_FACTOR must be > 1, got ",
             s->straggler_factor);
-  s->straggler_min_s = options.straggler_min_s ? *options.straggler_min_s
-                                               : env::get_double("ACC_STRAGGLER_MIN_SEC", 0.01);
-  ACC_CHECK(s->straggler_min_s >= 0, "ACC_STRAGGLER_MIN_SEC must be >= 0, got ",
-            s->straggler_min_s);
+  s->straggler_min_s =
+      options.straggler_min_s
+          ? check_duration_seconds(*options.straggler_min_s, "ACC_STRAGGLER_MIN_SEC",
+                                   ZeroSeconds::kAllowed)
+          : env::get_seconds("ACC_STRAGGLER_MIN_SEC", ZeroSeconds::kAllowed).value_or(0.01);
   if (const auto attempt = env::get("ACC_RUN_ATTEMPT"); attempt && s->rank == 0) {
     const fs::path dir = fs::path(s->job_dir) / "attempts" / ("attempt-" + *attempt);
     std::error_code ec;

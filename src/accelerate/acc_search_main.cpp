@@ -142,7 +142,6 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"acc-search: find the fastest strategy that fits and cache it"};
   using acc::cli::integer;
-  using acc::cli::number;
   app.add_option("--model", a.model, "gpt | llama")->capture_default_str();
   app.add_option("--config", a.config, "model config JSON")->required();
   app.add_option("--global-batch", a.global_batch, "samples per optimizer step over all ranks")
@@ -167,7 +166,7 @@ int main(int argc, char** argv) {
   app.add_option("--comm", a.comm,
                  "with --plan-only: collective figures (a search report.json, or its 'comm')");
   app.add_option("--time-budget", a.time_budget, "seconds the dry-runs may take (0: no limit)")
-      ->check(number(0));
+      ->check(acc::cli::seconds(0, acc::cli::kClosed));
   app.add_option("--warmup-steps", a.warmup_steps, "dry-run warm-up steps")
       ->check(integer(0, 1000))
       ->capture_default_str();

@@ -70,6 +70,8 @@ TEST(Agent, BadOptionsAreNamed) {
   };
   const std::vector<Case> cases = {
       {[](AgentOptions& o) { o.hang_timeout_s = 0; }, "hang timeout must be > 0, got 0"},
+      {[](AgentOptions& o) { o.hang_timeout_s = 1e300; },
+       "hang timeout must be at most 604800 seconds (7 days: every timeout is finite), got 1e+300"},
       {[](AgentOptions& o) { o.grace_s = -1; }, "grace_s must be >= 0, got -1"},
       {[](AgentOptions& o) { o.straggler_factor = 1.0; },
        "ACC_STRAGGLER_FACTOR must be > 1, got 1"},
