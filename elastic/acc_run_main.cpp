@@ -4,8 +4,10 @@
 //   acc-run --hostfile H --nnodes MIN:MAX --nproc-per-node N --max-restarts R [--job-dir D]
 //           [--mpirun-args "..."] -- ./train_gpt ... --resume auto --ckpt-dir CK
 //
-// Exit codes: 0 when an attempt finished, else the last attempt's (1 when fewer than MIN nodes
-// are left or it ended by a signal), 2 for a bad command line.
+// Exit codes: 0 when an attempt finished, 128 + the signal when stopped by SIGTERM or SIGINT
+// (forwarded to the job, which is ended), 127 when mpirun could not start the program (a launch
+// failure, not restarted), else the last attempt's (1 when fewer than MIN nodes are left or it
+// ended by a signal), 2 for a bad command line.
 
 #include <CLI/CLI.hpp>
 
