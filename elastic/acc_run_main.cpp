@@ -4,8 +4,10 @@
 //   acc-run --hostfile H --nnodes MIN:MAX --nproc-per-node N --max-restarts R [--job-dir D]
 //           [--mpirun-args "..."] -- ./train_gpt ... --resume auto --ckpt-dir CK
 //
-// Exit codes: 0 when an attempt finished, else the last attempt's (1 when fewer than MIN nodes
-// are left or it ended by a signal), 2 for a bad command line.
+// Exit codes: 0 when an attempt finished, 128 + the signal when stopped by SIGTERM or SIGINT
+// (forwarded to the job, which is ended), 127 when mpirun could not start the program (a launch
+// failure, not restarted), else the last attempt's (1 when fewer than MIN nodes are left or it
+// ended by a signal), 2 for a bad command line.
 
 #include <CLI/CLI.hpp>
 
@@ -33,7 +35,7 @@ int main(int argc, char** argv) {
   app.add_option("--mpirun-args", mpirun_args, "extra mpirun arguments, split at blanks");
   app.add_option("--mpirun", mpirun, "the mpirun to use")->capture_default_str();
   app.add_option("--health-timeout", health_timeout, "seconds for a node's health check")
-      ->check(CLI::Range(0.1, 3600.0))
+      ->check(acc::cli::seconds(0.1, acc::cli::kClosed, 3600.0))
       ->capture_default_str();
   app.footer("The program and its arguments follow --, passed as they are.");
   // Everything after "--" is the command, untouched (CLI11 would read "[...]" as a list).

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <ctime>
 #include <deque>
 #include <filesystem>
@@ -29,7 +30,9 @@
 #include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
+#include "acc/util/hash.hpp"
 #include "acc/util/logging.hpp"
+#include "acc/util/parse.hpp"
 #include "acc/util/progress.hpp"
 #include "job_files.hpp"
 
@@ -121,6 +124,28 @@ bool reachable(const std::string& endpoint) {
   return false;
 }
 
+// The marker of a fault that fired: JOB/faults/fired-<FNV-1a of its text, 16 hex digits>.
+std::string fired_marker_name(const std::string& text) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(fnv1a64(text)));
+  return std::string("fired-") + hex;
+}
+
+// The texts of the faults that fired in earlier runs of the job, from their markers' contents
+// (the name is only a hash).
+std::set<std::string> fired_faults(const std::string& job_dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(fs::path(job_dir) / "faults", ec)) {
+    const auto marker = detail::try_read_json(d.path());
+    if (marker && marker->is_object() && marker->contains("fault") &&
+        (*marker)["fault"].is_string()) {
+      out.insert((*marker)["fault"].get<std::string>());
+    }
+  }
+  return out;
+}
+
 bool waiting_state(const std::string& s) {
   return s == "queued" || s == "started" || s == "timed_out";
 }
@@ -150,7 +175,6 @@ struct Agent::State : progress::Listener {
   std::optional<double> fixed_timeout;
   double grace_s = 2.0;
   struct Pending {
-    size_t index;  // in the ACC_FAULT list: its marker's name
     FaultSpec spec;
     bool fired = false;  // slow only: it stays, slowing every step from its first
     // Stall only: the step it was reached at; it then waits for the next collective.
@@ -206,17 +230,19 @@ struct Agent::State : progress::Listener {
     return f.rank == rank;
   }
 
-  // The fault's marker: a restarted job (same job directory) does not inject it again. Written
-  // to the disk before the fault fires (a kill follows at once); a failure is logged, not fatal.
-  void mark_fired(size_t index, const FaultSpec& f) {
+  // The fault's marker: a restarted job (same job directory) does not inject it again. Keyed by
+  // the fault's text (its name a hash of it, the text inside), so that a fault list edited
+  // between runs skips only the faults that fired. Written to the disk before the fault fires (a
+  // kill follows at once); a failure is logged, not fatal.
+  void mark_fired(const FaultSpec& f) {
     const fs::path dir = fs::path(job_dir) / "faults";
     std::error_code ec;
     fs::create_directories(dir, ec);
     const nlohmann::json marker = {
         {"fault", f.text}, {"rank", rank}, {"step", step}, {"time", wall_seconds()}};
     try {
-      write_text_file_atomically((dir / ("fired-" + std::to_string(index))).string(),
-                                 marker.dump() + "\n", "fault marker");
+      write_text_file_atomically((dir / fired_marker_name(f.text)).string(), marker.dump() + "\n",
+                                 "fault marker");
     } catch (const Error& e) {
       logging::warn("ACC_FAULT '{}': {}", f.text, e.what());
     }
@@ -263,7 +289,7 @@ struct Agent::State : progress::Listener {
     }
     for (const Pending& p : due) {
       const FaultSpec& f = p.spec;
-      mark_fired(p.index, f);
+      mark_fired(f);
       std::string where = f.phase ? progress::phase_name(*f.phase) : "start";
       if (f.action == FaultAction::kStall) {
         where = what_now.empty() ? "start of the step: no collective since step " +
@@ -281,7 +307,12 @@ struct Agent::State : progress::Listener {
         while (true) std::this_thread::sleep_for(std::chrono::hours(1));  // the watchdog runs on
       }
     }
-    if (slow_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s));
+    // At most kMaxSlowFactor - 1 step times; bounded once more so that no step time makes a sleep
+    // the clock cannot hold.
+    if (slow_s > 0) {
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(std::min(slow_s, kMaxDurationSeconds)));
+    }
   }
 
   void on_step(int64_t s) override {
@@ -502,18 +533,13 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
   auto s = std::make_shared<State>();
   s->rank = world->rank();
   s->world = world->size();
-  s->grace_s = options.grace_s;
-  ACC_CHECK(options.grace_s >= 0, "elastic: grace_s must be >= 0, got ", options.grace_s);
+  s->grace_s = check_duration_seconds(options.grace_s, "elastic: grace_s", ZeroSeconds::kAllowed);
   s->fixed_timeout = options.hang_timeout_s;
-  if (!s->fixed_timeout) {
-    const double t = env::get_double("ACC_HANG_TIMEOUT_SEC", 0.0);
-    if (env::get("ACC_HANG_TIMEOUT_SEC")) {
-      ACC_CHECK(t > 0, "ACC_HANG_TIMEOUT_SEC must be > 0, got ", t);
-      s->fixed_timeout = t;
-    }
+  if (s->fixed_timeout) {
+    check_duration_seconds(*s->fixed_timeout, "elastic: the hang timeout");
+  } else {
+    s->fixed_timeout = env::get_seconds("ACC_HANG_TIMEOUT_SEC");
   }
-  ACC_CHECK(!s->fixed_timeout || *s->fixed_timeout > 0,
-            "elastic: the hang timeout must be > 0, got ", s->fixed_timeout.value_or(0));
   const std::vector<FaultSpec> specs =
       parse_faults(options.faults ? *options.faults : env::get_string("ACC_FAULT", ""));
 
@@ -543,18 +569,17 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
   s->run_dir = (fs::path(s->job_dir) / "hang" / dist::broadcast_text(*world, run, 0)).string();
   s->nodes = dist::allgather_text(*world, node_name());
   s->endpoints = dist::allgather_text(*world, listen_endpoint(s->listen_fd));
-  for (size_t i = 0; i < specs.size(); ++i) {
-    std::error_code ec;
-    if (fs::exists(fs::path(s->job_dir) / "faults" / ("fired-" + std::to_string(i)), ec)) {
-      if (s->rank == 0)
-        logging::info("ACC_FAULT '{}' fired in an earlier run: not again", specs[i].text);
+  const std::set<std::string> fired = fired_faults(s->job_dir);
+  for (const FaultSpec& f : specs) {
+    if (fired.count(f.text)) {
+      if (s->rank == 0) logging::info("ACC_FAULT '{}' fired in an earlier run: not again", f.text);
       continue;
     }
     // A fault not yet fired must name a rank of this job (one that fired may not: the job may
     // have been restarted on fewer ranks since).
-    ACC_CHECK(specs[i].rank < s->world, "ACC_FAULT '", specs[i].text, "': rank ", specs[i].rank,
-              " is not in a job of ", s->world, " rank(s)");
-    s->faults.push_back({i, specs[i], false, std::nullopt});
+    ACC_CHECK(f.rank < s->world, "ACC_FAULT '", f.text, "': rank ", f.rank, " is not in a job of ",
+              s->world, " rank(s)");
+    s->faults.push_back({f, false, std::nullopt});
   }
   s->straggler_every =
       options.straggler_every ? *options.straggler_every : env::get_int("ACC_STRAGGLER_EVERY", 50);
@@ -563,10 +588,11 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
                                                  : env::get_double("ACC_STRAGGLER_FACTOR", 1.5);
   ACC_CHECK(s->straggler_factor > 1.0, "ACC_STRAGGLER_FACTOR must be > 1, got ",
             s->straggler_factor);
-  s->straggler_min_s = options.straggler_min_s ? *options.straggler_min_s
-                                               : env::get_double("ACC_STRAGGLER_MIN_SEC", 0.01);
-  ACC_CHECK(s->straggler_min_s >= 0, "ACC_STRAGGLER_MIN_SEC must be >= 0, got ",
-            s->straggler_min_s);
+  s->straggler_min_s =
+      options.straggler_min_s
+          ? check_duration_seconds(*options.straggler_min_s, "ACC_STRAGGLER_MIN_SEC",
+                                   ZeroSeconds::kAllowed)
+          : env::get_seconds("ACC_STRAGGLER_MIN_SEC", ZeroSeconds::kAllowed).value_or(0.01);
   if (const auto attempt = env::get("ACC_RUN_ATTEMPT"); attempt && s->rank == 0) {
     const fs::path dir = fs::path(s->job_dir) / "attempts" / ("attempt-" + *attempt);
     std::error_code ec;

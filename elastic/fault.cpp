@@ -1,5 +1,7 @@
 #include "acc/elastic/fault.hpp"
 
+#include <set>
+
 #include "acc/util/error.hpp"
 #include "acc/util/parse.hpp"
 
@@ -70,11 +72,15 @@ std::vector<FaultSpec> parse_faults(const std::string& text) {
                 "' (expected kill, stall, slow or kill-node)");
     }
     bool has_rank = false, has_step = false, has_factor = false;
+    std::string factor_text;
+    std::set<std::string> keys;
     for (size_t i = 1; i < parts.size(); ++i) {
       const size_t eq = parts[i].find('=');
       ACC_CHECK(eq != std::string::npos, "ACC_FAULT '", spec, "': '", parts[i],
                 "' is not KEY=VALUE");
       const std::string key = parts[i].substr(0, eq), value = parts[i].substr(eq + 1);
+      // One value per key: "rank=1:rank=2" is a typo, not "the last one wins".
+      ACC_CHECK(keys.insert(key).second, "ACC_FAULT '", spec, "': key '", key, "' is given twice");
       const std::string what = "ACC_FAULT '" + spec + "' " + key;
       if (key == "rank") {
         const int64_t r = parse_int64(value, what);
@@ -89,6 +95,7 @@ std::vector<FaultSpec> parse_faults(const std::string& text) {
         f.phase = parse_phase(value, spec);
       } else if (key == "factor") {
         f.factor = parse_double(value, what);
+        factor_text = value;
         has_factor = true;
       } else {
         ACC_THROW(ValueError, "ACC_FAULT '", spec, "': unknown key '", key,
@@ -98,10 +105,16 @@ std::vector<FaultSpec> parse_faults(const std::string& text) {
     ACC_CHECK(has_rank && has_step, "ACC_FAULT '", spec, "': rank=R and step=S are required");
     if (f.action == FaultAction::kSlow) {
       ACC_CHECK(has_factor && f.factor > 1.0, "ACC_FAULT '", spec,
-                "': slow needs factor=F with F > 1, got ",
-                has_factor ? std::to_string(f.factor) : std::string("none"));
+                "': slow needs factor=F with F > 1, got ", has_factor ? factor_text : "none");
+      ACC_CHECK(f.factor <= kMaxSlowFactor, "ACC_FAULT '", spec, "': factor must be at most ",
+                kMaxSlowFactor, " (a rank slowed more is stalled: use stall), got ", factor_text);
     } else {
       ACC_CHECK(!has_factor, "ACC_FAULT '", spec, "': factor applies to slow only");
+    }
+    // A fault that fired is remembered by its text (JOB/faults): the same text twice would be
+    // one fault, fired once.
+    for (const FaultSpec& earlier : out) {
+      ACC_CHECK(earlier.text != spec, "ACC_FAULT '", spec, "' is listed twice");
     }
     out.push_back(std::move(f));
   }

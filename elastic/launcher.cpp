@@ -1,5 +1,7 @@
 #include "acc/elastic/launcher.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -8,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -58,32 +61,259 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return out;
 }
 
+// acc-run's own stop signals (SIGTERM, SIGINT). The handler only counts them; the loop that waits
+// for a process acts on them (run_attempt): the first is forwarded to the job, a second kills it
+// at once.
+std::atomic<int> g_stop_signal{0};  // the first one received
+std::atomic<int> g_stop_count{0};
+
+void on_stop_signal(int sig) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, sig);
+  g_stop_count.fetch_add(1);
+}
+
+void on_sigpipe(int) {}
+
+// The handlers, for the life of run_elastic (the old ones are put back after it). mpirun and the
+// ranks run in process groups of their own, so a signal to acc-run reaches only acc-run: without
+// these, `kill <acc-run>` or Ctrl-C ended acc-run alone and the job trained on.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    g_stop_count = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    ::sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGTERM, &sa, &old_term_);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    // mpirun's output is relayed through acc-run (OutputRelay): a closed stdout must fail that
+    // write, not kill acc-run and leave the job running. A handler rather than SIG_IGN, which
+    // mpirun would inherit across exec.
+    sa.sa_handler = on_sigpipe;
+    ::sigaction(SIGPIPE, &sa, &old_pipe_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGPIPE, &old_pipe_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_term_, old_int_, old_pipe_;  // filled by sigaction
+};
+
+std::string signal_name(int sig) {
+  if (sig == SIGTERM) return "SIGTERM";
+  if (sig == SIGINT) return "SIGINT";
+  return "signal " + std::to_string(sig);
+}
+
+// mpirun's stdout and stderr, relayed to acc-run's as they come and read for OpenMPI's words for a
+// program it could not start. Its exit code cannot tell that from a rank's failure (a path that
+// cannot be executed gives 132, also 128 + SIGILL; a name not on PATH 134, also 128 + SIGABRT);
+// its output does: "N total processes failed to start" on stdout and "mpirun was unable to
+// launch / find / start the specified ..." on stderr (OpenMPI 4's help-orterun.txt).
+class OutputRelay {
+ public:
+  OutputRelay() {
+    for (auto& p : pipes_) {
+      ACC_CHECK_AS(IoError, ::pipe2(p, O_CLOEXEC) == 0, "acc-run: cannot make a pipe (",
+                   std::strerror(errno), ")");
+    }
+  }
+  ~OutputRelay() {
+    for (auto& p : pipes_) {
+      for (int& fd : p) {
+        if (fd >= 0) ::close(fd);
+      }
+    }
+  }
+  OutputRelay(const OutputRelay&) = delete;
+  OutputRelay& operator=(const OutputRelay&) = delete;
+
+  // In the child, before exec: its stdout and stderr become the pipes (dup2 clears O_CLOEXEC).
+  void in_child() const {
+    ::dup2(pipes_[0][1], STDOUT_FILENO);
+    ::dup2(pipes_[1][1], STDERR_FILENO);
+  }
+  // In acc-run after the fork: only the child writes.
+  void in_parent() {
+    for (auto& p : pipes_) {
+      ::close(p[1]);
+      p[1] = -1;
+      ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
+    }
+  }
+  // Relays what arrives within `wait` (returns as soon as something did).
+  void pump(std::chrono::milliseconds wait) {
+    pollfd fds[2];
+    int which[2], n = 0;
+    for (int i = 0; i < 2; ++i) {
+      if (pipes_[i][0] < 0) continue;
+      fds[n] = {pipes_[i][0], POLLIN, 0};
+      which[n++] = i;
+    }
+    if (n == 0) {
+      std::this_thread::sleep_for(wait);
+      return;
+    }
+    if (::poll(fds, static_cast<nfds_t>(n), static_cast<int>(wait.count())) <= 0) return;
+    for (int k = 0; k < n; ++k) {
+      if (fds[k].revents) read_some(which[k]);
+    }
+  }
+  // Relays what is left: once mpirun has ended, everything it wrote is in the pipes.
+  void drain() {
+    for (int i = 0; i < 2; ++i) {
+      while (read_some(i)) {
+      }
+      check(line_[i]);
+      line_[i].clear();
+    }
+  }
+  // The line in which mpirun said it could not start the program, or "" when it did not.
+  const std::string& launch_failure() const { return failure_; }
+
+ private:
+  // Reads and relays one chunk; false when there was nothing to read (or the pipe is closed).
+  bool read_some(int i) {
+    int& fd = pipes_[i][0];
+    if (fd < 0) return false;
+    char buf[1 << 16];
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      for (ssize_t done = 0; done < n;) {  // a write error (acc-run's output closed) drops it
+        const ssize_t w = ::write(i == 0 ? STDOUT_FILENO : STDERR_FILENO, buf + done,
+                                  static_cast<size_t>(n - done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        done += w;
+      }
+      scan(i, buf, static_cast<size_t>(n));
+      return true;
+    }
+    if (n < 0 && errno == EINTR) return true;
+    if (n == 0 || errno != EAGAIN) {
+      ::close(fd);
+      fd = -1;
+    }
+    return false;
+  }
+  void scan(int i, const char* buf, size_t n) {
+    line_[i].append(buf, n);
+    for (size_t nl; (nl = line_[i].find('\n')) != std::string::npos;) {
+      check(line_[i].substr(0, nl));
+      line_[i].erase(0, nl + 1);
+    }
+    if (line_[i].size() > 4096) {  // no marker is that far into a line
+      check(line_[i]);
+      line_[i].clear();
+    }
+  }
+  void check(const std::string& line) {
+    static const char* const kMarkers[] = {"total processes failed to start",
+                                           "was unable to launch the specified application",
+                                           "was unable to find the specified executable",
+                                           "was unable to start the specified application"};
+    if (!failure_.empty()) return;
+    for (const char* m : kMarkers) {
+      if (line.find(m) != std::string::npos) {
+        const size_t a = line.find_first_not_of(" \t\r");
+        failure_ = line.substr(a, line.find_last_not_of(" \t\r") - a + 1);
+        return;
+      }
+    }
+  }
+  int pipes_[2][2] = {{-1, -1}, {-1, -1}};
+  std::string line_[2], failure_;
+};
+
+// What run_attempt does with acc-run's stop signals: a health check is killed at once; the job is
+// asked first (the signal forwarded to mpirun, which passes SIGTERM to the ranks and ends), and
+// killed, mpirun's process group with SIGKILL, at a second signal or when it has not ended within
+// the grace period.
+enum class OnStop { kKill, kForward };
+
+struct Ended {
+  int code = 0;                // the exit code, or 128 + the signal
+  std::string launch_failure;  // with a relay: mpirun's words for a program it could not start
+  std::string stopped;         // what a stop signal did ("forwarded it to mpirun, ..."), or ""
+};
+
 // Runs argv in its own process group; polls `tick` every 100 ms while it runs (tick() returning
-// true ends it: SIGKILL to the group). When it ends (an exit, a signal, a crash of mpirun itself),
-// whatever is left of its group is killed and reaped (orphans come back to acc-run, a child
-// subreaper, and keep the group): nothing of the attempt is left. Returns the exit code, or 128 +
-// the signal.
+// true ends it: SIGKILL to the group), and acts on acc-run's stop signals (`on_stop`). With
+// `relay`, the process's output goes through acc-run (OutputRelay). When it ends (an exit, a
+// signal, a crash of mpirun itself), whatever is left of its group is killed and reaped (orphans
+// come back to acc-run, a child subreaper, and keep the group): nothing of the attempt is left.
 template <class Tick>
-int run_attempt(const std::vector<std::string>& argv, Tick&& tick) {
+Ended run_attempt(const std::vector<std::string>& argv, Tick&& tick, OnStop on_stop = OnStop::kKill,
+                  double grace_s = 0, bool relay_output = false) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::optional<OutputRelay> relay;
+  if (relay_output) relay.emplace();
   const pid_t pid = ::fork();
   ACC_CHECK_AS(IoError, pid >= 0, "acc-run: fork failed (", std::strerror(errno), ")");
   if (pid == 0) {
     ::setpgid(0, 0);
+    if (relay) relay->in_child();
     ::execvp(args[0], args.data());
     std::fprintf(stderr, "acc-run: cannot run '%s': %s\n", args[0], std::strerror(errno));
     std::_Exit(127);
   }
   ::setpgid(pid, pid);
+  if (relay) relay->in_parent();
+  Ended ended;
   int status = 0;
+  bool killed = false;
+  std::optional<Clock::time_point> forwarded;
+  auto next_tick = Clock::now();
   while (true) {
     const pid_t w = ::waitpid(pid, &status, WNOHANG);
     if (w == pid) break;
     if (w < 0 && errno != EINTR) break;
-    if (tick()) ::kill(-pid, SIGKILL);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto now = Clock::now();
+    if (const int stops = g_stop_count.load(); stops > 0 && !killed) {
+      const std::string sig = signal_name(g_stop_signal.load());
+      std::string kill_why;
+      if (on_stop == OnStop::kKill) {
+        kill_why = "killed";
+      } else if (stops > 1) {
+        kill_why = "a second signal came: the job was killed at once";
+      } else if (!forwarded) {
+        forwarded = now;
+        ended.stopped = "forwarded it to mpirun, which ended the job";
+        logging::warn(
+            "acc-run: {}: stopping the job (forwarded to mpirun; killed if it has not ended in "
+            "{:g} s; a second SIGTERM or SIGINT kills it at once)",
+            sig, grace_s);
+        ::kill(pid, g_stop_signal.load());
+      } else if (seconds_since(*forwarded, now) > grace_s) {
+        kill_why = fmt::format(
+            "the job had not ended {:g} s after it was forwarded to mpirun: it was killed",
+            grace_s);
+      }
+      if (!kill_why.empty()) {
+        ended.stopped = kill_why;
+        if (on_stop == OnStop::kForward) logging::warn("acc-run: {}: {}", sig, kill_why);
+        ::kill(-pid, SIGKILL);
+        killed = true;
+      }
+    } else if (stops == 0 && now >= next_tick) {
+      next_tick = now + std::chrono::milliseconds(100);
+      if (tick()) ::kill(-pid, SIGKILL);
+    }
+    if (relay) {
+      relay->pump(std::chrono::milliseconds(20));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
   ::kill(-pid, SIGKILL);
   // Reap the group's leftovers (orphans handed to us included), for up to 5 s.
@@ -94,9 +324,14 @@ int run_attempt(const std::vector<std::string>& argv, Tick&& tick) {
     if (w < 0 && errno == ECHILD) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+  if (relay) {
+    relay->drain();
+    ended.launch_failure = relay->launch_failure();
+  }
+  ended.code = 1;
+  if (WIFEXITED(status)) ended.code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) ended.code = 128 + WTERMSIG(status);
+  return ended;
 }
 
 // Kills and reaps every child acc-run has left: an attempt's ranks sit in process groups of their
@@ -138,7 +373,7 @@ bool healthy(const LaunchOptions& o, const std::string& node) {
                                std::string("1"), std::string("true")}) {
     argv.push_back(a);
   }
-  return run_attempt(argv, [] { return false; }) == 0;
+  return run_attempt(argv, [] { return false; }).code == 0;
 }
 
 // The nodes that answer and those that do not, checked side by side.
@@ -222,6 +457,9 @@ int run_elastic(const LaunchOptions& o) {
   ACC_CHECK(o.nproc_per_node >= 1, "acc-run: --nproc-per-node must be >= 1, got ",
             o.nproc_per_node);
   ACC_CHECK(o.max_restarts >= 0, "acc-run: --max-restarts must be >= 0, got ", o.max_restarts);
+  check_duration_seconds(o.health_timeout_s, "acc-run: the health timeout");
+  check_duration_seconds(o.stop_grace_s, "acc-run: the stop grace period", ZeroSeconds::kAllowed);
+  const StopSignals stop_signals;
   (void)::prctl(PR_SET_CHILD_SUBREAPER, 1);  // the attempt's orphans come back to acc-run
   std::error_code ec;
   fs::create_directories(o.job_dir, ec);
@@ -267,7 +505,27 @@ int run_elastic(const LaunchOptions& o) {
     }
     write_open();
   };
+  // acc-run was told to stop (SIGTERM, SIGINT) and the job has ended (run_attempt): what is left
+  // of it is killed, the incidents are written, the last saying `what: stopped` and the signal,
+  // and acc-run exits 128 + the signal.
+  auto stop = [&](nlohmann::json inc, const std::string& how) {
+    const int sig = g_stop_signal.load();
+    kill_children();
+    write_open();
+    inc["what"] = "stopped";
+    inc["signal"] = signal_name(sig);
+    inc["summary"] = "acc-run received " + signal_name(sig) + "; " + how;
+    if (!inc.contains("ended_at")) inc["ended_at"] = wall_seconds();
+    write_incident(inc);
+    logging::warn("acc-run: stopped by {}: nothing of the job is left; exiting with {}",
+                  signal_name(sig), 128 + sig);
+    return 128 + sig;
+  };
   for (int attempt = 0;; ++attempt) {
+    if (g_stop_signal.load() != 0) {  // between attempts (a node check may have been cut short)
+      return stop({{"attempt", attempt}, {"nodes", nlohmann::json::array()}},
+                  "stopped before attempt " + std::to_string(attempt) + " was launched");
+    }
     if (static_cast<int>(nodes.size()) < o.min_nodes) {
       logging::error("acc-run: {} node(s) left, fewer than the minimum {}: giving up", nodes.size(),
                      o.min_nodes);
@@ -293,7 +551,7 @@ int run_elastic(const LaunchOptions& o) {
     std::future<std::pair<std::vector<std::string>, std::vector<std::string>>> check;
     std::optional<std::vector<std::string>> lost_in_attempt;
     std::optional<Clock::time_point> analysis_seen;
-    const int rc = run_attempt(argv, [&] {
+    auto tick = [&] {
       const auto now = Clock::now();
       const auto p = try_read_json(progress);
       if (p && p->contains("last_step") && (*p)["last_step"].get<int64_t>() != last_seen) {
@@ -328,7 +586,10 @@ int run_elastic(const LaunchOptions& o) {
       }
       resolve_open(p);
       return false;
-    });
+    };
+    const Ended end =
+        run_attempt(argv, tick, OnStop::kForward, o.stop_grace_s, /*relay_output=*/true);
+    const int rc = end.code;
     if (check.valid()) check.wait();
     kill_children();
     const double ended = wall_seconds();
@@ -337,6 +598,17 @@ int run_elastic(const LaunchOptions& o) {
       write_open();
       logging::info("acc-run: attempt {} finished", attempt);
       return 0;
+    }
+    if (g_stop_signal.load() != 0) {
+      nlohmann::json inc = {{"attempt", attempt},
+                            {"exit_code", rc},
+                            {"nodes", nodes},
+                            {"started_at", started},
+                            {"ended_at", ended}};
+      if (const auto p = try_read_json(progress); p && p->contains("last_step")) {
+        inc["last_step"] = (*p)["last_step"];
+      }
+      return stop(inc, end.stopped.empty() ? "the job ended" : end.stopped);
     }
     // What failed: the hang detector's analysis of this attempt, a fault that fired in it, else
     // the exit code alone.
@@ -363,6 +635,21 @@ int run_elastic(const LaunchOptions& o) {
     if (const auto p = try_read_json(progress); p && p->contains("last_step")) {
       inc["last_step"] = (*p)["last_step"];
     }
+    if (!end.launch_failure.empty()) {  // the same program fails the same way again: no restart
+      inc["what"] = "launch failed";
+      inc["summary"] =
+          "mpirun could not start '" + o.command[0] + "': \"" + end.launch_failure + "\"";
+      inc["gave_up"] =
+          "a launch failure is not restartable (a program that is not there or cannot be "
+          "executed, a working directory that is not there)";
+      write_open();
+      write_incident(inc);
+      logging::error(
+          "acc-run: mpirun could not start the program '{}' (it said: \"{}\"); a launch failure "
+          "is not restartable: giving up, exit code {}",
+          o.command[0], end.launch_failure, kLaunchFailedExitCode);
+      return kLaunchFailedExitCode;
+    }
     std::vector<std::string> left, lost;
     if (lost_in_attempt) {  // just checked: the attempt was ended for it
       lost = *lost_in_attempt;
@@ -375,6 +662,10 @@ int run_elastic(const LaunchOptions& o) {
       }
     } else {
       std::tie(left, lost) = check_nodes(o, nodes);
+      if (g_stop_signal.load() != 0) {  // the check was cut short: its answer means nothing
+        open_incidents.push_back(inc);
+        continue;
+      }
     }
     inc["lost_nodes"] = lost;
     inc["nodes_after"] = left;

@@ -43,7 +43,7 @@ struct AccelerateOptions {
   /// Tracked tensor bytes a rank may use (0: physical memory / local ranks, minus 10% headroom).
   int64_t mem_per_rank = 0;
   /// Seconds the dry-runs may take in all (0: no limit); the search stops dry-running when it
-  /// runs out and says so in the report.
+  /// runs out and says so in the report. At most 604800 (7 days, acc::kMaxDurationSeconds).
   double time_budget_s = 0;
   int top_k = 3;  // candidates dry-run, best predicted first
   int warmup_steps = 1;

@@ -141,7 +141,6 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"acc-search: find the fastest strategy that fits and cache it"};
   using acc::cli::integer;
-  using acc::cli::number;
   // The model and --plan-only's --world are checked with the command line (exit 2), not after.
   app.add_option("--model", a.model, "gpt | llama")
       ->check(CLI::IsMember({"gpt", "llama"}))
@@ -171,7 +170,7 @@ int main(int argc, char** argv) {
   app.add_option("--comm", a.comm,
                  "with --plan-only: collective figures (a search report.json, or its 'comm')");
   app.add_option("--time-budget", a.time_budget, "seconds the dry-runs may take (0: no limit)")
-      ->check(number(0));
+      ->check(acc::cli::seconds(0, acc::cli::kClosed));
   app.add_option("--warmup-steps", a.warmup_steps, "dry-run warm-up steps")
       ->check(integer(0, 1000))
       ->capture_default_str();

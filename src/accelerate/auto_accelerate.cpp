@@ -17,6 +17,7 @@
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
 #include "acc/util/logging.hpp"
+#include "acc/util/parse.hpp"
 #include "acc/util/system.hpp"
 #include "acc/util/timer.hpp"
 
@@ -71,8 +72,7 @@ void check_options(const AccelerateOptions& o, int64_t max_seq_len) {
             max_seq_len, "], got ", o.seq_len);
   ACC_CHECK(o.mem_per_rank >= 0, "auto_accelerate: mem_per_rank must be >= 0 bytes, got ",
             o.mem_per_rank);
-  ACC_CHECK(std::isfinite(o.time_budget_s) && o.time_budget_s >= 0,
-            "auto_accelerate: time_budget_s must be >= 0, got ", o.time_budget_s);
+  check_duration_seconds(o.time_budget_s, "auto_accelerate: time_budget_s", ZeroSeconds::kAllowed);
   ACC_CHECK(o.top_k >= 1, "auto_accelerate: top_k must be >= 1, got ", o.top_k);
   ACC_CHECK(o.warmup_steps >= 0 && o.measured_steps >= 1,
             "auto_accelerate: needs warmup_steps >= 0 and measured_steps >= 1, got ",

@@ -52,11 +52,18 @@ CommEngine& CommEngine::instance() {
 
 void CommEngine::start() {
   if (running_.load()) return;
-  poll_us_ = static_cast<int>(env::get_int("ACC_COMM_POLL_US", 20));
-  ACC_CHECK(poll_us_ >= 0, "ACC_COMM_POLL_US must be >= 0, got ", poll_us_);
-  max_poll_us_ = static_cast<int>(env::get_int("ACC_COMM_MAX_POLL_US", 256));
-  ACC_CHECK(max_poll_us_ >= poll_us_, "ACC_COMM_MAX_POLL_US must be >= ACC_COMM_POLL_US (",
-            poll_us_, "), got ", max_poll_us_);
+  // Poll intervals in whole microseconds, checked before they are narrowed to int (99999999999
+  // wrapped to a 20-minute poll): at most 1 s, beyond which a poll is a stall of its own.
+  constexpr int64_t kMaxPollUs = 1000000;
+  const int64_t poll = env::get_int("ACC_COMM_POLL_US", 20);
+  ACC_CHECK(poll >= 0 && poll <= kMaxPollUs, "ACC_COMM_POLL_US must be >= 0 and at most ",
+            kMaxPollUs, " (1 s), got ", poll);
+  const int64_t max_poll = env::get_int("ACC_COMM_MAX_POLL_US", 256);
+  ACC_CHECK(max_poll >= poll && max_poll <= kMaxPollUs,
+            "ACC_COMM_MAX_POLL_US must be >= ", "ACC_COMM_POLL_US (", poll, ") and at most ",
+            kMaxPollUs, " (1 s), got ", max_poll);
+  poll_us_ = static_cast<int>(poll);
+  max_poll_us_ = static_cast<int>(max_poll);
   check_mpi(MPI_Op_create(&bf16_sum_fn, 1, &bf16_sum_), "MPI_Op_create(bf16 sum)");
   check_mpi(MPI_Op_create(&bf16_max_fn, 1, &bf16_max_), "MPI_Op_create(bf16 max)");
   stopping_ = false;

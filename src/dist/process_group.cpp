@@ -7,6 +7,7 @@
 #include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/logging.hpp"
+#include "acc/util/parse.hpp"
 #include "acc/util/progress.hpp"
 #include "comm_engine.hpp"
 
@@ -25,9 +26,7 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 std::chrono::milliseconds default_timeout() {
-  const double s = env::get_double("ACC_COMM_TIMEOUT_SEC", 300.0);
-  ACC_CHECK(s > 0, "ACC_COMM_TIMEOUT_SEC must be > 0, got ", s);
-  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+  return duration_ms(env::get_seconds("ACC_COMM_TIMEOUT_SEC").value_or(300.0));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -358,6 +357,10 @@ namespace detail {
 struct PgAccess {
   static WorkPtr make_work(GroupState& s, const std::string& op, const Tensor* t, int peer,
                            std::optional<std::chrono::milliseconds> timeout) {
+    // The call's own timeout, else the group's, else the process default (read now: tests and
+    // launchers set ACC_COMM_TIMEOUT_SEC before the first collective, not before init). Read
+    // before anything is numbered or recorded: a bad ACC_COMM_TIMEOUT_SEC throws here.
+    const auto limit = timeout ? *timeout : s.timeout ? *s.timeout : default_timeout();
     const uint64_t seq = ++s.seq;
     // Marked before the op is recorded or issued: fault injection stops a rank right here.
     progress::phase(progress::Phase::kCollective, [&] {
@@ -374,9 +377,6 @@ struct PgAccess {
     r.peer = peer;
     const size_t id = s.recorder.record(std::move(r));
     progress::issued();
-    // The call's own timeout, else the group's, else the process default (read now: tests and
-    // launchers set ACC_COMM_TIMEOUT_SEC before the first collective, not before init).
-    const auto limit = timeout ? *timeout : s.timeout ? *s.timeout : default_timeout();
     return std::make_shared<Work>(op, s.name, seq, s.rank, s.size, limit, &s.recorder, id);
   }
 };
@@ -561,6 +561,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(
     int color, int key, const std::string& name, std::optional<std::chrono::milliseconds> timeout) {
   ACC_CHECK(!timeout || timeout->count() > 0, "split: the timeout of group '", name,
             "' must be > 0 ms, got ", timeout ? timeout->count() : 0);
+  ACC_CHECK(!timeout || *timeout <= duration_ms(kMaxDurationSeconds),
+            "split: the timeout of group '", name, "' must be at most ",
+            duration_ms(kMaxDurationSeconds).count(), " ms (7 days: every timeout is finite), got ",
+            timeout ? timeout->count() : 0);
   auto child = std::make_shared<detail::GroupState>();
   child->name = name;
   child->timeout = timeout;

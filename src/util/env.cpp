@@ -26,6 +26,12 @@ double get_double(const char* name, double fallback) {
   return parse_double(*v, std::string("environment variable ") + name);
 }
 
+std::optional<double> get_seconds(const char* name, ZeroSeconds zero) {
+  auto v = get(name);
+  if (!v) return std::nullopt;
+  return parse_duration_seconds(*v, std::string("environment variable ") + name, zero);
+}
+
 std::string get_string(const char* name, const std::string& fallback) {
   auto v = get(name);
   return v ? *v : fallback;

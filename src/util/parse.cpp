@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 
 #include "acc/util/error.hpp"
 
@@ -34,6 +35,55 @@ std::optional<std::string> finite_double_error(const std::string& text) {
   if (end == text.c_str() || *end != '\0') return "must be a number, got '" + text + "'";
   if (!std::isfinite(x) || errno == ERANGE) return "must be a finite number, got '" + text + "'";
   return std::nullopt;
+}
+
+namespace {
+
+// Why a number of seconds (`shown` as the message shows it) is out of range, or nothing.
+std::optional<std::string> duration_range_error(double s, ZeroSeconds zero,
+                                                const std::string& shown) {
+  if (zero == ZeroSeconds::kRefused && !(s > 0)) return "must be > 0, got " + shown;
+  if (zero == ZeroSeconds::kAllowed && !(s >= 0)) return "must be >= 0, got " + shown;
+  if (s > kMaxDurationSeconds) {
+    return detail::str_cat("must be at most ", static_cast<int64_t>(kMaxDurationSeconds),
+                           " seconds (7 days: every timeout is finite), got ", shown);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> duration_seconds_error(const std::string& text, ZeroSeconds zero) {
+  if (auto e = finite_double_error(text)) {
+    return e->rfind("must be a finite", 0) == 0
+               ? "must be a finite number of seconds, got '" + text + "'"
+               : "must be a number of seconds, got '" + text + "'";
+  }
+  return duration_range_error(std::strtod(text.c_str(), nullptr), zero, "'" + text + "'");
+}
+
+double parse_duration_seconds(const std::string& text, const std::string& what, ZeroSeconds zero) {
+  if (auto e = duration_seconds_error(text, zero)) ACC_THROW(ValueError, what, " ", *e);
+  return std::strtod(text.c_str(), nullptr);
+}
+
+double check_duration_seconds(double seconds, const std::string& what, ZeroSeconds zero) {
+  std::ostringstream shown;
+  shown << seconds;
+  if (!std::isfinite(seconds)) {
+    ACC_THROW(ValueError, what, " must be a finite number of seconds, got ", shown.str());
+  }
+  if (auto e = duration_range_error(seconds, zero, shown.str())) {
+    ACC_THROW(ValueError, what, " ", *e);
+  }
+  return seconds;
+}
+
+std::chrono::milliseconds duration_ms(double seconds) {
+  ACC_CHECK_INTERNAL(seconds >= 0 && seconds <= kMaxDurationSeconds,
+                     "duration_ms: an unchecked duration of ", seconds, " s");
+  const int64_t ms = std::llround(seconds * 1000.0);
+  return std::chrono::milliseconds(ms == 0 && seconds > 0 ? 1 : ms);
 }
 
 namespace {

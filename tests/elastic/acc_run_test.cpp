@@ -2,22 +2,29 @@
 // and a rank stalled, each restart the job on the same node, which resumes from the newest
 // committed checkpoint and ends with bitwise the losses of a run that never failed (same layout,
 // deterministic); the incident log says what happened. A soak of random faults does the same.
+// SIGTERM and SIGINT to acc-run end the job: nothing of it is left, the incident says so.
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <thread>
 
 #include "acc/elastic/launcher.hpp"
 #include "acc/util/error.hpp"
 #include "command.hpp"
 #include "error_of.hpp"
 #include "files.hpp"
+#include "job_processes.hpp"
 
 namespace fs = std::filesystem;
 
@@ -49,29 +56,7 @@ std::vector<double> uninterrupted_losses() {
   return losses;
 }
 
-// The processes whose environment has ACC_JOB_DIR=job (mpirun exports it to every rank), by pid
-// and command: what a job left behind (other tests' jobs, running beside, have other ones).
-std::vector<std::string> processes_of(const fs::path& job) {
-  const std::string want = "ACC_JOB_DIR=" + job.string();
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& d : fs::directory_iterator("/proc", ec)) {
-    const std::string pid = d.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream env(d.path() / "environ", std::ios::binary);
-    std::string var;
-    while (std::getline(env, var, '\0')) {
-      if (var == want) {
-        std::ifstream cmd(d.path() / "cmdline");
-        std::string c;
-        std::getline(cmd, c, '\0');
-        out.push_back(pid + " " + c);
-        break;
-      }
-    }
-  }
-  return out;
-}
+using acc::test::processes_of;
 
 struct Job {
   acc::test::CommandResult result;
@@ -183,6 +168,133 @@ TEST(AccRun, ASoakOfRandomFaultsEndsWithTheUninterruptedLosses) {
   EXPECT_EQ(j.log.back()["step"], 9);
   expect_losses_continue(j, j.log.front()["step"].get<int64_t>());
   EXPECT_EQ(processes_of(dir / "job"), std::vector<std::string>{}) << "left running";
+  fs::remove_all(dir);
+}
+
+// acc-run on localhost in the background, with `env` before it, running `program` as 4 ranks.
+std::string acc_run_command(const fs::path& dir, const std::string& env, const std::string& program,
+                            const std::string& mpirun_args = "") {
+  { std::ofstream(dir / "hosts") << "localhost slots=4\n"; }
+  return env + " " + ACC_RUN_BIN + " --hostfile " + (dir / "hosts").string() +
+         " --nnodes 1 --nproc-per-node 4 --max-restarts 2 --job-dir " + (dir / "job").string() +
+         " --mpirun " + MPIEXEC_BIN + " --mpirun-args '--oversubscribe --bind-to none " +
+         mpirun_args + "' -- " + program;
+}
+
+// train_gpt that trains until it is stopped (100000 steps; a checkpoint every 5, 2 kept).
+std::string endless_train_gpt(const fs::path& dir) {
+  const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
+  return std::string(TRAIN_GPT_BIN) + " --model gpt --data " + data +
+         " --data-format u16 --data-order sequential --seq-len 16 --global-batch 8 --steps 100000"
+         " --lr 3e-3 --seed 5 --threads 1 --strategy '[{\"name\": \"ddp\"}]' --save-every 5"
+         " --keep 2 --resume auto --ckpt-dir " +
+         (dir / "ck").string() + " --log-every 1000 --log-json " + (dir / "log.jsonl").string();
+}
+
+// Waits up to 60 s for `ready()`, polling every 50 ms.
+bool wait_for(const std::function<bool()>& ready) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+// The job has logged at least `n` steps.
+std::function<bool()> steps_logged(const fs::path& dir, size_t n) {
+  return [dir, n] { return read_jsonl(dir / "log.jsonl").size() >= n; };
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The last incident is acc-run's stop by `sig` of attempt 0.
+void expect_stopped_incident(const fs::path& dir, const std::string& sig,
+                             const std::string& summary, const std::string& output) {
+  const auto incidents = read_jsonl(dir / "job" / "incidents.jsonl");
+  ASSERT_FALSE(incidents.empty()) << output;
+  const nlohmann::json& inc = incidents.back();
+  EXPECT_EQ(inc.value("what", ""), "stopped") << inc.dump();
+  EXPECT_EQ(inc.value("signal", ""), sig) << inc.dump();
+  EXPECT_EQ(inc.value("attempt", -1), 0) << inc.dump();
+  EXPECT_NE(inc.value("summary", "").find(summary), std::string::npos) << inc.dump();
+}
+
+// SIGTERM or SIGINT to acc-run mid-job (kill <acc-run>, Ctrl-C): mpirun and the ranks run in
+// process groups of their own, so before, only acc-run died and the job trained on. Now acc-run
+// forwards it, the job ends, nothing of it is left within 10 s, the incident says it stopped and
+// acc-run exits 128 + the signal.
+TEST(AccRun, SigtermAndSigintStopTheJobAndLeaveNothing) {
+  for (const int sig : {SIGTERM, SIGINT}) {
+    const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    SCOPED_TRACE(name);
+    const fs::path dir = acc::test::fresh_dir("run_test_signal");
+    acc::test::Background run(acc_run_command(dir, "", endless_train_gpt(dir)), dir / "out.txt");
+    ASSERT_TRUE(wait_for(steps_logged(dir, 3))) << run.output();
+    const auto signalled = std::chrono::steady_clock::now();
+    run.signal(sig);
+    const auto code = run.wait(std::chrono::seconds(10));
+    EXPECT_EQ(code, 128 + sig) << run.output();
+    EXPECT_LT(seconds_since(signalled), 10.0);
+    const auto rest = std::chrono::seconds(10) - (std::chrono::steady_clock::now() - signalled);
+    EXPECT_EQ(acc::test::processes_left(dir / "job", rest), std::vector<std::string>{})
+        << "left running";
+    expect_stopped_incident(dir, name, "forwarded it to mpirun, which ended the job", run.output());
+    const size_t logged = read_jsonl(dir / "log.jsonl").size();
+    EXPECT_LT(logged, 100000u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_EQ(read_jsonl(dir / "log.jsonl").size(), logged) << "the job trained on";
+    fs::remove_all(dir);
+  }
+}
+
+// Ranks that ignore SIGTERM (a job stuck in a save, say), with mpirun told to wait 30 s before it
+// kills them: one SIGTERM ends the job after acc-run's grace period (5 s); a second Ctrl-C ends it
+// at once.
+const std::string kStubbornRanks = "sh -c 'trap \"\" TERM INT; sleep 600'";
+const std::string kPatientMpirun = "--mca odls_base_sigkill_timeout 30";
+
+TEST(AccRun, AJobThatIgnoresSigtermIsKilledAfterTheGracePeriod) {
+  const fs::path dir = acc::test::fresh_dir("run_test_grace");
+  acc::test::Background run(acc_run_command(dir, "", kStubbornRanks, kPatientMpirun),
+                            dir / "out.txt");
+  ASSERT_TRUE(wait_for([&] { return processes_of(dir / "job").size() >= 4; })) << run.output();
+  const auto signalled = std::chrono::steady_clock::now();
+  run.signal(SIGTERM);
+  const auto code = run.wait(std::chrono::seconds(10));
+  const double took = seconds_since(signalled);
+  EXPECT_EQ(code, 128 + SIGTERM) << run.output();
+  EXPECT_GE(took, 5.0) << "killed before the grace period ended";
+  EXPECT_LT(took, 10.0);
+  EXPECT_EQ(acc::test::processes_left(dir / "job", std::chrono::seconds(1)),
+            std::vector<std::string>{})
+      << "left running";
+  expect_stopped_incident(dir, "SIGTERM",
+                          "the job had not ended 5 s after it was forwarded to mpirun: it was "
+                          "killed",
+                          run.output());
+  fs::remove_all(dir);
+}
+
+TEST(AccRun, ASecondCtrlCStopsAtOnce) {
+  const fs::path dir = acc::test::fresh_dir("run_test_twice");
+  acc::test::Background run(acc_run_command(dir, "", kStubbornRanks, kPatientMpirun),
+                            dir / "out.txt");
+  ASSERT_TRUE(wait_for([&] { return processes_of(dir / "job").size() >= 4; })) << run.output();
+  run.signal(SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto again = std::chrono::steady_clock::now();
+  run.signal(SIGINT);
+  const auto code = run.wait(std::chrono::seconds(10));
+  EXPECT_EQ(code, 128 + SIGINT) << run.output();
+  EXPECT_LT(seconds_since(again), 2.0) << "not at once";
+  EXPECT_EQ(acc::test::processes_left(dir / "job", std::chrono::seconds(1)),
+            std::vector<std::string>{})
+      << "left running";
+  expect_stopped_incident(dir, "SIGINT", "a second signal came: the job was killed at once",
+                          run.output());
   fs::remove_all(dir);
 }
 

@@ -70,6 +70,8 @@ TEST(Agent, BadOptionsAreNamed) {
   };
   const std::vector<Case> cases = {
       {[](AgentOptions& o) { o.hang_timeout_s = 0; }, "hang timeout must be > 0, got 0"},
+      {[](AgentOptions& o) { o.hang_timeout_s = 1e300; },
+       "hang timeout must be at most 604800 seconds (7 days: every timeout is finite), got 1e+300"},
       {[](AgentOptions& o) { o.grace_s = -1; }, "grace_s must be >= 0, got -1"},
       {[](AgentOptions& o) { o.straggler_factor = 1.0; },
        "ACC_STRAGGLER_FACTOR must be > 1, got 1"},
@@ -128,7 +130,13 @@ TEST(Faults, BadSpecsAreNamed) {
         Case{"kill:rank=1:step=1:factor=2", "factor applies to slow only"},
         Case{"slow:rank=1:step=1", "slow needs factor=F with F > 1"},
         Case{"slow:rank=1:step=1:factor=0.5", "slow needs factor=F with F > 1"},
-        Case{"kill:rank=1:step", "is not KEY=VALUE"}}) {
+        Case{"kill:rank=1:step", "is not KEY=VALUE"},
+        Case{"kill:rank=1:rank=2:step=3", "'kill:rank=1:rank=2:step=3': key 'rank' is given twice"},
+        Case{"slow:rank=1:step=2:factor=2:factor=3", "key 'factor' is given twice"},
+        Case{"slow:rank=0:step=1:factor=1e308",
+             "factor must be at most 1000 (a rank slowed more is stalled: use stall), got 1e308"},
+        Case{"slow:rank=0:step=1:factor=0.5", "slow needs factor=F with F > 1, got 0.5"},
+        Case{"kill:rank=0:step=2;kill:rank=0:step=2", "'kill:rank=0:step=2' is listed twice"}}) {
     const std::string msg = test::error_of<ValueError>([&] { parse_faults(c.spec); });
     EXPECT_NE(msg.find(c.message), std::string::npos) << c.spec << ": " << msg;
     EXPECT_NE(msg.find("ACC_FAULT"), std::string::npos) << msg;

@@ -24,12 +24,17 @@ nlohmann::json read_json(const fs::path& p) {
   return nlohmann::json::parse(in);
 }
 
-// The one run directory under JOB/hang.
+// The one entry of a directory (the run directory under JOB/hang, the fault marker under
+// JOB/faults).
+fs::path only_entry(const fs::path& dir) {
+  std::vector<fs::path> entries;
+  for (const auto& d : fs::directory_iterator(dir)) entries.push_back(d.path());
+  EXPECT_EQ(entries.size(), 1u) << dir;
+  return entries.empty() ? fs::path() : entries.front();
+}
+
 fs::path run_dir(const fs::path& job) {
-  std::vector<fs::path> runs;
-  for (const auto& d : fs::directory_iterator(job / "hang")) runs.push_back(d.path());
-  EXPECT_EQ(runs.size(), 1u);
-  return runs.empty() ? fs::path() : runs.front();
+  return only_entry(job / "hang");
 }
 
 std::string train_gpt_job(int ranks, const fs::path& job, const std::string& fault,
@@ -65,7 +70,8 @@ TEST(HangDetector, NamesTheStalledRankAndItsCollective) {
   EXPECT_EQ(g["lagging"][0]["last_completed_seq"].get<uint64_t>() + 1, g["seq"].get<uint64_t>());
   EXPECT_EQ(g["lagging"][0]["step"], 3);
   // Found within the timeout + 2 s of the stall: every rank's report against the fault's time.
-  const nlohmann::json fired = read_json(job / "faults" / "fired-0");
+  const nlohmann::json fired = read_json(only_entry(job / "faults"));
+  EXPECT_EQ(fired["fault"], "stall:rank=1:step=3:phase=collective") << fired.dump();
   for (int rank = 0; rank < 4; ++rank) {
     const nlohmann::json rep = read_json(run / ("rank-" + std::to_string(rank) + ".json"));
     const double after = rep["time"].get<double>() - fired["time"].get<double>();

@@ -8,13 +8,20 @@
 // 10 s of the ranks' death, and nothing is left running. A partition (node 2's link cut, its ranks
 // alive) ends the same way. Faults on healthy nodes (a rank killed, a node's ranks killed, a rank
 // stalled, a rank slowed) restart the job on the same two nodes, or (slowed) only name the
-// straggler. Skipped, saying why, where namespaces cannot be made (not root, no iproute2).
+// straggler. SIGTERM and SIGINT to acc-run end the job on both nodes. Skipped, saying why, where
+// namespaces cannot be made (not root, no iproute2), except when the environment variable CI is
+// set: CI runs as root and can make them, so there a skip would hide that the tests never ran, and
+// it fails instead.
 
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -23,6 +30,7 @@
 
 #include "command.hpp"
 #include "files.hpp"
+#include "job_processes.hpp"
 
 namespace fs = std::filesystem;
 
@@ -71,6 +79,11 @@ class AccRunNodes : public testing::Test {
  protected:
   void SetUp() override {
     const auto can = acc::test::run_command(kNodes + " check");
+    if (can.exit_code != 0 && std::getenv("CI") != nullptr) {
+      FAIL() << "network namespaces cannot be made here, and CI is set (CI runs as root and can "
+                "make them: these tests must run there, not be skipped): "
+             << can.output;
+    }
     if (can.exit_code != 0) {
       GTEST_SKIP() << "network namespaces cannot be made here: " << can.output;
     }
@@ -79,6 +92,13 @@ class AccRunNodes : public testing::Test {
   }
   std::unique_ptr<Nodes> nodes_;
 };
+
+// The mpirun arguments for the two nodes.
+std::string two_node_mpirun_args() {
+  return "--oversubscribe --bind-to none --mca plm_rsh_agent " + kRsh +
+         " --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include "
+         "10.77.0.0/24";
+}
 
 // The logged losses `got` (by their "step") equal `want`, whose first entry is step `first`.
 void expect_losses(const std::vector<nlohmann::json>& got, const std::vector<double>& want,
@@ -100,10 +120,7 @@ acc::test::CommandResult run_on_two_nodes(const fs::path& dir, const std::string
                                           int max_restarts = 6,
                                           const std::string& strategy = kDdp) {
   std::ofstream(dir / "hosts") << "10.77.0.11 slots=2\n10.77.0.12 slots=2\n";
-  const std::string mpi_args =
-      "--oversubscribe --bind-to none --mca plm_rsh_agent " + kRsh +
-      " --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include "
-      "10.77.0.0/24";
+  const std::string mpi_args = two_node_mpirun_args();
   std::atomic<bool> done{false};
   std::thread cutter([&] {
     while (!done && !cut_now()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -134,11 +151,17 @@ std::vector<double> reference_losses(const fs::path& dir, int ranks, const std::
   return out;
 }
 
-void expect_nothing_left() {
+// The processes of both nodes (every process in their namespaces: daemons and ranks).
+std::string processes_in_nodes() {
+  std::string out;
   for (const char* ns : {"accn1", "accn2"}) {
-    const auto pids = acc::test::run_command(std::string("ip netns pids ") + ns);
-    EXPECT_EQ(pids.output, "") << ns;
+    out += acc::test::run_command(std::string("ip netns pids ") + ns).output;
   }
+  return out;
+}
+
+void expect_nothing_left() {
+  EXPECT_EQ(processes_in_nodes(), "");
 }
 
 TEST_F(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
@@ -150,10 +173,15 @@ TEST_F(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
       std::string(ACC_SEARCH_BIN) + " --plan-only --world 4 --model gpt --config " + kConfig +
       " --global-batch 8 --seq-len 16 --out " + cache);
   ASSERT_EQ(planned.exit_code, 0) << planned.output;
-  // The node dies with its ranks: its link goes down as soon as the fault has fired.
+  // The node dies with its ranks: its link goes down as soon as the fault has fired (its marker
+  // is written, JOB/faults/fired-<hash of its text>).
   const auto r = run_on_two_nodes(
       dir, "ACC_FAULT=kill-node:rank=2:step=5", 4.0,
-      [&] { return fs::exists(dir / "job" / "faults" / "fired-0"); }, 3, cache);
+      [&] {
+        std::error_code ec;
+        return fs::directory_iterator(dir / "job" / "faults", ec) != fs::directory_iterator();
+      },
+      3, cache);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("re-planned for 2"), std::string::npos) << r.output;
   // The incident of the lost node (mpirun itself now and then dies at start on these
@@ -246,6 +274,53 @@ TEST_F(AccRunNodes, APartitionIsDiagnosedAndLeftBehind) {
   EXPECT_EQ(log.back()["step"], 9);
   expect_nothing_left();
   fs::remove_all(dir);
+}
+
+// SIGTERM, then SIGINT, to acc-run while the job trains on both nodes (two jobs, one after the
+// other): before, acc-run alone died and the job trained on in the namespaces. Now the job ends,
+// no process is left in either node (nor any with the job's ACC_JOB_DIR) within 10 s of the
+// signal, the incident says it stopped and acc-run exits 128 + the signal.
+TEST_F(AccRunNodes, SigtermAndSigintStopTheJobOnEveryNode) {
+  for (const int sig : {SIGTERM, SIGINT}) {
+    const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    SCOPED_TRACE(name);
+    const fs::path dir = acc::test::fresh_dir("netns_test_signal");
+    std::ofstream(dir / "hosts") << "10.77.0.11 slots=2\n10.77.0.12 slots=2\n";
+    std::string train = train_args(dir, (dir / "ck").string(), "auto");
+    train.replace(train.find("--steps 10 "), 11, "--steps 100000 ");  // trains until stopped
+    acc::test::Background run(std::string(ACC_RUN_BIN) + " --hostfile " + (dir / "hosts").string() +
+                                  " --nnodes 1:2 --nproc-per-node 2 --max-restarts 6 --job-dir " +
+                                  (dir / "job").string() + " --mpirun " + MPIEXEC_BIN +
+                                  " --mpirun-args '" + two_node_mpirun_args() + "' -- " + train,
+                              dir / "out.txt");
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (read_jsonl(dir / "log.jsonl").size() < 3 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_GE(read_jsonl(dir / "log.jsonl").size(), 3u) << run.output();
+    ASSERT_NE(processes_in_nodes(), "") << "the job runs in the nodes";
+    const auto signalled = std::chrono::steady_clock::now();
+    run.signal(sig);
+    EXPECT_EQ(run.wait(std::chrono::seconds(10)), 128 + sig) << run.output();
+    const auto rest = std::chrono::seconds(10) - (std::chrono::steady_clock::now() - signalled);
+    EXPECT_EQ(acc::test::processes_left(dir / "job", rest), std::vector<std::string>{})
+        << "left running";
+    std::string in_nodes = processes_in_nodes();
+    while (!in_nodes.empty() &&
+           std::chrono::steady_clock::now() - signalled < std::chrono::seconds(10)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      in_nodes = processes_in_nodes();
+    }
+    EXPECT_EQ(in_nodes, "") << "left running in the nodes";
+    const auto incidents = read_jsonl(dir / "job" / "incidents.jsonl");
+    ASSERT_FALSE(incidents.empty()) << run.output();
+    EXPECT_EQ(incidents.back().value("what", ""), "stopped") << incidents.back().dump();
+    EXPECT_EQ(incidents.back().value("signal", ""), name) << incidents.back().dump();
+    EXPECT_EQ(incidents.back().value("nodes", nlohmann::json()),
+              nlohmann::json({"10.77.0.11", "10.77.0.12"}))
+        << incidents.back().dump();
+    fs::remove_all(dir);
+  }
 }
 
 }  // namespace

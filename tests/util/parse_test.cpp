@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <utility>
 
 #include "acc/util/error.hpp"
@@ -49,6 +50,56 @@ TEST(Parse, SizesWithUnits) {
   }
   EXPECT_NE(error_of([] { parse_bytes("9000000TiB", "x"); }).find("does not fit"),
             std::string::npos);
+}
+
+// Durations: every timeout and threshold in seconds from the environment, a file or a flag.
+TEST(Parse, DurationsFiniteAndAtMostSevenDays) {
+  EXPECT_DOUBLE_EQ(parse_duration_seconds("300", "x"), 300.0);
+  EXPECT_DOUBLE_EQ(parse_duration_seconds("2.5", "x"), 2.5);
+  EXPECT_DOUBLE_EQ(parse_duration_seconds("1e3", "x"), 1000.0);
+  EXPECT_DOUBLE_EQ(parse_duration_seconds("604800", "x"), kMaxDurationSeconds);
+  EXPECT_DOUBLE_EQ(parse_duration_seconds("0", "x", ZeroSeconds::kAllowed), 0.0);
+  // "A huge timeout" is refused by name and value: these overflowed the clocks (1e10, 9.3e9:
+  // the first collective failed at once; 1e300: "within -9223372036854775808 ms").
+  for (const char* huge : {"1e10", "9.3e9", "1e300", "604800.5"}) {
+    EXPECT_EQ(error_of([&] { parse_duration_seconds(huge, "ACC_COMM_TIMEOUT_SEC"); }),
+              std::string("ACC_COMM_TIMEOUT_SEC must be at most 604800 seconds (7 days: every "
+                          "timeout is finite), got '") +
+                  huge + "'");
+  }
+  EXPECT_EQ(error_of([] { parse_duration_seconds("0", "ACC_HANG_TIMEOUT_SEC"); }),
+            "ACC_HANG_TIMEOUT_SEC must be > 0, got '0'");
+  EXPECT_EQ(error_of([] { parse_duration_seconds("-1", "x", ZeroSeconds::kAllowed); }),
+            "x must be >= 0, got '-1'");
+  EXPECT_EQ(error_of([] { parse_duration_seconds("inf", "x"); }),
+            "x must be a finite number of seconds, got 'inf'");
+  EXPECT_EQ(error_of([] { parse_duration_seconds("1e999", "x"); }),
+            "x must be a finite number of seconds, got '1e999'");
+  EXPECT_EQ(error_of([] { parse_duration_seconds("5s", "x"); }),
+            "x must be a number of seconds, got '5s'");
+  for (const char* bad : {"", " 1", "nan", "-inf", "1,5", "1 s"}) {
+    EXPECT_NE(error_of([&] { parse_duration_seconds(bad, "x"); }), "(no error)") << bad;
+  }
+}
+
+TEST(Parse, DurationsGivenInCodeAreCheckedTheSameWay) {
+  EXPECT_DOUBLE_EQ(check_duration_seconds(4.5, "x"), 4.5);
+  EXPECT_EQ(error_of([] { check_duration_seconds(1e300, "elastic: the hang timeout"); }),
+            "elastic: the hang timeout must be at most 604800 seconds (7 days: every timeout is "
+            "finite), got 1e+300");
+  EXPECT_EQ(error_of([] { check_duration_seconds(0, "t"); }), "t must be > 0, got 0");
+  EXPECT_EQ(error_of([] { check_duration_seconds(-0.5, "t", ZeroSeconds::kAllowed); }),
+            "t must be >= 0, got -0.5");
+  EXPECT_EQ(error_of([] { check_duration_seconds(std::nan(""), "t"); }),
+            "t must be a finite number of seconds, got nan");
+}
+
+TEST(Parse, DurationsInMillisecondsNeverRoundAPositiveOneToZero) {
+  EXPECT_EQ(duration_ms(300).count(), 300000);
+  EXPECT_EQ(duration_ms(0.0001).count(), 1);
+  EXPECT_EQ(duration_ms(0).count(), 0);
+  EXPECT_EQ(duration_ms(kMaxDurationSeconds).count(), 604800000);
+  EXPECT_THROW(duration_ms(1e10), InternalError);
 }
 
 }  // namespace

@@ -37,7 +37,10 @@ namespace acc::dist {
 enum class ReduceOp { kSum, kAvg, kMax };
 const char* reduce_op_name(ReduceOp op);
 
-/// The timeout every collective gets unless told otherwise: ACC_COMM_TIMEOUT_SEC (default 300).
+/// The timeout every collective gets unless told otherwise: ACC_COMM_TIMEOUT_SEC (default 300),
+/// read with acc::env::get_seconds: a finite number of seconds > 0 and at most 604800 (7 days,
+/// acc::kMaxDurationSeconds). A larger one is refused, not taken as "no timeout": every collective
+/// has a finite timeout. Throws acc::ValueError naming the variable and its value.
 std::chrono::milliseconds default_timeout();
 
 /// Seconds that threads of this process have spent blocked in Work::wait since it started, summed
@@ -129,7 +132,8 @@ class ProcessGroup {
   /// default_timeout()): how a dry-run gives every collective of a candidate a short limit, so a
   /// rank whose candidate failed does not keep the others waiting for the job's timeout. All ranks
   /// passing one color get a new communicator: what is left in flight on it after a failure never
-  /// matches a later call on this group.
+  /// matches a later call on this group. Throws acc::ValueError for a timeout not above 0 or above
+  /// 7 days (acc::kMaxDurationSeconds).
   std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name,
                                       std::optional<std::chrono::milliseconds> timeout = {});
 

@@ -33,7 +33,9 @@ struct AgentOptions {
   /// to it. A directory given is made at start.
   std::string job_dir;
   /// A fixed hang timeout in seconds; default ACC_HANG_TIMEOUT_SEC, else learned
-  /// (Agent::timeout_s).
+  /// (Agent::timeout_s). Like every duration here (and ACC_STRAGGLER_MIN_SEC), a finite number of
+  /// seconds, at most 604800 (7 days, acc::kMaxDurationSeconds): a larger one is refused, not
+  /// read as "no timeout".
   std::optional<double> hang_timeout_s;
   /// How long a rank that found a hang waits for the other ranks' reports.
   double grace_s = 2.0;
@@ -55,8 +57,10 @@ class Agent {
  public:
   /// Starts the agent of this rank: a collective over `world` (the job directory, the run's id,
   /// every rank's node). Watches `world`'s flight recorder; installs itself as the progress
-  /// listener. Throws acc::ValueError for a bad ACC_FAULT or ACC_HANG_TIMEOUT_SEC, acc::IoError
-  /// when the job directory cannot be made.
+  /// listener. Throws acc::ValueError for a bad ACC_FAULT, ACC_STRAGGLER_EVERY or
+  /// ACC_STRAGGLER_FACTOR, or a bad duration (ACC_HANG_TIMEOUT_SEC, ACC_STRAGGLER_MIN_SEC or the
+  /// options' own: not finite, negative or above 7 days), acc::IoError when the job directory
+  /// cannot be made.
   static std::unique_ptr<Agent> start(dist::ProcessGroupPtr world, AgentOptions options = {});
   ~Agent();
   Agent(const Agent&) = delete;

@@ -6,12 +6,14 @@
 //              training thread sleeps for good; the process and its watchdog stay alive), as a
 //              rank stuck in compute would; when a step begins with no collective issued since
 //              the stall was reached (a one-rank job), it stops there
-//   slow       every step of rank R from step S on takes F times as long (F > 1)
+//   slow       every step of rank R from step S on takes F times as long (1 < F <= 1000)
 //   kill-node  every rank on R's node (ACC_NODE, else the host name) sends itself SIGKILL
 // The fault is reached at step S (the training loop's progress::step), or with phase=P at the
 // first mark of phase P (forward, backward, update, collective, save, load) at step S or later; a
 // load counts as the step of the checkpoint loaded (load:step=4 fires loading a checkpoint of step
-// 4 or later, on a resume).
+// 4 or later, on a resume). A fault that fires is remembered in the job directory by its text
+// (JOB/faults/fired-<hash of the text>): a job restarted with the same directory does not inject
+// it again, whatever its place in the list.
 
 #include <optional>
 #include <string>
@@ -22,6 +24,11 @@
 namespace acc::elastic {
 
 enum class FaultAction { kKill, kStall, kSlow, kKillNode };
+
+/// The largest slow factor: a step takes at most this many times as long (its sleep stays a few
+/// step times, never past what a clock holds: 1e308 overflowed the sleep, which then did nothing).
+/// A rank slowed more is stalled, which `stall` injects.
+inline constexpr double kMaxSlowFactor = 1000;
 
 const char* fault_action_name(FaultAction a);
 
@@ -34,9 +41,10 @@ struct FaultSpec {
   std::string text;     // as written, for logs
 };
 
-/// Parses ACC_FAULT's grammar. Throws acc::ValueError naming the bad part: an unknown action,
-/// key or phase, a missing rank or step, a negative number, a slow factor not above 1 or a factor
-/// on another action.
+/// Parses ACC_FAULT's grammar. Throws acc::ValueError naming the spec and the bad part: an
+/// unknown action, key or phase, a key given twice, a missing rank or step, a negative number, a
+/// slow factor not above 1 or above kMaxSlowFactor, a factor on another action, or a spec listed
+/// twice.
 std::vector<FaultSpec> parse_faults(const std::string& text);
 
 }  // namespace acc::elastic

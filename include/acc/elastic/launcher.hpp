@@ -3,12 +3,27 @@
 // of a hostfile, watch it end, decide which nodes are lost (a health check: mpirun starting one
 // process there), relaunch on the nodes left while at least the minimum remain, up to a number of
 // restarts, and keep an incident log (JOB/incidents.jsonl).
+//
+// Signals: mpirun and the ranks run in process groups of their own, so SIGTERM or SIGINT (Ctrl-C)
+// reaches acc-run alone. acc-run forwards the first to mpirun (which passes SIGTERM to the ranks
+// and ends), waits for the job to end, kills whatever is left after the grace period (mpirun's
+// process group, then every process of the job, its children by the subreaper), and on a second
+// signal does so at once; it then writes the incident (`what: stopped`, the signal) and exits
+// 128 + the signal. Nothing of the job is left on any node: the processes on other nodes die with
+// their daemons, whose lifeline to mpirun is gone.
+//
+// A launch failure (mpirun says it could not start the program: not there, not executable, a
+// working directory that is not there) is not restartable: the same program fails the same way on
+// every attempt. acc-run says so and stops with kLaunchFailedExitCode.
 
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace acc::elastic {
+
+/// acc-run's exit code after a launch failure, as a shell's for a command it cannot run.
+inline constexpr int kLaunchFailedExitCode = 127;
 
 struct LaunchOptions {
   std::vector<std::string> nodes;  // the hostfile's, in order
@@ -20,6 +35,9 @@ struct LaunchOptions {
   std::vector<std::string> mpirun_args;  // passed to every mpirun before the hosts
   std::string mpirun = "mpirun";
   double health_timeout_s = 10.0;
+  /// After a SIGTERM or SIGINT is forwarded to mpirun, how long the job has to end before it is
+  /// killed (mpirun itself kills ranks that ignore its SIGTERM after a few seconds).
+  double stop_grace_s = 5.0;
 };
 
 /// Host names of an OpenMPI-style hostfile ("host [slots=N]" per line, '#' comments), in order.
@@ -38,8 +56,11 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o,
                                         const std::vector<std::string>& nodes, int attempt);
 
 /// Runs the job to its end under the policy above; returns acc-run's exit code: 0 when an attempt
-/// finished with 0, else the last attempt's exit code (1 when it ended by a signal or fewer than
-/// min_nodes nodes are left).
+/// finished with 0, 128 + the signal when acc-run was stopped by SIGTERM or SIGINT (its handlers
+/// are installed for the call), kLaunchFailedExitCode after a launch failure, else the last
+/// attempt's exit code (1 when it ended by a signal or fewer than min_nodes nodes are left).
+/// Throws acc::ValueError for bad options (durations: finite, at most 7 days), acc::IoError when
+/// the job directory cannot be made.
 int run_elastic(const LaunchOptions& o);
 
 }  // namespace acc::elastic

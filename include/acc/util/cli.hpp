@@ -76,6 +76,26 @@ inline CLI::Validator number(double lo = -std::numeric_limits<double>::max(),
       "FLOAT", "number");
 }
 
+/// A duration in seconds (acc::parse_duration_seconds: finite, at most kMaxDurationSeconds), from
+/// lo (inclusive unless kOpen; 0 allowed only when lo is 0 and closed) up to hi:
+///   app.add_option("--health-timeout", s)->check(acc::cli::seconds(0.1, kClosed, 3600));
+inline CLI::Validator seconds(double lo = 0, Bound lo_bound = kOpen,
+                              double hi = kMaxDurationSeconds) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        const auto zero =
+            lo == 0 && lo_bound == kClosed ? ZeroSeconds::kAllowed : ZeroSeconds::kRefused;
+        if (auto e = duration_seconds_error(s, zero)) return *e;
+        const double v = std::strtod(s.c_str(), nullptr);
+        if (v < lo || (lo_bound == kOpen && v == lo)) {
+          return detail::bound_text(lo_bound == kOpen ? ">" : ">=", lo) + ", got " + s;
+        }
+        if (v > hi) return detail::bound_text("<=", hi) + ", got " + s;
+        return {};
+      },
+      "SECONDS", "seconds");
+}
+
 /// A size with an optional unit (acc::parse_bytes: "512MiB", "2GiB", "1.5GB", "4096"), at least
 /// `lo` bytes, rewritten to its byte count so that an int64_t option takes it:
 ///   app.add_option("--mem-per-rank", bytes)->transform(acc::cli::bytes(1));
