@@ -604,8 +604,8 @@ std::string save(const std::string& root, int64_t step, const strategies::Placem
 
 Metadata read_metadata(const std::string& step_dir) {
   const StepFile file = StepFile::open(step_dir, "metadata.json");
-  ACC_CHECK_AS(IoError, file.size() <= kMaxMetadataBytes, "checkpoint: '", file.path(), "': ",
-               file.size(), " bytes is over the limit of ", kMaxMetadataBytes,
+  ACC_CHECK_AS(IoError, file.size() <= kMaxMetadataBytes, "checkpoint: '", file.path(),
+               "': ", file.size(), " bytes is over the limit of ", kMaxMetadataBytes,
                " bytes for a metadata.json");
   Metadata m = parse_metadata(file.read_all(), file.path());
   // Readers order steps by their directories' names: a name that disagrees with the metadata
