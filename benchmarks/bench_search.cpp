@@ -35,13 +35,13 @@
 #include <set>
 
 #include "acc/accelerate.hpp"
-#include "acc/accelerate/calibration.hpp"
-#include "acc/accelerate/cost.hpp"
-#include "acc/accelerate/dry_run.hpp"
-#include "acc/accelerate/space.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/search/calibration.hpp"
+#include "acc/search/cost.hpp"
+#include "acc/search/dry_run.hpp"
+#include "acc/search/space.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/threading.hpp"
 #include "acc/util/error.hpp"
@@ -89,11 +89,11 @@ double spearman(const std::vector<double>& x, const std::vector<double>& y) {
 }
 
 struct Row {
-  const acc::accelerate::Candidate* candidate = nullptr;
+  const acc::search::Candidate* candidate = nullptr;
   std::string name;
   double predicted_s = 0;
   int64_t predicted_peak = 0;
-  acc::accelerate::DryRunResult measured;
+  acc::search::DryRunResult measured;
 };
 
 }  // namespace
@@ -146,30 +146,30 @@ int main(int argc, char** argv) {
     const data::Batch batch{randint(0, model->vocab_size(), {b, seq}, gen),
                             randint(0, model->vocab_size(), {b, seq}, gen)};
 
-    accelerate::SpaceOptions so;
+    search::SpaceOptions so;
     so.world = W;
     so.global_batch = global_batch;
     so.seq_len = seq;
     so.allow_bf16 = !no_bf16;
     so.excluded = excluded;
-    accelerate::MemoryModel memory(model_type, config, seq);
-    const auto candidates = accelerate::enumerate_candidates(so, memory.num_blocks());
+    search::MemoryModel memory(model_type, config, seq);
+    const auto candidates = search::enumerate_candidates(so, memory.num_blocks());
 
     // 1. Warm the machine cache with every micro-batch of the space.
-    accelerate::CalibrationOptions co;
+    search::CalibrationOptions co;
     co.threads = threads;
     co.cache_dir = cache_dir;
     nlohmann::json warm;
     {
       std::set<int64_t> micro;
       for (const auto& c : candidates) micro.insert(c.micro_batch);
-      const auto shapes = accelerate::CostModel::shapes_to_measure(
-          model_type, config, {micro.begin(), micro.end()}, seq);
-      accelerate::MachineCalibration m;
-      if (leader) m = accelerate::load_or_calibrate_machine(shapes, co);
-      m = accelerate::broadcast_calibration(*world, m);
+      const auto shapes = search::CostModel::shapes_to_measure(model_type, config,
+                                                               {micro.begin(), micro.end()}, seq);
+      search::MachineCalibration m;
+      if (leader) m = search::load_or_calibrate_machine(shapes, co);
+      m = search::broadcast_calibration(*world, m);
       bool contention_cached = false;
-      (void)accelerate::contention_for_job(*world, m, shapes, co, &contention_cached);
+      (void)search::contention_for_job(*world, m, shapes, co, &contention_cached);
       warm = {{"gemm_from_cache", m.source.gemm_from_cache},
               {"gemm_measured", m.source.gemm_measured},
               {"contention_from_cache", contention_cached},
@@ -224,16 +224,17 @@ int main(int argc, char** argv) {
     for (int round = 0; round < rounds; ++round) {
       for (size_t k = 0; k < rows.size(); ++k) {
         Row& r = rows[round % 2 == 0 ? k : rows.size() - 1 - k];
-        const auto m = accelerate::dry_run(*model, factory, *r.candidate, batch, world,
-                                           {.warmup_steps = warmup, .measured_steps = steps});
+        const auto m = search::dry_run(*model, factory, *r.candidate, batch, world,
+                                       {.warmup_steps = warmup, .measured_steps = steps});
         const size_t i = static_cast<size_t>(&r - rows.data());
-        if (m.status == "ok") times[i].push_back(m.step_seconds);
-        if (round == 0 || m.status != "ok") r.measured = m;
+        if (m.status == search::Status::kOk) times[i].push_back(m.step_seconds);
+        if (round == 0 || m.status != search::Status::kOk) r.measured = m;
         r.measured.peak_bytes = std::max(r.measured.peak_bytes, m.peak_bytes);
       }
     }
     for (size_t i = 0; i < rows.size(); ++i) {
-      if (rows[i].measured.status == "ok") rows[i].measured.step_seconds = median(times[i]);
+      if (rows[i].measured.status == search::Status::kOk)
+        rows[i].measured.step_seconds = median(times[i]);
     }
     const double exhaustive_s = exhaustive.elapsed_s();
     // The measurement's own repeatability: round 1 against round 0, the ceiling of any
@@ -248,12 +249,12 @@ int main(int argc, char** argv) {
     // 4. The chosen one and the fastest others, re-timed side by side.
     std::vector<const Row*> ok;
     for (const auto& r : rows) {
-      if (r.measured.status == "ok") ok.push_back(&r);
+      if (r.measured.status == search::Status::kOk) ok.push_back(&r);
     }
     std::sort(ok.begin(), ok.end(), [](const Row* x, const Row* y) {
       return x->measured.step_seconds < y->measured.step_seconds;
     });
-    std::vector<const accelerate::Candidate*> retimed;
+    std::vector<const search::Candidate*> retimed;
     for (const auto& r : rows) {
       if (r.name == chosen) retimed.push_back(r.candidate);
     }
@@ -308,7 +309,7 @@ int main(int argc, char** argv) {
                             {"predicted_s", r.predicted_s},
                             {"predicted_peak", r.predicted_peak},
                             {"measured", r.measured.to_json()}};
-        if (r.measured.status == "ok") {
+        if (r.measured.status == search::Status::kOk) {
           pred.push_back(r.predicted_s);
           meas.push_back(r.measured.step_seconds);
           const double err = static_cast<double>(r.predicted_peak) /

@@ -307,7 +307,7 @@ int run(const Args& a) {
   // strategy list applied as given.
   const bool search = a.strategy == "auto";
   const bool cached = !a.strategy.empty() && !search &&
-                      accelerate::is_strategy_cache(strategies::read_strategy_arg(a.strategy));
+                      search::is_strategy_cache(strategies::read_strategy_arg(a.strategy));
   strategies::Strategy strategy = a.strategy.empty() || search || cached
                                       ? strategies::Strategy{}
                                       : strategies::parse_strategy_arg(a.strategy);

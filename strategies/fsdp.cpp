@@ -46,7 +46,7 @@ struct Unit {
 
 // One reduce-scatter may still run while the next block's backward computes (the overlap); the
 // next block's waits for it. The memory model counts the buffers this allows
-// (accelerate::MemoryModel::predict).
+// (search::MemoryModel::predict).
 constexpr size_t kReducesInFlight = 1;
 
 struct FsdpState : BackwardRounds<FsdpState> {

@@ -92,7 +92,7 @@ MethodSpec zero1_method();
 MethodSpec zero2_method();
 MethodSpec fsdp_method();
 MethodSpec amp_method();
-MethodSpec checkpoint_method();
+MethodSpec recompute_method();
 MethodSpec grad_accum_method();
 
 /// The bucket size from {"bucket_mb": x} (default 25), validated.

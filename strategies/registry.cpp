@@ -13,8 +13,8 @@ namespace {
 const std::vector<MethodSpec>& registry() {
   // One line per method. The order is the order of method_names().
   static const std::vector<MethodSpec> methods = {
-      ddp_method(), zero1_method(),      zero2_method(),     fsdp_method(),
-      amp_method(), checkpoint_method(), grad_accum_method()};
+      ddp_method(), zero1_method(),     zero2_method(),     fsdp_method(),
+      amp_method(), recompute_method(), grad_accum_method()};
   return methods;
 }
 

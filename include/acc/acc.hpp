@@ -4,10 +4,10 @@
 // do not check their arguments; the ops of acc/autograd/ops.hpp validate and call them) and
 // acc/tensor/observer.hpp (acc::detail hooks for the tracer).
 #include "acc/accelerate.hpp"
-#include "acc/autograd/checkpoint.hpp"
 #include "acc/autograd/engine.hpp"
 #include "acc/autograd/flops.hpp"
 #include "acc/autograd/ops.hpp"
+#include "acc/autograd/recompute.hpp"
 #include "acc/autograd/saved.hpp"
 #include "acc/checkpoint/checkpoint.hpp"
 #include "acc/data/token_data.hpp"
@@ -19,6 +19,8 @@
 #include "acc/models/models.hpp"
 #include "acc/nn/nn.hpp"
 #include "acc/optim/optim.hpp"
+#include "acc/search/cache.hpp"
+#include "acc/search/report.hpp"
 #include "acc/strategies/placement.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/tensor/allocator.hpp"

@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "acc/accelerate/cache.hpp"
-#include "acc/accelerate/calibration.hpp"
 #include "acc/data/token_data.hpp"
 #include "acc/dist/process_group.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/optim/optimizer.hpp"
+#include "acc/search/cache.hpp"
+#include "acc/search/calibration.hpp"
 #include "acc/strategies/strategy.hpp"
 
 namespace acc {
@@ -105,12 +105,11 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
 /// (0: this machine's default), cache_dir, verbose. The report is auto_accelerate's with
 /// nothing measured ("source": "plan"). Throws as auto_accelerate does.
 nlohmann::json plan_strategy(const std::string& model_type, const nlohmann::json& config, int world,
-                             const AccelerateOptions& options,
-                             const accelerate::CommCalibration& comm);
+                             const AccelerateOptions& options, const search::CommCalibration& comm);
 
 /// The chosen candidate of a report as a strategy cache for `key` (its strategy, description,
 /// micro-batch, predicted and measured figures).
-accelerate::StrategyCache cache_from_report(const nlohmann::json& report,
-                                            const accelerate::StrategyKey& key);
+search::StrategyCache cache_from_report(const nlohmann::json& report,
+                                        const search::StrategyKey& key);
 
 }  // namespace acc

@@ -7,12 +7,13 @@
 #include <cstdio>
 #include <set>
 
-#include "acc/accelerate/cost.hpp"
-#include "acc/accelerate/dry_run.hpp"
-#include "acc/accelerate/report.hpp"
-#include "acc/accelerate/space.hpp"
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
+#include "acc/search/cost.hpp"
+#include "acc/search/dry_run.hpp"
+#include "acc/search/report.hpp"
+#include "acc/search/space.hpp"
+#include "acc/search/status.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
@@ -24,7 +25,7 @@
 namespace acc {
 namespace {
 
-using accelerate::Candidate;
+using search::Candidate;
 
 // Random tokens for this rank's dry-run batch (a generator of its own: the user's RNG stays).
 data::Batch random_batch(int64_t b, int64_t t, int64_t vocab) {
@@ -39,17 +40,17 @@ data::Batch random_batch(int64_t b, int64_t t, int64_t vocab) {
 
 struct Row {
   const Candidate* candidate;
-  accelerate::MemoryPrediction memory;
-  std::optional<accelerate::TimePrediction> time;
-  /// "rejected" (memory) | "fits" (not costed: a cache was used) | "ranked" | "ok" | "oom" |
-  /// "error" (the last three after a dry-run)
-  std::string status;
+  search::MemoryPrediction memory;
+  std::optional<search::TimePrediction> time;
+  /// kRejected (memory) | kFits (not costed: a cache was used) | kRanked | kOk | kOom | kError
+  /// (the last three after a dry-run)
+  search::Status status = search::Status::kFits;
   std::string reason;
-  std::optional<accelerate::DryRunResult> measured;
+  std::optional<search::DryRunResult> measured;
 };
 
 // The memory model's stated accuracy (within 5% of the measured peak on every dry-run candidate,
-// tests/accelerate/space_*_test.cpp): a candidate fits when its prediction plus this margin does,
+// tests/search/space_*_test.cpp): a candidate fits when its prediction plus this margin does,
 // so that one predicted just under the budget does not run out of memory in its dry-run.
 constexpr double kMemoryMargin = 0.05;
 
@@ -61,7 +62,7 @@ struct Space {
   int64_t smallest = -1;  // the least predicted peak of any candidate
   bool any_fits() const {
     return std::any_of(rows.begin(), rows.end(),
-                       [](const Row& r) { return r.status != "rejected"; });
+                       [](const Row& r) { return r.status != search::Status::kRejected; });
   }
 };
 
@@ -92,20 +93,20 @@ Space build_space(const std::string& type, const nlohmann::json& config, int wor
                   const AccelerateOptions& o) {
   Space s;
   s.budget = budget_of(o);
-  accelerate::MemoryModel memory(type, config, o.seq_len);
-  accelerate::SpaceOptions so;
+  search::MemoryModel memory(type, config, o.seq_len);
+  search::SpaceOptions so;
   so.world = world;
   so.global_batch = o.global_batch;
   so.seq_len = o.seq_len;
   so.allow_bf16 = o.allow_bf16;
   so.excluded = o.excluded;
   so.included = o.included;
-  s.candidates = accelerate::enumerate_candidates(so, memory.num_blocks());
+  s.candidates = search::enumerate_candidates(so, memory.num_blocks());
   for (const auto& c : s.candidates) {
-    Row r{&c, memory.predict(c), std::nullopt, "fits", "", std::nullopt};
+    Row r{&c, memory.predict(c), std::nullopt, search::Status::kFits, "", std::nullopt};
     s.smallest = s.smallest < 0 ? r.memory.peak : std::min(s.smallest, r.memory.peak);
     if (static_cast<double>(r.memory.peak) * (1 + kMemoryMargin) > static_cast<double>(s.budget)) {
-      r.status = "rejected";
+      r.status = search::Status::kRejected;
       r.reason = "predicted peak " + trace::human_bytes(static_cast<double>(r.memory.peak)) +
                  " (+5% margin) over the budget of " +
                  trace::human_bytes(static_cast<double>(s.budget));
@@ -126,30 +127,30 @@ Space build_space(const std::string& type, const nlohmann::json& config, int wor
 // best first.
 std::vector<Row*> rank_by_time(Space& s, const std::string& type, const nlohmann::json& config,
                                const AccelerateOptions& o, dist::ProcessGroup* group,
-                               const accelerate::CommCalibration& comm,
-                               accelerate::MachineCalibration& machine, double& contention,
+                               const search::CommCalibration& comm,
+                               search::MachineCalibration& machine, double& contention,
                                bool& contention_cached) {
   std::set<int64_t> micro;
   for (const auto& r : s.rows) {
-    if (r.status != "rejected") micro.insert(r.candidate->micro_batch);
+    if (r.status != search::Status::kRejected) micro.insert(r.candidate->micro_batch);
   }
-  const std::vector<accelerate::GemmShape> shapes = accelerate::CostModel::shapes_to_measure(
-      type, config, {micro.begin(), micro.end()}, o.seq_len);
-  accelerate::CalibrationOptions co;
+  const std::vector<search::GemmShape> shapes =
+      search::CostModel::shapes_to_measure(type, config, {micro.begin(), micro.end()}, o.seq_len);
+  search::CalibrationOptions co;
   co.cache_dir = o.cache_dir;
-  if (!group || group->rank() == 0) machine = accelerate::load_or_calibrate_machine(shapes, co);
+  if (!group || group->rank() == 0) machine = search::load_or_calibrate_machine(shapes, co);
   contention = 1.0;
   contention_cached = true;  // nothing to measure on one rank
   if (group && group->size() > 1) {
-    machine = accelerate::broadcast_calibration(*group, machine);
-    contention = accelerate::contention_for_job(*group, machine, shapes, co, &contention_cached);
+    machine = search::broadcast_calibration(*group, machine);
+    contention = search::contention_for_job(*group, machine, shapes, co, &contention_cached);
   }
-  accelerate::CostModel cost(type, config, o.seq_len, machine, comm, contention);
+  search::CostModel cost(type, config, o.seq_len, machine, comm, contention);
   std::vector<Row*> ranked;
   for (auto& r : s.rows) {
-    if (r.status == "rejected") continue;
+    if (r.status == search::Status::kRejected) continue;
     r.time = cost.predict(*r.candidate);
-    r.status = "ranked";
+    r.status = search::Status::kRanked;
     ranked.push_back(&r);
   }
   std::stable_sort(ranked.begin(), ranked.end(),
@@ -164,7 +165,7 @@ nlohmann::json rows_json(const Space& s, const Row* chosen) {
                           {"name", r.candidate->describe()},
                           {"micro_batch", r.candidate->micro_batch},
                           {"predicted", {{"memory", r.memory.to_json()}}},
-                          {"status", r.status}};
+                          {"status", search::status_name(r.status)}};
     if (r.time) row["predicted"]["time"] = r.time->to_json();
     if (r.measured) row["measured"] = r.measured->to_json();
     if (!r.reason.empty()) row["reason"] = r.reason;
@@ -217,21 +218,27 @@ class Progress {
 
 // What rank 0 decided about the strategy it was given; every rank acts on it.
 struct LoadDecision {
-  std::string action;       // "search" | "use" (a row of the space) | "given" (a plain strategy)
-  int row = -1;             // with "use"
-  std::string source;       // "cache" | "replanned" | "given"
+  enum class Action { kSearch, kUse /* a row of the space */, kGiven /* a plain strategy */ };
+  Action action = Action::kSearch;
+  int row = -1;                                     // with kUse
+  search::Source source = search::Source::kSearch;  // kCache | kReplanned | kGiven
   std::string note;         // for the log and the report (a stale key's field, a re-plan)
-  nlohmann::json strategy;  // with "given"
+  nlohmann::json strategy;  // with kGiven
   nlohmann::json key = nullptr;
   nlohmann::json to_json() const {
-    return {{"action", action}, {"row", row},           {"source", source},
-            {"note", note},     {"strategy", strategy}, {"key", key}};
+    return {{"action", static_cast<int>(action)},
+            {"row", row},
+            {"source", search::source_name(source)},
+            {"note", note},
+            {"strategy", strategy},
+            {"key", key}};
   }
   static LoadDecision from_json(const nlohmann::json& j) {
     LoadDecision d;
-    d.action = j.at("action");
+    // Rank 0's own decision, broadcast: the values are this build's.
+    d.action = static_cast<Action>(j.at("action").get<int>());
     d.row = j.at("row");
-    d.source = j.at("source");
+    d.source = search::parse_source(j.at("source"), "load decision");
     d.note = j.at("note");
     d.strategy = j.at("strategy");
     d.key = j.at("key");
@@ -250,12 +257,12 @@ int find_row(const Space& s, const strategies::Strategy& strategy) {
 // A cache made for another world size, re-planned for this one: among the candidates that fit,
 // the one with most of the cache's methods (by name), then the micro-batch nearest the cache's
 // (activation memory and GEMM shapes stay), then most methods with the cache's exact config.
-int replan(const Space& s, const accelerate::StrategyCache& cache) {
+int replan(const Space& s, const search::StrategyCache& cache) {
   int best = -1;
   std::tuple<int, double, int> best_score;
   for (size_t i = 0; i < s.rows.size(); ++i) {
     const Row& r = s.rows[i];
-    if (r.status == "rejected") continue;
+    if (r.status == search::Status::kRejected) continue;
     int names = 0, exact = 0;
     for (const auto& m : cache.strategy) {
       for (const auto& n : r.candidate->strategy) {
@@ -278,12 +285,12 @@ int replan(const Space& s, const accelerate::StrategyCache& cache) {
 // Rank 0: reads the strategy and decides. Throws what reading it throws, and acc::ValueError for
 // a stale cache under OnStale::kRefuse.
 LoadDecision decide_from_load(const AccelerateOptions& o, const Space& s,
-                              const accelerate::StrategyKey& run) {
+                              const search::StrategyKey& run) {
   const nlohmann::json j = strategies::read_strategy_arg(o.load_strategy);
   LoadDecision d;
-  if (!accelerate::is_strategy_cache(j)) {
-    d.action = "given";
-    d.source = "given";
+  if (!search::is_strategy_cache(j)) {
+    d.action = LoadDecision::Action::kGiven;
+    d.source = search::Source::kGiven;
     const strategies::Strategy given = strategies::parse_strategy(j);
     d.strategy = strategies::to_json(given);
     d.row = find_row(s, given);
@@ -292,26 +299,26 @@ LoadDecision decide_from_load(const AccelerateOptions& o, const Space& s,
   const std::string what = strategies::is_inline_json(o.load_strategy)
                                ? std::string("strategy cache")
                                : "strategy cache '" + o.load_strategy + "'";
-  const accelerate::StrategyCache cache = accelerate::StrategyCache::from_json(j, what);
+  const search::StrategyCache cache = search::StrategyCache::from_json(j, what);
   d.key = cache.key.to_json();
   std::string stale = cache.key.difference(run);
   if (stale.empty()) {
     d.row = find_row(s, cache.strategy);
     if (d.row < 0) {
       stale = "its strategy " + cache.name + " is not in this run's candidate space";
-    } else if (s.rows[static_cast<size_t>(d.row)].status == "rejected") {
+    } else if (s.rows[static_cast<size_t>(d.row)].status == search::Status::kRejected) {
       stale = "its strategy " + cache.name + ": " + s.rows[static_cast<size_t>(d.row)].reason;
     } else {
-      d.action = "use";
-      d.source = "cache";
+      d.action = LoadDecision::Action::kUse;
+      d.source = search::Source::kCache;
       d.note = "strategy from " + what + ": " + cache.name;
       return d;
     }
   } else if (cache.key.differs_only_in_world(run)) {
     d.row = replan(s, cache);
     if (d.row >= 0) {
-      d.action = "use";
-      d.source = "replanned";
+      d.action = LoadDecision::Action::kUse;
+      d.source = search::Source::kReplanned;
       d.note = what + " was chosen for " + std::to_string(cache.key.world) +
                " rank(s); re-planned for " + std::to_string(run.world) + ": " + cache.name +
                " -> " + s.rows[static_cast<size_t>(d.row)].candidate->describe();
@@ -321,7 +328,7 @@ LoadDecision decide_from_load(const AccelerateOptions& o, const Space& s,
   }
   ACC_CHECK(o.on_stale != AccelerateOptions::OnStale::kRefuse, what, " does not match this run (",
             stale, "); refusing it as asked (on_stale = refuse)");
-  d.action = "search";
+  d.action = LoadDecision::Action::kSearch;
   d.note = what + " does not match this run (" + stale + "): searching again";
   return d;
 }
@@ -357,7 +364,7 @@ void check_outputs(const AccelerateOptions& o, dist::ProcessGroup* group) {
   if (o.save_strategy_to.empty() && o.report_dir.empty()) return;
   on_rank0(group, [&] {
     if (!o.save_strategy_to.empty()) check_output_path(o.save_strategy_to, "save_strategy_to");
-    if (!o.report_dir.empty()) accelerate::check_report_dir(o.report_dir);
+    if (!o.report_dir.empty()) search::check_report_dir(o.report_dir);
     return nlohmann::json();
   });
 }
@@ -377,11 +384,12 @@ std::string report_table(const nlohmann::json& report, size_t max_rows) {
     const auto& pred = row.at("predicted");
     const double mem = static_cast<double>(pred.at("memory").at("peak").get<int64_t>());
     const double t = pred.contains("time") ? pred.at("time").at("step_s").get<double>() : -1;
-    if (row.at("status") == "rejected") ++rejected;
+    if (search::parse_status(row.at("status"), "report") == search::Status::kRejected) ++rejected;
     char predicted[32] = "-";
     if (t >= 0) std::snprintf(predicted, sizeof(predicted), "%.1f ms", 1e3 * t);
     std::string measured = "-";
-    if (row.contains("measured") && row["measured"].at("status") == "ok") {
+    if (row.contains("measured") &&
+        search::parse_status(row["measured"].at("status"), "report") == search::Status::kOk) {
       std::snprintf(
           buf, sizeof(buf), "%.1f ms, %s", 1e3 * row["measured"].at("step_seconds").get<double>(),
           trace::human_bytes(static_cast<double>(row["measured"].at("peak_bytes").get<int64_t>()))
@@ -415,11 +423,11 @@ std::string report_table(const nlohmann::json& report, size_t max_rows) {
   return out;
 }
 
-accelerate::StrategyCache cache_from_report(const nlohmann::json& report,
-                                            const accelerate::StrategyKey& key) {
+search::StrategyCache cache_from_report(const nlohmann::json& report,
+                                        const search::StrategyKey& key) {
   for (const auto& row : report.at("candidates")) {
     if (!row.contains("chosen")) continue;
-    accelerate::StrategyCache c;
+    search::StrategyCache c;
     c.key = key;
     c.strategy = strategies::parse_strategy(row.at("strategy"));
     c.name = row.at("name").get<std::string>();
@@ -433,13 +441,13 @@ accelerate::StrategyCache cache_from_report(const nlohmann::json& report,
 }
 
 nlohmann::json plan_strategy(const std::string& type, const nlohmann::json& config, int world,
-                             const AccelerateOptions& o, const accelerate::CommCalibration& comm) {
+                             const AccelerateOptions& o, const search::CommCalibration& comm) {
   check_options(o, models::create_meta_model(type, config, 1)->max_seq_len());
   ACC_CHECK(world == 1 || comm.world == world, "plan_strategy: the collectives were calibrated on ",
             comm.world, " rank(s), the plan is for ", world);
   Timer total;
   Space s = build_space(type, config, world, o);
-  accelerate::MachineCalibration machine;
+  search::MachineCalibration machine;
   Timer calib;
   // Ranks that share a machine slow each other down; without them to measure, a plan assumes
   // they do not (one rank per machine, or cores enough for all).
@@ -449,7 +457,7 @@ nlohmann::json plan_strategy(const std::string& type, const nlohmann::json& conf
       rank_by_time(s, type, config, o, nullptr, comm, machine, contention, contention_cached);
   const Row* best = ranked.front();
   nlohmann::json report = {
-      {"source", "plan"},
+      {"source", search::source_name(search::Source::kPlan)},
       {"chosen", strategies::to_json(best->candidate->strategy)},
       {"chosen_name", best->candidate->describe()},
       {"world", world},
@@ -484,14 +492,14 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
   const nlohmann::json config = model->config_json();
   Space s = build_space(type, config, world, o);
   // The key of this run (rank 0's: its machine is the one the figures were measured on).
-  std::optional<accelerate::StrategyKey> key;
+  std::optional<search::StrategyKey> key;
   if (leader && (!o.load_strategy.empty() || !o.save_strategy_to.empty())) {
-    key = accelerate::strategy_key(type, config, world, o.global_batch, o.seq_len);
+    key = search::strategy_key(type, config, world, o.global_batch, o.seq_len);
   }
 
   // A strategy given or cached skips the search (rank 0 reads it and decides for all).
   LoadDecision decision;
-  decision.action = "search";
+  decision.action = LoadDecision::Action::kSearch;
   if (!o.load_strategy.empty()) {
     decision = LoadDecision::from_json(
         on_rank0(group.get(), [&] { return decide_from_load(o, s, *key).to_json(); }));
@@ -506,13 +514,14 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
   if (!decision.note.empty()) report["note"] = decision.note;
   if (!decision.key.is_null()) report["cache_key"] = decision.key;
   const Row* best = nullptr;
-  if (decision.action == "use" || (decision.action == "given" && decision.row >= 0)) {
+  if (decision.action == LoadDecision::Action::kUse ||
+      (decision.action == LoadDecision::Action::kGiven && decision.row >= 0)) {
     best = &s.rows.at(static_cast<size_t>(decision.row));
-    ACC_CHECK(best->status != "rejected", "auto_accelerate: the strategy given (",
+    ACC_CHECK(best->status != search::Status::kRejected, "auto_accelerate: the strategy given (",
               best->candidate->describe(), ") does not fit: ", best->reason);
     result.strategy = best->candidate->strategy;
-    report["source"] = decision.source;
-  } else if (decision.action == "given") {
+    report["source"] = search::source_name(decision.source);
+  } else if (decision.action == LoadDecision::Action::kGiven) {
     ACC_CHECK(o.save_strategy_to.empty(), "auto_accelerate: save_strategy_to: the strategy given (",
               decision.strategy.dump(),
               ") is not a candidate of the search, so there are no figures to cache; save it as a "
@@ -520,7 +529,7 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
     // Outside the search space (a config the search does not try): applied as given, its
     // memory not predicted.
     result.strategy = strategies::parse_strategy(decision.strategy);
-    report["source"] = "given";
+    report["source"] = search::source_name(search::Source::kGiven);
     if (leader) {
       logging::warn(
           "auto_accelerate: the strategy given ({}) is not in the search space; applied as given, "
@@ -528,18 +537,18 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
           decision.strategy.dump());
     }
   } else {
-    report["source"] = "search";
+    report["source"] = search::source_name(search::Source::kSearch);
     // Calibrate (the machine on rank 0, cached, shared; the collectives on this group) and rank.
     Timer calib;
-    accelerate::CommCalibration comm;
+    search::CommCalibration comm;
     comm.world = 1;
     if (group && world > 1) {
       // Three sizes (latency-bound, middle, bandwidth-bound) at 10 ms a point: an alpha-beta fit
       // needs no more, and at 6 sizes x 20 ms it was 12-30 steps of a small model's search.
-      comm = accelerate::calibrate_collectives(*group, {4 << 10, 256 << 10, 4 << 20}, 0.01);
+      comm = search::calibrate_collectives(*group, {4 << 10, 256 << 10, 4 << 20}, 0.01);
     }
     const double comm_s = calib.elapsed_s();
-    accelerate::MachineCalibration machine;
+    search::MachineCalibration machine;
     double contention = 1.0;
     bool contention_cached = true;
     std::vector<Row*> ranked =
@@ -582,19 +591,19 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
       // A collective waits at most 10 predicted steps (10 s at least) for the slowest rank.
       const auto limit = std::chrono::milliseconds(
           static_cast<int64_t>(1e3 * std::max(10.0, 10 * r->time->step_s)));
-      r->measured = accelerate::dry_run(*model, factory, *r->candidate, batch, group,
-                                        {.warmup_steps = o.warmup_steps,
-                                         .measured_steps = o.measured_steps,
-                                         .memory_budget = s.budget,
-                                         .grad_clip = o.grad_clip,
-                                         .collective_timeout = limit});
+      r->measured = search::dry_run(*model, factory, *r->candidate, batch, group,
+                                    {.warmup_steps = o.warmup_steps,
+                                     .measured_steps = o.measured_steps,
+                                     .memory_budget = s.budget,
+                                     .grad_clip = o.grad_clip,
+                                     .collective_timeout = limit});
       r->status = r->measured->status;
       r->reason = r->measured->error;
-      any_ok = any_ok || r->status == "ok";
+      any_ok = any_ok || r->status == search::Status::kOk;
       ++tried;
     }
     for (Row* r : ranked) {
-      if (r->measured && r->status == "ok" &&
+      if (r->measured && r->status == search::Status::kOk &&
           (!best || r->measured->step_seconds < best->measured->step_seconds)) {
         best = r;
       }
@@ -628,7 +637,7 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
           "({:.1f} ms/step measured, {:.1f} predicted)",
           s.rows.size(),
           std::count_if(s.rows.begin(), s.rows.end(),
-                        [](const Row& r) { return r.status == "rejected"; }),
+                        [](const Row& r) { return r.status == search::Status::kRejected; }),
           tried, out_of_time ? " (time budget ran out)" : "", best->candidate->describe(),
           1e3 * best->measured->step_seconds, 1e3 * best->time->step_s);
     }
@@ -645,9 +654,9 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
 
   // The outputs (rank 0), then the strategy applied to the user's model.
   on_rank0(group.get(), [&] {
-    if (!o.report_dir.empty()) accelerate::write_report(result.report, o.report_dir);
+    if (!o.report_dir.empty()) search::write_report(result.report, o.report_dir);
     if (!o.save_strategy_to.empty()) {
-      accelerate::save_strategy_cache(cache_from_report(result.report, *key), o.save_strategy_to);
+      search::save_strategy_cache(cache_from_report(result.report, *key), o.save_strategy_to);
       logging::info("auto_accelerate: strategy saved to {}", o.save_strategy_to);
     }
     return nlohmann::json();

@@ -2,7 +2,7 @@
 
 #include <memory>
 
-#include "acc/autograd/checkpoint.hpp"
+#include "acc/autograd/recompute.hpp"
 #include "acc/autograd/saved.hpp"
 
 namespace acc::nn {
@@ -43,7 +43,7 @@ Unwrap recompute_blocks(Module& root, const std::vector<std::string>& blocks) {
   return wrap_forward(
       submodules(root, blocks),
       [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
-        return checkpoint(fwd, x);
+        return recompute(fwd, x);
       });
 }
 

@@ -7,12 +7,12 @@
 #include <filesystem>
 
 #include "acc/accelerate.hpp"
-#include "acc/accelerate/dry_run.hpp"
-#include "acc/accelerate/space.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/search/dry_run.hpp"
+#include "acc/search/space.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/json.hpp"
@@ -274,37 +274,37 @@ TEST(DryRun, AFailureOnOneRankReachesEveryRankInSecondsAndLeavesNothingBehind) {
   if (W < 2) GTEST_SKIP() << "needs 2 ranks";
   auto model = models::create_model("gpt", kConfig);
   const auto factory = optim::AdamW::factory({.lr = 1e-2});
-  accelerate::SpaceOptions so;
+  search::SpaceOptions so;
   so.world = W;
   so.global_batch = 8;
   so.seq_len = 16;
   so.excluded = {"amp", "checkpoint", "grad_accum"};
-  const auto candidates = accelerate::enumerate_candidates(so, 2);
+  const auto candidates = search::enumerate_candidates(so, 2);
   const auto ddp = std::find_if(candidates.begin(), candidates.end(), [](const auto& c) {
     return c.strategy.size() == 1 && c.strategy[0].name == "ddp";
   });
   ASSERT_NE(ddp, candidates.end());
   const data::Batch batch = batch_for(0, 8 / W, 16);
   auto group = dist::ProcessGroup::world();
-  accelerate::DryRunOptions opts{.warmup_steps = 1, .measured_steps = 2};
+  search::DryRunOptions opts{.warmup_steps = 1, .measured_steps = 2};
   opts.collective_timeout = std::chrono::seconds(3);
-  const auto before = accelerate::dry_run(*model, factory, *ddp, batch, group, opts);
-  ASSERT_EQ(before.status, "ok") << before.error;
+  const auto before = search::dry_run(*model, factory, *ddp, batch, group, opts);
+  ASSERT_EQ(before.status, search::Status::kOk) << before.error;
 
   // Rank 1 runs out of memory (a budget far below the model's state); rank 0 waits for it in a
   // collective it never joins.
-  accelerate::DryRunOptions starved = opts;
+  search::DryRunOptions starved = opts;
   if (dist::rank() == 1) starved.memory_budget = 4096;
   Timer t;
-  const auto failed = accelerate::dry_run(*model, factory, *ddp, batch, group, starved);
+  const auto failed = search::dry_run(*model, factory, *ddp, batch, group, starved);
   const double seconds = t.elapsed_s();
-  EXPECT_EQ(failed.status, "oom");
+  EXPECT_EQ(failed.status, search::Status::kOom);
   EXPECT_NE(failed.error.find("rank 1: out of memory"), std::string::npos) << failed.error;
   EXPECT_LT(seconds, 3 + 5.0) << "the failure took " << seconds << " s to reach rank "
                               << dist::rank();
 
-  const auto after = accelerate::dry_run(*model, factory, *ddp, batch, group, opts);
-  ASSERT_EQ(after.status, "ok") << after.error;
+  const auto after = search::dry_run(*model, factory, *ddp, batch, group, opts);
+  ASSERT_EQ(after.status, search::Status::kOk) << after.error;
   EXPECT_EQ(after.losses, before.losses);
 }
 

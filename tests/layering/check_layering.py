@@ -14,6 +14,12 @@ link, and nothing a library keeps PRIVATE. A quoted relative include may not lea
 folder, and a public header may include only layers its library links PUBLIC (a user of the
 library sees nothing else).
 
+The layers also have an order, the rows of DESIGN.md's layer table (LAYER_ORDER): a library may
+link only libraries of its own row or the rows above it, so a lower layer that declared a
+dependency on a higher one (and then included it) is reported even though the build allows it.
+A tool built beside a library (add_executable in the same CMakeLists.txt) is checked against what
+its own target_link_libraries names instead of the library's.
+
 Prints one line per offending include (file:line, the include, the library, what it may include)
 and exits 1; prints a summary and exits 0 when there is none. --self-test runs the check on small
 made-up repositories, one clean and one with each kind of violation, and fails unless it passes
@@ -26,6 +32,14 @@ import os
 import re
 import sys
 import tempfile
+
+# DESIGN.md's layer table, top to bottom: a layer may use only those above it (and its own row:
+# models builds on nn, io and data sit beside optim).
+LAYER_ORDER = [
+    ["util"], ["tensor"], ["autograd"], ["nn", "models"], ["optim", "io", "data"], ["dist"],
+    ["trace"], ["strategies"], ["search"], ["checkpoint"], ["elastic"], ["accelerate"],
+]
+LAYER_ROW = {layer: row for row, layers in enumerate(LAYER_ORDER) for layer in layers}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 ACC_HEADER = re.compile(r"^acc/([A-Za-z0-9_]+)/")
@@ -42,9 +56,8 @@ def read_libraries(root):
     """{layer: {"dir": folder, "public": set, "private": set, "cmake": path}}."""
     libs = {}
     folders = [os.path.join(root, "src", d) for d in sorted(os.listdir(os.path.join(root, "src")))]
-    folders.append(os.path.join(root, "strategies"))
-    folders.append(os.path.join(root, "checkpoint"))
-    folders.append(os.path.join(root, "elastic"))
+    for top in ("strategies", "search", "checkpoint", "elastic"):
+        folders.append(os.path.join(root, top))
     for folder in folders:
         cmake = os.path.join(folder, "CMakeLists.txt")
         if not os.path.isfile(cmake):
@@ -67,6 +80,25 @@ def read_libraries(root):
                          f" and {cmake})")
             libs[layer] = lib
     return libs
+
+
+def read_executables(root, libs):
+    """{name: {"dir", "sources", "links", "cmake"}} of the add_executable calls in the libraries'
+    folders, with the acc:: libraries their target_link_libraries name."""
+    exes = {}
+    for cmake in sorted({lib["cmake"] for lib in libs.values()}):
+        folder = os.path.dirname(cmake)
+        with open(cmake) as f:
+            text = f.read()
+        for args in cmake_calls(text, "add_executable"):
+            exes[args[0]] = {"dir": folder, "cmake": cmake, "links": set(),
+                             "sources": {os.path.normpath(os.path.join(folder, a))
+                                         for a in args[1:] if a.endswith((".cpp", ".cc"))}}
+        for args in cmake_calls(text, "target_link_libraries"):
+            if args and args[0] in exes:
+                exes[args[0]]["links"] |= {t[len("acc::"):] for t in args[1:]
+                                           if t.startswith("acc::")}
+    return exes
 
 
 def exported(libs, layer, seen=None):
@@ -95,6 +127,12 @@ def check(root):
             if dep not in libs:
                 errors.append(f"{os.path.relpath(lib['cmake'], root)}: library acc_{layer} links "
                               f"acc::{dep}, which no acc_add_library declares")
+        if layer in LAYER_ROW:
+            for dep in sorted(lib["public"] | lib["private"]):
+                if dep in LAYER_ROW and LAYER_ROW[dep] > LAYER_ROW[layer]:
+                    errors.append(f"{os.path.relpath(lib['cmake'], root)}: library acc_{layer} "
+                                  f"links acc::{dep}, a layer below it in DESIGN.md's table (a "
+                                  "layer may use only those above it)")
     allowed = {}
     exports = {}
     for layer, lib in libs.items():
@@ -107,10 +145,19 @@ def check(root):
     # built beside it; with several libraries in one folder, checked against each), and its
     # public headers.
     files = []  # (path, layer, is_public_header)
-    listed = {src for lib in libs.values() for src in lib["sources"]}
+    exes = read_executables(root, libs)
+    tool_of = {src: name for name, exe in exes.items() for src in exe["sources"]}
+    listed = {src for lib in libs.values() for src in lib["sources"]} | set(tool_of)
     for layer, lib in libs.items():
         files += [(p, layer, False) for p in sources(lib["dir"])
                   if p in lib["sources"] or p not in listed]
+    for name, exe in exes.items():
+        tool = "tool:" + name
+        allowed[tool] = set()
+        for dep in exe["links"]:
+            allowed[tool] |= exported(libs, dep)
+        libs[tool] = {"dir": exe["dir"], "cmake": exe["cmake"]}
+        files += [(p, tool, False) for p in sorted(exe["sources"]) if os.path.exists(p)]
     include_root = os.path.join(root, "include", "acc")
     for layer in sorted(os.listdir(include_root)):
         folder = os.path.join(include_root, layer)
@@ -138,8 +185,9 @@ def check(root):
                 target = acc.group(1)
                 if target not in may:
                     kind = "public header of" if public else "file of"
+                    who = layer[len("tool:"):] if layer.startswith("tool:") else "acc_" + layer
                     errors.append(
-                        f"{rel}:{lineno}: #include \"{header}\": {kind} library acc_{layer} "
+                        f"{rel}:{lineno}: #include \"{header}\": {kind} library {who} "
                         f"includes layer '{target}', not among {sorted(may)}"
                         + (" (a public header sees only PUBLIC dependencies)" if public else
                            f" (dependencies declared in {os.path.relpath(libs[layer]['cmake'], root)})"))
@@ -154,10 +202,11 @@ def check(root):
         print(e)
     if errors:
         print(f"check_layering: {len(errors)} layering violation(s) in {checked} files of "
-              f"{len(libs)} libraries")
+              f"{len(libs) - len(exes)} libraries and {len(exes)} tools")
         return 1
-    print(f"check_layering: {checked} files of {len(libs)} libraries include only the layers "
-          "their CMake dependencies allow")
+    print(f"check_layering: {checked} files of {len(libs) - len(exes)} libraries and "
+          f"{len(exes)} tools include only the layers their CMake dependencies allow, in "
+          "DESIGN.md's order")
     return 0
 
 
@@ -191,6 +240,16 @@ def self_test():
         "src/side/side.cpp": '#include "acc/base/base.hpp"\n',
         "strategies/CMakeLists.txt": "acc_add_library(top SOURCES top.cpp PRIVATE acc::mid)\n",
         "strategies/top.cpp": '#include "acc/base/base.hpp"  // exported by mid\n',
+        # Two layers of DESIGN.md's table in its order, and a tool beside the upper one.
+        "src/util/CMakeLists.txt": "acc_add_library(util SOURCES util.cpp)\n",
+        "src/util/util.cpp": '#include "acc/util/util.hpp"\n',
+        "include/acc/util/util.hpp": "",
+        "src/tensor/CMakeLists.txt": "acc_add_library(tensor SOURCES tensor.cpp PUBLIC acc::util)\n"
+                                     "add_executable(tool tool.cpp)\n"
+                                     "target_link_libraries(tool PRIVATE acc::tensor)\n",
+        "src/tensor/tensor.cpp": '#include "acc/util/util.hpp"\n',
+        "src/tensor/tool.cpp": '#include "acc/tensor/tensor.hpp"\n#include "acc/util/util.hpp"\n',
+        "include/acc/tensor/tensor.hpp": "",
     }
     rc, out = run(clean)
     if rc != 0:
@@ -203,6 +262,11 @@ def self_test():
     bad["src/mid/mid.cpp"] += '#include "../base/detail.hpp"\n'  # another folder's private
     bad["include/acc/nolib/x.hpp"] = ""
     bad["src/side/CMakeLists.txt"] += "acc_add_library(side2 SOURCES s2.cpp PUBLIC acc::none)\n"
+    # A lower layer of DESIGN.md's table that links (and includes) a higher one.
+    bad["src/util/CMakeLists.txt"] = "acc_add_library(util SOURCES util.cpp PRIVATE acc::tensor)\n"
+    bad["src/util/util.cpp"] += '#include "acc/tensor/tensor.hpp"\n'
+    # A tool that includes a layer it does not link.
+    bad["src/tensor/tool.cpp"] += '#include "acc/mid/mid.hpp"\n'
     rc, out = run(bad)
     expected = [
         'src/base/base.cpp:3: #include "acc/mid/mid.hpp": file of library acc_base',
@@ -212,6 +276,9 @@ def self_test():
         'src/mid/mid.cpp:3: #include "../base/detail.hpp": file of library acc_mid reaches outside',
         "include/acc/nolib/: no acc_add_library declares layer 'nolib'",
         "links acc::none, which no acc_add_library declares",
+        "src/util/CMakeLists.txt: library acc_util links acc::tensor, a layer below it in "
+        "DESIGN.md's table",
+        'src/tensor/tool.cpp:3: #include "acc/mid/mid.hpp": file of library tool includes',
     ]
     missing = [e for e in expected if e not in out]
     if rc != 1 or missing or len(out.strip().splitlines()) != len(expected) + 1:

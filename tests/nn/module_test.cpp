@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "acc/autograd/checkpoint.hpp"
 #include "acc/autograd/flops.hpp"
+#include "acc/autograd/recompute.hpp"
 #include "acc/models/models.hpp"
 #include "acc/nn/nn.hpp"
 #include "acc/tensor/allocator.hpp"
@@ -293,7 +293,7 @@ TEST(Models, CheckpointedBlocksMatchAndSaveMemory) {
   models::GPT recomputed(c);
   for (const auto& block : recomputed.blocks()) {
     block->set_forward_wrapper(
-        [](nn::Module&, const Tensor& x, const auto& fwd) { return checkpoint(fwd, x); });
+        [](nn::Module&, const Tensor& x, const auto& fwd) { return recompute(fwd, x); });
   }
   Tensor idx = randint(0, 50, {4, 64});
   auto run = [&](models::GPT& m, int64_t* held) {

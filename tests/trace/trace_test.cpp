@@ -6,7 +6,7 @@
 #include <map>
 #include <thread>
 
-#include "acc/autograd/checkpoint.hpp"
+#include "acc/autograd/recompute.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
 #include "acc/tensor/allocator.hpp"
@@ -295,7 +295,7 @@ TEST_P(MemoryEstimate, PredictsMeasuredPeakWithinHalfAPercent) {
       auto block = model->submodule(name);
       saved.emplace_back(block, block->forward_wrapper());
       block->set_forward_wrapper(
-          [](nn::Module&, const Tensor& x, const auto& fwd) { return checkpoint(fwd, x); });
+          [](nn::Module&, const Tensor& x, const auto& fwd) { return recompute(fwd, x); });
     }
   }
   optim::AdamW opt(model->named_parameters());

@@ -14,7 +14,8 @@
 // removed by the next save, which holds the root's lock: root_lock.hpp).
 //
 // Format: acc/checkpoint/format.hpp and checkpoint/README.md. The namespace is acc::ckpt
-// (acc::checkpoint is activation recomputation's function, acc/autograd/checkpoint.hpp).
+// (acc::recompute, acc/autograd/recompute.hpp, is activation recomputation; the strategy method
+// that applies it keeps the name "checkpoint" in strategy JSON, as ATorch calls it).
 
 #include <nlohmann/json.hpp>
 

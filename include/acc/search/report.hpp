@@ -6,7 +6,7 @@
 // against the budget.
 //
 //   auto acc = acc::auto_accelerate(model, factory, opts);
-//   if (dist::rank() == 0) acc::accelerate::write_report(acc.report, "run/search");
+//   if (dist::rank() == 0) acc::search::write_report(acc.report, "run/search");
 //
 // The page is well-formed XML (XHTML with inline SVG): every tag closed, attributes quoted, text
 // escaped, so tools can read it with an XML parser as well as a browser.
@@ -15,7 +15,7 @@
 
 #include <string>
 
-namespace acc::accelerate {
+namespace acc::search {
 
 /// The report as one HTML page. Fields the page does not show are ignored (reports may grow).
 /// Throws acc::ValueError naming the field ("report: field 'candidates[3].predicted' is missing")
@@ -34,4 +34,4 @@ void check_report_dir(const std::string& dir);
 /// is written) and acc::IoError naming the path when the directory or a file cannot be written.
 void write_report(const nlohmann::json& report, const std::string& dir);
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

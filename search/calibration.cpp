@@ -1,6 +1,6 @@
 // The machine's calibration: fingerprint, GEMM and memory measurements, the cache file.
 
-#include "acc/accelerate/calibration.hpp"
+#include "acc/search/calibration.hpp"
 
 #include <cblas.h>
 
@@ -35,7 +35,7 @@
 #error "ACC_VERSION (the project's version) must be defined by the build"
 #endif
 
-namespace acc::accelerate {
+namespace acc::search {
 
 using json::brief;
 using json::Fields;
@@ -666,4 +666,4 @@ MachineCalibration broadcast_calibration(dist::ProcessGroup& group,
   return c;
 }
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

@@ -16,6 +16,6 @@ namespace acc {
 
 /// fn(x) with its activations recomputed in backward. Without grad mode, or when neither x nor
 /// anything inside fn requires grad, it is simply fn(x).
-Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x);
+Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x);
 
 }  // namespace acc

@@ -15,19 +15,20 @@
 #include <string>
 #include <vector>
 
-#include "acc/accelerate/space.hpp"
 #include "acc/data/token_data.hpp"
 #include "acc/dist/process_group.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/optim/optimizer.hpp"
+#include "acc/search/space.hpp"
+#include "acc/search/status.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 
 struct DryRunOptions {
   int warmup_steps = 1;
   int measured_steps = 3;
   /// Tracked tensor bytes the candidate may use on a rank above what is held before it starts
-  /// (0: no budget). An allocation past it throws acc::OutOfMemoryError: status "oom".
+  /// (0: no budget). An allocation past it throws acc::OutOfMemoryError: Status::kOom.
   int64_t memory_budget = 0;
   double grad_clip = 0.0;  // as strategies::ApplyOptions
   /// The limit on each collective of the candidate (the time a rank waits for the slowest to join
@@ -36,7 +37,7 @@ struct DryRunOptions {
 };
 
 struct DryRunResult {
-  std::string status = "ok";  // "ok" | "oom" | "error"
+  Status status = Status::kOk;  // kOk | kOom | kError
   /// The failure's message when not ok, on every rank: "rank 1: out of memory: ..." for each rank
   /// that failed first-hand (the others' timeouts are not repeated).
   std::string error;
@@ -52,4 +53,4 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
                      const Candidate& candidate, const data::Batch& batch,
                      const dist::ProcessGroupPtr& group, const DryRunOptions& options = {});
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

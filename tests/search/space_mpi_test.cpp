@@ -11,13 +11,13 @@
 
 #include <cmath>
 
-#include "acc/accelerate/dry_run.hpp"
-#include "acc/accelerate/space.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/search/dry_run.hpp"
+#include "acc/search/space.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
@@ -47,7 +47,7 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
     const MemoryPrediction p = mm.predict(c);
     const DryRunResult r = dry_run(*model, optim::AdamW::factory({.lr = 1e-3}), c, batch, world,
                                    {.warmup_steps = 1, .measured_steps = 1});
-    ASSERT_EQ(r.status, "ok") << c.describe() << ": " << r.error;
+    ASSERT_EQ(r.status, search::Status::kOk) << c.describe() << ": " << r.error;
     const double err = static_cast<double>(p.peak - r.peak_bytes) / r.peak_bytes;
     if (c.effects.shard_parameters) {
       if (std::abs(err) > std::abs(worst_fsdp)) worst_fsdp = err;
@@ -70,4 +70,4 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
 }
 
 }  // namespace
-}  // namespace acc::accelerate
+}  // namespace acc::search

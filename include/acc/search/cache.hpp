@@ -28,10 +28,10 @@
 #include <cstdint>
 #include <string>
 
-#include "acc/accelerate/calibration.hpp"
+#include "acc/search/calibration.hpp"
 #include "acc/strategies/strategy.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 
 inline constexpr const char* kStrategyCacheFormat = "autoacc-strategy";
 inline constexpr int kStrategyCacheVersion = 1;
@@ -84,4 +84,4 @@ bool is_strategy_cache(const nlohmann::json& j);
 /// the path when it cannot.
 void save_strategy_cache(const StrategyCache& cache, const std::string& path);
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

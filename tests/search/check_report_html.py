@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks a report directory written by acc::accelerate::write_report the way a tool would read it.
+"""Checks a report directory written by acc::search::write_report the way a tool would read it.
 
     check_report_html.py DIR
 

@@ -1,4 +1,4 @@
-#include "acc/accelerate/dry_run.hpp"
+#include "acc/search/dry_run.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -8,11 +8,11 @@
 #include "acc/util/error.hpp"
 #include "acc/util/timer.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 
 nlohmann::json DryRunResult::to_json() const {
   nlohmann::json j = {
-      {"status", status}, {"step_seconds", step_seconds}, {"peak_bytes", peak_bytes}};
+      {"status", status_name(status)}, {"step_seconds", step_seconds}, {"peak_bytes", peak_bytes}};
   if (!error.empty()) j["error"] = error;
   return j;
 }
@@ -53,14 +53,14 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
         if (i >= options.warmup_steps) times.push_back(t.elapsed_s());
       }
     } catch (const OutOfMemoryError& e) {
-      r.status = "oom";
+      r.status = Status::kOom;
       r.error = std::string("out of memory: ") + e.what();
     } catch (const TimeoutError& e) {
-      r.status = "error";
+      r.status = Status::kError;
       r.error = e.what();
       timed_out = true;
     } catch (const Error& e) {
-      r.status = "error";
+      r.status = Status::kError;
       r.error = e.what();
     }
   }
@@ -73,10 +73,10 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
   // The slowest rank's time and the largest rank's peak, over the parent group (healthy: the
   // candidate's own communicator may hold what the failure left in flight). A failure anywhere
   // fails the candidate everywhere, with the first-hand messages of the ranks that failed.
-  const int first_hand = r.status != "ok" && !timed_out ? 1 : 0;
-  Tensor flags = from_vector(
-      std::vector<int64_t>{r.status == "ok" ? 0 : 1, first_hand, r.peak_bytes, r.status == "oom"},
-      {4});
+  const int first_hand = r.status != Status::kOk && !timed_out ? 1 : 0;
+  Tensor flags = from_vector(std::vector<int64_t>{r.status == Status::kOk ? 0 : 1, first_hand,
+                                                  r.peak_bytes, r.status == Status::kOom},
+                             {4});
   Tensor time = from_vector(std::vector<float>{static_cast<float>(r.step_seconds)}, {1});
   auto w1 = group->allreduce(flags, dist::ReduceOp::kMax);
   auto w2 = group->allreduce(time, dist::ReduceOp::kMax);
@@ -92,11 +92,11 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
   // Each rank that failed first-hand tells its message (the others only timed out waiting).
   const std::string messages =
       dist::rank_messages(dist::allgather_text(*group, first_hand ? r.error : std::string()));
-  r.status = v[3] ? "oom" : "error";
+  r.status = v[3] ? Status::kOom : Status::kError;
   r.error = messages.empty() ? r.error : messages;
   r.step_seconds = 0;
   r.losses.clear();
   return r;
 }
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

@@ -1,9 +1,10 @@
-// checkpoint: activation recomputation. The first N repeated blocks (repeated_blocks, i.e.
-// trace::find_blocks: the blocks the tracer's recompute option wraps, through the same
-// nn::recompute_blocks) keep only their input during forward and run again in backward. Config:
-// {"blocks": N | "all"} (default "all"). N larger than the number of blocks is refused when the
-// method is applied (issue 29: "blocks": 99 on a 2-block model was taken as "all" without a word;
-// a count that does not fit is a config written for another model).
+// The "checkpoint" method (ATorch's name, kept in strategy JSON): activation recomputation. The
+// first N repeated blocks (repeated_blocks, i.e. trace::find_blocks: the blocks the tracer's
+// recompute option wraps, through the same nn::recompute_blocks) keep only their input during
+// forward and run again in backward. Config: {"blocks": N | "all"} (default "all"). N larger than
+// the number of blocks is refused when the method is applied (issue 29: "blocks": 99 on a 2-block
+// model was taken as "all" without a word; a count that does not fit is a config written for
+// another model).
 #include <algorithm>
 
 #include "acc/nn/recompute.hpp"
@@ -12,7 +13,7 @@
 
 namespace acc::strategies {
 
-MethodSpec checkpoint_method() {
+MethodSpec recompute_method() {
   return {.name = "checkpoint",
           .slot = "checkpoint",
           .exclusive_slot = false,

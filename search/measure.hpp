@@ -7,7 +7,7 @@
 
 #include "acc/util/timer.hpp"
 
-namespace acc::accelerate::detail {
+namespace acc::search::detail {
 
 /// Seconds per call of `call`: one warm-up call (caches, page mappings, the BLAS's buffers), then
 /// calls until `seconds_per_point` has passed (at least one, at most 10000 samples); the median of
@@ -33,4 +33,4 @@ double median_seconds(F&& call, double seconds_per_point) {
   return n % 2 == 1 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
 }
 
-}  // namespace acc::accelerate::detail
+}  // namespace acc::search::detail

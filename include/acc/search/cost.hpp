@@ -19,10 +19,10 @@
 #include <string>
 #include <tuple>
 
-#include "acc/accelerate/calibration.hpp"
-#include "acc/accelerate/space.hpp"
+#include "acc/search/calibration.hpp"
+#include "acc/search/space.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 
 struct TimePrediction {
   double compute_s = 0;   // forward + backward of all micro-batches
@@ -67,4 +67,4 @@ class CostModel {
   std::map<std::tuple<int64_t, int64_t, bool>, PassCost> passes_;
 };
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

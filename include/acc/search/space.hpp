@@ -25,7 +25,7 @@
 #include "acc/strategies/strategy.hpp"
 #include "acc/trace/estimate.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 
 struct SpaceOptions {
   int world = 1;
@@ -90,4 +90,4 @@ class MemoryModel {
   std::map<std::tuple<int64_t, int64_t, bool, double, bool>, trace::TrainingNeed> needs_;
 };
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

@@ -33,7 +33,7 @@
 #include "acc/dist/process_group.hpp"
 #include "acc/trace/tracer.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 
 // ---- the machine ----
 
@@ -295,4 +295,4 @@ CommCalibration calibrate_collectives(
     dist::ProcessGroup& group, const std::vector<int64_t>& sizes_bytes = default_collective_sizes(),
     double seconds_per_point = 0.05);
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

@@ -1,4 +1,4 @@
-#include "acc/accelerate/space.hpp"
+#include "acc/search/space.hpp"
 
 #include <algorithm>
 #include <map>
@@ -7,7 +7,7 @@
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 using strategies::MethodSearch;
@@ -226,7 +226,7 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
   const int64_t resident = m.parameters + m.gradients + m.optimizer_state;
   if (e.shard_parameters) {
     // Sharded parameters (fsdp) follow their own timeline (strategies/fsdp.cpp), checked against
-    // the allocator's peak per step (tests/accelerate/space_mpi_test.cpp). On top of the shards:
+    // the allocator's peak per step (tests/search/space_mpi_test.cpp). On top of the shards:
     // the root unit (gathered for the step) and one gathered block (the forward's gather is freed
     // by its post-hook before backward gathers the block again: the declared gathered_blocks
     // counts both). Each block's gradients are packed, reduce-scattered and freed when its
@@ -277,4 +277,4 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
   return m;
 }
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

@@ -1,4 +1,5 @@
-#include "acc/accelerate/report.hpp"
+#include "acc/search/report.hpp"
+#include "acc/search/status.hpp"
 
 #include <unistd.h>
 
@@ -18,7 +19,7 @@
 #include "acc/util/file.hpp"
 #include "acc/util/json_fields.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 using json::Fields;
@@ -28,7 +29,7 @@ constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
 // ---- The report, read and checked once so the drawing below never meets a missing field. ----
 
 struct Measured {
-  std::string status;  // "ok" | "oom" | "error"
+  Status status = Status::kOk;  // kOk | kOom | kError
   double step_s = 0;
   int64_t peak_bytes = 0;
   std::string error;
@@ -38,20 +39,20 @@ struct Row {
   int number = 0;  // 1-based position in the page's table, the label of the row's points
   std::string name;
   int64_t micro_batch = 0;
-  std::string status;  // "rejected" | "ranked" | "ok" | "oom" | "error"
+  Status status = Status::kRanked;
   std::string reason;
   int64_t peak_bytes = 0;            // predicted
   nlohmann::json memory;             // the predicted breakdown, for the cell's tooltip
   std::optional<double> step_s;      // predicted; none when rejected before pricing
   std::optional<Measured> measured;  // dry-run candidates only
   bool chosen = false;
-  bool measured_ok() const { return measured && measured->status == "ok"; }
+  bool measured_ok() const { return measured && measured->status == Status::kOk; }
 };
 
 struct Report {
   std::string chosen_name;
-  nlohmann::json chosen;  // the strategy list
-  std::string source;     // "search" | "plan" | "cache" | "given" | ... ("" in older reports)
+  nlohmann::json chosen;         // the strategy list
+  std::optional<Source> source;  // absent in older reports
   std::string note;
   int64_t world = 0, global_batch = 0, seq_len = 0, budget_bytes = 0, dry_runs = 0;
   bool out_of_time = false;
@@ -70,7 +71,7 @@ Row read_row(const nlohmann::json& j, const std::string& path) {
   Row r;
   r.name = f.string("name");
   r.micro_batch = f.integer("micro_batch", 1, kMaxInt);
-  r.status = f.string("status");
+  r.status = parse_status(f.string("status"), "report " + f.path("status"));
   if (f.optional("reason") != nullptr) r.reason = f.string("reason");
   if (f.optional("chosen") != nullptr) r.chosen = f.boolean("chosen");
   Fields predicted(f.at("predicted"), "report", f.path("predicted"));
@@ -83,7 +84,7 @@ Row read_row(const nlohmann::json& j, const std::string& path) {
   if (f.optional("measured") != nullptr) {
     Fields m(f.at("measured"), "report", f.path("measured"));
     Measured measured;
-    measured.status = m.string("status");
+    measured.status = parse_status(m.string("status"), "report " + m.path("status"));
     measured.step_s = m.number("step_seconds", 0, false);
     measured.peak_bytes = m.integer("peak_bytes", 0, kMaxInt);
     if (m.optional("error") != nullptr) measured.error = m.string("error");
@@ -97,7 +98,9 @@ Report read_report(const nlohmann::json& j) {
   Report r;
   r.chosen_name = f.string("chosen_name");
   r.chosen = f.at("chosen");
-  if (f.optional("source") != nullptr) r.source = f.string("source");
+  if (f.optional("source") != nullptr) {
+    r.source = parse_source(f.string("source"), "report " + f.path("source"));
+  }
   if (f.optional("note") != nullptr) r.note = f.string("note");
   r.world = f.integer("world", 1, kMaxInt);
   r.global_batch = f.integer("global_batch", 1, kMaxInt);
@@ -261,13 +264,22 @@ ByteUnit byte_unit(double largest) {
 // ---- SVG pieces. ----
 
 // Status colours (the Okabe-Ito palette, readable by colour-blind readers).
-const char* status_colour(const std::string& status) {
-  if (status == "ok") return "#009E73";
-  if (status == "ranked") return "#9a9a9a";
-  if (status == "oom") return "#E69F00";
-  if (status == "error") return "#D55E00";
-  if (status == "rejected") return "#CC79A7";
-  return "#56B4E9";  // a status added later
+const char* status_colour(Status status) {
+  switch (status) {
+    case Status::kOk:
+      return "#009E73";
+    case Status::kRanked:
+      return "#9a9a9a";
+    case Status::kOom:
+      return "#E69F00";
+    case Status::kError:
+      return "#D55E00";
+    case Status::kRejected:
+      return "#CC79A7";
+    case Status::kFits:
+      break;
+  }
+  return "#56B4E9";
 }
 constexpr const char* kChosenColour = "#0072B2";
 
@@ -460,8 +472,8 @@ std::string time_scatter(const Report& r) {
                       p->chosen ? kChosenColour : "#222", p->chosen ? 13 : 8);
   }
   double lx = left;
-  lx = legend_entry(s, lx, kHeight - 30, status_colour("ok"), "dry-run candidate (# in the table)",
-                    false);
+  lx = legend_entry(s, lx, kHeight - 30, status_colour(Status::kOk),
+                    "dry-run candidate (# in the table)", false);
   if (std::any_of(pts.begin(), pts.end(), [](const Row* p) { return p->chosen; })) {
     legend_entry(s, lx, kHeight - 30, kChosenColour, "chosen", true);
   }
@@ -535,7 +547,7 @@ std::string memory_time(const Report& r) {
       const double x = sc + (static_cast<double>(i % 5) - 2) * 6;
       s += point(x, y, *p, "rejected",
                  "#" + std::to_string(p->number) + " " + p->name + ": predicted peak " +
-                     bytes(p->peak_bytes) + ", not priced (" + p->status + ")");
+                     bytes(p->peak_bytes) + ", not priced (" + status_name(p->status) + ")");
     }
   }
 
@@ -552,9 +564,10 @@ std::string memory_time(const Report& r) {
     const double x = xa.map(1e3 * *p->step_s, left, right);
     const double y = ya.map(static_cast<double>(p->peak_bytes) / unit.bytes, bottom, top);
     if (p->measured || p->chosen) labels.reserve_point(x, y, p->chosen ? 12 : 5);
-    marks += point(x, y, *p, "timed",
-                   "#" + std::to_string(p->number) + " " + p->name + ": predicted " +
-                       ms(*p->step_s) + ", peak " + bytes(p->peak_bytes) + " (" + p->status + ")");
+    marks +=
+        point(x, y, *p, "timed",
+              "#" + std::to_string(p->number) + " " + p->name + ": predicted " + ms(*p->step_s) +
+                  ", peak " + bytes(p->peak_bytes) + " (" + status_name(p->status) + ")");
   }
   s += marks;
   for (const Row* p : order) {
@@ -567,11 +580,11 @@ std::string memory_time(const Report& r) {
 
   // Legend: the statuses present, then the chosen ring.
   double lx = left;
-  const std::pair<const char*, const char*> kinds[] = {{"ok", "ok (dry-run)"},
-                                                       {"oom", "oom (dry-run)"},
-                                                       {"error", "error (dry-run)"},
-                                                       {"ranked", "ranked, not run"},
-                                                       {"rejected", "rejected: memory"}};
+  const std::pair<Status, const char*> kinds[] = {{Status::kOk, "ok (dry-run)"},
+                                                  {Status::kOom, "oom (dry-run)"},
+                                                  {Status::kError, "error (dry-run)"},
+                                                  {Status::kRanked, "ranked, not run"},
+                                                  {Status::kRejected, "rejected: memory"}};
   double ly = kHeight - 30;
   for (const auto& [status, label] : kinds) {
     const bool present = std::any_of(r.rows.begin(), r.rows.end(),
@@ -634,7 +647,7 @@ std::string seconds(double s) {
 
 std::string summary(const Report& r) {
   size_t rejected = 0;
-  for (const Row& row : r.rows) rejected += row.status == "rejected";
+  for (const Row& row : r.rows) rejected += row.status == Status::kRejected;
   std::string s = "<dl class=\"summary\">\n";
   const auto item = [&](const std::string& k, const std::string& v_html) {
     s += "<dt>" + esc(k) + "</dt><dd>" + v_html + "</dd>\n";
@@ -649,7 +662,7 @@ std::string summary(const Report& r) {
     chosen += ")";
   }
   item("chosen", chosen);
-  if (!r.source.empty()) item("source", esc(r.source));
+  if (r.source) item("source", esc(source_name(*r.source)));
   if (!r.note.empty()) item("note", esc(r.note));
   item("strategy", "<code>" + esc(r.chosen.dump()) + "</code>");
   item("ranks", std::to_string(r.world));
@@ -679,7 +692,7 @@ std::string table(const Report& r) {
   for (const Row& row : r.rows) {
     std::string cls = "candidate";
     if (row.chosen) cls += " chosen";
-    if (row.status == "rejected") cls += " rejected";
+    if (row.status == Status::kRejected) cls += " rejected";
     s += "<tr class=\"" + cls + "\" data-candidate=\"" + std::to_string(row.number) + "\">";
     s += "<td class=\"num\">" + std::to_string(row.number) + "</td>";
     s += "<td class=\"name\">" + esc(row.name) +
@@ -692,11 +705,11 @@ std::string table(const Report& r) {
     s += "<td class=\"num\">" + (ok ? esc(ms(row.measured->step_s)) : "-") + "</td>";
     // An out-of-memory run's peak says by how much it went over.
     const bool peak =
-        row.measured && row.measured->peak_bytes > 0 && row.measured->status != "error";
+        row.measured && row.measured->peak_bytes > 0 && row.measured->status != Status::kError;
     s += "<td class=\"num\">" + (peak ? esc(bytes(row.measured->peak_bytes)) : "-") + "</td>";
     s +=
         "<td><span class=\"status\" style=\"background: " + std::string(status_colour(row.status)) +
-        "\">" + esc(row.status) + "</span></td>";
+        "\">" + esc(status_name(row.status)) + "</span></td>";
     std::string reason = row.reason;
     if (reason.empty() && row.measured) reason = row.measured->error;
     s += "<td>" + esc(reason) + "</td></tr>\n";
@@ -716,7 +729,7 @@ std::string scatter_key(const Report& r) {
       s += ": predicted " + esc(ms(*row.step_s)) + ", measured " + esc(ms(row.measured->step_s)) +
            " (" + (err >= 0 ? "+" : "") + fixed(err, 0) + "%)";
     } else if (!row.measured_ok()) {
-      s += ": not plotted, the dry-run ended with " + esc(row.measured->status);
+      s += ": not plotted, the dry-run ended with " + esc(status_name(row.measured->status));
     }
     if (row.chosen) s += " <span class=\"chosen-tag\">chosen</span>";
     s += "</li>\n";
@@ -802,4 +815,4 @@ void write_report(const nlohmann::json& report, const std::string& dir) {
   }
 }
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

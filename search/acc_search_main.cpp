@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "acc/accelerate.hpp"
-#include "acc/accelerate/report.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/search/report.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/threading.hpp"
 #include "acc/util/cli.hpp"
@@ -60,8 +60,8 @@ struct Args {
 // report.json with one), else a stated default: a ring over shared memory with 20 us per hop and
 // 5 GB/s, roughly what OpenMPI's shared-memory transport gives on a current x86 server; a plan
 // for real nodes should pass --comm from a search run on them.
-acc::accelerate::CommCalibration plan_comm(const Args& a) {
-  using acc::accelerate::CommCalibration;
+acc::search::CommCalibration plan_comm(const Args& a) {
+  using acc::search::CommCalibration;
   if (!a.comm.empty()) {
     nlohmann::json j = acc::read_json_file(a.comm, "--comm");
     if (j.is_object() && j.contains("comm")) j = j["comm"];
@@ -102,20 +102,20 @@ acc::AccelerateOptions options_of(const Args& a) {
 int plan(const Args& a, const nlohmann::json& config) {
   using namespace acc;
   check_output_path(a.out, "--out");
-  if (!a.report.empty()) accelerate::check_report_dir(a.report);
+  if (!a.report.empty()) search::check_report_dir(a.report);
   const AccelerateOptions o = options_of(a);
   const nlohmann::json report = plan_strategy(a.model, config, a.world, o, plan_comm(a));
   std::cout << report_table(report) << std::flush;
-  const auto key = accelerate::strategy_key(a.model, config, a.world, a.global_batch, a.seq_len);
-  accelerate::save_strategy_cache(cache_from_report(report, key), a.out);
-  if (!a.report.empty()) accelerate::write_report(report, a.report);
+  const auto key = search::strategy_key(a.model, config, a.world, a.global_batch, a.seq_len);
+  search::save_strategy_cache(cache_from_report(report, key), a.out);
+  if (!a.report.empty()) search::write_report(report, a.report);
   std::printf("acc-search: planned for %d rank(s) (predictions only%s): %s -> %s\n", a.world,
               a.comm.empty() ? ", default collective figures" : "",
               report.at("chosen_name").get<std::string>().c_str(), a.out.c_str());
   return 0;
 }
 
-int search(const Args& a, const nlohmann::json& config) {
+int run_search(const Args& a, const nlohmann::json& config) {
   using namespace acc;
   ACC_CHECK(a.world == 0 || a.world == dist::world_size(), "--world ", a.world,
             " is for --plan-only; under mpirun the world is the job's (", dist::world_size(), ")");
@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
       acc::set_num_threads(a.threads > 0
                                ? a.threads
                                : std::max(1, acc::usable_cores() / acc::dist::local_world_size()));
-      rc = search(a, config);
+      rc = run_search(a, config);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "acc-search: error: %s\n", e.what());

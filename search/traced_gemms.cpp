@@ -3,11 +3,11 @@
 
 #include <map>
 
-#include "acc/accelerate/calibration.hpp"
+#include "acc/search/calibration.hpp"
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 int64_t rows(const trace::TensorInfo& t, int64_t cols, const trace::Vertex& v) {
@@ -108,4 +108,4 @@ std::vector<GemmShape> gemm_shapes(const trace::Trace& t) {
   return out;
 }
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

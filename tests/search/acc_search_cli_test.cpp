@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "acc/accelerate/cache.hpp"
+#include "acc/search/cache.hpp"
 #include "acc/util/json.hpp"
 #include "command.hpp"
 
@@ -44,8 +44,8 @@ class AccSearch : public ::testing::Test {
     return std::string(TRAIN_GPT_BIN) + " --config " + (dir / "gpt.json").string() + " --data " +
            (dir / "text.txt").string() + " --data-format text --seq-len 16 --steps 2 " + flags;
   }
-  static accelerate::StrategyCache read_cache(const fs::path& p) {
-    return accelerate::StrategyCache::from_json(read_json_file(p.string(), "test"), p.string());
+  static search::StrategyCache read_cache(const fs::path& p) {
+    return search::StrategyCache::from_json(read_json_file(p.string(), "test"), p.string());
   }
 };
 

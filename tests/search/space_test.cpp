@@ -6,15 +6,15 @@
 #include <cmath>
 #include <set>
 
-#include "acc/accelerate/cost.hpp"
-#include "acc/accelerate/dry_run.hpp"
-#include "acc/accelerate/space.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/search/cost.hpp"
+#include "acc/search/dry_run.hpp"
+#include "acc/search/space.hpp"
 #include "acc/util/error.hpp"
 #include "error_of.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 SpaceOptions opts(int world, int64_t batch, bool bf16 = false,
@@ -104,7 +104,7 @@ TEST(MemoryModel, OneRankPredictionsMatchTheMeasuredPeak) {
     const MemoryPrediction p = mm.predict(c);
     const DryRunResult r = dry_run(*model, optim::AdamW::factory({.lr = 1e-3}), c, batch, nullptr,
                                    {.warmup_steps = 1, .measured_steps = 1});
-    ASSERT_EQ(r.status, "ok") << c.describe() << ": " << r.error;
+    ASSERT_EQ(r.status, search::Status::kOk) << c.describe() << ": " << r.error;
     const double err = std::abs(static_cast<double>(p.peak - r.peak_bytes)) / r.peak_bytes;
     worst = std::max(worst, err);
     EXPECT_LE(err, 0.05) << c.describe() << ": predicted " << p.peak << ", measured "
@@ -114,9 +114,9 @@ TEST(MemoryModel, OneRankPredictionsMatchTheMeasuredPeak) {
 }
 
 }  // namespace
-}  // namespace acc::accelerate
+}  // namespace acc::search
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 // The time model on a made-up machine (every GEMM at 100 GFLOP/s, 20 GB/s, collectives 50 us +
@@ -163,4 +163,4 @@ TEST(CostModel, EffectsMoveThePredictionTheWayTheyShould) {
 }
 
 }  // namespace
-}  // namespace acc::accelerate
+}  // namespace acc::search

@@ -1,4 +1,4 @@
-#include "acc/accelerate/cost.hpp"
+#include "acc/search/cost.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "acc/trace/tracer.hpp"
 #include "acc/util/error.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 // A trace of the model at `depth` blocks for a micro-batch, on the meta device.
@@ -156,4 +156,4 @@ TimePrediction CostModel::predict(const Candidate& c) {
   return t;
 }
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

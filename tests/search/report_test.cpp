@@ -2,7 +2,7 @@
 // candidate and both charts, write_report writes report.json and report.html atomically, and bad
 // reports or paths are errors that name the field or the path.
 //
-// The page is checked by tests/accelerate/check_report_html.py (a strict XML parse plus what a
+// The page is checked by tests/search/check_report_html.py (a strict XML parse plus what a
 // reader relies on), run from here with std::system rather than as a separate CTest test: this
 // test builds the report and writes it, so the script checks exactly the files it just wrote,
 // and a failing script fails this test with the script's message in the log.
@@ -20,11 +20,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "acc/accelerate/report.hpp"
+#include "acc/search/report.hpp"
 #include "acc/util/error.hpp"
 #include "error_of.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 namespace fs = std::filesystem;
@@ -299,4 +299,4 @@ TEST(Report, UnwritablePathsAreIoErrorsNamingThePath) {
 }
 
 }  // namespace
-}  // namespace acc::accelerate
+}  // namespace acc::search

@@ -7,12 +7,12 @@
 #include <cmath>
 #include <ctime>
 
-#include "acc/accelerate/calibration.hpp"
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
+#include "acc/search/calibration.hpp"
 #include "acc/util/error.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 const std::vector<int64_t> kSizes = {4 << 10, 256 << 10, 4 << 20};
@@ -189,4 +189,4 @@ TEST(ContentionForJob, MeasuredOnceThenTakenFromTheCacheOnEveryRank) {
 }
 
 }  // namespace
-}  // namespace acc::accelerate
+}  // namespace acc::search

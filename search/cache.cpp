@@ -1,4 +1,4 @@
-#include "acc/accelerate/cache.hpp"
+#include "acc/search/cache.hpp"
 
 #include <limits>
 
@@ -12,7 +12,7 @@
 #error "ACC_VERSION (the project's version) must be defined by the build"
 #endif
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
@@ -148,4 +148,4 @@ void save_strategy_cache(const StrategyCache& cache, const std::string& path) {
   write_text_file_atomically(path, cache.to_json().dump(2) + "\n", "strategy cache");
 }
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

@@ -12,14 +12,14 @@
 #include <map>
 #include <sstream>
 
-#include "acc/accelerate/calibration.hpp"
 #include "acc/models/models.hpp"
+#include "acc/search/calibration.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/threading.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 namespace fs = std::filesystem;
@@ -525,4 +525,4 @@ TEST(GemmShapes, OfTheReferenceAttentionListItsBatchedProducts) {
 }
 
 }  // namespace
-}  // namespace acc::accelerate
+}  // namespace acc::search

@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 
-#include "acc/accelerate/calibration.hpp"
+#include "acc/search/calibration.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/json_fields.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/timer.hpp"
 
-namespace acc::accelerate {
+namespace acc::search {
 namespace {
 
 // The collectives measured: each issues its op on `whole` (the full tensor) and `block` (this
@@ -221,4 +221,4 @@ CommCalibration calibrate_collectives(dist::ProcessGroup& group,
   return c;
 }
 
-}  // namespace acc::accelerate
+}  // namespace acc::search

@@ -1,4 +1,4 @@
-#include "acc/autograd/checkpoint.hpp"
+#include "acc/autograd/recompute.hpp"
 
 #include "acc/autograd/engine.hpp"
 #include "acc/tensor/node.hpp"
@@ -7,7 +7,7 @@
 
 namespace acc {
 
-Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x) {
+Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x) {
   // The recomputation is attached to x's gradient edge; without one there is nothing to hang it
   // on, so the block runs normally (a model's first block input requires grad through the
   // embedding, so this is the rare case of a frozen front).
@@ -23,7 +23,7 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
   // The node's input is x; parameters inside fn are reached by the inner backward.
   Tensor saved = x.detach();
   autograd::record_op(
-      "CheckpointBackward", {x}, {out},
+      "RecomputeBackward", {x}, {out},
       [fn, saved, seed, offset](const std::vector<Tensor>& g, const std::vector<bool>&) {
         Generator& gen = default_generator();
         const uint64_t now_seed = gen.seed(), now_offset = gen.offset();
