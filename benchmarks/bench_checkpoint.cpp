@@ -149,8 +149,8 @@ int main(int argc, char** argv) {
     // The state's raw bytes this rank writes (replica 0's regions), and in all.
     int64_t mine = 0;
     for (const auto& e : trainer->placements()) {
-      if (e.kind == strategies::TensorKind::kGradient || e.replica != 0) continue;
-      mine += e.range.length * static_cast<int64_t>(element_size(e.dtype));
+      if (e.kind == dist::TensorKind::kGradient || e.replica != 0) continue;
+      mine += e.held_numel() * static_cast<int64_t>(element_size(e.dtype));
     }
     Tensor total_t = from_vector(std::vector<int64_t>{mine}, {1});
     world->allreduce(total_t, dist::ReduceOp::kSum)->wait();

@@ -35,8 +35,9 @@ namespace acc::ckpt {
 namespace fs = std::filesystem;
 namespace {
 
-using strategies::Placement;
-using strategies::TensorKind;
+using dist::FlatRange;
+using dist::PlacementEntry;
+using dist::TensorKind;
 
 // Fault injection for the crash tests (checkpoint/README.md): ACC_CKPT_CRASH=POINT:rank=R[:step=S]
 // kills rank R with SIGKILL at POINT of a save (of step S, else of any step): "mid_write" (after
@@ -85,13 +86,25 @@ void crash_point(const char* point, int rank, int64_t step) {
   }
 }
 
+// The elements an entry holds as one range of its tensor's row-major flattening: all that format
+// version 1 stores (a whole tensor, or a flat shard of one). A box that is not one range (a column
+// block) needs the boxes of format version 2.
+FlatRange range_of(const PlacementEntry& e) {
+  const auto runs = e.global_runs();
+  if (runs.empty()) return {0, 0};
+  ACC_CHECK(runs.size() == 1, "checkpoint: '", e.name, "' holds box ", e.box.to_string(), " of ",
+            to_string(e.global_shape), ", which is ", runs.size(),
+            " ranges of the tensor; checkpoint format version 1 stores one range per rank");
+  return runs.front().first;
+}
+
 bool saved_kind(TensorKind k) {
   return k == TensorKind::kParameter || k == TensorKind::kOptimizerState;
 }
 
 // Whether this rank writes the entry: saved kinds, replica 0's holder, something held.
-bool written_here(const Placement& e) {
-  return saved_kind(e.kind) && e.replica == 0 && e.range.length > 0;
+bool written_here(const PlacementEntry& e) {
+  return saved_kind(e.kind) && e.replica == 0 && range_of(e).length > 0;
 }
 
 const char* kind_name(TensorKind k) {
@@ -99,9 +112,9 @@ const char* kind_name(TensorKind k) {
 }
 
 // The contiguous bytes of a placement's local tensor.
-Tensor contiguous_local(const Placement& e) {
-  ACC_CHECK(e.local.numel() == e.range.length, "checkpoint: '", e.name, "' holds ", e.local.numel(),
-            " elements for a range of ", e.range.length);
+Tensor contiguous_local(const PlacementEntry& e) {
+  ACC_CHECK(e.local.numel() == range_of(e).length, "checkpoint: '", e.name, "' holds ",
+            e.local.numel(), " elements for a range of ", range_of(e).length);
   ACC_CHECK_TYPE(e.local.dtype() == e.dtype, "checkpoint: '", e.name, "' is ", e.local.dtype(),
                  ", its placement says ", e.dtype);
   return e.local.contiguous();
@@ -136,14 +149,14 @@ class ShardWriter {
     if (fd_ >= 0) ::close(fd_);
   }
 
-  void add(const Placement& e, const SaveOptions& o) {
+  void add(const PlacementEntry& e, const SaveOptions& o) {
     const Tensor t = contiguous_local(e);
     const auto* src = static_cast<const char*>(t.raw_data());
     const int64_t elem = static_cast<int64_t>(element_size(e.dtype));
     const int64_t per_chunk = std::max<int64_t>(1, o.chunk_bytes / elem);
     Piece piece{e, chunks_.size(), 0};
-    for (int64_t k = 0; k < e.range.length; k += per_chunk) {
-      const int64_t n = std::min(per_chunk, e.range.length - k);
+    for (int64_t k = 0; k < range_of(e).length; k += per_chunk) {
+      const int64_t n = std::min(per_chunk, range_of(e).length - k);
       const size_t raw = static_cast<size_t>(n * elem);
       std::unique_ptr<Block> b = take_free();
       b->data.resize(ZSTD_compressBound(raw));
@@ -152,7 +165,7 @@ class ShardWriter {
       ACC_CHECK_AS(IoError, !ZSTD_isError(z), "checkpoint: compressing '", e.name,
                    "' failed: ", ZSTD_getErrorName(z));
       b->size = z;
-      chunks_.push_back({rank_, e.range.offset + k, n, pos_, static_cast<int64_t>(z), 0});
+      chunks_.push_back({rank_, range_of(e).offset + k, n, pos_, static_cast<int64_t>(z), 0});
       b->xxh64 = &chunks_.back().xxh64;  // the file side checksums it (deque: a stable address)
       pos_ += static_cast<int64_t>(z);
       submit(std::move(b));
@@ -183,7 +196,7 @@ class ShardWriter {
                           {"byte_length", c.byte_length},
                           {"xxh64", c.xxh64}});
       }
-      const Placement& e = p.entry;
+      const PlacementEntry& e = p.entry;
       out.push_back({{"name", e.name},
                      {"kind", kind_name(e.kind)},
                      {"param", e.param},
@@ -203,7 +216,7 @@ class ShardWriter {
     uint64_t* xxh64 = nullptr;  // where its checksum goes
   };
   struct Piece {
-    Placement entry;
+    PlacementEntry entry;
     size_t begin, end;  // its chunks in chunks_
   };
 
@@ -489,12 +502,11 @@ void prepare(PendingSave& p, dist::ProcessGroup& group) {
 
 // This rank's shard (an empty file when it holds nothing of replica 0). Never throws: the outcome
 // is in p.pieces or p.error, for finish_save() to share.
-void write_shard(PendingSave& p, const strategies::PlacementTable& table, int rank,
-                 bool pipelined) {
+void write_shard(PendingSave& p, const dist::PlacementTable& table, int rank, bool pipelined) {
   NoGradGuard no_grad;  // grad mode is per thread: contiguous() must not record anything
   try {
     ShardWriter w((fs::path(p.tmp) / shard_file_name(rank)).string(), rank, p.step, pipelined);
-    for (const Placement& e : table) {
+    for (const PlacementEntry& e : table) {
       if (!written_here(e)) continue;
       ACC_CHECK(e.local.defined(), "checkpoint: '", e.name, "' has no local tensor to save");
       w.add(e, p.options);
@@ -565,8 +577,8 @@ std::string finish_save(PendingSave& p, dist::ProcessGroup& group) {
 // no piece of some parameter), the model's hash and the strategy. Collective.
 Header trainer_header(strategies::Trainer& trainer, const std::string& model_trace_hash,
                       nlohmann::json extra) {
-  ACC_CHECK(trainer.group() != nullptr, "checkpoint: the trainer has no process group");
-  dist::ProcessGroup& group = *trainer.group();
+  ACC_CHECK(trainer.context() != nullptr, "checkpoint: the trainer has no process group");
+  dist::ProcessGroup& group = *trainer.context()->world();
   nlohmann::json mine = nlohmann::json::object();
   const optim::Optimizer& opt = trainer.optimizer();
   for (const std::string& name : opt.param_names()) mine[name] = opt.param_step(name);
@@ -589,7 +601,7 @@ Header trainer_header(strategies::Trainer& trainer, const std::string& model_tra
 
 }  // namespace
 
-std::string save(const std::string& root, int64_t step, const strategies::PlacementTable& table,
+std::string save(const std::string& root, int64_t step, const dist::PlacementTable& table,
                  const Header& header, dist::ProcessGroup& group, const SaveOptions& o) {
   progress::phase(progress::Phase::kSave);
   PendingSave p;
@@ -621,11 +633,11 @@ Metadata read_metadata(const std::string& step_dir) {
 namespace {
 
 // The placement entries load() fills and, for each, the checkpoint's tensor; checked to fit.
-std::vector<std::pair<const Placement*, const TensorInfo*>> loaded_entries(
-    const std::string& step_dir, const Metadata& meta, const strategies::PlacementTable& table) {
-  std::vector<std::pair<const Placement*, const TensorInfo*>> out;
-  for (const Placement& e : table) {
-    if (!saved_kind(e.kind) || e.range.length == 0) continue;
+std::vector<std::pair<const PlacementEntry*, const TensorInfo*>> loaded_entries(
+    const std::string& step_dir, const Metadata& meta, const dist::PlacementTable& table) {
+  std::vector<std::pair<const PlacementEntry*, const TensorInfo*>> out;
+  for (const PlacementEntry& e : table) {
+    if (!saved_kind(e.kind) || range_of(e).length == 0) continue;
     const TensorInfo* t = meta.find(e.name);
     ACC_CHECK(t != nullptr, "checkpoint '", step_dir, "' has no tensor '", e.name,
               "' (another model or optimizer?)");
@@ -634,17 +646,17 @@ std::vector<std::pair<const Placement*, const TensorInfo*>> loaded_entries(
                     to_string(e.global_shape));
     ACC_CHECK_TYPE(t->dtype == e.dtype, "checkpoint '", step_dir, "': '", e.name, "' is ", t->dtype,
                    ", this run's is ", e.dtype);
-    ACC_CHECK(e.local.defined() && e.local.numel() == e.range.length && e.local.is_contiguous(),
-              "checkpoint: '", e.name, "' has no contiguous local tensor of ", e.range.length,
+    ACC_CHECK(e.local.defined() && e.local.numel() == range_of(e).length && e.local.is_contiguous(),
+              "checkpoint: '", e.name, "' has no contiguous local tensor of ", range_of(e).length,
               " elements to load into");
     out.emplace_back(&e, t);
   }
   return out;
 }
 
-bool overlaps(const Placement& e, const ChunkInfo& c) {
-  return std::max(e.range.offset, c.offset) <
-         std::min(e.range.offset + e.range.length, c.offset + c.length);
+bool overlaps(const PlacementEntry& e, const ChunkInfo& c) {
+  return std::max(range_of(e).offset, c.offset) <
+         std::min(range_of(e).offset + range_of(e).length, c.offset + c.length);
 }
 
 // Reads items 0..n-1 in order on its own thread, a few ahead of the consumer: get(i) waits for
@@ -722,14 +734,13 @@ class ChunkReader {
 
 }  // namespace
 
-void load(const std::string& step_dir, const Metadata& meta,
-          const strategies::PlacementTable& table) {
+void load(const std::string& step_dir, const Metadata& meta, const dist::PlacementTable& table) {
   progress::phase(progress::Phase::kLoad,
                   [&] { return "checkpoint step " + std::to_string(meta.step); });
   const auto entries = loaded_entries(step_dir, meta, table);
   // The chunks this rank reads, in order, and their files, opened (a missing one named).
   struct Read {
-    const Placement* entry;
+    const PlacementEntry* entry;
     const ChunkInfo* chunk;
   };
   std::vector<Read> reads;
@@ -759,12 +770,12 @@ void load(const std::string& step_dir, const Metadata& meta,
   NoGradGuard no_grad;
   std::vector<char> raw;
   for (size_t i = 0; i < reads.size(); ++i) {
-    const Placement& e = *reads[i].entry;
+    const PlacementEntry& e = *reads[i].entry;
     const ChunkInfo& c = *reads[i].chunk;
     const std::vector<char>& stored = reader.get(i);
     char* dst = static_cast<char*>(e.local.raw_data());
     const int64_t elem = static_cast<int64_t>(element_size(e.dtype));
-    const int64_t lo = e.range.offset, hi = e.range.offset + e.range.length;
+    const int64_t lo = range_of(e).offset, hi = range_of(e).offset + range_of(e).length;
     const int64_t a = std::max(lo, c.offset), b = std::min(hi, c.offset + c.length);
     const std::string what = "checkpoint '" + step_dir + "': '" + e.name + "' chunk in '" +
                              meta.files.at(static_cast<size_t>(c.file)) + "'";
@@ -783,7 +794,7 @@ std::string save_trainer(const std::string& root, int64_t step, strategies::Trai
                          const std::string& model_trace_hash, nlohmann::json extra,
                          const SaveOptions& options) {
   const Header h = trainer_header(trainer, model_trace_hash, std::move(extra));
-  return save(root, step, trainer.placements(), h, *trainer.group(), options);
+  return save(root, step, trainer.placements(), h, *trainer.context()->world(), options);
 }
 
 // ---- AsyncSaver ----
@@ -821,7 +832,7 @@ struct AsyncSaver::State {
   bool committing = false;  // the pending save's shards are agreed; rank 0 commits
   // Host copies of what this rank saves, kept for the next save (same names and sizes: the same
   // buffers, without a page fault each time).
-  strategies::PlacementTable snapshot;
+  dist::PlacementTable snapshot;
   std::thread worker;            // the copy and the shard's write; then, on rank 0, the commit
   std::atomic<bool> done{true};  // this rank's part of the current phase
 };
@@ -852,8 +863,8 @@ void AsyncSaver::save(int64_t step, strategies::Trainer& trainer,
                       const std::string& model_trace_hash, nlohmann::json extra) {
   progress::phase(progress::Phase::kSave);
   if (s_->pending) finish();  // the next save waits for the previous
-  ACC_CHECK(trainer.group() != nullptr, "checkpoint: the trainer has no process group");
-  s_->group = trainer.group();
+  ACC_CHECK(trainer.context() != nullptr, "checkpoint: the trainer has no process group");
+  s_->group = trainer.context()->world();
   auto p = std::make_unique<PendingSave>();
   p->root = s_->root;
   p->step = step;
@@ -864,14 +875,14 @@ void AsyncSaver::save(int64_t step, strategies::Trainer& trainer,
   // them. The copy runs on the worker while the next step's forward and backward run; the step's
   // update waits for it (Trainer::before_next_update), since it changes what is copied.
   std::map<std::string, Tensor> old;
-  for (Placement& e : s_->snapshot) old[e.name] = std::move(e.local);
+  for (PlacementEntry& e : s_->snapshot) old[e.name] = std::move(e.local);
   s_->snapshot.clear();
   std::vector<Tensor> sources;
   {
     NoGradGuard no_grad;  // contiguous() of a non-contiguous tensor must record nothing
-    for (const Placement& e : trainer.placements()) {
+    for (const PlacementEntry& e : trainer.placements()) {
       if (!written_here(e)) continue;
-      Placement copy = e;
+      PlacementEntry copy = e;
       auto it = old.find(e.name);
       copy.local = it != old.end() && it->second.numel() == e.local.numel() &&
                            it->second.dtype() == e.local.dtype()
@@ -984,8 +995,8 @@ Metadata load_trainer(const std::string& step_dir, strategies::Trainer& trainer,
 
 std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trainer,
                               const std::string& model_trace_hash, bool fall_back) {
-  ACC_CHECK(trainer.group() != nullptr, "checkpoint: the trainer has no process group");
-  dist::ProcessGroup& group = *trainer.group();
+  ACC_CHECK(trainer.context() != nullptr, "checkpoint: the trainer has no process group");
+  dist::ProcessGroup& group = *trainer.context()->world();
   // Rank 0's list of committed steps, newest first, for every rank.
   nlohmann::json list = nlohmann::json::array();
   if (group.rank() == 0) {
@@ -1041,17 +1052,17 @@ std::optional<Resumed> resume(const std::string& root, strategies::Trainer& trai
 size_t export_safetensors(const std::string& step_dir, const std::string& out) {
   check_outside_checkpoints(out, "export-safetensors: the output");
   const Metadata m = read_metadata(step_dir);
-  strategies::PlacementTable table;
+  dist::PlacementTable table;
   io::NamedTensors params;
   for (const TensorInfo& t : m.tensors) {
     if (t.kind != "parameter") continue;
-    Placement e;
+    PlacementEntry e;
     e.name = t.name;
     e.param = t.param;
     e.kind = TensorKind::kParameter;
     e.global_shape = t.shape;
     e.dtype = t.dtype;
-    e.range = {0, t.numel()};
+    e.box = dist::Box::whole(t.shape);
     e.local = empty({t.numel()}, {t.dtype});
     table.push_back(e);
     params.emplace_back(t.name, e.local.view(t.shape));

@@ -366,7 +366,19 @@ int run(const Args& a) {
     trainer = strategies::apply(model, factory, strategy,
                                 {.group = group, .grad_clip = a.grad_clip, .agreement = agreement});
   }
-  if (trainer->group()) agent->watch(trainer->group());
+  // The hang detector watches every group the strategy communicates over (the world it was
+  // started with already).
+  if (const auto& ctx = trainer->context()) {
+    std::vector<dist::ProcessGroup*> watched = {group.get()};
+    auto watch = [&](const dist::ProcessGroupPtr& g) {
+      if (g->size() > 1 && std::find(watched.begin(), watched.end(), g.get()) == watched.end()) {
+        watched.push_back(g.get());
+        agent->watch(g);
+      }
+    };
+    for (dist::MeshDim d : dist::kMeshDims) watch(ctx->group(d));
+    watch(ctx->dp_cp_group());
+  }
   optim::Optimizer& opt = trainer->optimizer();
   std::unique_ptr<optim::LRScheduler> schedule;
   if (a.lr_schedule == "cosine") {

@@ -10,42 +10,6 @@
 
 namespace acc::strategies {
 
-const char* tensor_kind_name(TensorKind k) {
-  switch (k) {
-    case TensorKind::kParameter:
-      return "parameter";
-    case TensorKind::kGradient:
-      return "gradient";
-    case TensorKind::kOptimizerState:
-      return "optimizer state";
-  }
-  return "?";
-}
-
-bool any_sharded(const PlacementTable& table) {
-  return std::any_of(table.begin(), table.end(), [](const Placement& e) { return !e.is_whole(); });
-}
-
-bool any_sharded(const PlacementTable& table, TensorKind kind) {
-  return std::any_of(table.begin(), table.end(),
-                     [kind](const Placement& e) { return e.kind == kind && !e.is_whole(); });
-}
-
-FlatRange shard_range(int64_t padded, int world, int rank) {
-  ACC_CHECK(world >= 1 && rank >= 0 && rank < world, "shard_range: rank ", rank,
-            " out of range for world ", world);
-  ACC_CHECK(padded >= 0 && padded % world == 0, "shard_range: ", padded,
-            " elements do not split into ", world, " equal chunks");
-  const int64_t chunk = padded / world;
-  return {rank * chunk, chunk};
-}
-
-FlatRange intersect(const FlatRange& a, const FlatRange& b) {
-  const int64_t lo = std::max(a.offset, b.offset);
-  const int64_t hi = std::min(a.offset + a.length, b.offset + b.length);
-  return hi > lo ? FlatRange{lo, hi - lo} : FlatRange{lo, 0};
-}
-
 void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& group) {
   std::vector<dist::WorkPtr> works;
   NoGradGuard ng;
@@ -56,34 +20,43 @@ void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& gro
   for (auto& w : works) w->wait();
 }
 
-void add_whole(PlacementTable& table, const std::string& name, const Shape& shape,
-               const Tensor& local, TensorKind kind, int replica, int replicas) {
-  Placement p;
-  p.name = name;
-  p.param = name;
-  p.kind = kind;
-  p.global_shape = shape;
-  p.range = {0, numel_of(shape)};
-  p.replica = replica;
-  p.replicas = replicas;
-  p.local = local;
-  table.push_back(std::move(p));
+WholePlacement whole_placement(const dist::ParallelContext* ctx) {
+  const ShardingSpec spec = ShardingSpec::replicated();
+  if (ctx == nullptr) return {spec, 0, 1};
+  return {spec, dist::replica_of(spec, ctx->mesh(), ctx->coordinate()),
+          dist::replicas_of(spec, ctx->mesh())};
 }
 
-std::vector<OptimPiece> whole_pieces(const models::LanguageModel& model, int replica,
-                                     int replicas) {
+WholePlacement flat_placement(const dist::ParallelContext& ctx) {
+  const ShardingSpec spec = ShardingSpec::replicated()
+                                .with(dist::MeshDim::kDp, dist::Placement::shard_flat())
+                                .with(dist::MeshDim::kCp, dist::Placement::shard_flat());
+  return {spec, dist::replica_of(spec, ctx.mesh(), ctx.coordinate()),
+          dist::replicas_of(spec, ctx.mesh())};
+}
+
+void add_whole(PlacementTable& table, const std::string& name, const Shape& shape,
+               const Tensor& local, TensorKind kind, const WholePlacement& where) {
+  PlacementEntry e =
+      dist::whole_entry(name, name, kind, shape, local, where.replica, where.replicas);
+  e.dtype = DType::kFloat32;  // a gradient not computed yet has no dtype of its own
+  e.spec = where.spec;
+  table.push_back(std::move(e));
+}
+
+std::vector<OptimPiece> whole_pieces(const models::LanguageModel& model, const WholePlacement& w) {
   std::vector<OptimPiece> out;
   for (const auto& [name, p] : model.named_parameters()) {
-    out.push_back({name, p, {0, p.numel()}, replica, replicas});
+    out.push_back({name, p, {0, p.numel()}, w.spec, w.replica, w.replicas});
   }
   return out;
 }
 
 void add_whole_params_and_grads(PlacementTable& table, const models::LanguageModel& model,
-                                int replica, int replicas) {
+                                const WholePlacement& where) {
   for (const auto& [name, p] : model.named_parameters()) {
-    add_whole(table, name, p.shape(), p, TensorKind::kParameter, replica, replicas);
-    add_whole(table, name, p.shape(), p.grad(), TensorKind::kGradient, replica, replicas);
+    add_whole(table, name, p.shape(), p, TensorKind::kParameter, where);
+    add_whole(table, name, p.shape(), p.grad(), TensorKind::kGradient, where);
   }
 }
 
@@ -124,10 +97,10 @@ size_t BucketLayout::bucket_of(const std::string& name) const {
 }
 
 std::vector<SlotShard> shards_of(const BucketLayout::Bucket& bucket, int world, int rank) {
-  const FlatRange chunk = shard_range(bucket.padded, world, rank);
+  const FlatRange chunk = dist::shard_range(bucket.padded, world, rank);
   std::vector<SlotShard> out;
   for (const auto& slot : bucket.slots) {
-    const FlatRange in_bucket = intersect({slot.offset, slot.param.numel()}, chunk);
+    const FlatRange in_bucket = dist::intersect(FlatRange{slot.offset, slot.param.numel()}, chunk);
     if (in_bucket.length == 0) continue;
     out.push_back({&slot,
                    {in_bucket.offset - slot.offset, in_bucket.length},
@@ -146,19 +119,26 @@ void sort_by_model(std::vector<ShardPiece>& pieces, const models::LanguageModel&
   pieces = std::move(ordered);
 }
 
-std::vector<OptimPiece> optim_pieces(const std::vector<ShardPiece>& pieces) {
+std::vector<OptimPiece> optim_pieces(const std::vector<ShardPiece>& pieces,
+                                     const WholePlacement& where) {
   std::vector<OptimPiece> out;
-  for (const ShardPiece& p : pieces) out.push_back({p.name, p.leaf, p.range, 0, 1});
+  for (const ShardPiece& p : pieces) {
+    out.push_back({p.name, p.leaf, p.range, where.spec, where.replica, where.replicas});
+  }
   return out;
 }
 
-void add_piece(PlacementTable& table, const ShardPiece& piece, TensorKind kind,
-               const Tensor& local) {
-  Placement e;
+void add_piece(PlacementTable& table, const ShardPiece& piece, TensorKind kind, const Tensor& local,
+               const WholePlacement& where) {
+  PlacementEntry e;
   e.name = e.param = piece.name;
   e.kind = kind;
   e.global_shape = piece.shape;
-  e.range = piece.range;
+  e.spec = where.spec;
+  e.box = Box::whole(piece.shape);
+  e.flat = piece.range;
+  e.replica = where.replica;
+  e.replicas = where.replicas;
   e.local = local;
   table.push_back(std::move(e));
 }
@@ -223,21 +203,24 @@ namespace {
 // One rank, nothing to synchronise.
 class Local : public GradSync {
  public:
-  explicit Local(models::LanguageModel& m) : model_(m) {}
+  Local(models::LanguageModel& m, const dist::ParallelContext* ctx)
+      : model_(m), where_(whole_placement(ctx)) {}
   ~Local() override { model_.zero_grad(); }
-  std::vector<OptimPiece> optimizer_pieces() override { return whole_pieces(model_, 0, 1); }
+  std::vector<OptimPiece> optimizer_pieces() override { return whole_pieces(model_, where_); }
   void add_placements(PlacementTable& table) const override {
-    add_whole_params_and_grads(table, model_, 0, 1);
+    add_whole_params_and_grads(table, model_, where_);
   }
 
  private:
   models::LanguageModel& model_;
+  WholePlacement where_;
 };
 
 }  // namespace
 
-std::unique_ptr<GradSync> make_local(models::LanguageModel& model) {
-  return std::make_unique<Local>(model);
+std::unique_ptr<GradSync> make_local(models::LanguageModel& model,
+                                     const dist::ParallelContext* ctx) {
+  return std::make_unique<Local>(model, ctx);
 }
 
 }  // namespace acc::strategies

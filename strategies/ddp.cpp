@@ -12,8 +12,8 @@ namespace {
 
 class Ddp : public GradSync {
  public:
-  Ddp(models::LanguageModel& m, dist::ProcessGroupPtr g, const GradSyncOptions& o)
-      : model_(m), group_(std::move(g)) {
+  Ddp(models::LanguageModel& m, const dist::ParallelContext& ctx, const GradSyncOptions& o)
+      : model_(m), group_(ctx.dp_cp_group()), where_(whole_placement(&ctx)) {
     broadcast_model_state(model_, *group_);
     reducer_ = std::make_unique<BucketReducer>(model_.named_parameters(), group_, o.bucket_bytes,
                                                BucketReducer::Mode::kAllreduce,
@@ -30,24 +30,23 @@ class Ddp : public GradSync {
   void finish_backward() override {
     if (sync_) reducer_->finish();
   }
-  std::vector<OptimPiece> optimizer_pieces() override {
-    return whole_pieces(model_, group_->rank(), group_->size());
-  }
+  std::vector<OptimPiece> optimizer_pieces() override { return whole_pieces(model_, where_); }
   void add_placements(PlacementTable& table) const override {
-    add_whole_params_and_grads(table, model_, group_->rank(), group_->size());
+    add_whole_params_and_grads(table, model_, where_);
   }
 
  private:
   models::LanguageModel& model_;
-  dist::ProcessGroupPtr group_;
+  dist::ProcessGroupPtr group_;  // the context's dp x cp group
+  WholePlacement where_;
   std::unique_ptr<BucketReducer> reducer_;
 };
 
 }  // namespace
 
-std::unique_ptr<GradSync> make_ddp(models::LanguageModel& model, dist::ProcessGroupPtr group,
+std::unique_ptr<GradSync> make_ddp(models::LanguageModel& model, const dist::ParallelContext& ctx,
                                    const GradSyncOptions& o) {
-  return std::make_unique<Ddp>(model, std::move(group), o);
+  return std::make_unique<Ddp>(model, ctx, o);
 }
 
 MethodSpec ddp_method() {

@@ -157,9 +157,9 @@ struct FsdpState : BackwardRounds<FsdpState> {
 
 class Fsdp : public GradSync {
  public:
-  Fsdp(models::LanguageModel& m, dist::ProcessGroupPtr g, const GradSyncOptions& o)
-      : model_(m), state_(std::make_shared<FsdpState>()) {
-    state_->group = std::move(g);
+  Fsdp(models::LanguageModel& m, const dist::ParallelContext& ctx, const GradSyncOptions& o)
+      : model_(m), state_(std::make_shared<FsdpState>()), where_(flat_placement(ctx)) {
+    state_->group = ctx.dp_cp_group();
     state_->bf16 = o.bf16_communication;
     broadcast_model_state(model_, *state_->group);
     const int W = state_->group->size(), r = state_->group->rank();
@@ -183,7 +183,7 @@ class Fsdp : public GradSync {
     // Shards from the current (identical) full parameters; then free the full parameters.
     NoGradGuard ng;
     for (auto& u : state_->units) {
-      const FlatRange chunk = shard_range(u->bucket().padded, W, r);
+      const FlatRange chunk = dist::shard_range(u->bucket().padded, W, r);
       Tensor full = zeros({u->bucket().padded});
       for (const auto& slot : u->bucket().slots) {
         full.narrow(0, slot.offset, slot.param.numel()).copy_(slot.param.reshape({-1}));
@@ -272,11 +272,11 @@ class Fsdp : public GradSync {
     state_->finish();
     attach_piece_grads();
   }
-  std::vector<OptimPiece> optimizer_pieces() override { return optim_pieces(pieces_); }
+  std::vector<OptimPiece> optimizer_pieces() override { return optim_pieces(pieces_, where_); }
   void add_placements(PlacementTable& table) const override {
     for (const ShardPiece& p : pieces_) {
-      add_piece(table, p, TensorKind::kParameter, p.leaf);
-      add_piece(table, p, TensorKind::kGradient, p.grad);
+      add_piece(table, p, TensorKind::kParameter, p.leaf, where_);
+      add_piece(table, p, TensorKind::kGradient, p.grad, where_);
     }
   }
   int64_t peak_gathered_bytes() const override { return state_->peak_gathered_bytes; }
@@ -288,6 +288,7 @@ class Fsdp : public GradSync {
 
   models::LanguageModel& model_;
   std::shared_ptr<FsdpState> state_;
+  WholePlacement where_;  // parameters, gradients and state split over the dp x cp group
   std::vector<ShardPiece> pieces_;
   ParamHooks param_hooks_;
   std::vector<std::pair<nn::ModulePtr, std::vector<int>>> module_hooks_;
@@ -295,9 +296,9 @@ class Fsdp : public GradSync {
 
 }  // namespace
 
-std::unique_ptr<GradSync> make_fsdp(models::LanguageModel& model, dist::ProcessGroupPtr group,
+std::unique_ptr<GradSync> make_fsdp(models::LanguageModel& model, const dist::ParallelContext& ctx,
                                     const GradSyncOptions& o) {
-  return std::make_unique<Fsdp>(model, std::move(group), o);
+  return std::make_unique<Fsdp>(model, ctx, o);
 }
 
 MethodSpec fsdp_method() {

@@ -12,13 +12,21 @@
 #include <vector>
 
 #include "acc/autograd/engine.hpp"
+#include "acc/dist/device_mesh.hpp"
 #include "acc/dist/process_group.hpp"
+#include "acc/dist/sharding.hpp"
 #include "acc/models/language_model.hpp"
-#include "acc/strategies/placement.hpp"
 
 namespace acc::strategies {
 
 using nn::NamedTensors;
+// The placement table's types (acc/dist/sharding.hpp), used throughout the strategies.
+using dist::Box;
+using dist::FlatRange;
+using dist::PlacementEntry;
+using dist::PlacementTable;
+using dist::ShardingSpec;
+using dist::TensorKind;
 
 struct GradSyncOptions {
   int64_t bucket_bytes = 25 << 20;
@@ -26,11 +34,13 @@ struct GradSyncOptions {
 };
 
 /// What this rank's optimizer updates: a leaf tensor (the parameter itself, or a 1-D piece of a
-/// flat buffer holding `range` of the parameter) whose grad() the GradSync keeps attached.
+/// flat buffer holding `range` of the parameter) whose grad() the GradSync keeps attached, and
+/// where it lies (the optimizer state entries of the placement table copy it).
 struct OptimPiece {
   std::string name;  // the parameter's dotted name
   Tensor leaf;
-  FlatRange range;
+  FlatRange range;  // within the flattened parameter (all of it when whole)
+  ShardingSpec spec;
   int replica = 0;
   int replicas = 1;
 };
@@ -58,13 +68,18 @@ class GradSync {
   bool sync_ = true;
 };
 
-std::unique_ptr<GradSync> make_local(models::LanguageModel& model);
-std::unique_ptr<GradSync> make_ddp(models::LanguageModel& model, dist::ProcessGroupPtr group,
+/// Without a data-parallel method: nothing to synchronise (one rank, or ranks that only replicate
+/// along mesh dimensions no method uses; the context places the replicas; null: one process
+/// without acc::dist).
+std::unique_ptr<GradSync> make_local(models::LanguageModel& model,
+                                     const dist::ParallelContext* ctx);
+/// The data-parallel methods reduce gradients over the context's dp x cp group.
+std::unique_ptr<GradSync> make_ddp(models::LanguageModel& model, const dist::ParallelContext& ctx,
                                    const GradSyncOptions& o);
 /// ZeRO stage 1 (optimizer state sharded) or 2 (+ gradients sharded).
-std::unique_ptr<GradSync> make_zero(models::LanguageModel& model, dist::ProcessGroupPtr group,
+std::unique_ptr<GradSync> make_zero(models::LanguageModel& model, const dist::ParallelContext& ctx,
                                     int stage, const GradSyncOptions& o);
-std::unique_ptr<GradSync> make_fsdp(models::LanguageModel& model, dist::ProcessGroupPtr group,
+std::unique_ptr<GradSync> make_fsdp(models::LanguageModel& model, const dist::ParallelContext& ctx,
                                     const GradSyncOptions& o);
 
 // ---- shared pieces ----
@@ -72,16 +87,28 @@ std::unique_ptr<GradSync> make_fsdp(models::LanguageModel& model, dist::ProcessG
 /// Rank 0's parameters and buffers on every rank, so that all replicas start identical.
 void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& group);
 
-/// The placement entry of a whole parameter or gradient of `shape` held in `local` (undefined for
-/// a gradient not computed yet): replica `replica` of `replicas`.
-void add_whole(PlacementTable& table, const std::string& name, const Shape& shape,
-               const Tensor& local, TensorKind kind, int replica, int replicas);
+/// How a whole (unsharded) parameter lies on the mesh: replicated along every dimension; this
+/// rank's replica index and the count (dist::replica_of / replicas_of).
+struct WholePlacement {
+  ShardingSpec spec;
+  int replica = 0;
+  int replicas = 1;
+};
+WholePlacement whole_placement(const dist::ParallelContext* ctx);
+/// The same with the flat split of zero/fsdp over the dp x cp group (ShardFlat along dp and cp):
+/// the replicas are the copies along tp.
+WholePlacement flat_placement(const dist::ParallelContext& ctx);
 
-/// Every parameter of `model` whole, as replica `replica` of `replicas` (local, ddp): the optimizer
-/// pieces, and the placement entries of the parameters and their gradients.
-std::vector<OptimPiece> whole_pieces(const models::LanguageModel& model, int replica, int replicas);
+/// The placement entry of a whole parameter or gradient of `shape` held in `local` (undefined for
+/// a gradient not computed yet).
+void add_whole(PlacementTable& table, const std::string& name, const Shape& shape,
+               const Tensor& local, TensorKind kind, const WholePlacement& where);
+
+/// Every parameter of `model` whole (local, ddp): the optimizer pieces, and the placement entries
+/// of the parameters and their gradients.
+std::vector<OptimPiece> whole_pieces(const models::LanguageModel& model, const WholePlacement& w);
 void add_whole_params_and_grads(PlacementTable& table, const models::LanguageModel& model,
-                                int replica, int replicas);
+                                const WholePlacement& where);
 
 /// Dotted names of the model's repeated blocks (trace::find_blocks' largest group), the units that
 /// fsdp shards by and checkpoint and amp wrap. Throws acc::ValueError naming `method` when the
@@ -135,11 +162,13 @@ struct ShardPiece {
 };
 /// `pieces` in the model's parameter order (buckets run in reverse), as optimizers list them.
 void sort_by_model(std::vector<ShardPiece>& pieces, const models::LanguageModel& model);
-/// The optimizer pieces of a sharded strategy: one replica, split over the ranks.
-std::vector<OptimPiece> optim_pieces(const std::vector<ShardPiece>& pieces);
+/// The optimizer pieces of a sharded strategy: split over the dp x cp ranks (`where`:
+/// flat_placement).
+std::vector<OptimPiece> optim_pieces(const std::vector<ShardPiece>& pieces,
+                                     const WholePlacement& where);
 /// The placement entry of a piece's parameter or gradient held in `local`.
-void add_piece(PlacementTable& table, const ShardPiece& piece, TensorKind kind,
-               const Tensor& local);
+void add_piece(PlacementTable& table, const ShardPiece& piece, TensorKind kind, const Tensor& local,
+               const WholePlacement& where);
 
 /// Writes the gradients of `bucket`'s parameters times `scale` into `dst` (bucket.padded
 /// elements; a parameter without a gradient and the padding become zeros). Data-parallel

@@ -17,9 +17,9 @@
 // DESIGN notes: how the coming methods register
 //  - tensor_parallel: slot "tensor_parallel"; a model transform that swaps the attention and MLP
 //    linears (found by trace::find_attention_patterns / find_mlp_patterns) for column/row-parallel
-//    ones over the plan's tp group, and a loss of its own (vocab-parallel cross-entropy). Its
-//    shards enter the placement table with a per-dimension box (placement.hpp). The plan grows a
-//    DeviceMesh so grad_sync runs over the dp group and tp over the tp group.
+//    ones over the context's tp group, and a loss of its own (vocab-parallel cross-entropy). Its
+//    shards enter the placement table with Shard(d) along tp and a per-dimension box
+//    (acc/dist/sharding.hpp); grad_sync already runs over the context's dp x cp group.
 //  - sequence_parallel: slot "sequence_parallel", requires tensor_parallel (or brings Ulysses'
 //    all-to-all of its own); a model transform on the norms/dropout regions between the tp ops.
 //  - pipeline_parallel: slot "pipeline_parallel"; a model transform that keeps only this stage's
@@ -46,6 +46,10 @@ namespace acc::strategies {
 using Undo = std::function<void()>;
 
 struct TrainingPlan {
+  /// The run's mesh and groups (set by the Trainer before the plan is built: methods read sizes
+  /// and coordinates from it, and communicate only over its groups).
+  dist::ParallelContextPtr context;
+
   struct Transform {
     std::string method;
     std::function<Undo(models::LanguageModel&)> apply;
@@ -54,7 +58,7 @@ struct TrainingPlan {
 
   /// The grad_sync method's name ("" when none: the local, single-rank GradSync).
   std::string grad_sync_method;
-  std::function<std::unique_ptr<GradSync>(models::LanguageModel&, dist::ProcessGroupPtr,
+  std::function<std::unique_ptr<GradSync>(models::LanguageModel&, const dist::ParallelContext&,
                                           const GradSyncOptions&)>
       grad_sync;
   /// Options any method may set (amp turns bf16 communication on).
@@ -102,6 +106,6 @@ int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& confi
 std::vector<nlohmann::json> bucket_choices(const SearchContext&);
 
 /// The plan of a parsed strategy.
-TrainingPlan make_plan(const Strategy& s);
+TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context);
 
 }  // namespace acc::strategies

@@ -170,8 +170,9 @@ std::string describe(const Strategy& s) {
   return out.empty() ? "single process" : out;
 }
 
-TrainingPlan make_plan(const Strategy& s) {
+TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context) {
   TrainingPlan plan;
+  plan.context = std::move(context);
   for (const auto& m : s) {
     const MethodSpec* spec = find(m.name);
     ACC_CHECK(spec != nullptr, "unknown method '", m.name, "' (known: ", known_names(), ")");

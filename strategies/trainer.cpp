@@ -34,8 +34,19 @@ struct Trainer::Impl {
 
 namespace {
 
-dist::ProcessGroupPtr default_group() {
-  return dist::is_initialized() ? dist::ProcessGroup::world() : nullptr;
+// The context a Trainer runs on: the one given; else dp over the group given, or over the world
+// when acc::dist is initialised; else none (one process without MPI).
+dist::ParallelContextPtr context_of(const ApplyOptions& o) {
+  if (o.context) {
+    ACC_CHECK(!o.group || o.group == o.context->world(),
+              "apply: give a context or a group, not both (the group '", o.group->name(),
+              "' is not the context's world '", o.context->world()->name(), "')");
+    return o.context;
+  }
+  if (o.group) return dist::ParallelContext::data_parallel(o.group);
+  if (dist::is_initialized())
+    return dist::ParallelContext::data_parallel(dist::ProcessGroup::world());
+  return nullptr;
 }
 
 // The optimizer over this rank's pieces. The factory's grouping sees the whole parameters (their
@@ -76,14 +87,18 @@ Trainer::Trainer(models::LanguageModelPtr model, optim::OptimizerFactory factory
   ACC_CHECK(model_ != nullptr, "apply: model is null");
   ACC_CHECK(static_cast<bool>(factory), "apply: optimizer factory is empty");
   ACC_CHECK(options_.grad_clip >= 0, "apply: grad_clip must be >= 0, got ", options_.grad_clip);
-  group_ = options_.group ? options_.group : default_group();
-  if (group_ && group_->size() > 1) check_ranks_agree();
-  impl_->plan = make_plan(strategy_);
+  context_ = context_of(options_);
+  if (context_ && context_->world_size() > 1) check_ranks_agree();
+  impl_->plan = make_plan(strategy_, context_);
   const TrainingPlan& plan = impl_->plan;
   micro_batches_ = plan.micro_batches;
-  const bool multi = group_ && group_->size() > 1;
-  ACC_CHECK(!multi || plan.grad_sync, "apply: ", multi ? group_->size() : 1,
-            " ranks but no data-parallel method in the strategy (add ddp, zero1, zero2 or fsdp)");
+  // Ranks that differ along dp or cp train on different data: without a data-parallel method
+  // their replicas would drift apart. (Ranks along tp or pp without a method of theirs hold
+  // replicas that compute the same thing on the same data.)
+  const int dp_cp = context_ ? context_->dp_cp_group()->size() : 1;
+  ACC_CHECK(dp_cp == 1 || plan.grad_sync, "apply: ", dp_cp,
+            " data-parallel ranks (dp x cp of mesh ", context_ ? context_->mesh().to_string() : "",
+            ") but no data-parallel method in the strategy (add ddp, zero1, zero2 or fsdp)");
   // Groups of whole parameters, before any method reshapes them into pieces.
   std::vector<optim::ParamGroup> groups;
   if (factory.has_grouping()) groups = factory.group(model_->named_parameters());
@@ -97,8 +112,8 @@ Trainer::Trainer(models::LanguageModelPtr model, optim::OptimizerFactory factory
     }
   } rollback{impl_.get()};
   for (const auto& t : plan.model_transforms) impl_->undos.push_back(t.apply(*model_));
-  impl_->sync = plan.grad_sync && group_ ? plan.grad_sync(*model_, group_, plan.sync_options)
-                                         : make_local(*model_);
+  impl_->sync = plan.grad_sync && context_ ? plan.grad_sync(*model_, *context_, plan.sync_options)
+                                           : make_local(*model_, context_.get());
   impl_->pieces = impl_->sync->optimizer_pieces();
   optimizer_ = build_optimizer(factory, std::move(groups), impl_->pieces);
   rollback.armed = false;
@@ -113,7 +128,7 @@ void Trainer::check_ranks_agree() {
       {"strategy", to_json(strategy_)},
       {"grad_clip", options_.grad_clip},
       {"run", options_.agreement}};
-  dist::check_agreement(*group_, facts);
+  dist::check_agreement(*context_->world(), facts);
 }
 
 Trainer::~Trainer() {
@@ -138,9 +153,10 @@ double Trainer::train_step(const data::Batch& batch) {
   }
   step();
   double loss = loss_sum / micro_batches_;
-  if (group_ && group_->size() > 1) {
+  // The global batch's loss: averaged over the ranks that read different data.
+  if (context_ && context_->dp_cp_group()->size() > 1) {
     Tensor t = from_vector(std::vector<float>{static_cast<float>(loss)}, {1});
-    group_->allreduce(t, dist::ReduceOp::kAvg)->wait();
+    context_->dp_cp_group()->allreduce(t, dist::ReduceOp::kAvg)->wait();
     loss = t.item();
   }
   return loss;
@@ -171,11 +187,13 @@ void Trainer::step() {
   GradSync& sync = *impl_->sync;
   sync.finish_backward();
 
-  // Global gradient norm from the placement table: whole replicas on every rank sum locally;
-  // sharded gradients sum replica 0's pieces over the group.
+  // Global gradient norm from the placement table, each element counted once: when every rank
+  // holds every gradient whole (replicas along dp, tp, ...), each sums its own copy; otherwise the
+  // pieces of replica 0 are summed over the world (a tensor replicated along tp is then counted
+  // by its tp-rank-0 copy only, not tp times).
   PlacementTable grads;
   sync.add_placements(grads);
-  const bool sharded = any_sharded(grads, TensorKind::kGradient);
+  const bool sharded = dist::any_sharded(grads, TensorKind::kGradient);
   double norm_sq = 0;
   for (const auto& e : grads) {
     if (e.kind != TensorKind::kGradient || !e.local.defined() || (sharded && e.replica != 0)) {
@@ -184,10 +202,10 @@ void Trainer::step() {
     Tensor c = e.local.contiguous();
     norm_sq += kernels::sum_squares(c.data<float>(), c.numel());
   }
-  if (sharded && group_ && group_->size() > 1) {
+  if (sharded && context_ && context_->world_size() > 1) {
     Tensor t = from_vector(std::vector<float>{static_cast<float>(norm_sq)}, {1});
-    // f32 is enough for a norm; summed in the group's reduction order.
-    group_->allreduce(t, dist::ReduceOp::kSum)->wait();
+    // f32 is enough for a norm; summed in the world's reduction order.
+    context_->world()->allreduce(t, dist::ReduceOp::kSum)->wait();
     norm_sq = t.item();
   }
   last_grad_norm_ = std::sqrt(norm_sq);
@@ -214,14 +232,16 @@ PlacementTable Trainer::placements() const {
          ++it) {
       const std::string field = it->first.substr(prefix.size());
       if (field == "step" || field.find('.') != std::string::npos) continue;
-      Placement e;
+      PlacementEntry e;
       e.name = it->first;
       e.param = piece.name;
       e.kind = TensorKind::kOptimizerState;
       e.field = field;
       e.global_shape = shapes.at(piece.name);
       e.dtype = it->second.dtype();
-      e.range = piece.range;
+      e.spec = piece.spec;
+      e.box = dist::Box::whole(e.global_shape);
+      if (piece.range.length != numel_of(e.global_shape)) e.flat = piece.range;
       e.replica = piece.replica;
       e.replicas = piece.replicas;
       e.local = it->second;
@@ -246,12 +266,12 @@ MemoryReport Trainer::memory_report() const {
 
 // From the placement table: when every rank holds every parameter whole, they are this rank's own
 // tensors; otherwise each rank writes the pieces of replica 0 it holds into zeroed full buffers
-// and one sum over the group assembles them (the pieces are disjoint, so the sum adds zeros only
+// and one sum over the world assembles them (the pieces are disjoint, so the sum adds zeros only
 // and is exact).
 std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
   PlacementTable table;
   impl_->sync->add_placements(table);
-  const bool partial = any_sharded(table, TensorKind::kParameter);
+  const bool partial = dist::any_sharded(table, TensorKind::kParameter);
   const nn::NamedTensors params = model_->named_parameters();
   std::vector<std::pair<std::string, Tensor>> out;
   if (!partial) {
@@ -271,10 +291,16 @@ std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
   NoGradGuard ng;
   Tensor flat = zeros({total});
   for (const auto& e : table) {
-    if (e.kind != TensorKind::kParameter || e.replica != 0 || e.range.length == 0) continue;
-    flat.narrow(0, offset.at(e.name) + e.range.offset, e.range.length).copy_(e.local.reshape({-1}));
+    if (e.kind != TensorKind::kParameter || e.replica != 0 || e.held_numel() == 0) continue;
+    const Tensor held = e.local.reshape({-1});
+    for (const auto& [run, at] : e.global_runs()) {
+      flat.narrow(0, offset.at(e.name) + run.offset, run.length)
+          .copy_(held.narrow(0, at, run.length));
+    }
   }
-  if (group_ && group_->size() > 1) group_->allreduce(flat, dist::ReduceOp::kSum)->wait();
+  if (context_ && context_->world_size() > 1) {
+    context_->world()->allreduce(flat, dist::ReduceOp::kSum)->wait();
+  }
   for (const auto& [name, p] : params) {
     out.emplace_back(name, flat.narrow(0, offset.at(name), p.numel()).view(p.shape()));
   }

@@ -19,8 +19,13 @@ namespace {
 
 class Zero : public GradSync {
  public:
-  Zero(models::LanguageModel& m, dist::ProcessGroupPtr g, int stage, const GradSyncOptions& o)
-      : model_(m), group_(std::move(g)), stage_(stage) {
+  Zero(models::LanguageModel& m, const dist::ParallelContext& ctx, int stage,
+       const GradSyncOptions& o)
+      : model_(m),
+        group_(ctx.dp_cp_group()),
+        stage_(stage),
+        whole_(whole_placement(&ctx)),
+        flat_where_(flat_placement(ctx)) {
     broadcast_model_state(model_, *group_);
     reducer_ = std::make_unique<BucketReducer>(
         model_.named_parameters(), group_, o.bucket_bytes,
@@ -84,19 +89,18 @@ class Zero : public GradSync {
     std::vector<dist::WorkPtr> works;
     NoGradGuard ng;
     for (const auto& bucket : layout.buckets) {
-      const FlatRange chunk = shard_range(bucket.padded, W, r);
+      const FlatRange chunk = dist::shard_range(bucket.padded, W, r);
       Tensor mine = flat_.narrow(0, bucket.flat_offset + chunk.offset, chunk.length);  // in place
       Tensor all = flat_.narrow(0, bucket.flat_offset, bucket.padded);
       works.push_back(group_->allgather(all, mine));
     }
     for (auto& w : works) w->wait();
   }
-  std::vector<OptimPiece> optimizer_pieces() override { return optim_pieces(pieces_); }
+  std::vector<OptimPiece> optimizer_pieces() override { return optim_pieces(pieces_, flat_where_); }
   void add_placements(PlacementTable& table) const override {
-    const int r = group_->rank(), W = group_->size();
     const BucketLayout& layout = reducer_->layout();
     for (const auto& [name, p] : model_.named_parameters()) {
-      add_whole(table, name, p.shape(), p, TensorKind::kParameter, r, W);
+      add_whole(table, name, p.shape(), p, TensorKind::kParameter, whole_);
       if (stage_ == 1) {  // the whole averaged gradient, a view of its bucket
         const size_t b = layout.bucket_of(name);
         int64_t offset = 0;
@@ -104,12 +108,12 @@ class Zero : public GradSync {
           if (slot.name == name) offset = slot.offset;
         }
         add_whole(table, name, p.shape(), reducer_->bucket_grad(b).narrow(0, offset, p.numel()),
-                  TensorKind::kGradient, r, W);
+                  TensorKind::kGradient, whole_);
       }
     }
     if (stage_ == 2) {  // this rank's pieces of the gradients
       for (const ShardPiece& piece : pieces_) {
-        add_piece(table, piece, TensorKind::kGradient, piece.leaf.grad());
+        add_piece(table, piece, TensorKind::kGradient, piece.leaf.grad(), flat_where_);
       }
     }
   }
@@ -127,8 +131,10 @@ class Zero : public GradSync {
   }
 
   models::LanguageModel& model_;
-  dist::ProcessGroupPtr group_;
+  dist::ProcessGroupPtr group_;  // the context's dp x cp group
   int stage_;
+  WholePlacement whole_;       // parameters (and zero1's gradients): whole on every rank
+  WholePlacement flat_where_;  // pieces: split over the dp x cp group
   std::unique_ptr<BucketReducer> reducer_;
   Tensor flat_;
   std::vector<ShardPiece> pieces_;
@@ -144,9 +150,9 @@ MethodSpec zero_method(int stage) {
               [name, stage](const nlohmann::json& c, TrainingPlan& plan) {
                 plan.grad_sync_method = name;
                 plan.sync_options.bucket_bytes = bucket_bytes_from(name, c);
-                plan.grad_sync = [stage](models::LanguageModel& m, dist::ProcessGroupPtr g,
+                plan.grad_sync = [stage](models::LanguageModel& m, const dist::ParallelContext& ctx,
                                          const GradSyncOptions& o) {
-                  return make_zero(m, std::move(g), stage, o);
+                  return make_zero(m, ctx, stage, o);
                 };
               },
           .needs_ranks = true,
@@ -174,10 +180,10 @@ MethodSpec zero_method(int stage) {
 
 }  // namespace
 
-std::unique_ptr<GradSync> make_zero(models::LanguageModel& model, dist::ProcessGroupPtr group,
+std::unique_ptr<GradSync> make_zero(models::LanguageModel& model, const dist::ParallelContext& ctx,
                                     int stage, const GradSyncOptions& o) {
   ACC_CHECK(stage == 1 || stage == 2, "zero: stage must be 1 or 2, got ", stage);
-  return std::make_unique<Zero>(model, std::move(group), stage, o);
+  return std::make_unique<Zero>(model, ctx, stage, o);
 }
 
 MethodSpec zero1_method() {

@@ -1,49 +1,156 @@
 #include "acc/dist/device_mesh.hpp"
 
+#include <algorithm>
+
 #include "acc/util/error.hpp"
 
 namespace acc::dist {
 
-std::string MeshShape::to_string() const {
-  return "pp=" + std::to_string(pp) + " dp=" + std::to_string(dp) + " tp=" + std::to_string(tp) +
-         " sp=" + std::to_string(sp);
+const char* mesh_dim_name(MeshDim d) {
+  switch (d) {
+    case MeshDim::kPp:
+      return "pp";
+    case MeshDim::kDp:
+      return "dp";
+    case MeshDim::kCp:
+      return "cp";
+    case MeshDim::kTp:
+      return "tp";
+  }
+  ACC_THROW(InternalError, "mesh: no name for dimension ", static_cast<int>(d));
 }
 
-DeviceMesh::DeviceMesh(MeshShape shape, ProcessGroupPtr world)
-    : shape_(shape), world_(std::move(world)) {
-  ACC_CHECK(shape.pp >= 1 && shape.dp >= 1 && shape.tp >= 1 && shape.sp >= 1, "mesh ",
-            shape.to_string(), ": every size must be >= 1");
-  ACC_CHECK(shape.product() == world_->size(), "mesh ", shape.to_string(), " needs ",
-            shape.product(), " ranks, the world has ", world_->size());
-  // Rank layout: tp innermost, then sp, dp, pp outermost.
-  const int r = world_->rank();
-  coord_["tp"] = r % shape.tp;
-  coord_["sp"] = (r / shape.tp) % shape.sp;
-  coord_["dp"] = (r / (shape.tp * shape.sp)) % shape.dp;
-  coord_["pp"] = r / (shape.tp * shape.sp * shape.dp);
-  const std::map<std::string, int> size = {
-      {"pp", shape.pp}, {"dp", shape.dp}, {"tp", shape.tp}, {"sp", shape.sp}};
-  for (const char* dim : {"pp", "dp", "sp", "tp"}) {
-    // Color: the coordinates along every other dimension; key: the coordinate along this one.
-    int color = 0;
-    for (const char* other : {"pp", "dp", "sp", "tp"}) {
-      if (std::string(other) == dim) continue;
-      color = color * size.at(other) + coord_.at(other);
+MeshDim parse_mesh_dim(const std::string& name) {
+  for (MeshDim d : kMeshDims) {
+    if (name == mesh_dim_name(d)) return d;
+  }
+  ACC_THROW(ValueError, "mesh: unknown dimension '", name, "' (expected pp, dp, cp or tp)");
+}
+
+int MeshCoord::at(MeshDim d) const {
+  return const_cast<MeshCoord*>(this)->at(d);
+}
+
+int& MeshCoord::at(MeshDim d) {
+  switch (d) {
+    case MeshDim::kPp:
+      return pp;
+    case MeshDim::kDp:
+      return dp;
+    case MeshDim::kCp:
+      return cp;
+    case MeshDim::kTp:
+      return tp;
+  }
+  ACC_THROW(InternalError, "mesh: no coordinate for dimension ", static_cast<int>(d));
+}
+
+int DeviceMesh::size(MeshDim d) const {
+  switch (d) {
+    case MeshDim::kPp:
+      return pp;
+    case MeshDim::kDp:
+      return dp;
+    case MeshDim::kCp:
+      return cp;
+    case MeshDim::kTp:
+      return tp;
+  }
+  ACC_THROW(InternalError, "mesh: no size for dimension ", static_cast<int>(d));
+}
+
+std::string DeviceMesh::to_string() const {
+  return "pp=" + std::to_string(pp) + " dp=" + std::to_string(dp) + " cp=" + std::to_string(cp) +
+         " tp=" + std::to_string(tp);
+}
+
+void DeviceMesh::check(int world) const {
+  ACC_CHECK(pp >= 1 && dp >= 1 && cp >= 1 && tp >= 1, "mesh ", to_string(),
+            ": every size must be >= 1");
+  // In 64 bits: four sizes of up to 2^31 each would overflow an int product.
+  const int64_t need = int64_t{pp} * dp * cp * tp;
+  ACC_CHECK(need == world, "mesh ", to_string(), " needs ", need, " ranks, the world has ", world);
+}
+
+MeshCoord DeviceMesh::coordinate_of(int rank) const {
+  ACC_CHECK(rank >= 0 && rank < product(), "mesh ", to_string(), ": rank ", rank,
+            " is outside its ", product(), " ranks");
+  MeshCoord c;
+  c.tp = rank % tp;
+  c.cp = (rank / tp) % cp;
+  c.dp = (rank / (tp * cp)) % dp;
+  c.pp = rank / (tp * cp * dp);
+  return c;
+}
+
+int DeviceMesh::rank_of(const MeshCoord& c) const {
+  for (MeshDim d : kMeshDims) {
+    ACC_CHECK(c.at(d) >= 0 && c.at(d) < size(d), "mesh ", to_string(), ": coordinate ",
+              mesh_dim_name(d), "=", c.at(d), " is outside it");
+  }
+  return ((c.pp * dp + c.dp) * cp + c.cp) * tp + c.tp;
+}
+
+namespace {
+
+// One group of this rank alone for the process: a dimension of size 1 communicates with nobody,
+// so every context shares it (communicators are never freed: one per Trainer would pile up over
+// a search's dry-runs).
+const ProcessGroupPtr& self_group() {
+  static const ProcessGroupPtr self = ProcessGroup::world()->alone("self");
+  return self;
+}
+
+}  // namespace
+
+ParallelContext::ParallelContext(DeviceMesh mesh, ProcessGroupPtr world)
+    : mesh_(mesh), world_(std::move(world)) {
+  ACC_CHECK(world_ != nullptr, "parallel context: no world group");
+  mesh_.check(world_->size());
+  coord_ = mesh_.coordinate_of(world_->rank());
+  // The color of a rank's group along `dims`: its coordinates along every other dimension. Every
+  // rank makes the same splits in the same order (each is collective over the world).
+  auto split_along = [&](std::initializer_list<MeshDim> dims, const std::string& name) {
+    int color = 0, key = 0;
+    for (MeshDim d : kMeshDims) {
+      const bool along = std::find(dims.begin(), dims.end(), d) != dims.end();
+      if (along) {
+        key = key * mesh_.size(d) + coord_.at(d);
+      } else {
+        color = color * mesh_.size(d) + coord_.at(d);
+      }
     }
-    groups_[dim] = world_->split(color, coord_.at(dim), dim);
+    return world_->split(color, key, name);
+  };
+  for (MeshDim d : kMeshDims) {
+    ProcessGroupPtr& g = groups_[static_cast<size_t>(d)];
+    if (mesh_.size(d) == world_->size()) {
+      g = world_;
+    } else if (mesh_.size(d) == 1) {
+      g = self_group();
+    } else {
+      g = split_along({d}, mesh_dim_name(d));
+    }
+  }
+  if (mesh_.dp == 1) {
+    dp_cp_ = group(MeshDim::kCp);
+  } else if (mesh_.cp == 1) {
+    dp_cp_ = group(MeshDim::kDp);
+  } else if (mesh_.dp * mesh_.cp == world_->size()) {
+    dp_cp_ = world_;
+  } else {
+    dp_cp_ = split_along({MeshDim::kDp, MeshDim::kCp}, "dp_cp");
   }
 }
 
-int DeviceMesh::coordinate(const std::string& dim) const {
-  auto it = coord_.find(dim);
-  ACC_CHECK(it != coord_.end(), "mesh: unknown dimension '", dim, "' (expected pp, dp, tp or sp)");
-  return it->second;
+std::shared_ptr<const ParallelContext> ParallelContext::data_parallel(ProcessGroupPtr group) {
+  ACC_CHECK(group != nullptr, "parallel context: no group");
+  const int n = group->size();
+  return std::make_shared<const ParallelContext>(DeviceMesh::data_parallel(n), std::move(group));
 }
 
-ProcessGroupPtr DeviceMesh::group(const std::string& dim) const {
-  auto it = groups_.find(dim);
-  ACC_CHECK(it != groups_.end(), "mesh: unknown dimension '", dim, "' (expected pp, dp, tp or sp)");
-  return it->second;
+const ProcessGroupPtr& ParallelContext::group(MeshDim d) const {
+  return groups_[static_cast<size_t>(d)];
 }
 
 }  // namespace acc::dist

@@ -587,4 +587,18 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(
   return std::make_shared<ProcessGroup>(child);
 }
 
+std::shared_ptr<ProcessGroup> ProcessGroup::alone(const std::string& name) const {
+  auto child = std::make_shared<detail::GroupState>();
+  child->name = name;
+  child->timeout = state_->timeout;
+  child->members = {state_->members.at(static_cast<size_t>(state_->rank))};
+  detail::CommEngine::instance().run_sync([&] {
+    child->comm = detail::dup_returning_errors(MPI_COMM_SELF);
+    child->algo_comm = detail::dup_returning_errors(MPI_COMM_SELF);
+  });
+  child->rank = 0;
+  child->size = 1;
+  return std::make_shared<ProcessGroup>(child);
+}
+
 }  // namespace acc::dist

@@ -78,18 +78,18 @@ std::unique_ptr<strategies::Trainer> trainer(models::LanguageModelPtr m, const s
 // Every tensor of a checkpoint, whole (read through load() itself, with whole-tensor placements).
 std::map<std::string, Tensor> read_whole(const std::string& dir) {
   const Metadata meta = read_metadata(dir);
-  strategies::PlacementTable table;
+  dist::PlacementTable table;
   std::map<std::string, Tensor> out;
   for (const TensorInfo& t : meta.tensors) {
-    strategies::Placement e;
+    dist::PlacementEntry e;
     e.name = t.name;
     e.param = t.param;
-    e.kind = t.kind == "parameter" ? strategies::TensorKind::kParameter
-                                   : strategies::TensorKind::kOptimizerState;
+    e.kind =
+        t.kind == "parameter" ? dist::TensorKind::kParameter : dist::TensorKind::kOptimizerState;
     e.field = t.field;
     e.global_shape = t.shape;
     e.dtype = t.dtype;
-    e.range = {0, t.numel()};
+    e.box = dist::Box::whole(t.shape);
     e.local = empty({t.numel()}, {t.dtype});
     out[t.name] = e.local;
     table.push_back(e);
@@ -127,15 +127,16 @@ void remove_job_dir(const std::string& dir) {
 void expect_holds(strategies::Trainer& t, const std::map<std::string, Tensor>& saved,
                   const std::string& what) {
   for (const auto& e : t.placements()) {
-    if (e.kind == strategies::TensorKind::kGradient || e.range.length == 0) continue;
+    if (e.kind == dist::TensorKind::kGradient || e.held_numel() == 0) continue;
     const Tensor mine = e.local.contiguous();
     const size_t es = element_size(e.dtype);
-    ASSERT_EQ(
-        std::memcmp(mine.raw_data(),
-                    static_cast<const char*>(saved.at(e.name).raw_data()) + e.range.offset * es,
-                    static_cast<size_t>(e.range.length) * es),
-        0)
-        << what << ": " << e.name << " [" << e.range.offset << ", +" << e.range.length << ")";
+    for (const auto& [run, at] : e.global_runs()) {
+      ASSERT_EQ(std::memcmp(static_cast<const char*>(mine.raw_data()) + at * es,
+                            static_cast<const char*>(saved.at(e.name).raw_data()) + run.offset * es,
+                            static_cast<size_t>(run.length) * es),
+                0)
+          << what << ": " << e.name << " [" << run.offset << ", +" << run.length << ")";
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "acc/dist/device_mesh.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/util/error.hpp"
 
@@ -332,38 +333,81 @@ TEST(ProcessGroup, FlightRecorderKeepsSequenceAndState) {
   EXPECT_TRUE(world().flight_recorder().to_json().is_array());
 }
 
-TEST(DeviceMesh, GroupsFollowTheLayout) {
+TEST(DeviceMesh, RanksAreLaidOutTpInnermostThenCpDpPp) {
+  const dist::DeviceMesh mesh{.pp = 2, .dp = 3, .cp = 2, .tp = 2};
+  // rank = ((pp * dp_size + dp) * cp_size + cp) * tp_size + tp
+  EXPECT_EQ(mesh.rank_of({.pp = 0, .dp = 0, .cp = 0, .tp = 1}), 1);
+  EXPECT_EQ(mesh.rank_of({.pp = 0, .dp = 0, .cp = 1, .tp = 0}), 2);
+  EXPECT_EQ(mesh.rank_of({.pp = 0, .dp = 1, .cp = 0, .tp = 0}), 4);
+  EXPECT_EQ(mesh.rank_of({.pp = 1, .dp = 0, .cp = 0, .tp = 0}), 12);
+  for (int r = 0; r < mesh.product(); ++r) EXPECT_EQ(mesh.rank_of(mesh.coordinate_of(r)), r);
+  EXPECT_THROW(mesh.coordinate_of(24), ValueError);
+  EXPECT_THROW(mesh.rank_of({.pp = 0, .dp = 3, .cp = 0, .tp = 0}), ValueError);
+  EXPECT_EQ(mesh.to_string(), "pp=2 dp=3 cp=2 tp=2");
+  EXPECT_EQ(dist::parse_mesh_dim("cp"), dist::MeshDim::kCp);
+  EXPECT_THROW(dist::parse_mesh_dim("ep"), ValueError);
+}
+
+TEST(ParallelContext, GroupsFollowTheLayout) {
   const int W = world().size(), r = world().rank();
   // dp x tp with tp = 2 when possible.
   const int tp = W % 2 == 0 ? 2 : 1;
-  dist::DeviceMesh mesh({.pp = 1, .dp = W / tp, .tp = tp, .sp = 1});
-  EXPECT_EQ(mesh.coordinate("tp"), r % tp);
-  EXPECT_EQ(mesh.coordinate("dp"), r / tp);
-  EXPECT_EQ(mesh.group("tp")->size(), tp);
-  EXPECT_EQ(mesh.group("dp")->size(), W / tp);
+  const dist::ParallelContext ctx(dist::DeviceMesh{.dp = W / tp, .tp = tp},
+                                  dist::ProcessGroup::world());
+  EXPECT_EQ(ctx.coordinate(dist::MeshDim::kTp), r % tp);
+  EXPECT_EQ(ctx.coordinate(dist::MeshDim::kDp), r / tp);
+  EXPECT_EQ(ctx.group(dist::MeshDim::kTp)->size(), tp);
+  EXPECT_EQ(ctx.group(dist::MeshDim::kDp)->size(), W / tp);
+  EXPECT_EQ(ctx.group(dist::MeshDim::kPp)->size(), 1);
+  EXPECT_EQ(ctx.dp_cp_group()->size(), W / tp);  // cp = 1: the dp group
+  EXPECT_EQ(ctx.data_rank(), r / tp);
+  EXPECT_EQ(ctx.data_world(), W / tp);
   // A sum inside the tp group adds only the tp peers: ranks (r / tp) * tp .. + tp - 1.
   Tensor t = full({1}, r);
-  mesh.group("tp")->allreduce(t)->wait();
+  ctx.group(dist::MeshDim::kTp)->allreduce(t)->wait();
   float expect = 0;
   for (int q = (r / tp) * tp; q < (r / tp) * tp + tp; ++q) expect += q;
   EXPECT_EQ(t.item(), expect);
-  EXPECT_EQ(mesh.group("dp")->members()[mesh.coordinate("dp")], r);
+  EXPECT_EQ(ctx.group(dist::MeshDim::kDp)->members()[ctx.coordinate(dist::MeshDim::kDp)], r);
+  // A data-parallel context: the world along dp, named as before the mesh.
+  const auto dp = dist::ParallelContext::data_parallel(dist::ProcessGroup::world());
+  EXPECT_EQ(dp->group(dist::MeshDim::kDp).get(), dist::ProcessGroup::world().get());
+  EXPECT_EQ(dp->dp_cp_group()->name(), dist::ProcessGroup::world()->name());
+  EXPECT_EQ(dp->group(dist::MeshDim::kTp)->size(), 1);
 }
 
-TEST(DeviceMesh, ImpossibleMeshesAreRejected) {
+TEST(ParallelContext, TheDpCpGroupJoinsBothDimensions) {
+  const int W = world().size(), r = world().rank();
+  if (W != 4) GTEST_SKIP() << "needs 4 ranks";
+  // dp 2 x cp 2: gradients are reduced over all four.
+  const dist::ParallelContext both(dist::DeviceMesh{.dp = 2, .cp = 2}, dist::ProcessGroup::world());
+  EXPECT_EQ(both.dp_cp_group()->size(), 4);
+  EXPECT_EQ(both.coordinate(dist::MeshDim::kCp), r % 2);
+  // cp 2 x tp 2: over the two cp peers of each tp rank (ranks r % 2, r % 2 + 2).
+  const dist::ParallelContext cp_tp(dist::DeviceMesh{.cp = 2, .tp = 2},
+                                    dist::ProcessGroup::world());
+  EXPECT_EQ(cp_tp.dp_cp_group()->size(), 2);
+  Tensor t = full({1}, r);
+  cp_tp.dp_cp_group()->allreduce(t)->wait();
+  EXPECT_EQ(t.item(), (r % 2) + (r % 2 + 2));
+}
+
+TEST(ParallelContext, ImpossibleMeshesAreRejected) {
   const int W = world().size();
   try {
-    dist::DeviceMesh mesh({.pp = 1, .dp = 1, .tp = W + 1, .sp = 1});
+    dist::ParallelContext ctx(dist::DeviceMesh{.tp = W + 1}, dist::ProcessGroup::world());
     FAIL();
   } catch (const ValueError& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("tp=" + std::to_string(W + 1)), std::string::npos) << m;
     EXPECT_NE(m.find("the world has " + std::to_string(W)), std::string::npos) << m;
   }
-  EXPECT_THROW(dist::DeviceMesh({.pp = 0, .dp = W, .tp = 1, .sp = 1}), ValueError);
-  EXPECT_THROW(dist::DeviceMesh({.pp = 1, .dp = -W, .tp = -1, .sp = 1}), ValueError);
-  dist::DeviceMesh ok({.pp = 1, .dp = W, .tp = 1, .sp = 1});
-  EXPECT_THROW(ok.group("ep"), ValueError);
+  EXPECT_THROW(
+      dist::ParallelContext(dist::DeviceMesh{.pp = 0, .dp = W}, dist::ProcessGroup::world()),
+      ValueError);
+  EXPECT_THROW(
+      dist::ParallelContext(dist::DeviceMesh{.dp = -W, .tp = -1}, dist::ProcessGroup::world()),
+      ValueError);
 }
 
 }  // namespace

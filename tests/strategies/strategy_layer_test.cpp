@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <map>
 
+#include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
+#include "acc/dist/sharding.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
 #include "acc/strategies/strategy.hpp"
@@ -21,7 +23,7 @@
 namespace acc {
 namespace {
 
-using strategies::TensorKind;
+using dist::TensorKind;
 
 models::LanguageModelPtr make_model(int64_t n_layer = 2) {
   models::GPTConfig c;
@@ -69,16 +71,29 @@ std::vector<std::string> strategies_for_world() {
 
 // ---- placement coverage ----
 
-// A global tensor's id: its parameter's index times 4 plus the kind (param, grad, exp_avg,
-// exp_avg_sq), so the ranks can exchange entries as integers.
-int64_t tensor_id(const strategies::Placement& e, const std::map<std::string, int64_t>& index) {
-  int64_t k = 0;
-  if (e.kind == TensorKind::kGradient) k = 1;
-  if (e.kind == TensorKind::kOptimizerState) k = e.field == "exp_avg" ? 2 : 3;
-  EXPECT_TRUE(e.kind != TensorKind::kOptimizerState || e.field == "exp_avg" ||
-              e.field == "exp_avg_sq")
-      << e.name;
-  return index.at(e.param) * 4 + k;
+// An entry without its tensor, as text, so that every rank can check every rank's table.
+nlohmann::json entry_json(const dist::PlacementEntry& e) {
+  nlohmann::json j = {
+      {"name", e.name},       {"param", e.param},        {"kind", static_cast<int>(e.kind)},
+      {"field", e.field},     {"shape", e.global_shape}, {"offsets", e.box.offsets},
+      {"sizes", e.box.sizes}, {"replica", e.replica},    {"replicas", e.replicas}};
+  if (e.flat) j["flat"] = {e.flat->offset, e.flat->length};
+  return j;
+}
+
+dist::PlacementEntry entry_of(const nlohmann::json& j) {
+  dist::PlacementEntry e;
+  e.name = j.at("name");
+  e.param = j.at("param");
+  e.kind = static_cast<TensorKind>(j.at("kind").get<int>());
+  e.field = j.at("field");
+  e.global_shape = j.at("shape").get<Shape>();
+  e.box.offsets = j.at("offsets").get<std::vector<int64_t>>();
+  e.box.sizes = j.at("sizes").get<std::vector<int64_t>>();
+  e.replica = j.at("replica");
+  e.replicas = j.at("replicas");
+  if (j.contains("flat")) e.flat = dist::FlatRange{j["flat"][0], j["flat"][1]};
+  return e;
 }
 
 TEST(Placement, EveryElementIsHeldExactlyOncePerReplica) {
@@ -86,12 +101,8 @@ TEST(Placement, EveryElementIsHeldExactlyOncePerReplica) {
   for (const std::string& s : strategies_for_world()) {
     SCOPED_TRACE(s);
     auto model = make_model();
-    std::map<std::string, int64_t> index;
     std::map<std::string, int64_t> numel;
-    for (const auto& [name, p] : model->named_parameters()) {
-      index.emplace(name, static_cast<int64_t>(index.size()));
-      numel[name] = p.numel();
-    }
+    for (const auto& [name, p] : model->named_parameters()) numel[name] = p.numel();
     auto trainer = apply_strategy(model, s);
     trainer->train_step(batch_for(0, 4, world->rank()));
     std::map<std::string, std::vector<float>> full_values;
@@ -99,71 +110,47 @@ TEST(Placement, EveryElementIsHeldExactlyOncePerReplica) {
       full_values[kv.first] = kv.second.contiguous().template to_vector<float>();
     }
 
-    std::vector<int64_t> mine;  // (id, offset, length, replica, replicas) per entry
+    nlohmann::json mine = nlohmann::json::array();
+    std::map<std::string, int> kinds;  // parameter, gradient, exp_avg, exp_avg_sq per parameter
     for (const auto& e : trainer->placements()) {
       ASSERT_EQ(numel_of(e.global_shape), numel.at(e.param)) << e.name;
-      ASSERT_TRUE(e.local.defined()) << e.name << " (" << strategies::tensor_kind_name(e.kind)
+      ASSERT_TRUE(e.local.defined()) << e.name << " (" << dist::tensor_kind_name(e.kind)
                                      << ") has no local tensor after a step";
-      ASSERT_EQ(e.local.numel(), e.range.length) << e.name;
-      ASSERT_GE(e.range.offset, 0);
-      ASSERT_LE(e.range.offset + e.range.length, numel.at(e.param)) << e.name;
+      ASSERT_EQ(e.local.numel(), e.held_numel()) << e.name;
+      EXPECT_TRUE(e.kind != TensorKind::kOptimizerState || e.field == "exp_avg" ||
+                  e.field == "exp_avg_sq")
+          << e.name;
+      ++kinds[e.param];
       if (e.kind == TensorKind::kParameter) {  // holds the values it claims to hold
         const std::vector<float> got = e.local.contiguous().template to_vector<float>();
         const auto& want = full_values.at(e.param);
-        for (int64_t i = 0; i < e.range.length; ++i) {
-          ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(e.range.offset + i)])
-              << e.name << " element " << e.range.offset + i;
+        for (const auto& [run, at] : e.global_runs()) {
+          for (int64_t i = 0; i < run.length; ++i) {
+            ASSERT_EQ(got[static_cast<size_t>(at + i)], want[static_cast<size_t>(run.offset + i)])
+                << e.name << " element " << run.offset + i;
+          }
         }
       }
-      for (int64_t v : {tensor_id(e, index), e.range.offset, e.range.length,
-                        static_cast<int64_t>(e.replica), static_cast<int64_t>(e.replicas)}) {
-        mine.push_back(v);
+      mine.push_back(entry_json(e));
+    }
+    // Every rank's table, on every rank: each element of each tensor once per replica.
+    std::vector<dist::PlacementTable> tables;
+    for (const std::string& text : dist::allgather_text(*world, mine.dump())) {
+      dist::PlacementTable t;
+      for (const auto& j : nlohmann::json::parse(text)) t.push_back(entry_of(j));
+      tables.push_back(std::move(t));
+    }
+    const auto errors = dist::coverage_errors(tables);
+    for (const auto& e : errors) ADD_FAILURE() << e;
+    // Every parameter, its gradient and both AdamW fields are in the table, on some rank.
+    std::map<std::pair<std::string, int>, int> seen;
+    for (const auto& t : tables) {
+      for (const auto& e : t) {
+        ++seen[{e.param, e.kind == TensorKind::kOptimizerState ? (e.field == "exp_avg" ? 2 : 3)
+                                                               : static_cast<int>(e.kind)}];
       }
     }
-    // Every rank's entries to every rank: counts first, then the padded lists.
-    Tensor count = from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size())}, {1});
-    Tensor counts =
-        from_vector(std::vector<int64_t>(static_cast<size_t>(world->size()), 0), {world->size()});
-    world->allgather(counts, count)->wait();
-    const auto all_counts = counts.to_vector<int64_t>();
-    const int64_t most = *std::max_element(all_counts.begin(), all_counts.end());
-    mine.resize(static_cast<size_t>(most), -1);
-    Tensor local = from_vector(mine, {most});
-    Tensor gathered = from_vector(std::vector<int64_t>(static_cast<size_t>(most * world->size())),
-                                  {most * world->size()});
-    world->allgather(gathered, local)->wait();
-    const auto all = gathered.to_vector<int64_t>();
-
-    // Per (tensor, replica): the ranges, which must tile [0, numel).
-    std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>> ranges;
-    std::map<int64_t, int64_t> replicas;
-    for (int r = 0; r < world->size(); ++r) {
-      for (int64_t i = 0; i < all_counts[static_cast<size_t>(r)]; i += 5) {
-        const int64_t* e = &all[static_cast<size_t>(r * most + i)];
-        ranges[{e[0], e[3]}].emplace_back(e[1], e[2]);
-        auto [it, fresh] = replicas.emplace(e[0], e[4]);
-        ASSERT_EQ(it->second, e[4]) << "tensor " << e[0] << ": ranks disagree on its replicas";
-        ASSERT_LT(e[3], e[4]);
-      }
-    }
-    // Every parameter, its gradient and both AdamW fields are in the table.
-    ASSERT_EQ(replicas.size(), index.size() * 4);
-    for (const auto& [id, n_rep] : replicas) {
-      const auto name = std::find_if(index.begin(), index.end(), [&](const auto& kv) {
-                          return kv.second == id / 4;
-                        })->first;
-      for (int64_t rep = 0; rep < n_rep; ++rep) {
-        auto rs = ranges[{id, rep}];
-        std::sort(rs.begin(), rs.end());
-        int64_t covered = 0;
-        for (const auto& [off, len] : rs) {
-          ASSERT_EQ(off, covered) << name << " kind " << id % 4 << " replica " << rep
-                                  << ": a gap or an overlap at element " << covered;
-          covered += len;
-        }
-        ASSERT_EQ(covered, numel.at(name)) << name << " kind " << id % 4 << " replica " << rep;
-      }
-    }
+    EXPECT_EQ(seen.size(), numel.size() * 4);
   }
 }
 

@@ -29,7 +29,7 @@
 #include "acc/checkpoint/layout.hpp"
 #include "acc/checkpoint/root_lock.hpp"
 #include "acc/dist/process_group.hpp"
-#include "acc/strategies/placement.hpp"
+#include "acc/dist/sharding.hpp"
 #include "acc/strategies/strategy.hpp"
 
 namespace acc::ckpt {
@@ -57,7 +57,7 @@ struct Header {
 /// rank fails (nothing committed, the previous steps untouched), another job holds the root's
 /// lock (naming it), or, once the step is committed, `latest` cannot be moved (saying so);
 /// acc::ValueError for a step outside [0, kMaxStep] or bad options.
-std::string save(const std::string& root, int64_t step, const strategies::PlacementTable& table,
+std::string save(const std::string& root, int64_t step, const dist::PlacementTable& table,
                  const Header& header, dist::ProcessGroup& group, const SaveOptions& options = {});
 
 /// metadata.json of a step directory, validated (format.hpp). Throws acc::IoError when it cannot
@@ -75,8 +75,7 @@ Metadata read_metadata(const std::string& step_dir);
 /// naming the file and chunk for a missing, unreadable (the system's error named) or truncated
 /// shard, one reached through a symlink out of the checkpoint root, a checksum mismatch or a chunk
 /// that does not decompress to its size. Gradients are not in checkpoints and are left alone.
-void load(const std::string& step_dir, const Metadata& meta,
-          const strategies::PlacementTable& table);
+void load(const std::string& step_dir, const Metadata& meta, const dist::PlacementTable& table);
 
 /// A Trainer's parameters, optimizer state and optimizer step counts (every rank's, gathered into
 /// metadata.extra["optimizer_steps"]), with the model's trace hash and the trainer's strategy in

@@ -137,6 +137,11 @@ class ProcessGroup {
   std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name,
                                       std::optional<std::chrono::milliseconds> timeout = {});
 
+  /// A group of this rank alone, named `name`, made without communicating with the others
+  /// (MPI_COMM_SELF duplicated: not a collective of this group, whose sequence is untouched).
+  /// A mesh dimension of size 1 gets one: collectives over it are local.
+  std::shared_ptr<ProcessGroup> alone(const std::string& name) const;
+
   /// Every rank of this group is alive and done with it, though operations on it may be left in
   /// flight (a collective one rank never joined): they stay buried (nothing they touch is freed),
   /// their timeouts stop counting as the job's fault, and finalize neither waits for them nor

@@ -37,10 +37,11 @@
 #include <vector>
 
 #include "acc/data/token_data.hpp"
+#include "acc/dist/device_mesh.hpp"
 #include "acc/dist/process_group.hpp"
+#include "acc/dist/sharding.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/optim/optimizer.hpp"
-#include "acc/strategies/placement.hpp"
 
 namespace acc::strategies {
 
@@ -77,7 +78,12 @@ std::string describe(const Strategy& s);
 std::vector<std::string> method_names();
 
 struct ApplyOptions {
-  /// The data-parallel group (default: the world when acc::dist is initialised, else one rank).
+  /// The run's mesh (dist::ParallelContext): gradients are reduced over its dp x cp group, the
+  /// loss averaged over it, the gradient norm counts each element once over the whole mesh, and
+  /// checkpoints are written over its world. Default: dp over `group`.
+  dist::ParallelContextPtr context;
+  /// Without a context: the data-parallel group, every rank of it a dp rank (default: the world
+  /// when acc::dist is initialised, else one rank).
   dist::ProcessGroupPtr group;
   /// Global gradient-norm clipping (0 = off), as torch.nn.utils.clip_grad_norm_.
   double grad_clip = 0.0;
@@ -133,7 +139,8 @@ class Trainer {
   optim::Optimizer& optimizer() { return *optimizer_; }
   const Strategy& strategy() const { return strategy_; }
   int grad_accum_steps() const { return micro_batches_; }
-  const dist::ProcessGroupPtr& group() const { return group_; }
+  /// The mesh and groups the strategy runs on (null: one process without acc::dist).
+  const dist::ParallelContextPtr& context() const { return context_; }
   /// Global gradient norm of the last step (before clipping).
   double last_grad_norm() const { return last_grad_norm_; }
   /// Measured from the placement table (gradients after the last backward).
@@ -142,8 +149,8 @@ class Trainer {
   /// placement table: this rank's own tensors when it holds them whole, otherwise copies summed
   /// over the group (a collective: every rank must call it).
   std::vector<std::pair<std::string, Tensor>> full_parameters();
-  /// Every parameter, gradient and optimizer state tensor this rank holds (placement.hpp).
-  PlacementTable placements() const;
+  /// Every parameter, gradient and optimizer state tensor this rank holds (acc/dist/sharding.hpp).
+  dist::PlacementTable placements() const;
 
  private:
   void check_ranks_agree();
@@ -151,7 +158,7 @@ class Trainer {
   models::LanguageModelPtr model_;
   Strategy strategy_;
   ApplyOptions options_;
-  dist::ProcessGroupPtr group_;
+  dist::ParallelContextPtr context_;
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   int micro_batches_ = 1;
