@@ -81,10 +81,10 @@ struct ApplyOptions {
   /// The run's mesh (dist::ParallelContext): gradients are reduced over its dp x cp group, the
   /// loss averaged over it, the gradient norm counts each element once over the whole mesh, and
   /// checkpoints are written over its world. Default: dp over `group`.
-  dist::ParallelContextPtr context;
+  dist::ParallelContextPtr context = nullptr;
   /// Without a context: the data-parallel group, every rank of it a dp rank (default: the world
   /// when acc::dist is initialised, else one rank).
-  dist::ProcessGroupPtr group;
+  dist::ProcessGroupPtr group = nullptr;
   /// Global gradient-norm clipping (0 = off), as torch.nn.utils.clip_grad_norm_.
   double grad_clip = 0.0;
   /// What else every rank must agree on (batch size, sequence length, data, ...). Before its first
