@@ -95,19 +95,22 @@ Tensor GPT::embed(const Tensor& idx) {
   check_tokens(idx);
   const int64_t T = idx.size(1);
   Tensor pos = arange(T, {DType::kInt64, idx.device(), false});
-  Tensor x = add((*wte_)(idx), (*wpe_)(pos));  // (B,T,C) + (T,C)
-  return drop_ ? (*drop_)(x) : x;
+  Tensor x = add(wte_(idx), wpe_(pos));  // (B,T,C) + (T,C)
+  return drop_ ? drop_(x) : x;
 }
 
 Tensor GPT::head(const Tensor& x) {
-  Tensor h = (*ln_f_)(x);
+  Tensor h = ln_f_(x);
   auto s = wte_->scope();  // the tied output projection belongs to wte
   return linear(h, wte_->weight());
 }
 
 void GPT::set_fused_attention(bool fused) {
   fused_attention_ = fused;
-  for (const auto& block : *h_) static_cast<nn::GPTBlock&>(*block).attn().set_fused(fused);
+  // Every attention in the tree, also one a replacement of its block or of itself holds.
+  for (const auto& [name, m] : named_modules()) {
+    if (auto* attn = dynamic_cast<nn::CausalSelfAttention*>(m.get())) attn->set_fused(fused);
+  }
 }
 
 }  // namespace acc::models

@@ -45,7 +45,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   ACC_CHECK_SHAPE(x.dim() == 3 && x.size(2) == n_embd_, "CausalSelfAttention: expects (B, T, ",
                   n_embd_, "), got ", x.shape());
   const int64_t B = x.size(0), T = x.size(1), C = n_embd_, NH = n_head_, HS = C / NH;
-  Tensor qkv = (*c_attn_)(x);  // (B, T, 3C)
+  Tensor qkv = c_attn_(x);  // (B, T, 3C)
   auto parts = split(qkv, {C, C, C}, 2);
   // (B, T, C) -> (B, NH, T, HS): views only, the attention kernel reads the strides.
   Tensor q = parts[0].view({B, T, NH, HS}).transpose(1, 2);
@@ -54,8 +54,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor y = fused_ ? scaled_dot_product_attention(q, k, v, /*causal=*/true)
                     : attention_reference(q, k, v, /*causal=*/true);
   y = y.transpose(1, 2).reshape({B, T, C});
-  y = (*c_proj_)(y);
-  return resid_drop_ ? (*resid_drop_)(y) : y;
+  y = c_proj_(y);
+  return resid_drop_ ? resid_drop_(y) : y;
 }
 
 MLP::MLP(int64_t n_embd, int64_t hidden, bool bias, Activation act, double dropout, Generator& gen)
@@ -66,9 +66,9 @@ MLP::MLP(int64_t n_embd, int64_t hidden, bool bias, Activation act, double dropo
 }
 
 Tensor MLP::forward(const Tensor& x) {
-  Tensor h = activate((*c_fc_)(x), act_);
-  h = (*c_proj_)(h);
-  return drop_ ? (*drop_)(h) : h;
+  Tensor h = activate(c_fc_(x), act_);
+  h = c_proj_(h);
+  return drop_ ? drop_(h) : h;
 }
 
 SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, Generator& gen)
@@ -83,9 +83,9 @@ SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, Generator& 
 
 Tensor SwiGLUMLP::forward(const Tensor& x) {
   // Separate statements: the order of ops (and so of traces) follows the source.
-  Tensor gate = (*gate_proj_)(x);
-  Tensor up = (*up_proj_)(x);
-  return (*down_proj_)(swiglu(gate, up));
+  Tensor gate = gate_proj_(x);
+  Tensor up = up_proj_(x);
+  return down_proj_(swiglu(gate, up));
 }
 
 GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, bool bias, Activation act, double dropout,
@@ -99,8 +99,8 @@ GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, bool bias, Activation act, do
 }
 
 Tensor GPTBlock::forward(const Tensor& x) {
-  Tensor h = add(x, (*attn_)((*ln_1_)(x)));
-  return add(h, (*mlp_)((*ln_2_)(h)));
+  Tensor h = add(x, attn_(ln_1_(x)));
+  return add(h, mlp_(ln_2_(h)));
 }
 
 LlamaAttention::LlamaAttention(int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads,
@@ -131,15 +131,15 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), HS = head_dim_;
   ACC_CHECK(T <= rope_cos_.size(0), "LlamaAttention: sequence length ", T,
             " exceeds max_position_embeddings ", rope_cos_.size(0));
-  Tensor q = (*q_proj_)(x).view({B, T, num_heads_, HS}).transpose(1, 2);
-  Tensor k = (*k_proj_)(x).view({B, T, num_kv_heads_, HS}).transpose(1, 2);
-  Tensor v = (*v_proj_)(x).view({B, T, num_kv_heads_, HS}).transpose(1, 2);
+  Tensor q = q_proj_(x).view({B, T, num_heads_, HS}).transpose(1, 2);
+  Tensor k = k_proj_(x).view({B, T, num_kv_heads_, HS}).transpose(1, 2);
+  Tensor v = v_proj_(x).view({B, T, num_kv_heads_, HS}).transpose(1, 2);
   q = rotary_embedding(q, rope_cos_, rope_sin_);
   k = rotary_embedding(k, rope_cos_, rope_sin_);
   Tensor y = fused_ ? scaled_dot_product_attention(q, k, v, /*causal=*/true)
                     : attention_reference(q, k, v, /*causal=*/true);
   y = y.transpose(1, 2).reshape({B, T, num_heads_ * HS});
-  return (*o_proj_)(y);
+  return o_proj_(y);
 }
 
 LlamaBlock::LlamaBlock(int64_t hidden_size, int64_t intermediate_size, int64_t num_heads,
@@ -157,8 +157,8 @@ LlamaBlock::LlamaBlock(int64_t hidden_size, int64_t intermediate_size, int64_t n
 }
 
 Tensor LlamaBlock::forward(const Tensor& x) {
-  Tensor h = add(x, (*self_attn_)((*input_layernorm_)(x)));
-  return add(h, (*mlp_)((*post_attention_layernorm_)(h)));
+  Tensor h = add(x, self_attn_(input_layernorm_(x)));
+  return add(h, mlp_(post_attention_layernorm_(h)));
 }
 
 }  // namespace acc::nn

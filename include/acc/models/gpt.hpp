@@ -43,11 +43,9 @@ class GPT : public LanguageModel {
 
  private:
   GPTConfig config_;
-  std::shared_ptr<nn::Module> transformer_;
-  std::shared_ptr<nn::Embedding> wte_, wpe_;
-  std::shared_ptr<nn::Dropout> drop_;
-  std::shared_ptr<nn::ModuleList> h_;
-  std::shared_ptr<nn::LayerNorm> ln_f_;
+  nn::Child<nn::Module> transformer_, wpe_, drop_, ln_f_;
+  nn::Child<nn::Embedding> wte_;  // typed: the tied output projection reads its weight
+  nn::Child<nn::ModuleList> h_;
 };
 
 }  // namespace acc::models

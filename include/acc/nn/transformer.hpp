@@ -24,8 +24,8 @@ class CausalSelfAttention : public Module {
  private:
   int64_t n_embd_, n_head_;
   bool fused_ = true;
-  std::shared_ptr<Linear> c_attn_, c_proj_;
-  std::shared_ptr<Dropout> resid_drop_;
+  Child<Module> c_attn_, c_proj_;
+  Child<Dropout> resid_drop_;
 };
 
 /// c_fc (F x C) -> activation -> c_proj (C x F).
@@ -37,8 +37,8 @@ class MLP : public Module {
 
  private:
   Activation act_;
-  std::shared_ptr<Linear> c_fc_, c_proj_;
-  std::shared_ptr<Dropout> drop_;
+  Child<Module> c_fc_, c_proj_;
+  Child<Dropout> drop_;
 };
 
 /// down_proj(silu(gate_proj(x)) * up_proj(x)), no biases (Llama).
@@ -48,7 +48,7 @@ class SwiGLUMLP : public Module {
   Tensor forward(const Tensor& x) override;
 
  private:
-  std::shared_ptr<Linear> gate_proj_, up_proj_, down_proj_;
+  Child<Module> gate_proj_, up_proj_, down_proj_;
 };
 
 /// Pre-norm GPT block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
@@ -57,12 +57,12 @@ class GPTBlock : public Module {
   GPTBlock(int64_t n_embd, int64_t n_head, bool bias, Activation act, double dropout = 0.0,
            Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
+  /// Throws acc::TypeError when attn was replaced by a module of another type.
   CausalSelfAttention& attn() { return *attn_; }
 
  private:
-  std::shared_ptr<LayerNorm> ln_1_, ln_2_;
-  std::shared_ptr<CausalSelfAttention> attn_;
-  std::shared_ptr<MLP> mlp_;
+  Child<Module> ln_1_, ln_2_, mlp_;
+  Child<CausalSelfAttention> attn_;
 };
 
 /// Llama attention: q/k/v/o projections without bias, rotary embeddings on q and k,
@@ -80,7 +80,7 @@ class LlamaAttention : public Module {
   int64_t num_heads_, num_kv_heads_, head_dim_;
   bool fused_ = true;
   Tensor rope_cos_, rope_sin_;
-  std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
+  Child<Module> q_proj_, k_proj_, v_proj_, o_proj_;
 };
 
 /// Pre-norm Llama decoder layer: x + self_attn(input_layernorm(x)), then
@@ -91,12 +91,12 @@ class LlamaBlock : public Module {
              int64_t num_kv_heads, int64_t head_dim, std::pair<Tensor, Tensor> rope,
              double rms_norm_eps, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
+  /// Throws acc::TypeError when self_attn was replaced by a module of another type.
   LlamaAttention& self_attn() { return *self_attn_; }
 
  private:
-  std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
-  std::shared_ptr<LlamaAttention> self_attn_;
-  std::shared_ptr<SwiGLUMLP> mlp_;
+  Child<Module> input_layernorm_, post_attention_layernorm_, mlp_;
+  Child<LlamaAttention> self_attn_;
 };
 
 }  // namespace acc::nn
