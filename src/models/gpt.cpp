@@ -93,8 +93,10 @@ GPT::GPT(GPTConfig config, Generator& gen) : LanguageModel("GPT"), config_(std::
 
 Tensor GPT::embed(const Tensor& idx) {
   check_tokens(idx);
-  const int64_t T = idx.size(1);
-  Tensor pos = arange(T, {DType::kInt64, idx.device(), false});
+  const int64_t T = idx.size(1), k = nn::current_forward_options().position_offset;
+  // Positions k ... k + T - 1 of a sequence shard; the rows of wpe a whole sequence uses there.
+  Tensor pos = arange(k + T, {DType::kInt64, idx.device(), false});
+  if (k > 0) pos = pos.narrow(0, k, T);
   Tensor x = add(wte_(idx), wpe_(pos));  // (B,T,C) + (T,C)
   return drop_ ? drop_(x) : x;
 }

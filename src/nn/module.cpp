@@ -23,6 +23,23 @@ bool contains_same(const NamedTensors& list, const Tensor& t) {
 
 }  // namespace
 
+namespace {
+thread_local ForwardOptions current_options;
+}  // namespace
+
+const ForwardOptions& current_forward_options() {
+  return current_options;
+}
+
+ForwardOptionsGuard::ForwardOptionsGuard(const ForwardOptions& options)
+    : previous_(current_options) {
+  current_options = options;
+}
+
+ForwardOptionsGuard::~ForwardOptionsGuard() {
+  current_options = previous_;
+}
+
 std::string detail::demangled_type_name(const std::type_info& type) {
   int status = 0;
   char* name = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
@@ -404,8 +421,15 @@ Tensor Module::forward(const Tensor&) {
 Tensor Module::operator()(const Tensor& x) {
   Scope s(*this);
   for (auto& [id, hook] : pre_hooks_) hook(*this, x);
-  Tensor out =
-      wrapper_ ? wrapper_(*this, x, [this](const Tensor& in) { return forward(in); }) : forward(x);
+  // The wrapper may keep `fwd` and call it after this call has returned (acc::recompute replays
+  // it in backward): it carries this call's forward options, so the replay computes what the
+  // first run did (the same positions of a sequence shard).
+  Tensor out = wrapper_ ? wrapper_(*this, x,
+                                   [this, options = current_forward_options()](const Tensor& in) {
+                                     ForwardOptionsGuard guard(options);
+                                     return forward(in);
+                                   })
+                        : forward(x);
   for (auto& [id, hook] : hooks_) hook(*this, x, out);
   return out;
 }

@@ -47,6 +47,13 @@ int64_t heads_from_width(const Module& attn, const char* proj, const Tensor& out
   return width / (parts * HS);
 }
 
+// Positions [offset, offset + T) must be rows of the rotary tables.
+void check_positions(const Tensor& table, int64_t offset, int64_t T) {
+  ACC_CHECK(offset >= 0 && offset + T <= table.size(0), "LlamaAttention: positions [", offset, ", ",
+            offset + T, ") (position_offset ", offset, ", sequence length ", T,
+            ") are not within max_position_embeddings ", table.size(0));
+}
+
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias, double dropout,
@@ -148,8 +155,8 @@ LlamaAttention::LlamaAttention(int64_t hidden_size, int64_t num_heads, int64_t n
 Tensor LlamaAttention::forward(const Tensor& x) {
   ACC_CHECK_SHAPE(x.dim() == 3, "LlamaAttention: expects (B, T, C), got ", x.shape());
   const int64_t B = x.size(0), T = x.size(1), HS = head_dim_;
-  ACC_CHECK(T <= rope_cos_.size(0), "LlamaAttention: sequence length ", T,
-            " exceeds max_position_embeddings ", rope_cos_.size(0));
+  const int64_t offset = current_forward_options().position_offset;
+  check_positions(rope_cos_, offset, T);
   // Heads as the projections give them: NH and NKV are this attention's (a shard's) own.
   Tensor qp = q_proj_(x);
   const int64_t NH = heads_from_width(*this, "q_proj", qp, B, T, HS);
@@ -164,12 +171,23 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   ACC_CHECK_SHAPE(NH % NKV == 0, "LlamaAttention '", qualified_name(), "': ", NH,
                   " query heads (q_proj) are not a multiple of ", NKV, " key/value heads (k_proj)");
   Tensor v = vp.view({B, T, NKV, HS}).transpose(1, 2);
-  q = rotary_embedding(q, rope_cos_, rope_sin_);
-  k = rotary_embedding(k, rope_cos_, rope_sin_);
+  q = rotate(q, offset);
+  k = rotate(k, offset);
   Tensor y = fused_ ? scaled_dot_product_attention(q, k, v, /*causal=*/true)
                     : attention_reference(q, k, v, /*causal=*/true);
   y = y.transpose(1, 2).reshape({B, T, NH * HS});
   return o_proj_(y);
+}
+
+Tensor LlamaAttention::rotate(const Tensor& heads, int64_t offset) const {
+  ACC_CHECK_SHAPE(heads.dim() == 4 && heads.size(3) == head_dim_,
+                  "LlamaAttention: rotate expects heads (B, H, T, ", head_dim_, "), got ",
+                  heads.shape());
+  const int64_t T = heads.size(2);
+  check_positions(rope_cos_, offset, T);
+  // Rows [offset, offset + T) of the tables: position offset + t gets exactly the cos/sin row the
+  // whole sequence's token offset + t gets.
+  return rotary_embedding(heads, rope_cos_.narrow(0, offset, T), rope_sin_.narrow(0, offset, T));
 }
 
 LlamaBlock::LlamaBlock(int64_t hidden_size, int64_t intermediate_size, int64_t num_heads,

@@ -35,6 +35,7 @@ class GPT : public LanguageModel {
   int64_t max_seq_len() const override { return config_.block_size; }
   const GPTConfig& config() const { return config_; }
 
+  /// wte(idx) + wpe(positions), positions [k, k + T) for position_offset k.
   Tensor embed(const Tensor& idx) override;
   nn::ModuleList& blocks() override { return *h_; }
   Tensor head(const Tensor& x) override;

@@ -50,6 +50,34 @@ using NamedModules = std::vector<std::pair<std::string, ModulePtr>>;
 /// Undo without calling it leaves the transform in place.
 using Undo = std::function<void()>;
 
+/// Options of one forward call that modules deep inside it read, without every block's
+/// operator()(x) taking arguments (strategies wrap blocks as Tensor -> Tensor functions).
+/// LanguageModel::forward(idx, options) installs them; modules read current_forward_options().
+struct ForwardOptions {
+  /// Position in its sequence of the first token of the input: the input is the chunk [k, k + T)
+  /// of a longer sequence (a sequence shard), so learned positions (GPT wpe) and rotary positions
+  /// (Llama RoPE) are those of tokens k ... k + T - 1. 0, the default, is a whole sequence.
+  int64_t position_offset = 0;
+};
+
+/// The options of the innermost ForwardOptionsGuard of this thread (the defaults outside any).
+const ForwardOptions& current_forward_options();
+
+/// RAII: while alive, `options` are current_forward_options() in this thread (the previous ones
+/// come back when it goes). Module::operator() hands a forward wrapper a forward that re-installs
+/// the options of its call, so a block recomputed in backward (acc::recompute) replays with the
+/// options it first ran with, whichever guard is current then.
+class ForwardOptionsGuard {
+ public:
+  explicit ForwardOptionsGuard(const ForwardOptions& options);
+  ~ForwardOptionsGuard();
+  ForwardOptionsGuard(const ForwardOptionsGuard&) = delete;
+  ForwardOptionsGuard& operator=(const ForwardOptionsGuard&) = delete;
+
+ private:
+  ForwardOptions previous_;
+};
+
 namespace detail {
 /// One entry of a module's registry of children. Shared: a parent's Child<M> and the undo of a
 /// replace_module() refer to the slot, not to the module in it.

@@ -80,9 +80,10 @@ class GPTBlock : public Module {
 /// Llama attention: q/k/v/o projections without bias, rotary embeddings on q and k,
 /// num_key_value_heads <= num_heads (grouped-query attention).
 /// forward: x (B, T, C) -> q_proj (B, T, NH HS), k_proj and v_proj (B, T, NKV HS) -> heads, q and k
-/// rotated -> attention -> (B, T, NH HS) -> o_proj. NH and NKV are read from the projections'
-/// widths (see above). Throws acc::ShapeError when a width is not a multiple of HS, v's width
-/// differs from k's or NH is not a multiple of NKV.
+/// rotated to positions position_offset + t (current_forward_options()) -> attention ->
+/// (B, T, NH HS) -> o_proj. NH and NKV are read from the projections' widths (see above).
+/// Throws acc::ShapeError when a width is not a multiple of HS, v's width differs from k's, NH is
+/// not a multiple of NKV, or the positions pass the rotary tables (max_position_embeddings).
 class LlamaAttention : public Module {
  public:
   /// `rope` holds the (max_positions, head_dim) cos/sin tables from acc::rope_cache, shared by all
@@ -92,6 +93,12 @@ class LlamaAttention : public Module {
   Tensor forward(const Tensor& x) override;
   void set_fused(bool fused) { fused_ = fused; }
   int64_t head_dim() const { return head_dim_; }
+
+  /// Rotary embedding of q or k heads (B, H, T, HS) at positions [offset, offset + T): what
+  /// forward applies with offset = current_forward_options().position_offset. Rows of the same
+  /// tables, so the heads of a chunk rotated at its offset equal that chunk of the whole sequence
+  /// rotated at 0, bitwise. Throws acc::ValueError when offset < 0 or offset + T passes the tables.
+  Tensor rotate(const Tensor& heads, int64_t offset) const;
 
  private:
   int64_t head_dim_;
