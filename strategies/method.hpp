@@ -42,8 +42,8 @@
 
 namespace acc::strategies {
 
-/// Undoes a model transform.
-using Undo = std::function<void()>;
+/// Undoes a model transform (the one nn::Undo: wrappers, replacements and methods' transforms).
+using Undo = nn::Undo;
 
 struct TrainingPlan {
   /// The run's mesh and groups (set by the Trainer before the plan is built: methods read sizes

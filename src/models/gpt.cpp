@@ -93,21 +93,26 @@ GPT::GPT(GPTConfig config, Generator& gen) : LanguageModel("GPT"), config_(std::
 
 Tensor GPT::embed(const Tensor& idx) {
   check_tokens(idx);
-  const int64_t T = idx.size(1);
-  Tensor pos = arange(T, {DType::kInt64, idx.device(), false});
-  Tensor x = add((*wte_)(idx), (*wpe_)(pos));  // (B,T,C) + (T,C)
-  return drop_ ? (*drop_)(x) : x;
+  const int64_t T = idx.size(1), k = nn::current_forward_options().position_offset;
+  // Positions k ... k + T - 1 of a sequence shard; the rows of wpe a whole sequence uses there.
+  Tensor pos = arange(k + T, {DType::kInt64, idx.device(), false});
+  if (k > 0) pos = pos.narrow(0, k, T);
+  Tensor x = add(wte_(idx), wpe_(pos));  // (B,T,C) + (T,C)
+  return drop_ ? drop_(x) : x;
 }
 
 Tensor GPT::head(const Tensor& x) {
-  Tensor h = (*ln_f_)(x);
+  Tensor h = ln_f_(x);
   auto s = wte_->scope();  // the tied output projection belongs to wte
   return linear(h, wte_->weight());
 }
 
 void GPT::set_fused_attention(bool fused) {
   fused_attention_ = fused;
-  for (const auto& block : *h_) static_cast<nn::GPTBlock&>(*block).attn().set_fused(fused);
+  // Every attention in the tree, also one a replacement of its block or of itself holds.
+  for (const auto& [name, m] : named_modules()) {
+    if (auto* attn = dynamic_cast<nn::CausalSelfAttention*>(m.get())) attn->set_fused(fused);
+  }
 }
 
 }  // namespace acc::models

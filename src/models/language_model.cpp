@@ -15,6 +15,17 @@ Tensor LanguageModel::forward(const Tensor& idx) {
   return head(x);
 }
 
+Tensor LanguageModel::forward(const Tensor& idx, const nn::ForwardOptions& options) {
+  nn::ForwardOptionsGuard guard(options);
+  return forward(idx);
+}
+
+Tensor LanguageModel::loss(const Tensor& idx, const Tensor& targets,
+                           const nn::ForwardOptions& options) {
+  nn::ForwardOptionsGuard guard(options);
+  return loss(idx, targets);
+}
+
 Tensor LanguageModel::loss_from_logits(const Tensor& logits, const Tensor& targets) const {
   ACC_CHECK_SHAPE(logits.dim() == 3 && targets.dim() == 2 && targets.size(0) == logits.size(0) &&
                       targets.size(1) == logits.size(1),
@@ -93,6 +104,10 @@ void LanguageModel::check_tokens(const Tensor& idx) const {
   ACC_CHECK_SHAPE(idx.dim() == 2, model_type(), ": token ids must be (B, T), got ", idx.shape());
   ACC_CHECK(idx.size(1) > 0 && idx.size(1) <= max_seq_len(), model_type(), ": sequence length ",
             idx.size(1), " is outside [1, ", max_seq_len(), "]");
+  const int64_t k = nn::current_forward_options().position_offset, T = idx.size(1);
+  ACC_CHECK(k >= 0 && k <= max_seq_len() - T, model_type(), ": position_offset ", k,
+            " with sequence length ", T, " gives positions [", k, ", ", k + T,
+            "), not within the model's ", max_seq_len(), " positions");
 }
 
 LanguageModelPtr create_model(const std::string& model_type, const nlohmann::json& config,

@@ -115,20 +115,22 @@ Llama::Llama(LlamaConfig config, Generator& gen)
 
 Tensor Llama::embed(const Tensor& idx) {
   check_tokens(idx);
-  return (*embed_tokens_)(idx);
+  return embed_tokens_(idx);
 }
 
 Tensor Llama::head(const Tensor& x) {
-  Tensor h = (*norm_)(x);
-  if (lm_head_) return (*lm_head_)(h);
+  Tensor h = norm_(x);
+  if (lm_head_) return lm_head_(h);
   auto s = embed_tokens_->scope();
   return linear(h, embed_tokens_->weight());
 }
 
 void Llama::set_fused_attention(bool fused) {
   fused_attention_ = fused;
-  for (const auto& block : *layers_)
-    static_cast<nn::LlamaBlock&>(*block).self_attn().set_fused(fused);
+  // Every attention in the tree, also one a replacement of its block or of itself holds.
+  for (const auto& [name, m] : named_modules()) {
+    if (auto* attn = dynamic_cast<nn::LlamaAttention*>(m.get())) attn->set_fused(fused);
+  }
 }
 
 }  // namespace acc::models

@@ -1,7 +1,10 @@
 #include "acc/nn/module.hpp"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "acc/tensor/node.hpp"
 #include "acc/tensor/observer.hpp"
@@ -20,11 +23,38 @@ bool contains_same(const NamedTensors& list, const Tensor& t) {
 
 }  // namespace
 
+namespace {
+thread_local ForwardOptions current_options;
+}  // namespace
+
+const ForwardOptions& current_forward_options() {
+  return current_options;
+}
+
+ForwardOptionsGuard::ForwardOptionsGuard(const ForwardOptions& options)
+    : previous_(current_options) {
+  current_options = options;
+}
+
+ForwardOptionsGuard::~ForwardOptionsGuard() {
+  current_options = previous_;
+}
+
+std::string detail::demangled_type_name(const std::type_info& type) {
+  int status = 0;
+  char* name = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+  std::string out = status == 0 && name != nullptr ? name : type.name();
+  std::free(name);
+  return out;
+}
+
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 
 Module::~Module() {
-  for (auto& [name, child] : children_) {
-    if (child && child->parent_ == this) child->parent_ = nullptr;
+  for (auto& slot : children_) {
+    // An undo of replace_module that outlives the model finds no owner and does nothing.
+    slot->owner = nullptr;
+    if (slot->module && slot->module->parent_ == this) slot->module->parent_ = nullptr;
   }
 }
 
@@ -35,8 +65,8 @@ void Module::check_new_name(const std::string& name, const char* what) const {
   auto taken = [&](const auto& list) {
     return std::any_of(list.begin(), list.end(), [&](const auto& p) { return p.first == name; });
   };
-  ACC_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name_, ": ", what,
-            " name '", name, "' is already registered");
+  ACC_CHECK(!taken(parameters_) && !taken(buffers_) && find_slot(name) == nullptr, type_name_, ": ",
+            what, " name '", name, "' is already registered");
 }
 
 Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
@@ -55,14 +85,23 @@ Tensor& Module::register_buffer(const std::string& name, Tensor t, bool persiste
   return buffers_.back().second;
 }
 
-void Module::register_child(const std::string& name, ModulePtr m) {
+std::shared_ptr<detail::ChildSlot> Module::register_child(const std::string& name, ModulePtr m) {
   check_new_name(name, "module");
   ACC_CHECK(m != nullptr, type_name_, ": module '", name, "' is null");
   if (m->parent_ == nullptr) {
     m->parent_ = this;
     m->local_name_ = name;
   }
-  children_.emplace_back(name, std::move(m));
+  children_.push_back(
+      std::make_shared<detail::ChildSlot>(detail::ChildSlot{name, std::move(m), this}));
+  return children_.back();
+}
+
+const detail::ChildSlot* Module::find_slot(const std::string& name) const {
+  for (const auto& slot : children_) {
+    if (slot->name == name) return slot.get();
+  }
+  return nullptr;
 }
 
 void Module::collect_parameters(const std::string& prefix, NamedTensors& out) const {
@@ -80,10 +119,10 @@ void Module::collect_buffers(const std::string& prefix, bool persistent_only,
 }
 
 void Module::collect_modules(const std::string& prefix, NamedModules& out) const {
-  for (const auto& [name, child] : children_) {
-    std::string full = join(prefix, name);
-    out.emplace_back(full, child);
-    child->collect_modules(full, out);
+  for (const auto& slot : children_) {
+    std::string full = join(prefix, slot->name);
+    out.emplace_back(full, slot->module);
+    slot->module->collect_modules(full, out);
   }
 }
 
@@ -103,7 +142,9 @@ NamedModules Module::named_modules() const {
 }
 
 NamedModules Module::named_children() const {
-  return children_;
+  NamedModules out;
+  for (const auto& slot : children_) out.emplace_back(slot->name, slot->module);
+  return out;
 }
 
 NamedTensors Module::named_parameters(bool recurse) const {
@@ -141,15 +182,122 @@ ModulePtr Module::submodule(const std::string& path) const {
     size_t dot = path.find('.', start);
     std::string part =
         path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    auto it = std::find_if(cur->children_.begin(), cur->children_.end(),
-                           [&](const auto& p) { return p.first == part; });
-    ACC_CHECK(it != cur->children_.end(), type_name_, ": no submodule '", part, "' in path '", path,
-              "'");
-    cur = it->second;
+    const detail::ChildSlot* slot = cur->find_slot(part);
+    ACC_CHECK(slot != nullptr, type_name_, ": no submodule '", part, "' in path '", path, "'");
+    cur = slot->module;
     if (dot == std::string::npos) break;
     start = dot + 1;
   }
   return cur;
+}
+
+namespace {
+// What one replace_module() changed, for its undo.
+struct Replacement {
+  std::shared_ptr<detail::ChildSlot> slot;
+  ModulePtr replaced, replacement;
+  std::string path;
+  bool done = false;
+};
+}  // namespace
+
+// The tree keeps one parent pointer per module (the first registration wins), from which scopes
+// and qualified names are read. A replacement takes the slot's name under the slot's owner; the
+// replaced module leaves it, and when the replacement holds it (a wrapper) it is re-parented
+// there. The undo walks the same steps back.
+Undo Module::replace_module(const std::string& path, ModulePtr replacement) {
+  ACC_CHECK(!path.empty(), type_name_,
+            ": replace_module: the name is empty, which names this module itself; a root has no "
+            "parent slot to be replaced in (give the dotted name of a child)");
+  ACC_CHECK(replacement != nullptr, type_name_, ": replace_module('", path,
+            "'): the replacement is null");
+  // Walk to the slot, keeping the modules on the path (the replacement must not contain them).
+  std::vector<const Module*> on_path{this};
+  Module* owner = this;
+  std::shared_ptr<detail::ChildSlot> slot;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string part =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    ACC_CHECK(!part.empty(), type_name_, ": replace_module('", path,
+              "'): the name has an empty component");
+    auto it = std::find_if(owner->children_.begin(), owner->children_.end(),
+                           [&](const auto& s) { return s->name == part; });
+    if (it == owner->children_.end()) {
+      std::string have;
+      for (const auto& s : owner->children_) have += (have.empty() ? "" : ", ") + s->name;
+      const std::string where = path.substr(0, start == 0 ? 0 : start - 1);
+      ACC_THROW(ValueError, type_name_, ": replace_module('", path, "'): no child '", part, "' in ",
+                where.empty() ? std::string("the root") : "'" + where + "'", " (",
+                have.empty() ? std::string("it has no children") : "children: " + have, ")");
+    }
+    if (dot == std::string::npos) {
+      slot = *it;
+      break;
+    }
+    owner = (*it)->module.get();
+    on_path.push_back(owner);
+    start = dot + 1;
+  }
+  for (const auto& [name, m] : replacement->named_modules()) {
+    const bool cycle = std::find(on_path.begin(), on_path.end(), m.get()) != on_path.end();
+    ACC_CHECK(!cycle, type_name_, ": replace_module('", path, "'): the replacement ",
+              replacement->type_name(), " is or contains ", m->type_name(), " '",
+              m->qualified_name(),
+              "', which is on the path to the slot; the tree would contain itself");
+  }
+
+  auto r = std::make_shared<Replacement>();
+  r->slot = slot;
+  r->replaced = slot->module;
+  r->replacement = replacement;
+  r->path = path;
+  Module* old_m = r->replaced.get();
+  // Parent pointers this call set, restored by the undo: (module, its parent and name before).
+  struct Reparent {
+    Module* module;
+    const Module* parent;
+    std::string name;
+  };
+  auto changed = std::make_shared<std::vector<Reparent>>();
+  auto set_parent = [&](Module* m, const Module* parent, const std::string& name) {
+    changed->push_back({m, m->parent_, m->local_name_});
+    m->parent_ = parent;
+    m->local_name_ = name;
+  };
+  if (old_m != replacement.get()) {
+    if (old_m->parent_ == owner && old_m->local_name_ == slot->name) {
+      set_parent(old_m, nullptr, "");
+    }
+    if (replacement->parent_ == nullptr) set_parent(replacement.get(), owner, slot->name);
+    slot->module = replacement;
+    // Modules inside the replacement left without a parent (the replaced one, when the
+    // replacement wraps it) take the one that holds them.
+    for (const auto& [name, m] : replacement->named_modules()) {
+      for (const auto& child : m->children_) {
+        if (child->module->parent_ == nullptr)
+          set_parent(child->module.get(), m.get(), child->name);
+      }
+    }
+  }
+  return [r, changed] {
+    if (r->done) return;
+    r->done = true;
+    if (r->slot->owner == nullptr) return;  // the model is gone
+    if (r->slot->module != r->replacement) {
+      r->done = false;
+      ACC_THROW(ValueError, "replace_module undo: '", r->path, "' holds ",
+                r->slot->module->type_name(), ", not the ", r->replacement->type_name(),
+                " this replacement put there; undo the later replacement first");
+    }
+    r->slot->module = r->replaced;
+    for (auto it = changed->rbegin(); it != changed->rend(); ++it) {
+      it->module->parent_ = it->parent;
+      it->module->local_name_ = it->name;
+    }
+    changed->clear();
+  };
 }
 
 Tensor Module::find_tensor(const std::string& path) const {
@@ -195,7 +343,7 @@ std::string Module::qualified_name() const {
 
 void Module::train(bool on) {
   training_ = on;
-  for (auto& [name, child] : children_) child->train(on);
+  for (auto& slot : children_) slot->module->train(on);
 }
 
 NamedTensors Module::state_dict() const {
@@ -273,8 +421,15 @@ Tensor Module::forward(const Tensor&) {
 Tensor Module::operator()(const Tensor& x) {
   Scope s(*this);
   for (auto& [id, hook] : pre_hooks_) hook(*this, x);
-  Tensor out =
-      wrapper_ ? wrapper_(*this, x, [this](const Tensor& in) { return forward(in); }) : forward(x);
+  // The wrapper may keep `fwd` and call it after this call has returned (acc::recompute replays
+  // it in backward): it carries this call's forward options, so the replay computes what the
+  // first run did (the same positions of a sequence shard).
+  Tensor out = wrapper_ ? wrapper_(*this, x,
+                                   [this, options = current_forward_options()](const Tensor& in) {
+                                     ForwardOptionsGuard guard(options);
+                                     return forward(in);
+                                   })
+                        : forward(x);
   for (auto& [id, hook] : hooks_) hook(*this, x, out);
   return out;
 }
@@ -306,14 +461,13 @@ std::string Module::current_scope() {
 }
 
 const ModulePtr& ModuleList::operator[](size_t i) const {
-  ACC_CHECK(i < modules_.size(), "ModuleList: index ", i, " out of range for ", modules_.size(),
-            " modules");
-  return modules_[i];
+  ACC_CHECK(i < size(), "ModuleList: index ", i, " out of range for ", size(), " modules");
+  return child_at(i);
 }
 
 Tensor ModuleList::forward(const Tensor& x) {
   Tensor h = x;
-  for (auto& m : modules_) h = (*m)(h);
+  for (const ModulePtr& m : *this) h = (*m)(h);
   return h;
 }
 

@@ -16,7 +16,7 @@ std::vector<ModulePtr> submodules(const Module& root, const std::vector<std::str
 
 }  // namespace
 
-Unwrap wrap_forward(const std::vector<ModulePtr>& modules, const Module::ForwardWrapper& outer) {
+Undo wrap_forward(const std::vector<ModulePtr>& modules, const Module::ForwardWrapper& outer) {
   auto saved = std::make_shared<std::vector<std::pair<ModulePtr, Module::ForwardWrapper>>>();
   for (const ModulePtr& m : modules) {
     Module::ForwardWrapper inner = m->forward_wrapper();
@@ -39,7 +39,7 @@ Unwrap wrap_forward(const std::vector<ModulePtr>& modules, const Module::Forward
   };
 }
 
-Unwrap recompute_blocks(Module& root, const std::vector<std::string>& blocks) {
+Undo recompute_blocks(Module& root, const std::vector<std::string>& blocks) {
   return wrap_forward(
       submodules(root, blocks),
       [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
@@ -47,7 +47,7 @@ Unwrap recompute_blocks(Module& root, const std::vector<std::string>& blocks) {
       });
 }
 
-Unwrap bf16_activation_blocks(Module& root, const std::vector<std::string>& blocks) {
+Undo bf16_activation_blocks(Module& root, const std::vector<std::string>& blocks) {
   return wrap_forward(
       submodules(root, blocks),
       [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {

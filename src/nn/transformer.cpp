@@ -30,11 +30,38 @@ Tensor activate(const Tensor& x, Activation a) {
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+// The number of heads of HS features in the output `out` (B, T, width) of the projection `proj`
+// of `attn`, `parts` heads' worth side by side (3 for GPT's fused q|k|v).
+int64_t heads_from_width(const Module& attn, const char* proj, const Tensor& out, int64_t B,
+                         int64_t T, int64_t HS, int64_t parts = 1) {
+  ACC_CHECK_SHAPE(out.dim() == 3 && out.size(0) == B && out.size(1) == T, attn.type_name(), " '",
+                  attn.qualified_name(), "': ", proj, " gives ", out.shape(), " for (", B, ", ", T,
+                  ", .) tokens");
+  const int64_t width = out.size(2);
+  ACC_CHECK_SHAPE(width > 0 && width % (parts * HS) == 0, attn.type_name(), " '",
+                  attn.qualified_name(), "': ", proj, " gives ", width, " features, not ",
+                  parts > 1 ? std::to_string(parts) + " x " : std::string(),
+                  "a multiple of head_dim ", HS, parts > 1 ? " (q | k | v of whole heads)" : "");
+  return width / (parts * HS);
+}
+
+// Positions [offset, offset + T) must be rows of the rotary tables.
+void check_positions(const Tensor& table, int64_t offset, int64_t T) {
+  ACC_CHECK(offset >= 0 && offset + T <= table.size(0), "LlamaAttention: positions [", offset, ", ",
+            offset + T, ") (position_offset ", offset, ", sequence length ", T,
+            ") are not within max_position_embeddings ", table.size(0));
+}
+
+}  // namespace
+
 CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias, double dropout,
                                          Generator& gen)
-    : Module("CausalSelfAttention"), n_embd_(n_embd), n_head_(n_head) {
+    : Module("CausalSelfAttention"), n_embd_(n_embd), head_dim_(0) {
   ACC_CHECK(n_head > 0 && n_embd % n_head == 0, "CausalSelfAttention: n_embd ", n_embd,
             " is not a multiple of n_head ", n_head);
+  head_dim_ = n_embd / n_head;
   c_attn_ = register_module("c_attn", std::make_shared<Linear>(n_embd, 3 * n_embd, bias, gen));
   c_proj_ = register_module("c_proj", std::make_shared<Linear>(n_embd, n_embd, bias, gen));
   if (dropout > 0)
@@ -44,8 +71,9 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bi
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   ACC_CHECK_SHAPE(x.dim() == 3 && x.size(2) == n_embd_, "CausalSelfAttention: expects (B, T, ",
                   n_embd_, "), got ", x.shape());
-  const int64_t B = x.size(0), T = x.size(1), C = n_embd_, NH = n_head_, HS = C / NH;
-  Tensor qkv = (*c_attn_)(x);  // (B, T, 3C)
+  const int64_t B = x.size(0), T = x.size(1), HS = head_dim_;
+  Tensor qkv = c_attn_(x);  // (B, T, 3C), C = NH * HS: the heads c_attn holds
+  const int64_t NH = heads_from_width(*this, "c_attn", qkv, B, T, HS, 3), C = NH * HS;
   auto parts = split(qkv, {C, C, C}, 2);
   // (B, T, C) -> (B, NH, T, HS): views only, the attention kernel reads the strides.
   Tensor q = parts[0].view({B, T, NH, HS}).transpose(1, 2);
@@ -54,8 +82,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor y = fused_ ? scaled_dot_product_attention(q, k, v, /*causal=*/true)
                     : attention_reference(q, k, v, /*causal=*/true);
   y = y.transpose(1, 2).reshape({B, T, C});
-  y = (*c_proj_)(y);
-  return resid_drop_ ? (*resid_drop_)(y) : y;
+  y = c_proj_(y);
+  return resid_drop_ ? resid_drop_(y) : y;
 }
 
 MLP::MLP(int64_t n_embd, int64_t hidden, bool bias, Activation act, double dropout, Generator& gen)
@@ -66,9 +94,9 @@ MLP::MLP(int64_t n_embd, int64_t hidden, bool bias, Activation act, double dropo
 }
 
 Tensor MLP::forward(const Tensor& x) {
-  Tensor h = activate((*c_fc_)(x), act_);
-  h = (*c_proj_)(h);
-  return drop_ ? (*drop_)(h) : h;
+  Tensor h = activate(c_fc_(x), act_);
+  h = c_proj_(h);
+  return drop_ ? drop_(h) : h;
 }
 
 SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, Generator& gen)
@@ -83,9 +111,9 @@ SwiGLUMLP::SwiGLUMLP(int64_t hidden_size, int64_t intermediate_size, Generator& 
 
 Tensor SwiGLUMLP::forward(const Tensor& x) {
   // Separate statements: the order of ops (and so of traces) follows the source.
-  Tensor gate = (*gate_proj_)(x);
-  Tensor up = (*up_proj_)(x);
-  return (*down_proj_)(swiglu(gate, up));
+  Tensor gate = gate_proj_(x);
+  Tensor up = up_proj_(x);
+  return down_proj_(swiglu(gate, up));
 }
 
 GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, bool bias, Activation act, double dropout,
@@ -99,15 +127,13 @@ GPTBlock::GPTBlock(int64_t n_embd, int64_t n_head, bool bias, Activation act, do
 }
 
 Tensor GPTBlock::forward(const Tensor& x) {
-  Tensor h = add(x, (*attn_)((*ln_1_)(x)));
-  return add(h, (*mlp_)((*ln_2_)(h)));
+  Tensor h = add(x, attn_(ln_1_(x)));
+  return add(h, mlp_(ln_2_(h)));
 }
 
 LlamaAttention::LlamaAttention(int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads,
                                int64_t head_dim, std::pair<Tensor, Tensor> rope, Generator& gen)
     : Module("LlamaAttention"),
-      num_heads_(num_heads),
-      num_kv_heads_(num_kv_heads),
       head_dim_(head_dim),
       rope_cos_(std::move(rope.first)),
       rope_sin_(std::move(rope.second)) {
@@ -129,17 +155,39 @@ LlamaAttention::LlamaAttention(int64_t hidden_size, int64_t num_heads, int64_t n
 Tensor LlamaAttention::forward(const Tensor& x) {
   ACC_CHECK_SHAPE(x.dim() == 3, "LlamaAttention: expects (B, T, C), got ", x.shape());
   const int64_t B = x.size(0), T = x.size(1), HS = head_dim_;
-  ACC_CHECK(T <= rope_cos_.size(0), "LlamaAttention: sequence length ", T,
-            " exceeds max_position_embeddings ", rope_cos_.size(0));
-  Tensor q = (*q_proj_)(x).view({B, T, num_heads_, HS}).transpose(1, 2);
-  Tensor k = (*k_proj_)(x).view({B, T, num_kv_heads_, HS}).transpose(1, 2);
-  Tensor v = (*v_proj_)(x).view({B, T, num_kv_heads_, HS}).transpose(1, 2);
-  q = rotary_embedding(q, rope_cos_, rope_sin_);
-  k = rotary_embedding(k, rope_cos_, rope_sin_);
+  const int64_t offset = current_forward_options().position_offset;
+  check_positions(rope_cos_, offset, T);
+  // Heads as the projections give them: NH and NKV are this attention's (a shard's) own.
+  Tensor qp = q_proj_(x);
+  const int64_t NH = heads_from_width(*this, "q_proj", qp, B, T, HS);
+  Tensor q = qp.view({B, T, NH, HS}).transpose(1, 2);
+  Tensor kp = k_proj_(x);
+  const int64_t NKV = heads_from_width(*this, "k_proj", kp, B, T, HS);
+  Tensor k = kp.view({B, T, NKV, HS}).transpose(1, 2);
+  Tensor vp = v_proj_(x);
+  ACC_CHECK_SHAPE(vp.shape() == kp.shape(), "LlamaAttention '", qualified_name(),
+                  "': v_proj gives ", vp.shape(), " but k_proj ", kp.shape(),
+                  " (a value head per key head)");
+  ACC_CHECK_SHAPE(NH % NKV == 0, "LlamaAttention '", qualified_name(), "': ", NH,
+                  " query heads (q_proj) are not a multiple of ", NKV, " key/value heads (k_proj)");
+  Tensor v = vp.view({B, T, NKV, HS}).transpose(1, 2);
+  q = rotate(q, offset);
+  k = rotate(k, offset);
   Tensor y = fused_ ? scaled_dot_product_attention(q, k, v, /*causal=*/true)
                     : attention_reference(q, k, v, /*causal=*/true);
-  y = y.transpose(1, 2).reshape({B, T, num_heads_ * HS});
-  return (*o_proj_)(y);
+  y = y.transpose(1, 2).reshape({B, T, NH * HS});
+  return o_proj_(y);
+}
+
+Tensor LlamaAttention::rotate(const Tensor& heads, int64_t offset) const {
+  ACC_CHECK_SHAPE(heads.dim() == 4 && heads.size(3) == head_dim_,
+                  "LlamaAttention: rotate expects heads (B, H, T, ", head_dim_, "), got ",
+                  heads.shape());
+  const int64_t T = heads.size(2);
+  check_positions(rope_cos_, offset, T);
+  // Rows [offset, offset + T) of the tables: position offset + t gets exactly the cos/sin row the
+  // whole sequence's token offset + t gets.
+  return rotary_embedding(heads, rope_cos_.narrow(0, offset, T), rope_sin_.narrow(0, offset, T));
 }
 
 LlamaBlock::LlamaBlock(int64_t hidden_size, int64_t intermediate_size, int64_t num_heads,
@@ -157,8 +205,8 @@ LlamaBlock::LlamaBlock(int64_t hidden_size, int64_t intermediate_size, int64_t n
 }
 
 Tensor LlamaBlock::forward(const Tensor& x) {
-  Tensor h = add(x, (*self_attn_)((*input_layernorm_)(x)));
-  return add(h, (*mlp_)((*post_attention_layernorm_)(h)));
+  Tensor h = add(x, self_attn_(input_layernorm_(x)));
+  return add(h, mlp_(post_attention_layernorm_(h)));
 }
 
 }  // namespace acc::nn

@@ -252,7 +252,7 @@ class BlockWrappers {
   BlockWrappers& operator=(const BlockWrappers&) = delete;
 
  private:
-  std::vector<nn::Unwrap> unwraps_;
+  std::vector<nn::Undo> unwraps_;
 };
 
 Tensor default_loss(nn::Module& m, const std::vector<Tensor>& in) {

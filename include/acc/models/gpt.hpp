@@ -35,6 +35,7 @@ class GPT : public LanguageModel {
   int64_t max_seq_len() const override { return config_.block_size; }
   const GPTConfig& config() const { return config_; }
 
+  /// wte(idx) + wpe(positions), positions [k, k + T) for position_offset k.
   Tensor embed(const Tensor& idx) override;
   nn::ModuleList& blocks() override { return *h_; }
   Tensor head(const Tensor& x) override;
@@ -43,11 +44,9 @@ class GPT : public LanguageModel {
 
  private:
   GPTConfig config_;
-  std::shared_ptr<nn::Module> transformer_;
-  std::shared_ptr<nn::Embedding> wte_, wpe_;
-  std::shared_ptr<nn::Dropout> drop_;
-  std::shared_ptr<nn::ModuleList> h_;
-  std::shared_ptr<nn::LayerNorm> ln_f_;
+  nn::Child<nn::Module> transformer_, wpe_, drop_, ln_f_;
+  nn::Child<nn::Embedding> wte_;  // typed: the tied output projection reads its weight
+  nn::Child<nn::ModuleList> h_;
 };
 
 }  // namespace acc::models

@@ -2,6 +2,15 @@
 // The interface every causal language model in the zoo implements. A model is split into three
 // stages, embed -> blocks -> head, so pipeline parallelism can cut it between blocks and FSDP /
 // recompute can wrap each block.
+//
+// Sequence shards: forward(idx, {.position_offset = k}) runs idx (B, T) as the tokens at positions
+// [k, k + T) of a longer sequence. The offset reaches the modules that use positions (GPT's learned
+// wpe in embed, Llama's rotary q/k in every attention) as nn::current_forward_options(), installed
+// for the call by an nn::ForwardOptionsGuard; code that runs the stages itself (a pipeline stage
+// calling embed, blocks, head) installs the guard around them. A block recomputed in backward
+// replays with the options of its forward (Module::operator()). Only the positions change: a chunk
+// attends to itself (causal within [k, k + T)); attention across chunks is the strategy's.
+// position_offset = 0 (the default, and forward(idx)) is the whole-sequence computation, bitwise.
 
 #include <nlohmann/json.hpp>
 
@@ -24,17 +33,25 @@ class LanguageModel : public nn::Module {
   /// The longest sequence the model accepts.
   virtual int64_t max_seq_len() const = 0;
 
-  /// idx (B, T) integer ids -> hidden states (B, T, C).
+  /// idx (B, T) integer ids -> hidden states (B, T, C), at positions position_offset + t of
+  /// nn::current_forward_options() for the models with learned positions.
   virtual Tensor embed(const Tensor& idx) = 0;
   /// The transformer blocks, each (B, T, C) -> (B, T, C).
   virtual nn::ModuleList& blocks() = 0;
   /// Final norm and output projection: (B, T, C) -> logits (B, T, V).
   virtual Tensor head(const Tensor& x) = 0;
 
-  /// logits (B, T, V) = head(blocks(embed(idx))).
+  /// logits (B, T, V) = head(blocks(embed(idx))), under the forward options current in this
+  /// thread (the defaults: a whole sequence from position 0).
   Tensor forward(const Tensor& idx) override;
+  /// forward(idx) with `options` installed for the call (nn::ForwardOptionsGuard): with
+  /// {.position_offset = k}, idx is the chunk [k, k + T) of a longer sequence. Throws what
+  /// forward throws, and acc::ValueError when k < 0 or k + T > max_seq_len().
+  Tensor forward(const Tensor& idx, const nn::ForwardOptions& options);
   /// Mean cross-entropy of next-token prediction; targets (B, T).
   virtual Tensor loss(const Tensor& idx, const Tensor& targets);
+  /// loss(idx, targets) with `options` installed for the call, as forward(idx, options).
+  Tensor loss(const Tensor& idx, const Tensor& targets, const nn::ForwardOptions& options);
   /// Cross-entropy of logits against targets (B, T), used by loss() and by pipeline stages.
   Tensor loss_from_logits(const Tensor& logits, const Tensor& targets) const;
 
@@ -56,7 +73,8 @@ class LanguageModel : public nn::Module {
   bool fused_attention() const { return fused_attention_; }
 
  protected:
-  /// Checks idx is (B, T) integer with 0 < T <= max_seq_len(); throws acc::ShapeError/ValueError.
+  /// Checks idx is (B, T) integer with 0 < T and its positions [k, k + T) within max_seq_len(),
+  /// k the current position_offset (>= 0); throws acc::ShapeError/TypeError/ValueError.
   void check_tokens(const Tensor& idx) const;
   bool fused_attention_ = true;  // what set_fused_attention() chose last
 

@@ -53,11 +53,9 @@ class Llama : public LanguageModel {
 
  private:
   LlamaConfig config_;
-  std::shared_ptr<nn::Module> model_;
-  std::shared_ptr<nn::Embedding> embed_tokens_;
-  std::shared_ptr<nn::ModuleList> layers_;
-  std::shared_ptr<nn::RMSNorm> norm_;
-  std::shared_ptr<nn::Linear> lm_head_;
+  nn::Child<nn::Module> model_, norm_, lm_head_;
+  nn::Child<nn::Embedding> embed_tokens_;  // typed: a tied output projection reads its weight
+  nn::Child<nn::ModuleList> layers_;
 };
 
 }  // namespace acc::models

@@ -10,14 +10,26 @@
 // and wrappers and puts its dotted name on the scope stack, which is how a trace attributes ops
 // to modules and how strategies (FSDP, recompute, pipeline stages) intercept blocks. Modules whose
 // forward takes other arguments open `auto s = scope();` themselves.
+//
+// A parent holds its children as nn::Child<M>, a typed handle on the registry's slot rather than
+// on the module in it, and calls them through it: replace_module() changes the slot, and from then
+// on forward runs the replacement, named_parameters()/state_dict() list its tensors under the same
+// path, and hooks, wrappers and scopes are the replacement's. (A parent that keeps a shared_ptr of
+// its own goes on calling the module it registered.)
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
 #include "acc/tensor/tensor.hpp"
+#include "acc/util/error.hpp"
 
 namespace acc::nn {
 
@@ -31,6 +43,55 @@ std::string describe_non_finite(const NamedTensors& tensors);
 class Module;
 using ModulePtr = std::shared_ptr<Module>;
 using NamedModules = std::vector<std::pair<std::string, ModulePtr>>;
+
+/// Restores what a model transform changed (wrap_forward, recompute_blocks, replace_module, the
+/// strategy methods' transforms) when called: once, later calls do nothing. Undo in the reverse
+/// order of the transforms: a later one may hold what the earlier one put in place. Dropping an
+/// Undo without calling it leaves the transform in place.
+using Undo = std::function<void()>;
+
+/// Options of one forward call that modules deep inside it read, without every block's
+/// operator()(x) taking arguments (strategies wrap blocks as Tensor -> Tensor functions).
+/// LanguageModel::forward(idx, options) installs them; modules read current_forward_options().
+struct ForwardOptions {
+  /// Position in its sequence of the first token of the input: the input is the chunk [k, k + T)
+  /// of a longer sequence (a sequence shard), so learned positions (GPT wpe) and rotary positions
+  /// (Llama RoPE) are those of tokens k ... k + T - 1. 0, the default, is a whole sequence.
+  int64_t position_offset = 0;
+};
+
+/// The options of the innermost ForwardOptionsGuard of this thread (the defaults outside any).
+const ForwardOptions& current_forward_options();
+
+/// RAII: while alive, `options` are current_forward_options() in this thread (the previous ones
+/// come back when it goes). Module::operator() hands a forward wrapper a forward that re-installs
+/// the options of its call, so a block recomputed in backward (acc::recompute) replays with the
+/// options it first ran with, whichever guard is current then.
+class ForwardOptionsGuard {
+ public:
+  explicit ForwardOptionsGuard(const ForwardOptions& options);
+  ~ForwardOptionsGuard();
+  ForwardOptionsGuard(const ForwardOptionsGuard&) = delete;
+  ForwardOptionsGuard& operator=(const ForwardOptionsGuard&) = delete;
+
+ private:
+  ForwardOptions previous_;
+};
+
+namespace detail {
+/// One entry of a module's registry of children. Shared: a parent's Child<M> and the undo of a
+/// replace_module() refer to the slot, not to the module in it.
+struct ChildSlot {
+  std::string name;
+  ModulePtr module;
+  Module* owner = nullptr;  // the module whose child this is; cleared when it goes
+};
+/// "acc::nn::Linear" for typeid(Linear): the type a Child<M> expects, in its errors.
+std::string demangled_type_name(const std::type_info& type);
+}  // namespace detail
+
+template <class M>
+class Child;
 
 class Module : public std::enable_shared_from_this<Module> {
  public:
@@ -49,11 +110,28 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor& register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
   /// Registers a buffer (state that is not trained); `persistent` buffers are in state_dict().
   Tensor& register_buffer(const std::string& name, Tensor t, bool persistent = true);
+  /// Registers `m` as the child `name` (rules as register_parameter; a null module is an
+  /// acc::ValueError). Returns the typed handle on its slot, which sees a later replace_module();
+  /// it converts to std::shared_ptr<M> (the module registered now) for code that keeps its own.
   template <class M>
-  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
-    register_child(name, m);
-    return m;
-  }
+  Child<M> register_module(const std::string& name, std::shared_ptr<M> m);
+
+  // ---- replacing ----
+  /// Puts `replacement` where the child at dotted `path` ("transformer.h.0.attn.c_attn", relative
+  /// to this module) is: same name and position among its siblings, so forward (through the
+  /// parent's Child<M>), named_parameters(), state_dict() and trace scopes see the replacement
+  /// under that path. The replaced module's hooks and wrapper stay with it, unused while it is
+  /// out; the replacement's own apply. The replacement may hold the replaced module as a child of
+  /// its own (a wrapper): it then sits under the replacement's path ("...c_attn.inner").
+  /// Returns the undo, which puts the replaced module back and leaves the tree exactly as it was
+  /// (names, parents, order); it does nothing once the model is gone, and throws acc::ValueError
+  /// when a later replacement of the same slot has not been undone first.
+  /// Throws acc::ValueError naming the problem for an empty path (this module itself: a root
+  /// has no parent slot to be replaced in), an empty component, a path that names no child (the
+  /// first missing component and the children there are listed), a null replacement, and a
+  /// replacement that is or contains this module or a module on the path (the tree would contain
+  /// itself). A replacement that is not an nn::Module does not compile.
+  Undo replace_module(const std::string& path, ModulePtr replacement);
 
   // ---- lookup ----
   /// Parameters of this module and (recurse) its descendants, dotted names, registration order.
@@ -127,9 +205,13 @@ class Module : public std::enable_shared_from_this<Module> {
  protected:
   /// The local parameter/buffer registered under `name`; throws acc::ValueError naming it.
   Tensor& local_tensor(const std::string& name);
+  /// The module in the i-th child slot now, in registration order (what ModuleList iterates).
+  size_t num_children() const { return children_.size(); }
+  const ModulePtr& child_at(size_t i) const { return children_.at(i)->module; }
 
  private:
-  void register_child(const std::string& name, ModulePtr m);
+  std::shared_ptr<detail::ChildSlot> register_child(const std::string& name, ModulePtr m);
+  const detail::ChildSlot* find_slot(const std::string& name) const;
   void check_new_name(const std::string& name, const char* what) const;
   void collect_parameters(const std::string& prefix, NamedTensors& out) const;
   void collect_buffers(const std::string& prefix, bool persistent_only, NamedTensors& out) const;
@@ -139,7 +221,7 @@ class Module : public std::enable_shared_from_this<Module> {
   NamedTensors parameters_;
   NamedTensors buffers_;
   std::vector<bool> buffer_persistent_;
-  NamedModules children_;
+  std::vector<std::shared_ptr<detail::ChildSlot>> children_;
   const Module* parent_ = nullptr;  // non-owning; cleared when the parent goes away
   std::string local_name_;
   bool training_ = true;
@@ -149,23 +231,108 @@ class Module : public std::enable_shared_from_this<Module> {
   ForwardWrapper wrapper_;
 };
 
-/// Children "0", "1", ... called in order; forward(x) chains them.
+/// A typed handle on a child slot of a module: what a parent keeps of its children and calls them
+/// through. operator() and get() use whatever module the slot holds now (see replace_module);
+/// operator-> and operator* also require it to be an M (a replacement of another type is an
+/// acc::TypeError naming the path and both types). Empty until assigned from register_module().
+template <class M>
+class Child {
+ public:
+  Child() = default;
+  /// A handle on the same slot that expects a base of what `other` expects (implicit, as
+  /// shared_ptr<Derived> converts to shared_ptr<Base>).
+  template <class D>
+  requires std::is_base_of_v<M, D> Child(const Child<D>& other) : slot_(other.slot_) {}
+
+  /// Calls the module in the slot through Module::operator() (hooks, wrapper, scope).
+  Tensor operator()(const Tensor& x) const { return (*get())(x); }
+  /// The module in the slot now, whatever its type.
+  const ModulePtr& get() const;
+  /// The module in the slot now as an M; throws acc::TypeError when it is not one.
+  M& operator*() const { return *typed(); }
+  M* operator->() const { return typed().get(); }
+  std::shared_ptr<M> typed() const;
+  /// Implicit, so that code keeping a std::shared_ptr<M> of what it registers compiles as before
+  /// (it then holds that module, not the slot).
+  operator std::shared_ptr<M>() const { return typed(); }
+  /// False for an empty handle (an optional child that was not registered).
+  explicit operator bool() const { return slot_ != nullptr; }
+
+ private:
+  friend class Module;
+  template <class>
+  friend class Child;
+  explicit Child(std::shared_ptr<detail::ChildSlot> slot) : slot_(std::move(slot)) {}
+  std::shared_ptr<detail::ChildSlot> slot_;
+};
+
+template <class M>
+Child<M> Module::register_module(const std::string& name, std::shared_ptr<M> m) {
+  static_assert(std::is_base_of_v<Module, M>, "register_module takes an nn::Module");
+  return Child<M>(register_child(name, std::move(m)));
+}
+
+template <class M>
+const ModulePtr& Child<M>::get() const {
+  ACC_CHECK(slot_ != nullptr, "nn::Child<", detail::demangled_type_name(typeid(M)),
+            ">: the handle is empty (assign it from register_module)");
+  return slot_->module;
+}
+
+template <class M>
+std::shared_ptr<M> Child<M>::typed() const {
+  const ModulePtr& m = get();
+  auto p = std::dynamic_pointer_cast<M>(m);
+  ACC_CHECK_TYPE(p != nullptr, "module '", m->qualified_name(), "' is a ", m->type_name(),
+                 " (replaced), not the ", detail::demangled_type_name(typeid(M)),
+                 " its parent expects; call it through the parent's Child (operator()) or "
+                 "replace it with a subclass");
+  return p;
+}
+
+/// Children "0", "1", ... called in order; forward(x) chains them. Iterating, indexing and size()
+/// read the registry, so a replaced entry (replace_module("3", ...)) is the one they give.
 class ModuleList : public Module {
  public:
   ModuleList() : Module("ModuleList") {}
   template <class M>
-  std::shared_ptr<M> push_back(std::shared_ptr<M> m) {
-    modules_.push_back(m);
-    return register_module(std::to_string(modules_.size() - 1), std::move(m));
+  Child<M> push_back(std::shared_ptr<M> m) {
+    return register_module(std::to_string(size()), std::move(m));
   }
-  size_t size() const { return modules_.size(); }
+  size_t size() const { return num_children(); }
+  /// Throws acc::ValueError for an index out of range.
   const ModulePtr& operator[](size_t i) const;
-  auto begin() const { return modules_.begin(); }
-  auto end() const { return modules_.end(); }
-  Tensor forward(const Tensor& x) override;
 
- private:
-  std::vector<ModulePtr> modules_;
+  /// Iterates the modules in the slots, in order.
+  class Iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = ModulePtr;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const ModulePtr*;
+    using reference = const ModulePtr&;
+    Iterator() = default;
+    Iterator(const ModuleList* list, size_t i) : list_(list), i_(i) {}
+    reference operator*() const { return list_->child_at(i_); }
+    pointer operator->() const { return &list_->child_at(i_); }
+    Iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    Iterator operator++(int) {
+      Iterator before = *this;
+      ++i_;
+      return before;
+    }
+    bool operator==(const Iterator& o) const { return list_ == o.list_ && i_ == o.i_; }
+
+   private:
+    const ModuleList* list_ = nullptr;
+    size_t i_ = 0;
+  };
+  Iterator begin() const { return {this, 0}; }
+  Iterator end() const { return {this, size()}; }
+  Tensor forward(const Tensor& x) override;
 };
 
 }  // namespace acc::nn

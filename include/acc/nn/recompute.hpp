@@ -12,23 +12,20 @@
 
 namespace acc::nn {
 
-/// Restores what a wrap_* call changed when called (once; later calls do nothing). Undo in the
-/// reverse order of wrapping: a wrapper installed later holds the one before it.
-using Unwrap = std::function<void()>;
-
 /// Wraps the forward of every module in `modules` with `outer`, which receives the previous
-/// wrapper's call (or the plain forward) as its `fwd`. Returns the undo, which puts the previous
-/// wrappers back.
-Unwrap wrap_forward(const std::vector<ModulePtr>& modules, const Module::ForwardWrapper& outer);
+/// wrapper's call (or the plain forward) as its `fwd`. Returns the undo (nn::Undo, module.hpp),
+/// which puts the previous wrappers back; undo in the reverse order of wrapping, since a wrapper
+/// installed later holds the one before it.
+Undo wrap_forward(const std::vector<ModulePtr>& modules, const Module::ForwardWrapper& outer);
 
 /// Recomputes the activations of `blocks` (dotted paths under `root`) in backward
 /// (acc::checkpoint around each block's forward). Throws acc::ValueError naming a path that is not
 /// a submodule of `root`.
-Unwrap recompute_blocks(Module& root, const std::vector<std::string>& blocks);
+Undo recompute_blocks(Module& root, const std::vector<std::string>& blocks);
 
 /// amp's blocks: inside each of `blocks` the activations saved for backward are kept in bf16
 /// (autograd::SaveActivationsInBf16), and each block's output is rounded to bf16 (so is the
 /// gradient flowing back into it). Throws as recompute_blocks.
-Unwrap bf16_activation_blocks(Module& root, const std::vector<std::string>& blocks);
+Undo bf16_activation_blocks(Module& root, const std::vector<std::string>& blocks);
 
 }  // namespace acc::nn
