@@ -23,7 +23,8 @@
 //    dimension, its size and the group's name and size, before anything is communicated.
 //  - Tensors are f32 or bf16 (anything else: acc::TypeError); bf16 sums accumulate in f32 and
 //    round back (ProcessGroup). Inputs of any layout are accepted; outputs are new contiguous
-//    tensors (never views of the input).
+//    tensors, except copy_to_group's, an identity that shares x's storage as a view would (and
+//    reduce_from_group's backward, which passes the gradient on as it is).
 //  - Each call waits for its communication with the group's timeout (ProcessGroup::split's, else
 //    ACC_COMM_TIMEOUT_SEC): a stall throws acc::TimeoutError naming the op, its sequence number and
 //    the group, never hangs. Forward and backward communicate synchronously; overlapping them with
@@ -57,7 +58,8 @@
 // when its gradient is wanted (a stage that sends an activation and then receives a gradient from
 // the same peer must not block on the send: the peer may be sending to it at the same moment);
 // its backward waits for it before receiving the gradient. Without a gradient to come back (no
-// grad mode, or x not requiring grad) send_to waits for its message before returning. Every
+// grad mode, or x not requiring grad) send_to waits for its message before returning. recv_from's
+// backward waits for its gradient's message (the peer's backward is receiving it). Every
 // recv_from that requires grad must be reached by its stage's backward (its gradient is what the
 // peer's backward waits for).
 
