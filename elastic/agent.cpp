@@ -23,6 +23,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/flight_recorder.hpp"
@@ -146,8 +147,54 @@ std::set<std::string> fired_faults(const std::string& job_dir) {
   return out;
 }
 
-bool waiting_state(const std::string& s) {
-  return s == "queued" || s == "started" || s == "timed_out";
+// Where a rank's training thread is, as its hang report says: before its first step, at the start
+// of a step, or in a phase the training loop marked. A collective is no phase of its own here: it
+// is what the rank is about to issue (`entering`) within the phase it is in.
+enum class RankPhase { kStart, kStep, kForward, kBackward, kUpdate, kSave, kLoad };
+
+// "start", "step", and progress::phase_name's words for the others (the reports' "phase").
+const char* rank_phase_name(RankPhase p) {
+  switch (p) {
+    case RankPhase::kStart:
+      return "start";
+    case RankPhase::kStep:
+      return "step";
+    case RankPhase::kForward:
+      return progress::phase_name(progress::Phase::kForward);
+    case RankPhase::kBackward:
+      return progress::phase_name(progress::Phase::kBackward);
+    case RankPhase::kUpdate:
+      return progress::phase_name(progress::Phase::kUpdate);
+    case RankPhase::kSave:
+      return progress::phase_name(progress::Phase::kSave);
+    case RankPhase::kLoad:
+      return progress::phase_name(progress::Phase::kLoad);
+  }
+  return "?";
+}
+
+// The phase a mark puts the rank in; nullopt for a collective's mark (see RankPhase).
+std::optional<RankPhase> rank_phase(progress::Phase p) {
+  switch (p) {
+    case progress::Phase::kForward:
+      return RankPhase::kForward;
+    case progress::Phase::kBackward:
+      return RankPhase::kBackward;
+    case progress::Phase::kUpdate:
+      return RankPhase::kUpdate;
+    case progress::Phase::kSave:
+      return RankPhase::kSave;
+    case progress::Phase::kLoad:
+      return RankPhase::kLoad;
+    case progress::Phase::kCollective:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// Whether an in-flight entry of a report is a point-to-point message (numbered apart).
+bool is_p2p(const nlohmann::json& entry) {
+  return entry.contains("p2p") && entry["p2p"].is_string();
 }
 
 // Where a rank's report puts it: "is in backward of transformer.h.7.mlp at step 3, about to issue
@@ -209,14 +256,16 @@ struct Agent::State : progress::Listener {
   double straggler_factor = 1.5, straggler_min_s = 0.01;
   double injected_s = 0;  // slowness injected into the current step
   int64_t steps_seen = 0, step = -1;
-  // Where the training thread is: its phase ("start", "step", "forward", ...; never "collective")
-  // and what more the phase's mark said, the module it computes in (forward and backward), and
-  // the collective it marked but has not issued (a rank stopped right before issuing it).
-  std::string phase = "start", what, module, entering;
+  // Where the training thread is: its phase and what more the phase's mark said, the module it
+  // computes in (forward and backward), and the collective or message it marked but has not
+  // issued (a rank stopped right before issuing it).
+  RankPhase phase = RankPhase::kStart;
+  std::string what, module, entering;
 
   double timeout_locked() const {
     if (fixed_timeout) return *fixed_timeout;
-    if (steps_seen < kStepsBeforeLearning || phase == "save" || phase == "load") {
+    if (steps_seen < kStepsBeforeLearning || phase == RankPhase::kSave ||
+        phase == RankPhase::kLoad) {
       return std::max(kFloorS, kAllowanceS);
     }
     const double longest = recent.empty() ? 0.0 : *std::max_element(recent.begin(), recent.end());
@@ -331,7 +380,7 @@ struct Agent::State : progress::Listener {
       wait_at_step = waited;
       step_started = now;
       step = s;
-      phase = "step";
+      phase = RankPhase::kStep;
       what.clear();
       module.clear();
       entering.clear();
@@ -371,10 +420,10 @@ struct Agent::State : progress::Listener {
         } catch (const std::exception&) {
         }
       }
-      if (p == progress::Phase::kCollective) {
+      if (const std::optional<RankPhase> now = rank_phase(p); !now) {
         entering = w;
       } else {
-        phase = progress::phase_name(p);
+        phase = *now;
         what = w;
         module.clear();
         entering.clear();
@@ -409,26 +458,59 @@ struct Agent::State : progress::Listener {
     return out;
   }
 
+  // What a hang report says of one group: its collectives (issued, last completed, in flight),
+  // and per peer and direction its point-to-point messages, numbered apart (issued, last
+  // completed). Ranks named "peer_rank" are world ranks (the group's members), "peer" group ranks.
   nlohmann::json group_report(dist::ProcessGroup& g) const {
     const double now_ms = dist::FlightRecorder::now_ms();
+    const std::vector<int>& members = g.members();
+    auto world_rank = [&](int peer) {
+      return peer >= 0 && static_cast<size_t>(peer) < members.size()
+                 ? members[static_cast<size_t>(peer)]
+                 : peer;
+    };
     uint64_t last_completed = 0;
+    std::map<std::pair<int, dist::P2PDirection>, uint64_t> p2p_completed;
     nlohmann::json in_flight = nlohmann::json::array(), recent_ops = nlohmann::json::array();
     const auto entries = g.flight_recorder().entries();
     for (size_t i = 0; i < entries.size(); ++i) {
       const dist::FlightRecord& e = entries[i];
-      if (e.state == "completed") last_completed = std::max(last_completed, e.seq);
-      const nlohmann::json j = {{"op", e.op},       {"seq", e.seq},
-                                {"state", e.state}, {"bytes", e.bytes},
-                                {"peer", e.peer},   {"age_s", (now_ms - e.enqueue_ms) / 1000.0}};
-      if (waiting_state(e.state)) in_flight.push_back(j);
+      if (e.state == dist::RecordState::kCompleted) {
+        uint64_t& last = e.p2p ? p2p_completed[{e.peer, *e.p2p}] : last_completed;
+        last = std::max(last, e.seq);
+      }
+      nlohmann::json j = {
+          {"op", e.op},       {"seq", e.seq},   {"state", dist::record_state_name(e.state)},
+          {"bytes", e.bytes}, {"peer", e.peer}, {"age_s", (now_ms - e.enqueue_ms) / 1000.0}};
+      if (e.p2p) {
+        j["p2p"] = dist::p2p_direction_name(*e.p2p);
+        j["peer_rank"] = world_rank(e.peer);
+        j["tag"] = e.tag;
+      }
+      if (dist::is_in_flight(e.state)) in_flight.push_back(j);
       if (i + 8 >= entries.size()) recent_ops.push_back(j);
+    }
+    nlohmann::json p2p = nlohmann::json::array();
+    for (int peer = 0; peer < g.size(); ++peer) {
+      for (const dist::P2PDirection d : {dist::P2PDirection::kSend, dist::P2PDirection::kRecv}) {
+        const uint64_t issued = g.p2p_sequence_number(peer, d);
+        if (issued == 0) continue;
+        const auto done = p2p_completed.find({peer, d});
+        p2p.push_back({{"peer", peer},
+                       {"peer_rank", world_rank(peer)},
+                       {"direction", dist::p2p_direction_name(d)},
+                       {"issued_seq", issued},
+                       {"last_completed_seq", done == p2p_completed.end() ? 0 : done->second}});
+      }
     }
     return {{"group", g.name()},
             {"rank", g.rank()},
             {"size", g.size()},
+            {"members", members},
             {"issued_seq", g.sequence_number()},
             {"last_completed_seq", last_completed},
             {"in_flight", in_flight},
+            {"p2p", p2p},
             {"recent", recent_ops}};
   }
 
@@ -439,7 +521,7 @@ struct Agent::State : progress::Listener {
       std::lock_guard<std::mutex> lock(mu);
       gs = groups;
       report = {{"rank", rank},      {"world", world},       {"node", nodes[rank]},
-                {"pid", ::getpid()}, {"step", step},         {"phase", phase},
+                {"pid", ::getpid()}, {"step", step},         {"phase", rank_phase_name(phase)},
                 {"what", what},      {"module", module},     {"entering", entering},
                 {"idle_s", idle_s},  {"timeout_s", timeout}, {"time", wall_seconds()}};
     }
@@ -683,6 +765,121 @@ std::vector<int> Agent::report_stragglers() {
   return out;
 }
 
+namespace {
+
+// What one rank's report says of its messages with one peer on one group: issued and last
+// completed (the group report's "p2p"), and its oldest message in flight.
+struct Channel {
+  uint64_t issued = 0, last_completed = 0;
+  std::optional<uint64_t> waiting;  // the oldest in flight
+  int tag = -1;                     // of that one
+};
+
+// Keyed by (group, direction, peer's world rank).
+using Channels = std::map<std::tuple<std::string, std::string, int>, Channel>;
+
+Channels channels_of(const nlohmann::json& report) {
+  Channels out;
+  for (const auto& g : report.value("groups", nlohmann::json::array())) {
+    const std::string group = g.value("group", "");
+    for (const auto& c : g.value("p2p", nlohmann::json::array())) {
+      Channel& ch = out[{group, c.value("direction", ""), c.value("peer_rank", -1)}];
+      ch.issued = c.value("issued_seq", uint64_t{0});
+      ch.last_completed = c.value("last_completed_seq", uint64_t{0});
+    }
+    for (const auto& e : g.value("in_flight", nlohmann::json::array())) {
+      if (!is_p2p(e)) continue;
+      Channel& ch = out[{group, e["p2p"].get<std::string>(), e.value("peer_rank", -1)}];
+      const uint64_t seq = e.value("seq", uint64_t{0});
+      if (!ch.waiting || seq < *ch.waiting) {
+        ch.waiting = seq;
+        ch.tag = e.value("tag", -1);
+      }
+    }
+  }
+  return out;
+}
+
+// The point-to-point part of analyze_hang: each message a rank waits in, matched with its peer's
+// side of the same pair (the peer's messages the other way, numbered alike). A peer that has not
+// issued the matching message is the culprit; one that has (both in flight) points at the link
+// or, with other tags, at a schedule that sends something else under that number.
+nlohmann::json analyze_p2p(const std::vector<std::optional<nlohmann::json>>& reports,
+                           std::set<int>& culprits, std::vector<std::string>& parts) {
+  std::vector<Channels> chans(reports.size());
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (reports[r]) chans[r] = channels_of(*reports[r]);
+  }
+  nlohmann::json out = nlohmann::json::array();
+  std::set<std::tuple<std::string, int, int, uint64_t>> told;  // (group, sender, receiver, seq)
+  for (size_t r = 0; r < reports.size(); ++r) {
+    for (const auto& [key, ch] : chans[r]) {
+      if (!ch.waiting) continue;
+      const auto& [group, dir, peer] = key;
+      const bool sends = dir == "send";
+      const int rank = static_cast<int>(r);
+      const uint64_t seq = *ch.waiting;
+      const int sender = sends ? rank : peer, receiver = sends ? peer : rank;
+      if (!told.insert({group, sender, receiver, seq}).second) continue;
+      const std::string what = dir + " seq " + std::to_string(seq) + (sends ? " to" : " from") +
+                               " rank " + std::to_string(peer) + " of group '" + group + "'";
+      nlohmann::json item = {{"group", group}, {"op", dir},    {"seq", seq},
+                             {"rank", rank},   {"peer", peer}, {"tag", ch.tag}};
+      std::string text = "rank " + std::to_string(rank) + " waits in " + what;
+      const bool peer_reported =
+          peer >= 0 && static_cast<size_t>(peer) < reports.size() && reports[peer];
+      if (!peer_reported) {
+        parts.push_back(text);  // the peer is named as silent below
+        out.push_back(item);
+        continue;
+      }
+      const std::string other_dir = sends ? "recv" : "send";
+      Channel other;
+      if (auto it = chans[peer].find({group, other_dir, rank}); it != chans[peer].end()) {
+        other = it->second;
+      }
+      item["peer_issued_seq"] = other.issued;
+      item["peer_last_completed_seq"] = other.last_completed;
+      item["peer_waiting"] = other.waiting == seq;
+      const std::string to_rank =
+          (sends ? " from" : " to") + std::string(" rank ") + std::to_string(rank);
+      const nlohmann::json& rep = *reports[peer];
+      if (other.issued < seq) {
+        culprits.insert(peer);
+        item["lagging"] = {{"rank", peer},
+                           {"step", rep.value("step", int64_t{-1})},
+                           {"phase", rep.value("phase", std::string())},
+                           {"what", rep.value("what", std::string())},
+                           {"module", rep.value("module", std::string())},
+                           {"entering", rep.value("entering", std::string())}};
+        text += "; rank " + std::to_string(peer) +
+                (other.issued == 0 ? " has issued no " + other_dir + to_rank
+                                   : " last issued " + other_dir + " seq " +
+                                         std::to_string(other.issued) + to_rank) +
+                " and " + where_text(rep);
+      } else if (other.waiting == seq && other.tag != ch.tag) {
+        item["peer_tag"] = other.tag;
+        text += "; rank " + std::to_string(peer) + " waits in its " + other_dir + " seq " +
+                std::to_string(seq) + " with tag " + std::to_string(other.tag) +
+                ", this one has tag " + std::to_string(ch.tag) +
+                " (the two ranks pair different messages)";
+      } else if (other.waiting == seq) {
+        text += "; rank " + std::to_string(peer) + " waits in its " + other_dir + " seq " +
+                std::to_string(seq) + " too (both issued: the link between them)";
+      } else {
+        text += "; rank " + std::to_string(peer) + " issued its " + other_dir + " seq " +
+                std::to_string(seq) + " (last issued " + std::to_string(other.issued) +
+                ", last completed " + std::to_string(other.last_completed) + ")";
+      }
+      parts.push_back(text);
+      out.push_back(item);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& reports) {
   struct Member {
     int rank;
@@ -700,6 +897,7 @@ nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& re
     for (const auto& g : reports[r]->value("groups", nlohmann::json::array())) {
       Member m{static_cast<int>(r), g.value("last_completed_seq", uint64_t{0}), std::nullopt, ""};
       for (const auto& e : g.value("in_flight", nlohmann::json::array())) {
+        if (is_p2p(e)) continue;  // numbered apart: analysed below
         const uint64_t seq = e.value("seq", uint64_t{0});
         if (!m.oldest || seq < *m.oldest) {
           m.oldest = seq;
@@ -756,7 +954,8 @@ nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& re
     parts.push_back(ranks_text(waiting) + " wait" + (waiting.size() == 1 ? "s" : "") + " in " + op +
                     " seq " + std::to_string(*stuck) + " of group '" + name + "'" + lag_text);
   }
-  if (groups.empty()) {
+  const nlohmann::json p2p = analyze_p2p(reports, culprits, parts);
+  if (groups.empty() && p2p.empty()) {
     std::string t = "no collective in flight";
     for (size_t r = 0; r < reports.size(); ++r) {
       if (reports[r]) t += "; rank " + std::to_string(r) + " " + where(static_cast<int>(r));
@@ -786,6 +985,7 @@ nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& re
   for (const auto& p : parts) summary += (summary.empty() ? "" : "; ") + p;
   return {{"summary", summary},
           {"groups", groups},
+          {"p2p", p2p},
           {"not_reporting", not_reporting},
           {"partition", partition},
           {"culprits", std::vector<int>(culprits.begin(), culprits.end())}};

@@ -45,6 +45,14 @@ MPI_Comm dup_returning_errors(MPI_Comm comm) {
   return dup;
 }
 
+int64_t p2p_tag_span() {
+  void* value = nullptr;
+  int flag = 0;
+  check_mpi(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag), "MPI_Comm_get_attr");
+  const int64_t ub = flag && value ? *static_cast<int*>(value) : 32767;  // the standard's least
+  return std::max<int64_t>(1, (ub + 1) / (ProcessGroup::kMaxTag + 1));
+}
+
 CommEngine& CommEngine::instance() {
   static CommEngine* engine = new CommEngine();  // outlives static destruction
   return *engine;
@@ -112,13 +120,19 @@ bool CommEngine::stop(int64_t drain_ms) {
   return drained;
 }
 
-void CommEngine::submit(WorkPtr work, StartFn start, FinishFn finish, NextFn next) {
+void CommEngine::submit(WorkPtr work, StartFn start, FinishFn finish, NextFn next, CheckFn check) {
   ACC_CHECK_AS(CommError, running_.load(),
                "communication is not initialised (call acc::dist::init first)");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(
-        Task{std::move(work), std::move(start), std::move(finish), std::move(next), {}, false});
+    queue_.push_back(Task{std::move(work),
+                          std::move(start),
+                          std::move(finish),
+                          std::move(next),
+                          std::move(check),
+                          {},
+                          {},
+                          false});
   }
   cv_.notify_all();
 }
@@ -209,8 +223,9 @@ void CommEngine::loop() {
         int flag = 1;
         int rc = MPI_SUCCESS;
         if (!t.requests.empty()) {
+          if (t.check) t.statuses.resize(t.requests.size());
           rc = MPI_Testall(static_cast<int>(t.requests.size()), t.requests.data(), &flag,
-                           MPI_STATUSES_IGNORE);
+                           t.check ? t.statuses.data() : MPI_STATUSES_IGNORE);
         }
         if (rc != MPI_SUCCESS || flag) {
           if (rc != MPI_SUCCESS) {
@@ -234,6 +249,12 @@ void CommEngine::loop() {
     for (Task& t : done) {
       if (t.failed) {
         bury(std::move(t));
+        continue;
+      }
+      try {
+        if (t.check) t.check(t.statuses);
+      } catch (const std::exception& e) {
+        t.work->mark_failed(e.what());  // every request had completed: nothing is in flight
         continue;
       }
       try {

@@ -28,6 +28,13 @@ void check_mpi(int rc, const char* what);
 /// A duplicate of `comm` whose errors return codes (MPI_ERRORS_RETURN) instead of aborting.
 MPI_Comm dup_returning_errors(MPI_Comm comm);
 
+/// How many sequence numbers a point-to-point tag spans in MPI tags: a message's MPI tag is
+/// tag x span + seq mod span, so that the n-th message of a pair of ranks can only match the n-th
+/// receive (never an earlier or later one of the same tag within `span` messages), and the
+/// largest tag, ProcessGroup::kMaxTag, still fits under MPI_TAG_UB (at least 32767 by the
+/// standard, which gives 32; OpenMPI's 2^31 - 1 gives 2^21). Reads MPI_COMM_WORLD's MPI_TAG_UB.
+int64_t p2p_tag_span();
+
 struct GroupState {
   MPI_Comm comm = MPI_COMM_NULL;
   // A duplicate of `comm` for the point-to-point messages of AutoAcc's own collective algorithms
@@ -36,7 +43,19 @@ struct GroupState {
   std::string name;
   int rank = 0, size = 1;
   std::vector<int> members;
-  std::atomic<uint64_t> seq{0};
+  /// A meta group (ProcessGroup::meta): a size, a rank and a name, no communicator.
+  bool meta = false;
+  std::atomic<uint64_t> seq{0};  // collectives
+  // Point-to-point messages per peer (a rank of the group) and direction: the numbers given out,
+  // and the messages recorded and issued. They differ while a message is between the two (fault
+  // injection stops a rank right there, and the hang analysis must see that message as not sent).
+  struct P2PCounts {
+    std::vector<uint64_t> numbered, issued;  // by peer
+  };
+  mutable std::mutex p2p_mu;
+  P2PCounts sends, recvs;  // guarded by p2p_mu
+  // The number of distinct sequence values one tag's MPI tags hold (p2p_tag_span).
+  int64_t tag_span = 32;
   FlightRecorder recorder;
   /// The timeout of calls that do not set one (nullopt: dist::default_timeout()).
   std::optional<std::chrono::milliseconds> timeout;
@@ -49,6 +68,10 @@ class CommEngine {
   /// Called on the comm thread each time the requests issued so far have all completed; returns
   /// the next round's requests, or none when the operation is done (multi-step algorithms).
   using NextFn = std::function<std::vector<MPI_Request>()>;
+  /// Called on the comm thread with the statuses of the requests issued so far once they have all
+  /// completed, before `next` or `finish`; throws acc::CommError to fail the Work (a message that
+  /// filled less of its receive buffer than expected: MPI reports only one that overflows it).
+  using CheckFn = std::function<void(const std::vector<MPI_Status>&)>;
 
   static CommEngine& instance();
   void start();
@@ -71,8 +94,10 @@ class CommEngine {
 
   /// Queues an operation: `start` issues its non-blocking MPI calls on the comm thread; when they
   /// complete, `next` (if given) may issue another round, and so on until it returns none; then
-  /// `finish` runs there. Each may throw acc::CommError, which fails the Work.
-  void submit(WorkPtr work, StartFn start, FinishFn finish = nullptr, NextFn next = nullptr);
+  /// `finish` runs there. Each may throw acc::CommError, which fails the Work; so may `check`,
+  /// which sees each round's statuses first.
+  void submit(WorkPtr work, StartFn start, FinishFn finish = nullptr, NextFn next = nullptr,
+              CheckFn check = nullptr);
   /// Runs `fn` (blocking MPI calls allowed) on the comm thread and waits for it.
   void run_sync(const std::function<void()>& fn);
 
@@ -91,7 +116,9 @@ class CommEngine {
     StartFn start;
     FinishFn finish;
     NextFn next;
+    CheckFn check;
     std::vector<MPI_Request> requests;
+    std::vector<MPI_Status> statuses;  // of the completed round, when `check` wants them
     bool failed = false;
   };
   void loop();

@@ -6,6 +6,30 @@
 
 namespace acc::dist {
 
+const char* record_state_name(RecordState s) {
+  switch (s) {
+    case RecordState::kQueued:
+      return "queued";
+    case RecordState::kStarted:
+      return "started";
+    case RecordState::kCompleted:
+      return "completed";
+    case RecordState::kFailed:
+      return "failed";
+    case RecordState::kTimedOut:
+      return "timed_out";
+  }
+  return "?";
+}
+
+bool is_in_flight(RecordState s) {
+  return s == RecordState::kQueued || s == RecordState::kStarted || s == RecordState::kTimedOut;
+}
+
+const char* p2p_direction_name(P2PDirection d) {
+  return d == P2PDirection::kSend ? "send" : "recv";
+}
+
 double FlightRecorder::now_ms() {
   static const auto start = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -37,11 +61,11 @@ void FlightRecorder::mark_started(size_t id) {
   const size_t slot = id % capacity_;
   if (slot < ring_.size() && ids_[slot] == id) {
     ring_[slot].start_ms = now_ms();
-    ring_[slot].state = "started";
+    ring_[slot].state = RecordState::kStarted;
   }
 }
 
-void FlightRecorder::mark_finished(size_t id, const std::string& state) {
+void FlightRecorder::mark_finished(size_t id, RecordState state) {
   std::lock_guard<std::mutex> lock(mu_);
   const size_t slot = id % capacity_;
   if (slot < ring_.size() && ids_[slot] == id) {
@@ -74,10 +98,12 @@ nlohmann::json FlightRecorder::to_json() const {
                    {"bytes", r.bytes},
                    {"dtype", r.dtype},
                    {"peer", r.peer},
+                   {"p2p", r.p2p ? nlohmann::json(p2p_direction_name(*r.p2p)) : nlohmann::json()},
+                   {"tag", r.tag},
                    {"enqueue_ms", r.enqueue_ms},
                    {"start_ms", r.start_ms},
                    {"end_ms", r.end_ms},
-                   {"state", r.state}});
+                   {"state", record_state_name(r.state)}});
   }
   return arr;
 }

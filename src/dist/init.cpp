@@ -59,6 +59,7 @@ void init(int* argc, char*** argv) {
   st->algo_comm = detail::dup_returning_errors(st->comm);
   st->rank = rt.rank;
   st->size = rt.world;
+  st->tag_span = detail::p2p_tag_span();
   for (int r = 0; r < rt.world; ++r) st->members.push_back(r);
   rt.world_group = std::make_shared<ProcessGroup>(st);
   detail::CommEngine::instance().start();

@@ -42,9 +42,11 @@ double wait_seconds() {
 }
 
 Work::Work(std::string op, std::string group, uint64_t seq, int rank, int size,
-           std::chrono::milliseconds timeout, FlightRecorder* recorder, size_t record)
+           std::chrono::milliseconds timeout, FlightRecorder* recorder, size_t record,
+           std::string label)
     : op_(std::move(op)),
       group_(std::move(group)),
+      label_(label.empty() ? ::acc::detail::str_cat(op_, " (seq ", seq, ")") : std::move(label)),
       seq_(seq),
       rank_(rank),
       size_(size),
@@ -70,7 +72,7 @@ void Work::mark_completed() {
     std::lock_guard<std::mutex> lock(mu_);
     state_ = State::kCompleted;
   }
-  if (recorder_) recorder_->mark_finished(record_, "completed");
+  if (recorder_) recorder_->mark_finished(record_, RecordState::kCompleted);
   release_tensors();
   cv_.notify_all();
 }
@@ -81,7 +83,7 @@ void Work::mark_failed(const std::string& error) {
     state_ = State::kFailed;
     error_ = error;
   }
-  if (recorder_) recorder_->mark_finished(record_, "failed");
+  if (recorder_) recorder_->mark_finished(record_, RecordState::kFailed);
   // The tensors stay: MPI may still read or write them (the engine keeps the failed operation).
   cv_.notify_all();
 }
@@ -103,8 +105,8 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
         std::memory_order_relaxed);
   }
   if (state_ == State::kFailed) {
-    ACC_THROW(CommError, op_, " (seq ", seq_, ") on group '", group_, "' failed on rank ", rank_,
-              " of ", size_, ": ", error_);
+    ACC_THROW(CommError, label_, " on group '", group_, "' failed on rank ", rank_, " of ", size_,
+              ": ", error_);
   }
   if (!finished) {
     const char* where = state_ == State::kQueued ? "queued behind earlier operations" : "started";
@@ -112,7 +114,7 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
     const std::string msg = detail_str(limit, where);
     detail::CommEngine::instance().note_fault(group_);
     if (recorder_) {
-      recorder_->mark_finished(record_, "timed_out");
+      recorder_->mark_finished(record_, RecordState::kTimedOut);
       recorder_->dump_to_log(msg);
     }
     throw TimeoutError(msg);
@@ -120,9 +122,9 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
 }
 
 std::string Work::detail_str(std::chrono::milliseconds limit, const char* where) const {
-  return ::acc::detail::str_cat(op_, " (seq ", seq_, ") on group '", group_,
-                                "' did not complete within ", limit.count(), " ms on rank ", rank_,
-                                " of ", size_, " (", where, ")");
+  return ::acc::detail::str_cat(label_, " on group '", group_, "' did not complete within ",
+                                limit.count(), " ms on rank ", rank_, " of ", size_, " (", where,
+                                ")");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -355,16 +357,59 @@ WorkPtr submit_exchange(const std::shared_ptr<detail::GroupState>& st, WorkPtr w
 
 namespace detail {
 struct PgAccess {
+  // A collective: numbered in the group's one sequence.
   static WorkPtr make_work(GroupState& s, const std::string& op, const Tensor* t, int peer,
                            std::optional<std::chrono::milliseconds> timeout) {
+    return make(s, op, t, peer, timeout, std::nullopt, -1);
+  }
+
+  // A point-to-point message: numbered among this rank's messages to (send) or from (recv) peer.
+  static WorkPtr make_p2p_work(GroupState& s, P2PDirection dir, const Tensor& t, int peer, int tag,
+                               std::optional<std::chrono::milliseconds> timeout) {
+    return make(s, p2p_direction_name(dir), &t, peer, timeout, dir, tag);
+  }
+
+  // "rank 1", or "rank 1 (world rank 5)" where the group's ranks are not the world's.
+  static std::string peer_name(const GroupState& s, int peer) {
+    const int global = s.members.at(static_cast<size_t>(peer));
+    return global == peer ? ::acc::detail::str_cat("rank ", peer)
+                          : ::acc::detail::str_cat("rank ", peer, " (world rank ", global, ")");
+  }
+
+ private:
+  static WorkPtr make(GroupState& s, const std::string& op, const Tensor* t, int peer,
+                      std::optional<std::chrono::milliseconds> timeout,
+                      std::optional<P2PDirection> p2p, int tag) {
     // The call's own timeout, else the group's, else the process default (read now: tests and
     // launchers set ACC_COMM_TIMEOUT_SEC before the first collective, not before init). Read
     // before anything is numbered or recorded: a bad ACC_COMM_TIMEOUT_SEC throws here.
     const auto limit = timeout ? *timeout : s.timeout ? *s.timeout : default_timeout();
-    const uint64_t seq = ++s.seq;
+    uint64_t seq = 0;
+    std::string label;  // empty: the Work's "<op> (seq N)"
+    if (p2p) {
+      {
+        std::lock_guard<std::mutex> lock(s.p2p_mu);
+        GroupState::P2PCounts& c = *p2p == P2PDirection::kSend ? s.sends : s.recvs;
+        if (c.numbered.size() < static_cast<size_t>(s.size)) {
+          c.numbered.resize(static_cast<size_t>(s.size), 0);
+          c.issued.resize(static_cast<size_t>(s.size), 0);
+        }
+        seq = ++c.numbered[static_cast<size_t>(peer)];
+      }
+      const int global = s.members.at(static_cast<size_t>(peer));
+      label = ::acc::detail::str_cat(
+          op, " seq ", seq, *p2p == P2PDirection::kSend ? " to rank " : " from rank ", peer,
+          " (tag ", tag,
+          global == peer ? std::string() : ::acc::detail::str_cat(", world rank ", global), ")");
+    } else {
+      seq = ++s.seq;
+    }
     // Marked before the op is recorded or issued: fault injection stops a rank right here.
     progress::phase(progress::Phase::kCollective, [&] {
-      return ::acc::detail::str_cat(op, " seq ", seq, " of group '", s.name, "'");
+      if (!p2p) return ::acc::detail::str_cat(op, " seq ", seq, " of group '", s.name, "'");
+      return ::acc::detail::str_cat(op, " seq ", seq,
+                                    *p2p == P2PDirection::kSend ? " to " : " from ",
+                                    peer_name(s, peer), " of group '", s.name, "'");
     });
     FlightRecord r;
     r.group = s.name;
@@ -375,11 +420,28 @@ struct PgAccess {
       r.dtype = dtype_name(t->dtype());
     }
     r.peer = peer;
+    r.p2p = p2p;
+    r.tag = p2p ? tag : -1;
     const size_t id = s.recorder.record(std::move(r));
+    if (p2p) {
+      std::lock_guard<std::mutex> lock(s.p2p_mu);
+      uint64_t& issued =
+          (*p2p == P2PDirection::kSend ? s.sends : s.recvs).issued[static_cast<size_t>(peer)];
+      issued = std::max(issued, seq);
+    }
     progress::issued();
-    return std::make_shared<Work>(op, s.name, seq, s.rank, s.size, limit, &s.recorder, id);
+    return std::make_shared<Work>(op, s.name, seq, s.rank, s.size, limit, &s.recorder, id,
+                                  std::move(label));
   }
 };
+
+// Every operation of a meta group is refused: it has no communicator.
+void check_not_meta(const GroupState& s, const char* op) {
+  ACC_CHECK_TYPE(!s.meta, op, ": group '", s.name, "' is a meta group (rank ", s.rank, " of ",
+                 s.size,
+                 ", no communicator): it carries meta tensors only, through the differentiable "
+                 "ops of acc/dist/functional.hpp");
+}
 }  // namespace detail
 
 ProcessGroup::ProcessGroup(std::shared_ptr<detail::GroupState> state) : state_(std::move(state)) {}
@@ -398,8 +460,27 @@ const std::string& ProcessGroup::name() const {
 const std::vector<int>& ProcessGroup::members() const {
   return state_->members;
 }
+bool ProcessGroup::is_meta() const {
+  return state_->meta;
+}
 void ProcessGroup::abandon() {
+  if (state_->meta) return;  // nothing was ever in flight
   detail::CommEngine::instance().abandon_group(state_->name);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::meta(int size, int rank, const std::string& name) {
+  ACC_CHECK(size >= 1, "meta process group '", name, "': size must be >= 1, got ", size);
+  ACC_CHECK(rank >= 0 && rank < size, "meta process group '", name, "': rank ", rank,
+            " is not in [0, ", size, ")");
+  ACC_CHECK(!name.empty(), "meta process group: the name must not be empty (size ", size, ", rank ",
+            rank, ")");
+  auto st = std::make_shared<detail::GroupState>();
+  st->meta = true;
+  st->name = name;
+  st->rank = rank;
+  st->size = size;
+  for (int r = 0; r < size; ++r) st->members.push_back(r);
+  return std::make_shared<ProcessGroup>(st);
 }
 
 FlightRecorder& ProcessGroup::flight_recorder() {
@@ -408,8 +489,15 @@ FlightRecorder& ProcessGroup::flight_recorder() {
 uint64_t ProcessGroup::sequence_number() const {
   return state_->seq.load();
 }
+uint64_t ProcessGroup::p2p_sequence_number(int peer, P2PDirection direction) const {
+  std::lock_guard<std::mutex> lock(state_->p2p_mu);
+  const auto& counts = (direction == P2PDirection::kSend ? state_->sends : state_->recvs).issued;
+  return peer >= 0 && static_cast<size_t>(peer) < counts.size() ? counts[static_cast<size_t>(peer)]
+                                                                : 0;
+}
 
 WorkPtr ProcessGroup::allreduce(Tensor& t, ReduceOp op, const CollectiveOptions& o) {
+  detail::check_not_meta(*state_, "allreduce");
   check_tensor(t, "allreduce", "tensor");
   auto work = detail::PgAccess::make_work(*state_, std::string("allreduce.") + reduce_op_name(op),
                                           &t, -1, o.timeout);
@@ -435,6 +523,7 @@ WorkPtr ProcessGroup::allreduce(Tensor& t, ReduceOp op, const CollectiveOptions&
 
 WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, ReduceOp op,
                                      const CollectiveOptions& o) {
+  detail::check_not_meta(*state_, "reduce_scatter");
   check_tensor(output, "reduce_scatter", "output");
   check_tensor(input, "reduce_scatter", "input");
   ACC_CHECK_TYPE(input.dtype() == output.dtype(), "reduce_scatter: input ", input.dtype(),
@@ -458,6 +547,7 @@ WorkPtr ProcessGroup::reduce_scatter(Tensor& output, const Tensor& input, Reduce
 }
 
 WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input, const CollectiveOptions& o) {
+  detail::check_not_meta(*state_, "allgather");
   check_tensor(output, "allgather", "output");
   check_tensor(input, "allgather", "input");
   ACC_CHECK_TYPE(input.dtype() == output.dtype(), "allgather: input ", input.dtype(),
@@ -478,6 +568,7 @@ WorkPtr ProcessGroup::allgather(Tensor& output, const Tensor& input, const Colle
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor& t, int root, const CollectiveOptions& o) {
+  detail::check_not_meta(*state_, "broadcast");
   check_tensor(t, "broadcast", "tensor");
   ACC_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of group '",
             name(), "' (size ", size(), ")");
@@ -496,6 +587,7 @@ WorkPtr ProcessGroup::broadcast(Tensor& t, int root, const CollectiveOptions& o)
 }
 
 WorkPtr ProcessGroup::alltoall(Tensor& output, const Tensor& input, const CollectiveOptions& o) {
+  detail::check_not_meta(*state_, "alltoall");
   check_tensor(output, "alltoall", "output");
   check_tensor(input, "alltoall", "input");
   ACC_CHECK_TYPE(input.dtype() == output.dtype(), "alltoall: input ", input.dtype(), " and output ",
@@ -508,19 +600,37 @@ WorkPtr ProcessGroup::alltoall(Tensor& output, const Tensor& input, const Collec
                          "MPI_Ialltoall");
 }
 
-WorkPtr ProcessGroup::send(const Tensor& t, int dst, int tag, const CollectiveOptions& o) {
-  check_tensor(t, "send", "tensor");
-  ACC_CHECK(dst >= 0 && dst < size() && dst != rank(), "send: destination ", dst,
-            " is not another rank of group '", name(), "' (size ", size(), ", this rank ", rank(),
+namespace {
+
+void check_p2p(const detail::GroupState& s, const Tensor& t, int peer, int tag, const char* op,
+               const char* role) {
+  detail::check_not_meta(s, op);
+  check_tensor(t, op, "tensor");
+  ACC_CHECK(peer >= 0 && peer < s.size && peer != s.rank, op, ": ", role, " ", peer,
+            " is not another rank of group '", s.name, "' (size ", s.size, ", this rank ", s.rank,
             ")");
-  auto work = detail::PgAccess::make_work(*state_, "send", &t, dst, o.timeout);
+  ACC_CHECK(tag >= 0 && tag <= ProcessGroup::kMaxTag, op, ": tag ", tag, " is not in [0, ",
+            ProcessGroup::kMaxTag, "] (group '", s.name, "')");
+}
+
+// The MPI tag of a message: its tag and its sequence number (detail::p2p_tag_span).
+int mpi_tag(const detail::GroupState& s, int tag, uint64_t seq) {
+  return static_cast<int>(tag * s.tag_span + static_cast<int64_t>(seq % s.tag_span));
+}
+
+}  // namespace
+
+WorkPtr ProcessGroup::send(const Tensor& t, int dst, int tag, const CollectiveOptions& o) {
+  check_p2p(*state_, t, dst, tag, "send", "destination");
+  auto work = detail::PgAccess::make_p2p_work(*state_, P2PDirection::kSend, t, dst, tag, o.timeout);
   work->keep_alive(t);
   auto st = state_;
   Tensor x = t;
-  detail::CommEngine::instance().submit(work, [st, x, dst, tag]() {
+  const int mtag = mpi_tag(*st, tag, work->seq());
+  detail::CommEngine::instance().submit(work, [st, x, dst, mtag]() {
     return per_chunk(x, [&](char* p, int n) {
       MPI_Request r;
-      detail::check_mpi(MPI_Isend(p, n, mpi_type(x.dtype()), dst, tag, st->comm, &r), "MPI_Isend");
+      detail::check_mpi(MPI_Isend(p, n, mpi_type(x.dtype()), dst, mtag, st->comm, &r), "MPI_Isend");
       return r;
     });
   });
@@ -528,25 +638,47 @@ WorkPtr ProcessGroup::send(const Tensor& t, int dst, int tag, const CollectiveOp
 }
 
 WorkPtr ProcessGroup::recv(Tensor& t, int src, int tag, const CollectiveOptions& o) {
-  check_tensor(t, "recv", "tensor");
-  ACC_CHECK(src >= 0 && src < size() && src != rank(), "recv: source ", src,
-            " is not another rank of group '", name(), "' (size ", size(), ", this rank ", rank(),
-            ")");
-  auto work = detail::PgAccess::make_work(*state_, "recv", &t, src, o.timeout);
+  check_p2p(*state_, t, src, tag, "recv", "source");
+  auto work = detail::PgAccess::make_p2p_work(*state_, P2PDirection::kRecv, t, src, tag, o.timeout);
   work->keep_alive(t);
   auto st = state_;
   Tensor x = t;
-  detail::CommEngine::instance().submit(work, [st, x, src, tag]() {
-    return per_chunk(x, [&](char* p, int n) {
-      MPI_Request r;
-      detail::check_mpi(MPI_Irecv(p, n, mpi_type(x.dtype()), src, tag, st->comm, &r), "MPI_Irecv");
-      return r;
-    });
-  });
+  const int mtag = mpi_tag(*st, tag, work->seq());
+  // Element counts of the chunks posted, to check what arrived: MPI fails a message larger than
+  // its buffer, but fills a smaller one's first elements and reports success.
+  auto posted = std::make_shared<std::vector<int>>();
+  detail::CommEngine::instance().submit(
+      work,
+      [st, x, src, mtag, posted]() {
+        return per_chunk(x, [&](char* p, int n) {
+          MPI_Request r;
+          detail::check_mpi(MPI_Irecv(p, n, mpi_type(x.dtype()), src, mtag, st->comm, &r),
+                            "MPI_Irecv");
+          posted->push_back(n);
+          return r;
+        });
+      },
+      nullptr, nullptr,
+      [x, posted](const std::vector<MPI_Status>& statuses) {
+        int64_t got = 0, want = 0;
+        bool short_chunk = false;
+        for (size_t i = 0; i < statuses.size() && i < posted->size(); ++i) {
+          int count = 0;
+          MPI_Status status = statuses[i];
+          detail::check_mpi(MPI_Get_count(&status, mpi_type(x.dtype()), &count), "MPI_Get_count");
+          short_chunk = short_chunk || count != (*posted)[i];
+          got += count;
+          want += (*posted)[i];
+        }
+        const int64_t es = static_cast<int64_t>(element_size(x.dtype()));
+        ACC_CHECK_AS(CommError, !short_chunk, "received ", got * es, " bytes, expected ", want * es,
+                     " (", x.shape(), " ", x.dtype(), "): the sender's tensor is smaller");
+      });
   return work;
 }
 
 WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
+  detail::check_not_meta(*state_, "barrier");
   auto work = detail::PgAccess::make_work(*state_, "barrier", nullptr, -1, o.timeout);
   auto st = state_;
   detail::CommEngine::instance().submit(work, [st]() {
@@ -559,6 +691,7 @@ WorkPtr ProcessGroup::barrier(const CollectiveOptions& o) {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(
     int color, int key, const std::string& name, std::optional<std::chrono::milliseconds> timeout) {
+  detail::check_not_meta(*state_, "split");
   ACC_CHECK(!timeout || timeout->count() > 0, "split: the timeout of group '", name,
             "' must be > 0 ms, got ", timeout ? timeout->count() : 0);
   ACC_CHECK(!timeout || *timeout <= duration_ms(kMaxDurationSeconds),
@@ -568,6 +701,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(
   auto child = std::make_shared<detail::GroupState>();
   child->name = name;
   child->timeout = timeout;
+  child->tag_span = state_->tag_span;
   auto st = state_;
   ++st->seq;  // a collective of this group like any other
   detail::CommEngine::instance().run_sync([&] {

@@ -2,6 +2,30 @@
 
 #include "acc/util/progress.hpp"
 
+namespace acc {
+
+const char* comm_kind_name(CommKind k) {
+  switch (k) {
+    case CommKind::kAllreduce:
+      return "allreduce";
+    case CommKind::kAllgather:
+      return "allgather";
+    case CommKind::kReduceScatter:
+      return "reduce_scatter";
+    case CommKind::kAlltoall:
+      return "alltoall";
+    case CommKind::kBroadcast:
+      return "broadcast";
+    case CommKind::kSend:
+      return "send";
+    case CommKind::kRecv:
+      return "recv";
+  }
+  return "?";
+}
+
+}  // namespace acc
+
 namespace acc::detail {
 namespace {
 thread_local OpObserver* tls_observer = nullptr;

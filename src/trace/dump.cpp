@@ -42,6 +42,13 @@ nlohmann::json to_json(const Trace& t) {
                         {"bytes_read", vx.bytes_read},
                         {"bytes_written", vx.bytes_written},
                         {"saves_activations", vx.saves_activations}};
+    if (vx.comm) {
+      j["comm"] = {{"kind", comm_kind_name(vx.comm->kind)},
+                   {"group", vx.comm->group},
+                   {"group_size", vx.comm->group_size},
+                   {"bytes", vx.comm->bytes},
+                   {"peer", vx.comm->peer}};
+    }
     j["inputs"] = nlohmann::json::array();
     for (const auto& ti : vx.inputs) j["inputs"].push_back(tensor_json(ti));
     j["outputs"] = nlohmann::json::array();
@@ -76,6 +83,15 @@ nlohmann::json to_json(const Trace& t) {
                                                  {"ops", st.ops},
                                                  {"parameters", st.parameters}};
   }
+  nlohmann::json communication = nlohmann::json::array();
+  for (const auto& [key, st] : comm_stats(t)) {
+    communication.push_back({{"group", key.first},
+                             {"kind", comm_kind_name(key.second)},
+                             {"group_size", st.group_size},
+                             {"ops", st.ops},
+                             {"forward_bytes", st.forward_bytes},
+                             {"backward_bytes", st.backward_bytes}});
+  }
   nlohmann::json inputs = nlohmann::json::array();
   for (const Shape& s : t.input_shapes) inputs.push_back(s);
   return {{"model", t.model_type},
@@ -95,6 +111,7 @@ nlohmann::json to_json(const Trace& t) {
               {"optimizer_state_adamw", m.optimizer_state},
               {"activations_peak", m.activations_peak},
               {"peak", m.peak}}},
+            {"communication", communication},
             {"mlp_patterns", mlp},
             {"attention_patterns", attn}}},
           {"scopes", scopes},
@@ -112,10 +129,16 @@ std::string to_dot(const Trace& t) {
     if (vx.kind == VertexKind::kOp) label += "\\n" + vx.op;
     if (!vx.outputs.empty()) label += "\\n" + to_string(vx.outputs.front().shape);
     if (vx.flops > 0) label += "\\n" + std::to_string(vx.flops) + " flops";
+    if (vx.comm) {
+      label += "\\n" + std::string(comm_kind_name(vx.comm->kind)) + " '" + vx.comm->group + "' x" +
+               std::to_string(vx.comm->group_size) + " " + std::to_string(vx.comm->bytes) + " B";
+    }
     const char* shape = vx.kind != VertexKind::kOp    ? "note"
                         : vx.phase == Phase::kForward ? "box"
                                                       : "ellipse";
-    os << "  n" << vx.id << " [shape=" << shape << ", label=\"" << escape(label) << "\"];\n";
+    // Communication stands out: it is what a parallel layout adds to the graph.
+    os << "  n" << vx.id << " [shape=" << shape << (vx.comm ? ", color=blue, penwidth=2" : "")
+       << ", label=\"" << escape(label) << "\"];\n";
   }
   for (auto [e, end] = boost::edges(g); e != end; ++e) {
     os << "  n" << g[boost::source(*e, g)].id << " -> n" << g[boost::target(*e, g)].id

@@ -303,4 +303,28 @@ int64_t ComputeEstimate::total() const {
   return checked_add(forward_flops, backward_flops, "FLOPs forward + backward");
 }
 
+std::map<std::pair<std::string, CommKind>, CommStats> comm_stats(const Trace& t) {
+  std::map<std::pair<std::string, CommKind>, CommStats> out;
+  std::map<std::string, int> sizes;
+  for (VertexId v : t.graph.ops()) {
+    const Vertex& vx = t.graph.vertex(v);
+    if (!vx.comm) continue;
+    const CommRecord& c = *vx.comm;
+    const auto [size, fresh] = sizes.try_emplace(c.group, c.group_size);
+    ACC_CHECK(fresh || size->second == c.group_size, "trace: group '", c.group,
+              "' appears with sizes ", size->second, " and ", c.group_size, " (at ", vx.name, ")");
+    CommStats& st = out[{c.group, c.kind}];
+    st.group_size = c.group_size;
+    st.ops += 1;
+    int64_t& bytes = vx.phase == Phase::kForward ? st.forward_bytes : st.backward_bytes;
+    bytes = checked_add(bytes, c.bytes, phase_name(vx.phase), " ", comm_kind_name(c.kind),
+                        " bytes of group '", c.group, "'");
+  }
+  return out;
+}
+
+int64_t CommStats::bytes() const {
+  return checked_add(forward_bytes, backward_bytes, "communication bytes forward + backward");
+}
+
 }  // namespace acc::trace

@@ -101,6 +101,13 @@ class Recorder : public detail::OpObserver {
     pending_flops_ = checked_add(pending_flops_, flops, "FLOPs of one op");
   }
 
+  void on_comm(const CommRecord& comm) override {
+    ACC_CHECK_INTERNAL(!pending_comm_, "trace: ", comm_kind_name(comm.kind), " on group '",
+                       comm.group, "' reported while the ", comm_kind_name(pending_comm_->kind),
+                       " on group '", pending_comm_->group, "' waits for its op");
+    pending_comm_ = comm;
+  }
+
   void on_backward_begin(const std::vector<Tensor>& grads) override {
     std::vector<TensorInfo> infos;
     for (const Tensor& t : grads) {
@@ -121,6 +128,8 @@ class Recorder : public detail::OpObserver {
     v.index = static_cast<int64_t>(g_.ops_.size());
     v.flops = pending_flops_;
     pending_flops_ = 0;
+    v.comm = std::move(pending_comm_);
+    pending_comm_.reset();
     if (backward && !pending_inputs_.empty()) {
       v.inputs = std::move(pending_inputs_.back());
       pending_inputs_.pop_back();
@@ -167,6 +176,7 @@ class Recorder : public detail::OpObserver {
   uint64_t session_;
   int64_t next_tensor_ = 0;
   int64_t pending_flops_ = 0;
+  std::optional<CommRecord> pending_comm_;  // reported for the next op
   Phase phase_ = Phase::kForward;
   std::vector<int64_t> producer_;                        // tensor id -> vertex
   std::vector<std::vector<TensorInfo>> pending_inputs_;  // of backward nodes being run

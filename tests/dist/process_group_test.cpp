@@ -7,6 +7,7 @@
 #include "acc/dist/device_mesh.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/util/error.hpp"
+#include "error_of.hpp"
 
 namespace acc {
 namespace {
@@ -167,6 +168,120 @@ TEST(ProcessGroup, SendRecvAroundARing) {
   EXPECT_EQ(in.to_vector<float>()[9], static_cast<float>((r + W - 1) % W));
 }
 
+// Sends and recvs are numbered per peer and direction, apart from the group's collectives: the
+// k-th message from a rank to its right neighbour is its send seq k, and the neighbour's recv seq
+// k; no collective sequence number is used.
+TEST(ProcessGroup, PointToPointMessagesHaveSequenceNumbersOfTheirOwn) {
+  const int W = world().size(), r = world().rank();
+  if (W == 1) GTEST_SKIP() << "needs two ranks";
+  const int next = (r + 1) % W, prev = (r + W - 1) % W;
+  world().barrier()->wait();
+  const uint64_t collectives = world().sequence_number();
+  const uint64_t sent = world().p2p_sequence_number(next, dist::P2PDirection::kSend);
+  const uint64_t received = world().p2p_sequence_number(prev, dist::P2PDirection::kRecv);
+  for (int k = 1; k <= 3; ++k) {
+    Tensor out = full({4}, r * 10 + k), in = empty({4});
+    auto s = world().send(out, next, 5);
+    auto q = world().recv(in, prev, 5);
+    EXPECT_EQ(s->seq(), sent + k);
+    EXPECT_EQ(q->seq(), received + k);
+    s->wait();
+    q->wait();
+    EXPECT_EQ(in.to_vector<float>()[3], static_cast<float>(prev * 10 + k));
+  }
+  EXPECT_EQ(world().sequence_number(), collectives);
+  EXPECT_EQ(world().p2p_sequence_number(next, dist::P2PDirection::kSend), sent + 3);
+  EXPECT_EQ(world().p2p_sequence_number(prev, dist::P2PDirection::kRecv), received + 3);
+  if (W > 2) {
+    EXPECT_EQ(world().p2p_sequence_number(next, dist::P2PDirection::kRecv), 0u);
+  }
+  const auto entries = world().flight_recorder().entries();
+  ASSERT_GE(entries.size(), 6u);
+  const dist::FlightRecord& last = entries.back();  // the third recv
+  EXPECT_EQ(last.op, "recv");
+  ASSERT_TRUE(last.p2p.has_value());
+  EXPECT_EQ(*last.p2p, dist::P2PDirection::kRecv);
+  EXPECT_EQ(last.seq, received + 3);
+  EXPECT_EQ(last.peer, prev);
+  EXPECT_EQ(last.tag, 5);
+  EXPECT_EQ(last.state, dist::RecordState::kCompleted);
+  const nlohmann::json j = world().flight_recorder().to_json().back();
+  EXPECT_EQ(j["p2p"], "recv");
+  EXPECT_EQ(j["state"], "completed");
+  world().barrier()->wait();
+}
+
+// A recv is matched with the message of its own number and tag only: posted for the second
+// message of a pair of ranks (tag 2) as if it were the first, it does not take the first message
+// (tag 1) nor the second (the second's number is 2), it times out naming its number and peer; the
+// second recv of tag 2 then gets the second message.
+TEST(ProcessGroup, ARecvMatchesOnlyTheMessageWithItsNumberAndTag) {
+  const int W = world().size(), r = world().rank();
+  if (W == 1) GTEST_SKIP() << "needs two ranks";
+  // A group of its own, abandoned at the end: the recv that timed out stays in flight on it.
+  auto g = world().split(r < 2 ? 0 : 1, r, "p2p_order");
+  if (g->size() >= 2 && g->rank() == 0) {
+    g->send(full({4}, 1.0), 1, 1)->wait();  // eager: completes without a matching recv
+    g->send(full({4}, 2.0), 1, 2)->wait();
+  } else if (g->size() >= 2 && g->rank() == 1) {
+    Tensor early = empty({4});
+    auto w = g->recv(early, 0, 2, {.timeout = 300ms});
+    const std::string msg = test::error_of<TimeoutError>([&] { w->wait(); });
+    EXPECT_NE(msg.find("recv seq 1 from rank 0 (tag 2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("on group 'p2p_order'"), std::string::npos) << msg;
+    Tensor second = empty({4});
+    g->recv(second, 0, 2)->wait();
+    EXPECT_EQ(second.to_vector<float>(), std::vector<float>(4, 2.0f));
+  }
+  g->barrier()->wait();
+  g->abandon();
+}
+
+// MPI fails a message larger than its buffer; a smaller one it would deliver into the first
+// elements and call a success.
+TEST(ProcessGroup, AMessageSmallerThanItsBufferIsACommError) {
+  const int W = world().size(), r = world().rank();
+  if (W == 1) GTEST_SKIP() << "needs two ranks";
+  if (r == 0) {
+    world().send(full({5}, 1.0), 1, 4)->wait();
+  } else if (r == 1) {
+    Tensor big = empty({10});
+    const std::string msg = test::error_of<CommError>([&] { world().recv(big, 0, 4)->wait(); });
+    EXPECT_NE(msg.find("received 20 bytes, expected 40"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("recv seq"), std::string::npos) << msg;
+  }
+  world().barrier()->wait();
+}
+
+TEST(ProcessGroup, AMetaGroupRefusesEveryCollectiveByName) {
+  auto m = ProcessGroup::meta(4, 1, "tp");
+  EXPECT_TRUE(m->is_meta());
+  EXPECT_FALSE(world().is_meta());
+  EXPECT_EQ(m->size(), 4);
+  EXPECT_EQ(m->rank(), 1);
+  EXPECT_EQ(m->name(), "tp");
+  EXPECT_EQ(m->members(), (std::vector<int>{0, 1, 2, 3}));
+  Tensor t = zeros({8}), out = empty({32});
+  const std::string want = "group 'tp' is a meta group (rank 1 of 4, no communicator)";
+  for (const std::string& msg : {test::error_of<TypeError>([&] { m->allreduce(t); }),
+                                 test::error_of<TypeError>([&] { m->allgather(out, t); }),
+                                 test::error_of<TypeError>([&] { m->send(t, 2); }),
+                                 test::error_of<TypeError>([&] { m->barrier(); }),
+                                 test::error_of<TypeError>([&] { m->split(0, 0, "x"); })}) {
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
+  }
+  EXPECT_EQ(m->sequence_number(), 0u);
+  EXPECT_NE(test::error_of<ValueError>([] { ProcessGroup::meta(0, 0, "tp"); }).find("size"),
+            std::string::npos);
+  EXPECT_NE(test::error_of<ValueError>([] {
+              ProcessGroup::meta(4, 4, "tp");
+            }).find("rank 4 is not in [0, 4)"),
+            std::string::npos);
+  EXPECT_THROW(ProcessGroup::meta(2, 0, ""), ValueError);
+  EXPECT_THROW(world().send(t, (world().rank() + 1) % world().size(), ProcessGroup::kMaxTag + 1),
+               ValueError);
+}
+
 TEST(ProcessGroup, ManyOperationsInFlightCompleteInOrder) {
   const int W = world().size(), r = world().rank();
   std::vector<Tensor> ts;
@@ -219,7 +334,7 @@ TEST(ProcessGroup, TimeoutNamesTheOperationAndGroup) {
     }
     bool timed_out_recorded = false;
     for (const auto& e : world().flight_recorder().entries()) {
-      if (e.seq == w->seq() && e.state == "timed_out") timed_out_recorded = true;
+      if (e.seq == w->seq() && e.state == dist::RecordState::kTimedOut) timed_out_recorded = true;
     }
     EXPECT_TRUE(timed_out_recorded);
     w->wait(30s);  // the late ranks arrive: it completes after all
@@ -323,7 +438,7 @@ TEST(ProcessGroup, FlightRecorderKeepsSequenceAndState) {
   const auto& last = entries.back();
   EXPECT_EQ(last.op, "barrier");
   EXPECT_EQ(last.seq, before + 2);
-  EXPECT_EQ(last.state, "completed");
+  EXPECT_EQ(last.state, dist::RecordState::kCompleted);
   EXPECT_GE(last.end_ms, last.start_ms);
   EXPECT_EQ(world().flight_recorder().last_finished_ms(), last.end_ms);
   const auto& prev = entries[entries.size() - 2];

@@ -193,6 +193,89 @@ TEST(HangAnalysis, ARankAheadIsNoCulpritAndNoCollectiveMeansEveryoneStopped) {
   EXPECT_EQ(idle["culprits"], nlohmann::json::array());
 }
 
+// A rank's report of group 'pp' (world ranks 0, 1, 2 in that order), with its messages: per peer
+// and direction the last issued and completed (both `done` here), and those in flight.
+struct Msg {
+  std::string dir;
+  int peer;
+  uint64_t seq;
+  int tag = 0;
+};
+nlohmann::json pp_report(int rank, int64_t step, const std::string& phase,
+                         const std::vector<std::pair<Msg, uint64_t>>& done,
+                         const std::vector<Msg>& in_flight, const std::string& entering = "") {
+  nlohmann::json flights = nlohmann::json::array(), p2p = nlohmann::json::array();
+  for (const Msg& m : in_flight) {
+    flights.push_back({{"op", m.dir},
+                       {"p2p", m.dir},
+                       {"seq", m.seq},
+                       {"peer", m.peer},
+                       {"peer_rank", m.peer},
+                       {"tag", m.tag},
+                       {"state", "started"}});
+  }
+  for (const auto& [m, last] : done) {
+    p2p.push_back({{"peer", m.peer},
+                   {"peer_rank", m.peer},
+                   {"direction", m.dir},
+                   {"issued_seq", m.seq},
+                   {"last_completed_seq", last}});
+  }
+  return {{"rank", rank},
+          {"step", step},
+          {"phase", phase},
+          {"entering", entering},
+          {"groups",
+           {{{"group", "pp"},
+             {"members", {0, 1, 2}},
+             {"issued_seq", 7},
+             {"last_completed_seq", 7},
+             {"in_flight", flights},
+             {"p2p", p2p}}}}};
+}
+
+// Rank 2 waits in recv seq 14 from rank 1; rank 1 has sent 13 messages to rank 2 and stopped in
+// forward right before its 14th. Its gradient messages to rank 0 (recv seq 14 from rank 0 is
+// done) and the group's collectives (seq 7 everywhere) are no part of it.
+TEST(HangAnalysis, NamesAStalledRecvByItsOwnNumberAndThePeerThatDidNotSend) {
+  const auto a =
+      analyze_hang({pp_report(0, 5, "backward", {{{"send", 1, 14}, 14}}, {}),
+                    pp_report(1, 5, "forward", {{{"recv", 0, 14}, 14}, {{"send", 2, 13}, 13}}, {},
+                              "send seq 14 to rank 2 of group 'pp'"),
+                    pp_report(2, 5, "forward", {{{"recv", 1, 14}, 13}}, {{"recv", 1, 14}})});
+  EXPECT_EQ(a["summary"],
+            "rank 2 waits in recv seq 14 from rank 1 of group 'pp'; rank 1 last issued send seq 13 "
+            "to rank 2 and is in forward at step 5, about to issue send seq 14 to rank 2 of group "
+            "'pp'");
+  EXPECT_EQ(a["culprits"], nlohmann::json({1}));
+  EXPECT_EQ(a["groups"], nlohmann::json::array());
+  ASSERT_EQ(a["p2p"].size(), 1u);
+  const nlohmann::json& p = a["p2p"][0];
+  EXPECT_EQ(p["op"], "recv");
+  EXPECT_EQ(p["seq"], 14);
+  EXPECT_EQ(p["rank"], 2);
+  EXPECT_EQ(p["peer"], 1);
+  EXPECT_EQ(p["peer_issued_seq"], 13);
+  EXPECT_EQ(p["peer_waiting"], false);
+  EXPECT_EQ(p["lagging"]["rank"], 1);
+  EXPECT_EQ(p["lagging"]["step"], 5);
+}
+
+// Both sides of one message in flight: told once. With different tags the two ranks pair
+// different messages under that number (a schedule bug); nobody lags.
+TEST(HangAnalysis, AMessageBothSidesWaitInIsToldOnceWithItsTags) {
+  const auto a =
+      analyze_hang({pp_report(0, 2, "forward", {{{"send", 1, 3}, 2}}, {{"send", 1, 3, 1}}),
+                    pp_report(1, 2, "forward", {{{"recv", 0, 3}, 2}}, {{"recv", 0, 3, 0}})});
+  EXPECT_EQ(a["summary"],
+            "rank 0 waits in send seq 3 to rank 1 of group 'pp'; rank 1 waits in its recv seq 3 "
+            "with tag 0, this one has tag 1 (the two ranks pair different messages)");
+  EXPECT_EQ(a["culprits"], nlohmann::json::array());
+  ASSERT_EQ(a["p2p"].size(), 1u);
+  EXPECT_EQ(a["p2p"][0]["peer_tag"], 0);
+  EXPECT_EQ(a["p2p"][0]["peer_waiting"], true);
+}
+
 TEST(HangAnalysis, APartitionIsNamed) {
   auto a0 = report(0, 4, "update", "", 72, {73}), a1 = report(1, 4, "update", "", 72, {73});
   auto b2 = report(2, 4, "update", "", 72, {73}), b3 = report(3, 4, "update", "", 72, {73});

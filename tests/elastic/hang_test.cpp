@@ -2,7 +2,8 @@
 // Every rank reports, the analysis names the stalled rank, the group, the collective and its
 // sequence number, within the timeout + 2 s of the stall, and the job ends with kHangExitCode; the
 // same job started again (same job directory) does not stall again. A slowed rank is named in
-// the straggler report and the job goes on.
+// the straggler report and the job goes on. In a pipeline whose sending stage stalls, the
+// receiving rank is named waiting in its recv, by the message's own sequence number and peer.
 
 #include <gtest/gtest.h>
 
@@ -105,6 +106,42 @@ TEST(HangDetector, NamesTheRankStalledInBackward) {
   EXPECT_NE(a["summary"].get<std::string>().find("at step 2, about to issue allreduce"),
             std::string::npos)
       << a.dump(1);
+  fs::remove_all(job);
+}
+
+// Rank 0 of a two-stage pipeline stalls right before its send at step 3 (messages numbered apart
+// from the collectives, per peer and direction: steps 0-2 sent seq 1-3): rank 1 waits in recv
+// seq 4 from rank 0, and the analysis names that recv, its peer, and rank 0 as the culprit with
+// its last send (seq 3), not a collective of the group.
+TEST(HangDetector, NamesAStalledRecvByItsOwnSequenceNumberAndPeer) {
+  const fs::path job = acc::test::fresh_dir("hang_test_p2p");
+  const std::string cmd =
+      std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np 2" +
+      " -x ACC_JOB_DIR=" + job.string() + " -x ACC_HANG_TIMEOUT_SEC=" + std::to_string(kTimeoutS) +
+      " -x ACC_FAULT=stall:rank=0:step=3:phase=collective " + PIPELINE_STALL_BIN;
+  const auto r = acc::test::run_command(cmd);
+  ASSERT_EQ(r.exit_code, acc::elastic::kHangExitCode) << r.output;
+  const nlohmann::json a = read_json(run_dir(job) / "analysis.json");
+  EXPECT_EQ(a["summary"],
+            "rank 1 waits in recv seq 4 from rank 0 of group 'world'; rank 0 last issued send seq "
+            "3 to rank 1 and is in forward at step 3, about to issue send seq 4 to rank 1 of group "
+            "'world'")
+      << a.dump(1);
+  EXPECT_EQ(a["culprits"], nlohmann::json({0}));
+  EXPECT_EQ(a["groups"], nlohmann::json::array()) << "no collective waits";
+  ASSERT_EQ(a["p2p"].size(), 1u) << a.dump(1);
+  const nlohmann::json& p = a["p2p"][0];
+  EXPECT_EQ(p["group"], "world");
+  EXPECT_EQ(p["op"], "recv");
+  EXPECT_EQ(p["seq"], 4);
+  EXPECT_EQ(p["rank"], 1);
+  EXPECT_EQ(p["peer"], 0);
+  EXPECT_EQ(p["peer_issued_seq"], 3);
+  EXPECT_EQ(p["lagging"]["rank"], 0);
+  EXPECT_EQ(p["lagging"]["step"], 3);
+  EXPECT_NE(r.output.find("hang analysis: rank 1 waits in recv seq 4 from rank 0"),
+            std::string::npos)
+      << r.output;
   fs::remove_all(job);
 }
 

@@ -10,6 +10,7 @@
 
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/device_mesh.hpp"
+#include "acc/dist/functional.hpp"
 #include "acc/dist/process_group.hpp"
 
 namespace acc::dist {

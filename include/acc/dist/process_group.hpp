@@ -4,6 +4,11 @@
 // Contracts:
 //  - All ranks of a group call its collectives in the same order (MPI's rule); the per-group
 //    sequence number of each call is how a mismatch or a stall is diagnosed.
+//  - Point-to-point messages are numbered apart from the collectives, per peer and direction: the
+//    n-th send from rank a to rank b on a group pairs with b's n-th recv from a, and with nothing
+//    else (the number is part of the MPI tag, with the caller's tag). Both sides must issue a
+//    pair's messages in the same order; a recv posted for the wrong message waits (and times out
+//    naming its sequence number and peer) instead of taking another message's bytes.
 //  - Every call returns at once with a Work; the tensors it reads and writes must not be touched
 //    until wait() returns (the Work keeps them alive). Outputs are valid after wait(). An
 //    operation that failed or timed out keeps its tensors for the life of the process (MPI may
@@ -60,14 +65,19 @@ class ProcessGroup;
 /// An operation in flight.
 class Work {
  public:
+  /// `label` names the operation in errors ("recv seq 4 from rank 1 (tag 0)"); empty: "<op> (seq
+  /// <seq>)".
   Work(std::string op, std::string group, uint64_t seq, int rank, int size,
-       std::chrono::milliseconds timeout, FlightRecorder* recorder, size_t record);
+       std::chrono::milliseconds timeout, FlightRecorder* recorder, size_t record,
+       std::string label = "");
   bool is_completed() const;
   /// Blocks until the operation completes. Throws acc::TimeoutError when it does not within
   /// `timeout` (default: the op's own), acc::CommError when it failed.
   void wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   const std::string& op() const { return op_; }
   const std::string& group() const { return group_; }
+  /// The collective sequence number, or a point-to-point message's number among those to or from
+  /// its peer.
   uint64_t seq() const { return seq_; }
 
   // Used by the communication engine.
@@ -84,7 +94,7 @@ class Work {
   std::condition_variable cv_;
   enum class State { kQueued, kStarted, kCompleted, kFailed } state_ = State::kQueued;
   std::string error_;
-  std::string op_, group_;
+  std::string op_, group_, label_;
   uint64_t seq_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
@@ -101,14 +111,27 @@ struct GroupState;
 
 class ProcessGroup {
  public:
+  /// Tags of send and recv are 0..kMaxTag.
+  static constexpr int kMaxTag = 1023;
+
   /// The group of all ranks (after acc::dist::init). Throws acc::CommError before init.
   static std::shared_ptr<ProcessGroup> world();
+
+  /// A group that exists only as a size, a rank and a name, with no communicator and no MPI (no
+  /// init needed): how one process traces what rank `rank` of a group of `size` does ("rank 3 of
+  /// a tp=8 mesh"). It carries meta tensors only, through the differentiable ops of
+  /// acc/dist/functional.hpp, which move nothing and report their communication to the tracer;
+  /// every collective below throws acc::TypeError naming the group. Its members are 0..size-1.
+  /// Throws acc::ValueError for a size below 1, a rank outside [0, size) or an empty name.
+  static std::shared_ptr<ProcessGroup> meta(int size, int rank, const std::string& name);
 
   int rank() const;
   int size() const;
   const std::string& name() const;
   /// Global ranks of the members, in group-rank order.
   const std::vector<int>& members() const;
+  /// Whether this is a meta group (ProcessGroup::meta).
+  bool is_meta() const;
 
   /// In place: t <- op over ranks of t.
   WorkPtr allreduce(Tensor& t, ReduceOp op = ReduceOp::kSum, const CollectiveOptions& o = {});
@@ -123,7 +146,14 @@ class ProcessGroup {
   /// input (size blocks of n) -> output (size blocks of n): block j of rank i goes to block i of
   /// rank j.
   WorkPtr alltoall(Tensor& output, const Tensor& input, const CollectiveOptions& o = {});
+  /// t to rank `dst` of this group: the next message of this rank to `dst` (its sequence number is
+  /// p2p_sequence_number(dst, kSend) after the call). `tag` in [0, kMaxTag] tells messages apart
+  /// beyond their order: a recv matches only a send with the same tag and sequence number.
+  /// Throws acc::ValueError for a bad peer or tag.
   WorkPtr send(const Tensor& t, int dst, int tag = 0, const CollectiveOptions& o = {});
+  /// t <- the next message from rank `src` of this group (see send). The message must fill t
+  /// exactly: a larger one fails the Work with MPI's truncation error, a smaller one with an
+  /// acc::CommError naming both sizes.
   WorkPtr recv(Tensor& t, int src, int tag = 0, const CollectiveOptions& o = {});
   WorkPtr barrier(const CollectiveOptions& o = {});
 
@@ -150,8 +180,13 @@ class ProcessGroup {
   void abandon();
 
   FlightRecorder& flight_recorder();
-  /// Calls issued on this group so far.
+  /// Collectives issued on this group so far (sends and recvs not counted).
   uint64_t sequence_number() const;
+  /// Point-to-point messages issued so far to (kSend) or from (kRecv) `peer`, a rank of this
+  /// group (0 for a rank outside it): the sequence number of the last one recorded in the flight
+  /// recorder (one whose number was given out but that was stopped before it was recorded, as
+  /// fault injection does, is not counted).
+  uint64_t p2p_sequence_number(int peer, P2PDirection direction) const;
 
   explicit ProcessGroup(std::shared_ptr<detail::GroupState> state);
   ~ProcessGroup();

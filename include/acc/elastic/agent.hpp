@@ -8,8 +8,9 @@
 // per watched group the last completed sequence number and the collectives in flight) to
 // JOB/hang/<run>/rank-R.json, out of band (files, never the stuck communicator), waits up to the
 // grace period for the others' reports, and the lowest rank that reported writes analysis.json
-// (analyze_hang) and logs it: which ranks wait in which collective (op, sequence number, group),
-// which rank lags and where it is, which ranks wrote nothing (stopped or dead). Every rank then
+// (analyze_hang) and logs it: which ranks wait in which collective (op, sequence number, group) or
+// message (send or recv, its own sequence number, peer), which rank lags and where it is, which
+// ranks wrote nothing (stopped or dead). Every rank then
 // ends its process with kHangExitCode, the hang detector's last resort, so the launcher restarts
 // the job.
 
@@ -91,8 +92,13 @@ class Agent {
 /// The analysis of a hang from the ranks' reports (reports[r]: rank r's, nullopt when it wrote
 /// none): {"summary": text, "groups": [{"group", "op", "seq", "waiting": [ranks], "lagging":
 /// [{"rank", "last_completed_seq", "step", "phase", "what", "module", "entering"}]}],
-/// "not_reporting": [ranks],
-/// "culprits": [ranks]}. A pure function, for the tests.
+/// "p2p": [{"group", "op" (send | recv), "seq", "rank", "peer", "tag", "peer_issued_seq",
+/// "peer_last_completed_seq", "peer_waiting", "lagging": {...} when the peer has not issued the
+/// matching message}], "not_reporting": [ranks], "partition", "culprits": [ranks]}. Collectives
+/// are matched by the group's sequence number; a send or recv by its own number among the
+/// messages between its two ranks ("rank 2 waits in recv seq 14 from rank 1 of group 'pp'; rank 1
+/// last issued send seq 13 to rank 2 and is in ..."). Ranks are world ranks. A pure function, for
+/// the tests.
 nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& reports);
 
 }  // namespace acc::elastic

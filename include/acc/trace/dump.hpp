@@ -11,11 +11,14 @@
 namespace acc::trace {
 
 /// {"model", "parameters", "inputs", "options", "vertices": [...], "edges": [...],
-///  "summary": {flops, memory, blocks, patterns}}
+///  "summary": {flops, memory, communication, blocks, patterns}}. A communication vertex has
+/// "comm": {"kind", "group", "group_size", "bytes", "peer"}; summary.communication is comm_stats:
+/// [{"group", "kind", "group_size", "ops", "forward_bytes", "backward_bytes"}].
 nlohmann::json to_json(const Trace& t);
 
-/// digraph with one node per vertex (label: name, op, output shape, FLOPs) and one edge per
-/// tensor; forward ops are boxes, backward ops ellipses, parameters and inputs notes.
+/// digraph with one node per vertex (label: name, op, output shape, FLOPs, communication) and one
+/// edge per tensor; forward ops are boxes, backward ops ellipses, parameters and inputs notes,
+/// communication vertices drawn in bold blue.
 std::string to_dot(const Trace& t);
 
 }  // namespace acc::trace

@@ -10,10 +10,12 @@
 #include <boost/graph/adjacency_list.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "acc/tensor/observer.hpp"
 #include "acc/tensor/tensor.hpp"
 
 namespace acc::trace {
@@ -46,6 +48,10 @@ struct Vertex {
   int64_t flops = 0;          // matrix-product FLOPs (see acc/autograd/flops.hpp)
   int64_t bytes_read = 0;     // logical bytes of the inputs
   int64_t bytes_written = 0;  // logical bytes of the outputs
+  /// Set on a communication vertex: an op of acc/dist/functional.hpp that moves bytes between
+  /// ranks, forward (reduce_from_group's all-reduce) or backward (copy_to_group's). Its kind, group
+  /// and bytes as the op reported them (acc::CommRecord).
+  std::optional<CommRecord> comm;
   /// A forward op whose inputs or outputs are still alive when the forward ends, i.e. kept for
   /// its backward (or a later op's).
   bool saves_activations = false;

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "acc/nn/module.hpp"
@@ -108,5 +109,20 @@ struct ComputeEstimate {
 };
 /// FLOPs per step exactly as counted from the ops (recomputed forwards included when present).
 ComputeEstimate estimate_compute(const Trace& t);
+
+// ---- communication ----
+struct CommStats {
+  int group_size = 0;
+  int64_t ops = 0;
+  int64_t forward_bytes = 0;   // CommRecord::bytes of the forward ops, summed
+  int64_t backward_bytes = 0;  // and of the backward ones
+  /// Throws acc::ValueError when the sum does not fit in 64 bits.
+  int64_t bytes() const;
+};
+/// The communication vertices' bytes summed per group name and kind, forward and backward apart:
+/// what a cost model prices with each group's fits (search::CommCalibration counts bytes the same
+/// way, comm_kind_name its op). Throws acc::ValueError when one group name appears with two sizes
+/// or a sum does not fit in 64 bits.
+std::map<std::pair<std::string, CommKind>, CommStats> comm_stats(const Trace& t);
 
 }  // namespace acc::trace
