@@ -4,34 +4,39 @@
 
 namespace acc::ckpt::detail {
 
-using dist::FlatRange;
 using dist::PlacementEntry;
 using dist::TensorKind;
-
-FlatRange range_of(const PlacementEntry& e) {
-  const auto runs = e.global_runs();
-  if (runs.empty()) return {0, 0};
-  ACC_CHECK(runs.size() == 1, "checkpoint: '", e.name, "' holds box ", e.box.to_string(), " of ",
-            to_string(e.global_shape), ", which is ", runs.size(),
-            " ranges of the tensor; checkpoint format version 1 stores one range per rank");
-  return runs.front().first;
-}
 
 bool saved_kind(TensorKind k) {
   return k == TensorKind::kParameter || k == TensorKind::kOptimizerState;
 }
 
-bool written_here(const PlacementEntry& e) {
-  return saved_kind(e.kind) && e.replica == 0 && range_of(e).length > 0;
+void check_region(const PlacementEntry& e) {
+  bool inside =
+      e.box.offsets.size() == e.global_shape.size() && e.box.sizes.size() == e.global_shape.size();
+  for (size_t k = 0; inside && k < e.box.sizes.size(); ++k) {
+    inside = e.box.offsets[k] >= 0 && e.box.sizes[k] >= 0 &&
+             e.box.sizes[k] <= e.global_shape[k] - e.box.offsets[k];
+  }
+  if (inside && e.flat) {
+    inside = e.flat->offset >= 0 && e.flat->length >= 0 &&
+             e.flat->length <= e.box.numel() - e.flat->offset;
+  }
+  ACC_CHECK(inside, "checkpoint: '", e.name, "' holds box ", e.box.to_string(),
+            e.flat ? " flat [" + std::to_string(e.flat->offset) + ", " +
+                         std::to_string(e.flat->end()) + ")"
+                   : std::string(),
+            ", which is not inside its tensor of shape ", to_string(e.global_shape));
 }
 
-const char* kind_name(TensorKind k) {
-  return k == TensorKind::kParameter ? "parameter" : "optimizer_state";
+bool written_here(const PlacementEntry& e) {
+  return saved_kind(e.kind) && e.replica == 0 && e.held_numel() > 0;
 }
 
 Tensor contiguous_local(const PlacementEntry& e) {
-  ACC_CHECK(e.local.numel() == range_of(e).length, "checkpoint: '", e.name, "' holds ",
-            e.local.numel(), " elements for a range of ", range_of(e).length);
+  check_region(e);
+  ACC_CHECK(e.local.numel() == e.held_numel(), "checkpoint: '", e.name, "' holds ", e.local.numel(),
+            " elements for a region of ", e.held_numel());
   ACC_CHECK_TYPE(e.local.dtype() == e.dtype, "checkpoint: '", e.name, "' is ", e.local.dtype(),
                  ", its placement says ", e.dtype);
   return e.local.contiguous();

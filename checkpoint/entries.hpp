@@ -10,19 +10,16 @@ namespace acc::ckpt::detail {
 /// Parameters and optimizer state are saved; gradients are not.
 bool saved_kind(dist::TensorKind k);
 
-/// The elements an entry holds as one range of its tensor's row-major flattening: all that format
-/// version 1 stores (a whole tensor, or a flat shard of one). Throws acc::ValueError for a box that
-/// is not one range (a column block), which needs the boxes of format version 2.
-dist::FlatRange range_of(const dist::PlacementEntry& e);
+/// Throws acc::ValueError naming the entry unless its region lies inside its tensor: a box of the
+/// tensor's rank with offsets and sizes >= 0 inside its shape, and a flat range inside the box.
+void check_region(const dist::PlacementEntry& e);
 
 /// Whether this rank writes the entry: a saved kind, replica 0's holder, something held.
 bool written_here(const dist::PlacementEntry& e);
 
-/// "parameter" or "optimizer_state".
-const char* kind_name(dist::TensorKind k);
-
-/// The contiguous bytes of an entry's local tensor. Throws acc::ValueError when it holds another
-/// number of elements than its region, acc::TypeError for another dtype than its entry's.
+/// The contiguous bytes of an entry's local tensor (its region's elements in row-major order).
+/// Throws acc::ValueError when the region is outside the tensor or the local tensor holds another
+/// number of elements, acc::TypeError for another dtype than its entry's.
 Tensor contiguous_local(const dist::PlacementEntry& e);
 
 }  // namespace acc::ckpt::detail

@@ -16,7 +16,7 @@ size_t export_safetensors(const std::string& step_dir, const std::string& out) {
   dist::PlacementTable table;
   io::NamedTensors params;
   for (const TensorInfo& t : m.tensors) {
-    if (t.kind != "parameter") continue;
+    if (t.kind != TensorKind::kParameter) continue;
     PlacementEntry e;
     e.name = t.name;
     e.param = t.param;

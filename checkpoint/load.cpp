@@ -13,14 +13,10 @@
 #include "acc/tensor/node.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/progress.hpp"
-#include "entries.hpp"
+#include "load_plan.hpp"
 
 namespace acc::ckpt {
 namespace fs = std::filesystem;
-
-using detail::range_of;
-using detail::saved_kind;
-using dist::PlacementEntry;
 
 Metadata read_metadata(const std::string& step_dir) {
   const StepFile file = StepFile::open(step_dir, "metadata.json");
@@ -39,33 +35,6 @@ Metadata read_metadata(const std::string& step_dir) {
 }
 
 namespace {
-
-// The placement entries load() fills and, for each, the checkpoint's tensor; checked to fit.
-std::vector<std::pair<const PlacementEntry*, const TensorInfo*>> loaded_entries(
-    const std::string& step_dir, const Metadata& meta, const dist::PlacementTable& table) {
-  std::vector<std::pair<const PlacementEntry*, const TensorInfo*>> out;
-  for (const PlacementEntry& e : table) {
-    if (!saved_kind(e.kind) || range_of(e).length == 0) continue;
-    const TensorInfo* t = meta.find(e.name);
-    ACC_CHECK(t != nullptr, "checkpoint '", step_dir, "' has no tensor '", e.name,
-              "' (another model or optimizer?)");
-    ACC_CHECK_SHAPE(t->shape == e.global_shape, "checkpoint '", step_dir, "': '", e.name,
-                    "' has shape ", to_string(t->shape), ", this model's is ",
-                    to_string(e.global_shape));
-    ACC_CHECK_TYPE(t->dtype == e.dtype, "checkpoint '", step_dir, "': '", e.name, "' is ", t->dtype,
-                   ", this run's is ", e.dtype);
-    ACC_CHECK(e.local.defined() && e.local.numel() == range_of(e).length && e.local.is_contiguous(),
-              "checkpoint: '", e.name, "' has no contiguous local tensor of ", range_of(e).length,
-              " elements to load into");
-    out.emplace_back(&e, t);
-  }
-  return out;
-}
-
-bool overlaps(const PlacementEntry& e, const ChunkInfo& c) {
-  return std::max(range_of(e).offset, c.offset) <
-         std::min(range_of(e).offset + range_of(e).length, c.offset + c.length);
-}
 
 // Reads items 0..n-1 in order on its own thread, a few ahead of the consumer: get(i) waits for
 // item i (rethrowing the read's error as acc::IoError), done(i) gives its buffer back. The
@@ -145,21 +114,13 @@ class ChunkReader {
 void load(const std::string& step_dir, const Metadata& meta, const dist::PlacementTable& table) {
   progress::phase(progress::Phase::kLoad,
                   [&] { return "checkpoint step " + std::to_string(meta.step); });
-  const auto entries = loaded_entries(step_dir, meta, table);
-  // The chunks this rank reads, in order, and their files, opened (a missing one named).
-  struct Read {
-    const PlacementEntry* entry;
-    const ChunkInfo* chunk;
-  };
-  std::vector<Read> reads;
+  const std::vector<detail::ChunkRead> reads = detail::plan_load(step_dir, meta, table);
+  // The files of the chunks to read, opened (a missing one named).
   std::map<int, StepFile> files;
-  for (const auto& [e, t] : entries) {
-    for (const ChunkInfo& c : t->chunks) {
-      if (!overlaps(*e, c)) continue;
-      reads.push_back({e, &c});
-      if (files.count(c.file) == 0) {
-        files.emplace(c.file, StepFile::open(step_dir, meta.files.at(static_cast<size_t>(c.file))));
-      }
+  for (const detail::ChunkRead& r : reads) {
+    const int f = r.chunk->file;
+    if (files.count(f) == 0) {
+      files.emplace(f, StepFile::open(step_dir, meta.files.at(static_cast<size_t>(f))));
     }
   }
   // A second thread reads the chunks ahead (a few buffers) while this one checksums and
@@ -170,29 +131,34 @@ void load(const std::string& step_dir, const Metadata& meta, const dist::Placeme
     const StepFile& f = files.at(c.file);
     const std::string& where = meta.files.at(static_cast<size_t>(c.file));
     ACC_CHECK_AS(IoError, c.byte_offset + c.byte_length <= f.size(), "checkpoint '", step_dir,
-                 "': shard '", where, "' is truncated: '", reads[i].entry->name, "' chunk at byte ",
-                 c.byte_offset, " needs ", c.byte_length, " bytes, the file has ", f.size());
+                 "': shard '", where, "' is truncated: '", reads[i].tensor->name,
+                 "' chunk at byte ", c.byte_offset, " needs ", c.byte_length,
+                 " bytes, the file has ", f.size());
     into.resize(static_cast<size_t>(c.byte_length));
     f.read_at(c.byte_offset, into.data(), c.byte_length);
   });
   NoGradGuard no_grad;
   std::vector<char> raw;
   for (size_t i = 0; i < reads.size(); ++i) {
-    const PlacementEntry& e = *reads[i].entry;
-    const ChunkInfo& c = *reads[i].chunk;
+    const detail::ChunkRead& r = reads[i];
+    const ChunkInfo& c = *r.chunk;
     const std::vector<char>& stored = reader.get(i);
-    char* dst = static_cast<char*>(e.local.raw_data());
-    const int64_t elem = static_cast<int64_t>(element_size(e.dtype));
-    const int64_t lo = range_of(e).offset, hi = range_of(e).offset + range_of(e).length;
-    const int64_t a = std::max(lo, c.offset), b = std::min(hi, c.offset + c.length);
-    const std::string what = "checkpoint '" + step_dir + "': '" + e.name + "' chunk in '" +
+    const int64_t elem = static_cast<int64_t>(element_size(r.tensor->dtype));
+    const std::string what = "checkpoint '" + step_dir + "': '" + r.tensor->name + "' chunk in '" +
                              meta.files.at(static_cast<size_t>(c.file)) + "'";
-    if (a == c.offset && b == c.offset + c.length) {  // the whole chunk: straight into place
-      decode_chunk_into(stored.data(), stored.size(), c, e.dtype, what, dst + (a - lo) * elem);
+    if (r.targets.size() == 1 && r.targets[0].whole(c)) {  // straight into place
+      char* dst = static_cast<char*>(r.targets[0].entry->local.raw_data());
+      decode_chunk_into(stored.data(), stored.size(), c, r.tensor->dtype, what,
+                        dst + r.targets[0].copies[0].dst * elem);
     } else {
-      decode_chunk(stored.data(), stored.size(), c, e.dtype, what, raw);
-      std::memcpy(dst + (a - lo) * elem, raw.data() + (a - c.offset) * elem,
-                  static_cast<size_t>((b - a) * elem));
+      decode_chunk(stored.data(), stored.size(), c, r.tensor->dtype, what, raw);
+      for (const detail::Target& t : r.targets) {
+        char* dst = static_cast<char*>(t.entry->local.raw_data());
+        for (const detail::Copy& copy : t.copies) {
+          std::memcpy(dst + copy.dst * elem, raw.data() + copy.src * elem,
+                      static_cast<size_t>(copy.length * elem));
+        }
+      }
     }
     reader.done(i);
   }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include "acc/checkpoint/format.hpp"
 #include "acc/checkpoint/layout.hpp"
@@ -29,7 +30,8 @@ namespace {
 
 using dist::PlacementEntry;
 
-// Rank 0: the ranks' pieces into one Metadata, every tensor's chunks sorted and checked to tile it.
+// Rank 0: the ranks' pieces into one Metadata, every tensor's chunks sorted (by box, then flat
+// range: the same order whatever the ranks) and checked to tile it.
 Metadata assemble(const std::vector<nlohmann::json>& per_rank, int64_t step, const Header& h,
                   int world) {
   Metadata m;
@@ -45,7 +47,7 @@ Metadata assemble(const std::vector<nlohmann::json>& per_rank, int64_t step, con
       TensorInfo& t = by_name[p.at("name").get<std::string>()];
       if (t.name.empty()) {
         t.name = p.at("name");
-        t.kind = p.at("kind");
+        t.kind = dist::parse_tensor_kind(p.at("kind"), "checkpoint: '" + t.name + "'");
         t.param = p.at("param");
         t.field = p.at("field");
         t.shape = p.at("shape").get<Shape>();
@@ -54,23 +56,33 @@ Metadata assemble(const std::vector<nlohmann::json>& per_rank, int64_t step, con
       ACC_CHECK(t.shape == p.at("shape").get<Shape>() && dtype_name(t.dtype) == p.at("dtype"),
                 "checkpoint: ranks disagree on the shape or dtype of '", t.name, "'");
       for (const nlohmann::json& c : p.at("chunks")) {
-        t.chunks.push_back({c.at("file"), c.at("offset"), c.at("length"), c.at("byte_offset"),
-                            c.at("byte_length"), c.at("xxh64")});
+        ChunkInfo ci;
+        ci.file = c.at("file");
+        ci.box.offsets = c.at("offsets").get<std::vector<int64_t>>();
+        ci.box.sizes = c.at("sizes").get<std::vector<int64_t>>();
+        if (c.contains("flat")) {
+          ci.flat = dist::FlatRange{c.at("flat").at("offset"), c.at("flat").at("length")};
+        }
+        ci.byte_offset = c.at("byte_offset");
+        ci.byte_length = c.at("byte_length");
+        ci.xxh64 = c.at("xxh64");
+        t.chunks.push_back(std::move(ci));
       }
     }
   }
   for (auto& [name, t] : by_name) {
-    std::sort(t.chunks.begin(), t.chunks.end(),
-              [](const ChunkInfo& a, const ChunkInfo& b) { return a.offset < b.offset; });
-    int64_t covered = 0;
-    for (const ChunkInfo& c : t.chunks) {
-      ACC_CHECK(c.offset == covered, "checkpoint: '", name, "' elements [", covered, ", ", c.offset,
-                ") are ", c.offset > covered ? "held by no rank" : "held twice",
-                " (the placement table does not cover it once)");
-      covered = c.offset + c.length;
+    std::sort(t.chunks.begin(), t.chunks.end(), [](const ChunkInfo& a, const ChunkInfo& b) {
+      const int64_t fa = a.flat ? a.flat->offset : 0, fb = b.flat ? b.flat->offset : 0;
+      return std::tie(a.box.offsets, a.box.sizes, fa) < std::tie(b.box.offsets, b.box.sizes, fb);
+    });
+    if (const std::optional<TilingError> e = tiling_error(t)) {
+      const std::string chunk = e->chunk
+                                    ? "the chunk of " + t.chunks[*e->chunk].region() + " (rank " +
+                                          std::to_string(t.chunks[*e->chunk].file) + "'s) "
+                                    : "its chunks ";
+      ACC_THROW(ValueError, "checkpoint: '", name, "': ", chunk, e->message,
+                " (the placement tables of the ranks do not cover it exactly once)");
     }
-    ACC_CHECK(covered == t.numel(), "checkpoint: '", name, "' is covered to element ", covered,
-              " of ", t.numel());
     m.tensors.push_back(std::move(t));
   }
   return m;

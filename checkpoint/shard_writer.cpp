@@ -36,9 +36,13 @@ void ShardWriter::add(const PlacementEntry& e, const SaveOptions& o) {
   const auto* src = static_cast<const char*>(t.raw_data());
   const int64_t elem = static_cast<int64_t>(element_size(e.dtype));
   const int64_t per_chunk = std::max<int64_t>(1, o.chunk_bytes / elem);
+  // The held elements are the box's, or a flat range of them; a chunk is a flat range of the box
+  // unless it holds all of it.
+  const int64_t held = e.held_numel(), box_numel = e.box.numel();
+  const int64_t base = e.flat ? e.flat->offset : 0;
   Piece piece{e, chunks_.size(), 0};
-  for (int64_t k = 0; k < range_of(e).length; k += per_chunk) {
-    const int64_t n = std::min(per_chunk, range_of(e).length - k);
+  for (int64_t k = 0; k < held; k += per_chunk) {
+    const int64_t n = std::min(per_chunk, held - k);
     const size_t raw = static_cast<size_t>(n * elem);
     std::unique_ptr<Block> b = take_free();
     b->data.resize(ZSTD_compressBound(raw));
@@ -47,7 +51,13 @@ void ShardWriter::add(const PlacementEntry& e, const SaveOptions& o) {
     ACC_CHECK_AS(IoError, !ZSTD_isError(z), "checkpoint: compressing '", e.name,
                  "' failed: ", ZSTD_getErrorName(z));
     b->size = z;
-    chunks_.push_back({rank_, range_of(e).offset + k, n, pos_, static_cast<int64_t>(z), 0});
+    ChunkInfo c;
+    c.file = rank_;
+    c.box = e.box;
+    if (n != box_numel) c.flat = dist::FlatRange{base + k, n};
+    c.byte_offset = pos_;
+    c.byte_length = static_cast<int64_t>(z);
+    chunks_.push_back(std::move(c));
     b->xxh64 = &chunks_.back().xxh64;  // the file side checksums it (deque: a stable address)
     pos_ += static_cast<int64_t>(z);
     submit(std::move(b));
@@ -65,21 +75,22 @@ nlohmann::json ShardWriter::close() {
   fd_ = -1;
   ACC_CHECK_AS(IoError, rc == 0, "checkpoint: closing '", path_, "' failed (", std::strerror(errno),
                ")");
+  // In metadata.json's own form (Metadata::to_json), but for the checksums: numbers here.
   nlohmann::json out = nlohmann::json::array();
   for (const Piece& p : pieces_) {
     nlohmann::json chunks = nlohmann::json::array();
     for (size_t i = p.begin; i < p.end; ++i) {
       const ChunkInfo& c = chunks_[i];
-      chunks.push_back({{"file", c.file},
-                        {"offset", c.offset},
-                        {"length", c.length},
-                        {"byte_offset", c.byte_offset},
-                        {"byte_length", c.byte_length},
-                        {"xxh64", c.xxh64}});
+      nlohmann::json j = {{"file", c.file}, {"offsets", c.box.offsets}, {"sizes", c.box.sizes}};
+      if (c.flat) j["flat"] = {{"offset", c.flat->offset}, {"length", c.flat->length}};
+      j["byte_offset"] = c.byte_offset;
+      j["byte_length"] = c.byte_length;
+      j["xxh64"] = c.xxh64;
+      chunks.push_back(std::move(j));
     }
     const PlacementEntry& e = p.entry;
     out.push_back({{"name", e.name},
-                   {"kind", kind_name(e.kind)},
+                   {"kind", dist::tensor_kind_name(e.kind)},
                    {"param", e.param},
                    {"field", e.field},
                    {"shape", e.global_shape},

@@ -84,8 +84,7 @@ std::map<std::string, Tensor> read_whole(const std::string& dir) {
     dist::PlacementEntry e;
     e.name = t.name;
     e.param = t.param;
-    e.kind =
-        t.kind == "parameter" ? dist::TensorKind::kParameter : dist::TensorKind::kOptimizerState;
+    e.kind = t.kind;
     e.field = t.field;
     e.global_shape = t.shape;
     e.dtype = t.dtype;
