@@ -18,7 +18,6 @@
 #include "acc/util/file.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/progress.hpp"
-#include "crash_point.hpp"
 #include "entries.hpp"
 #include "save_protocol.hpp"
 #include "shard_writer.hpp"
@@ -133,13 +132,13 @@ std::string commit(const std::string& root, const std::string& tmp, const Metada
     ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot move the earlier '", final_dir.string(),
                  "' aside: ", ec.message());
   }
-  crash_point("before_rename", 0, m.step);
+  progress::point(progress::Point::kBeforeRename, m.step);
   fs::rename(tmp, final_dir, ec);
   ACC_CHECK_AS(IoError, !ec, "checkpoint: cannot rename '", tmp, "' to '", final_dir.string(),
                "': ", ec.message());
   fsync_path(root, "checkpoint directory");
   // Committed from here: readers take the newest step directory, whatever `latest` says.
-  crash_point("after_rename", 0, m.step);
+  progress::point(progress::Point::kAfterRename, m.step);
   try {
     write_text_file_atomically((fs::path(root) / "latest").string(), step_dir_name(m.step) + "\n",
                                "checkpoint latest pointer");

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "acc/util/error.hpp"
-#include "crash_point.hpp"
+#include "acc/util/progress.hpp"
 #include "entries.hpp"
 
 namespace acc::ckpt::detail {
@@ -178,7 +178,7 @@ void ShardWriter::write_block(const Block& b) {
         SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
     synced_ = target;
   }
-  crash_point("mid_write", rank_, step_);
+  progress::point(progress::Point::kMidWrite, step_);  // the crash tests kill a rank here
 }
 
 }  // namespace acc::ckpt::detail
