@@ -49,10 +49,10 @@ inline constexpr int kFormatVersion = 2;
 /// A chunk's uncompressed size is at most this (writers split tensors finer; readers refuse more,
 /// so no metadata makes a reader allocate more than this per chunk).
 inline constexpr int64_t kMaxChunkBytes = int64_t{256} << 20;
-/// metadata.json larger than this is refused before it is read. It grows with the chunks: ~110
-/// bytes each, 4 MiB of state per chunk by default, so a 2 TB checkpoint (GPT-3 175B with AdamW
-/// state) needs ~55 MB; parsing takes ~40 ns and ~11 bytes of memory per byte
-/// (benchmarks/bench_json).
+/// metadata.json larger than this is refused before it is read. It grows with the chunks: ~150
+/// bytes each in version 2 (a 2-D box with a flat range; ~110 in version 1), 4 MiB of state per
+/// chunk by default, so a 2 TB checkpoint (GPT-3 175B with AdamW state) needs ~75 MB; parsing
+/// takes ~40 ns and ~11 bytes of memory per byte (benchmarks/bench_json).
 inline constexpr int64_t kMaxMetadataBytes = int64_t{256} << 20;
 
 struct ChunkInfo {
