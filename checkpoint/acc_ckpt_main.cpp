@@ -72,9 +72,9 @@ class StepFiles {
 int inspect(const std::string& dir_arg) {
   const std::string dir = step_dir(dir_arg);
   const ckpt::Metadata m = ckpt::read_metadata(dir);
-  std::printf("%s: step %lld, written by %d rank(s), strategy %s, model %s\n", dir.c_str(),
-              static_cast<long long>(m.step), m.world, m.strategy.dump().c_str(),
-              m.model_trace_hash.c_str());
+  std::printf("%s: step %lld, written by %d rank(s), format version %d, strategy %s, model %s\n",
+              dir.c_str(), static_cast<long long>(m.step), m.world, m.version,
+              m.strategy.dump().c_str(), m.model_trace_hash.c_str());
   int64_t stored = 0, raw = 0;
   std::map<int, int64_t> per_file;
   std::printf("%-56s %-15s %-14s %-5s %7s %12s\n", "tensor", "kind", "shape", "dtype", "chunks",
@@ -87,9 +87,9 @@ int inspect(const std::string& dir_arg) {
     }
     stored += bytes;
     raw += t.numel() * static_cast<int64_t>(element_size(t.dtype));
-    std::printf("%-56s %-15s %-14s %-5s %7zu %12s\n", t.name.c_str(), t.kind.c_str(),
-                to_string(t.shape).c_str(), dtype_name(t.dtype), t.chunks.size(),
-                trace::human_bytes(static_cast<double>(bytes)).c_str());
+    std::printf("%-56s %-15s %-14s %-5s %7zu %12s\n", t.name.c_str(),
+                dist::tensor_kind_name(t.kind), to_string(t.shape).c_str(), dtype_name(t.dtype),
+                t.chunks.size(), trace::human_bytes(static_cast<double>(bytes)).c_str());
   }
   StepFiles files(dir, m);
   for (size_t i = 0; i < m.files.size(); ++i) {
@@ -242,7 +242,7 @@ int import_safetensors(const std::string& in, const std::string& dir, const std:
   }
   // One process, no strategy: AdamW's state starts at zero (step counts 0), as a fresh run's does.
   auto trainer = strategies::apply(model, optim::AdamW::factory({}), {},
-                                   {.group = dist::ProcessGroup::world()});
+                                   {.context = nullptr, .group = dist::ProcessGroup::world()});
   const std::string written = ckpt::save_trainer(
       dir, step, *trainer, trace::model_trace_hash(model_type, config),
       {{"model_type", model_type}, {"config", model->config_json()}, {"source", in}});

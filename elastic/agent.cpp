@@ -310,6 +310,10 @@ struct Agent::State : progress::Listener {
       std::lock_guard<std::mutex> lock(mu);
       for (auto it = faults.begin(); it != faults.end();) {
         const FaultSpec& f = it->spec;
+        if (f.point) {  // reached only at its point of a save (on_point)
+          ++it;
+          continue;
+        }
         const bool at_mark = f.phase ? phase_mark == f.phase : !phase_mark.has_value();
         const bool reached = applies(f) && step >= f.step && at_mark;
         if (f.action == FaultAction::kStall && !at_collective) {
@@ -431,6 +435,32 @@ struct Agent::State : progress::Listener {
       last_progress = Clock::now();
     }
     fire_due(p, w);
+  }
+
+  // A point of a checkpoint save (progress::Point), on the thread that reached it: the training
+  // thread, or an async save's writer. Its faults are kills: the process dies here, whatever
+  // thread marks it.
+  void on_point(progress::Point point, int64_t save_step) override {
+    std::vector<FaultSpec> due;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto it = faults.begin(); it != faults.end();) {
+        const FaultSpec& f = it->spec;
+        if (f.point == point && applies(f) && save_step >= f.step) {
+          due.push_back(f);
+          it = faults.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const FaultSpec& f : due) {
+      mark_fired(f);
+      logging::warn("ACC_FAULT '{}': {} rank {} at {} of the save of step {}", f.text,
+                    fault_action_name(f.action), rank, progress::point_name(point), save_step);
+      logging::logger().flush();
+      ::kill(::getpid(), SIGKILL);
+    }
   }
 
   void on_module(const std::string& name) override {
@@ -622,6 +652,14 @@ std::unique_ptr<Agent> Agent::start(dist::ProcessGroupPtr world, AgentOptions op
   } else {
     s->fixed_timeout = env::get_seconds("ACC_HANG_TIMEOUT_SEC");
   }
+  // ACC_CKPT_CRASH was the checkpoint's own crash injection: a run that still sets it would save
+  // without the crash it asks for, and say nothing.
+  const std::optional<std::string> old_crash = env::get("ACC_CKPT_CRASH");
+  ACC_CHECK(!old_crash || old_crash->empty(),
+            "ACC_CKPT_CRASH is no longer read: a crash inside a save is an ACC_FAULT, "
+            "kill:rank=R:step=S:point=mid_write|before_rename|after_rename (elastic/README.md); "
+            "got ACC_CKPT_CRASH='",
+            old_crash.value_or(""), "'");
   const std::vector<FaultSpec> specs =
       parse_faults(options.faults ? *options.faults : env::get_string("ACC_FAULT", ""));
 

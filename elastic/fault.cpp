@@ -34,6 +34,14 @@ progress::Phase parse_phase(const std::string& v, const std::string& spec) {
             "' (expected forward, backward, update, collective, save or load)");
 }
 
+progress::Point parse_point(const std::string& v, const std::string& spec) {
+  for (progress::Point p : progress::kPoints) {
+    if (v == progress::point_name(p)) return p;
+  }
+  ACC_THROW(ValueError, "ACC_FAULT '", spec, "': unknown point '", v,
+            "' (expected mid_write, before_rename or after_rename)");
+}
+
 }  // namespace
 
 const char* fault_action_name(FaultAction a) {
@@ -93,16 +101,24 @@ std::vector<FaultSpec> parse_faults(const std::string& text) {
         has_step = true;
       } else if (key == "phase") {
         f.phase = parse_phase(value, spec);
+      } else if (key == "point") {
+        f.point = parse_point(value, spec);
       } else if (key == "factor") {
         f.factor = parse_double(value, what);
         factor_text = value;
         has_factor = true;
       } else {
         ACC_THROW(ValueError, "ACC_FAULT '", spec, "': unknown key '", key,
-                  "' (expected rank, step, phase or factor)");
+                  "' (expected rank, step, phase, point or factor)");
       }
     }
     ACC_CHECK(has_rank && has_step, "ACC_FAULT '", spec, "': rank=R and step=S are required");
+    // A point is a place inside a save, reached on whatever thread writes it: a stall or a slow
+    // step there would stop a background writer, not the rank.
+    ACC_CHECK(!f.point || f.action == FaultAction::kKill || f.action == FaultAction::kKillNode,
+              "ACC_FAULT '", spec, "': point applies to kill and kill-node only");
+    ACC_CHECK(!f.point || !f.phase, "ACC_FAULT '", spec,
+              "': a fault is reached at a phase or at a point, not both");
     if (f.action == FaultAction::kSlow) {
       ACC_CHECK(has_factor && f.factor > 1.0, "ACC_FAULT '", spec,
                 "': slow needs factor=F with F > 1, got ", has_factor ? factor_text : "none");

@@ -1,9 +1,12 @@
 // libFuzzer target: a checkpoint's readers on hostile bytes. The input is metadata.json's text, a
 // NUL, then a shard file's bytes. acc::ckpt::parse_metadata must refuse bad metadata with an
-// acc::Error (accepted metadata must survive a to_json round trip); then every chunk whose byte
-// range lies in the shard goes through acc::ckpt::decode_chunk, as a loader reads it, once with
-// the chunk's own checksum and once with the checksum of the bytes it points at (so the zstd
-// frame checks and the decompression are reached, not only the checksum).
+// acc::Error (accepted metadata must survive a to_json round trip, and its chunks must hold every
+// element of their tensor once: counted for every tensor, element by element for small ones, so
+// a box or flat range that tiling_error lets through wrongly is a finding); then every chunk whose
+// byte range lies in the shard goes through acc::ckpt::decode_chunk, as a loader reads it, once
+// with the chunk's own checksum and once with the checksum of the bytes it points at (so the zstd
+// frame checks and the decompression are reached, not only the checksum). Seeds: format version 1
+// (metadata_only.json, small.bin) and 2 (boxes_v2.*, made by make_checkpoint_corpus.py).
 #include <xxhash.h>
 
 #include <cstdint>
@@ -29,6 +32,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (acc::ckpt::parse_metadata(m.to_json().dump(), "fuzz").to_json() != m.to_json()) {
     std::fprintf(stderr, "checkpoint_fuzz: metadata changes on a to_json round trip\n");
     std::abort();
+  }
+  for (const auto& t : m.tensors) {
+    int64_t held = 0;
+    for (const auto& c : t.chunks) held += c.numel();
+    if (held != t.numel()) {
+      std::fprintf(stderr, "checkpoint_fuzz: '%s' has %lld elements, its chunks hold %lld\n",
+                   t.name.c_str(), static_cast<long long>(t.numel()), static_cast<long long>(held));
+      std::abort();
+    }
+    if (t.numel() > 4096) continue;
+    std::vector<int> times(static_cast<size_t>(t.numel()), 0);
+    for (const auto& c : t.chunks) {
+      acc::dist::PlacementEntry e;
+      e.global_shape = t.shape;
+      e.box = c.box;
+      e.flat = c.flat;
+      for (const auto& [run, at] : e.global_runs()) {
+        for (int64_t i = run.offset; i < run.end(); ++i) ++times[static_cast<size_t>(i)];
+      }
+    }
+    for (size_t i = 0; i < times.size(); ++i) {
+      if (times[i] != 1) {
+        std::fprintf(stderr, "checkpoint_fuzz: element %zu of '%s' is in %d chunks\n", i,
+                     t.name.c_str(), times[i]);
+        std::abort();
+      }
+    }
   }
   std::vector<char> out;
   for (const auto& t : m.tensors) {

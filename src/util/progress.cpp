@@ -43,6 +43,18 @@ const char* phase_name(Phase p) {
   return "unknown";
 }
 
+const char* point_name(Point p) {
+  switch (p) {
+    case Point::kMidWrite:
+      return "mid_write";
+    case Point::kBeforeRename:
+      return "before_rename";
+    case Point::kAfterRename:
+      return "after_rename";
+  }
+  return "unknown";
+}
+
 void set_listener(std::shared_ptr<Listener> listener) {
   Slot& s = slot();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -67,6 +79,11 @@ void module(const std::string& name) {
 void issued() {
   if (!detail::listening()) return;
   if (auto l = current()) l->on_issued();
+}
+
+void point(Point p, int64_t step) {
+  if (!detail::listening()) return;
+  if (auto l = current()) l->on_point(p, step);
 }
 
 namespace detail {

@@ -49,7 +49,7 @@ TEST(AccCkpt, InspectsVerifiesExportsAndImports) {
   const acc::io::SafetensorsFile w = acc::io::load_safetensors(st);
   const auto meta = acc::ckpt::read_metadata(*acc::ckpt::resolve(ck));
   size_t params = 0;
-  for (const auto& t : meta.tensors) params += t.kind == "parameter";
+  for (const auto& t : meta.tensors) params += t.kind == acc::dist::TensorKind::kParameter;
   EXPECT_EQ(w.tensors.size(), params);
   EXPECT_EQ(w.metadata.at("model_type"), "gpt");
   EXPECT_EQ(run_command(tg + " --steps 1 --init-from " + st).exit_code, 0);

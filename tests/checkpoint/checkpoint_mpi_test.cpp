@@ -25,11 +25,17 @@
 #include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
 #include "flip_bit.hpp"
+#include "helpers.hpp"
 
 namespace acc::ckpt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::expect_holds;
+using test::first;
+using test::job_dir;
+using test::read_whole;
+using test::remove_job_dir;
 constexpr int64_t kGlobalBatch = 12, kSeq = 16;  // 12 splits over 1, 2, 3 and 4 ranks
 const char* const kHash = "test-model";
 
@@ -55,18 +61,6 @@ data::Batch batch(int64_t step, int n, int r) {
   return {from_vector(idx, {b, kSeq}), from_vector(tgt, {b, kSeq})};
 }
 
-// The first n ranks of the world as a group (the others get a group of their own they never use).
-// split is collective: every rank asks for every n in the same order.
-dist::ProcessGroupPtr first(int n) {
-  static std::map<int, dist::ProcessGroupPtr> groups;
-  auto& g = groups[n];
-  if (!g) {
-    auto w = dist::ProcessGroup::world();
-    g = w->split(w->rank() < n ? 0 : 1, w->rank(), "first" + std::to_string(n));
-  }
-  return g;
-}
-
 std::unique_ptr<strategies::Trainer> trainer(models::LanguageModelPtr m, const std::string& method,
                                              dist::ProcessGroupPtr g) {
   const std::string s = method.empty() ? "[]" : R"([{"name": ")" + method + R"("}])";
@@ -75,69 +69,10 @@ std::unique_ptr<strategies::Trainer> trainer(models::LanguageModelPtr m, const s
                            {.group = g, .grad_clip = 1.0});
 }
 
-// Every tensor of a checkpoint, whole (read through load() itself, with whole-tensor placements).
-std::map<std::string, Tensor> read_whole(const std::string& dir) {
-  const Metadata meta = read_metadata(dir);
-  dist::PlacementTable table;
-  std::map<std::string, Tensor> out;
-  for (const TensorInfo& t : meta.tensors) {
-    dist::PlacementEntry e;
-    e.name = t.name;
-    e.param = t.param;
-    e.kind =
-        t.kind == "parameter" ? dist::TensorKind::kParameter : dist::TensorKind::kOptimizerState;
-    e.field = t.field;
-    e.global_shape = t.shape;
-    e.dtype = t.dtype;
-    e.box = dist::Box::whole(t.shape);
-    e.local = empty({t.numel()}, {t.dtype});
-    out[t.name] = e.local;
-    table.push_back(e);
-  }
-  load(dir, meta, table);
-  return out;
-}
-
 double exchange(double v, int root) {  // bit-exact, over the world
   Tensor t = from_vector(std::vector<int64_t>{std::bit_cast<int64_t>(v)}, {1});
   dist::ProcessGroup::world()->broadcast(t, root)->wait();
   return std::bit_cast<double>(t.to_vector<int64_t>()[0]);
-}
-
-// A directory for this test named by rank 0, the same on every rank.
-std::string job_dir(const std::string& tag) {
-  auto world = dist::ProcessGroup::world();
-  const std::string mine =
-      world->rank() == 0 ? testing::TempDir() + "ckpt-" + tag + "-" + std::to_string(::getpid())
-                         : std::string();
-  return dist::broadcast_text(*world, mine, 0);
-}
-
-// Every rank past its use of `dir`, then rank 0 removes it.
-void remove_job_dir(const std::string& dir) {
-  auto world = dist::ProcessGroup::world();
-  world->barrier()->wait();
-  if (world->rank() == 0) {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-}
-
-// Every parameter and optimizer-state region `t` holds equals the saved tensor's, bitwise.
-void expect_holds(strategies::Trainer& t, const std::map<std::string, Tensor>& saved,
-                  const std::string& what) {
-  for (const auto& e : t.placements()) {
-    if (e.kind == dist::TensorKind::kGradient || e.held_numel() == 0) continue;
-    const Tensor mine = e.local.contiguous();
-    const size_t es = element_size(e.dtype);
-    for (const auto& [run, at] : e.global_runs()) {
-      ASSERT_EQ(std::memcmp(static_cast<const char*>(mine.raw_data()) + at * es,
-                            static_cast<const char*>(saved.at(e.name).raw_data()) + run.offset * es,
-                            static_cast<size_t>(run.length) * es),
-                0)
-          << what << ": " << e.name << " [" << run.offset << ", +" << run.length << ")";
-    }
-  }
 }
 
 TEST(Checkpoint, EveryLayoutLoadsIntoEveryOtherAndTrainsOn) {

@@ -570,9 +570,14 @@ TEST_F(CkptSafety, ASecondJobOnARootIsRefusedAndTheFirstLosesNothing) {
 TEST_F(CkptSafety, ADeadSavesLeftoverIsRemovedByTheNextSave) {
   const fs::path root = dir / "dead_save";
   const auto killed =
-      run_command("ACC_CKPT_CRASH=mid_write:rank=0:step=2 " + tg() +
+      run_command("ACC_FAULT=kill:rank=0:step=2:point=mid_write ACC_JOB_DIR=" +
+                  (dir / "dead_save_job").string() + " " + tg() +
                   " --steps 4 --save-every 2 --sync-save --ckpt-dir " + root.string());
   EXPECT_NE(killed.exit_code, 0) << killed.output;
+  EXPECT_NE(killed.output.find("ACC_FAULT 'kill:rank=0:step=2:point=mid_write': kill rank 0 at "
+                               "mid_write of the save of step 2"),
+            std::string::npos)
+      << killed.output;
   ASSERT_EQ(leftovers(root).size(), 1u);
   EXPECT_EQ(leftovers(root)[0].rfind(".tmp-step-00000002-", 0), 0u) << leftovers(root)[0];
   EXPECT_TRUE(acc::ckpt::committed_steps(root.string()).empty());

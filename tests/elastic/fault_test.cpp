@@ -92,14 +92,47 @@ TEST(Agent, BadOptionsAreNamed) {
     EXPECT_NE(msg.find(c.message), std::string::npos) << msg;
   }
   EXPECT_EQ(open_fds(), fds) << "a refused start left a descriptor open (its listening socket)";
+  // The checkpoint's former crash injection is refused, not silently ignored.
+  ::setenv("ACC_CKPT_CRASH", "mid_write:rank=0:step=2", 1);
+  const std::string msg = test::error_of<Error>([&] { Agent::start(world, options_in(dir)); });
+  ::unsetenv("ACC_CKPT_CRASH");
+  EXPECT_NE(msg.find("ACC_CKPT_CRASH is no longer read: a crash inside a save is an ACC_FAULT, "
+                     "kill:rank=R:step=S:point=mid_write|before_rename|after_rename"),
+            std::string::npos)
+      << msg;
+  fs::remove_all(dir);
+}
+
+// A fault at a point of a save fires there alone (it kills: firing anywhere else would end this
+// test's process): not at the step's start, not at a phase mark of its step, not at another
+// point, not at its point in the save of an earlier step. (That it fires at its point is
+// train_gpt_test's AKilledSaveLosesNothingCommitted.)
+TEST(Agent, AFaultAtAPointOfASaveWaitsForThatPoint) {
+  const fs::path dir = test::fresh_dir("agent_point");
+  auto world = dist::ProcessGroup::world();
+  {
+    AgentOptions o = options_in(dir);
+    o.faults = "kill:rank=0:step=2:point=before_rename";
+    auto agent = Agent::start(world, o);
+    for (int64_t s = 0; s < 4; ++s) {
+      progress::step(s);
+      progress::phase(progress::Phase::kSave);
+      progress::phase(progress::Phase::kCollective);
+      progress::point(progress::Point::kMidWrite, s);
+      progress::point(progress::Point::kAfterRename, s);
+    }
+    progress::point(progress::Point::kBeforeRename, 1);  // the save of step 1
+  }
+  EXPECT_FALSE(fs::exists(dir / "faults")) << "a fault was marked fired";
   fs::remove_all(dir);
 }
 
 TEST(Faults, ParsesEveryActionWithItsOptions) {
   const auto f = parse_faults(
       "kill:rank=1:step=5; stall:rank=2:step=3:phase=backward;slow:rank=0:step=0:factor=2.5;"
-      "kill-node:rank=3:step=7:phase=collective");
-  ASSERT_EQ(f.size(), 4u);
+      "kill-node:rank=3:step=7:phase=collective;kill:rank=1:step=4:point=mid_write;"
+      "kill-node:rank=0:step=2:point=after_rename");
+  ASSERT_EQ(f.size(), 6u);
   EXPECT_EQ(f[0].action, FaultAction::kKill);
   EXPECT_EQ(f[0].rank, 1);
   EXPECT_EQ(f[0].step, 5);
@@ -111,6 +144,15 @@ TEST(Faults, ParsesEveryActionWithItsOptions) {
   EXPECT_DOUBLE_EQ(f[2].factor, 2.5);
   EXPECT_EQ(f[3].action, FaultAction::kKillNode);
   EXPECT_EQ(f[3].phase, progress::Phase::kCollective);
+  EXPECT_FALSE(f[3].point.has_value());
+  EXPECT_EQ(f[4].action, FaultAction::kKill);
+  EXPECT_EQ(f[4].point, progress::Point::kMidWrite);
+  EXPECT_EQ(f[4].step, 4);
+  EXPECT_FALSE(f[4].phase.has_value());
+  EXPECT_EQ(f[5].action, FaultAction::kKillNode);
+  EXPECT_EQ(f[5].point, progress::Point::kAfterRename);
+  EXPECT_EQ(parse_faults("kill:rank=0:step=1:point=before_rename")[0].point,
+            progress::Point::kBeforeRename);
   EXPECT_TRUE(parse_faults("").empty());
   EXPECT_TRUE(parse_faults(" ; ").empty());
 }
@@ -136,7 +178,19 @@ TEST(Faults, BadSpecsAreNamed) {
         Case{"slow:rank=0:step=1:factor=1e308",
              "factor must be at most 1000 (a rank slowed more is stalled: use stall), got 1e308"},
         Case{"slow:rank=0:step=1:factor=0.5", "slow needs factor=F with F > 1, got 0.5"},
-        Case{"kill:rank=0:step=2;kill:rank=0:step=2", "'kill:rank=0:step=2' is listed twice"}}) {
+        Case{"kill:rank=0:step=2;kill:rank=0:step=2", "'kill:rank=0:step=2' is listed twice"},
+        // The crash points of a save (they were ACC_CKPT_CRASH's).
+        Case{"kill:rank=1:step=4:point=mid_read",
+             "'kill:rank=1:step=4:point=mid_read': unknown point 'mid_read' (expected mid_write, "
+             "before_rename or after_rename)"},
+        Case{"kill:rank=1:point=mid_write", "rank=R and step=S are required"},
+        Case{"stall:rank=1:step=4:point=mid_write", "point applies to kill and kill-node only"},
+        Case{"slow:rank=1:step=4:point=mid_write:factor=2",
+             "point applies to kill and kill-node only"},
+        Case{"kill:rank=1:step=4:point=mid_write:phase=save",
+             "a fault is reached at a phase or at a point, not both"},
+        Case{"kill:rank=1:step=4:point=mid_write:point=after_rename", "key 'point' is given twice"},
+        Case{"kill:rank=1:step=4:point=", "unknown point ''"}}) {
     const std::string msg = test::error_of<ValueError>([&] { parse_faults(c.spec); });
     EXPECT_NE(msg.find(c.message), std::string::npos) << c.spec << ": " << msg;
     EXPECT_NE(msg.find("ACC_FAULT"), std::string::npos) << msg;

@@ -159,28 +159,40 @@ TEST(TrainGpt, AKilledSaveLosesNothingCommitted) {
                              " --log-json " + (dir / "full.jsonl").string());
   ASSERT_EQ(full.exit_code, 0) << full.output;
   const auto want = losses_from_log((dir / "full.jsonl").string());
+  // The crash points of a save are ACC_FAULT faults (elastic/README.md); the fired faults' markers
+  // go to a job directory of the test's own.
   struct Crash {
-    std::string spec;
+    std::string point;
+    int rank;
     int64_t resumed_at;
+    std::string spec() const {
+      return "kill:rank=" + std::to_string(rank) + ":step=4:point=" + point;
+    }
   };
   for (const Crash& c :
-       {Crash{"mid_write:rank=1:step=4", 2}, Crash{"before_rename:rank=0:step=4", 2},
-        Crash{"after_rename:rank=0:step=4", 4}}) {
-    const fs::path ck = dir / ("ck-" + c.spec.substr(0, c.spec.find(':')));
-    const auto killed = acc::test::run_command(mpi + "-x ACC_CKPT_CRASH=" + c.spec + " " + args +
-                                               " --ckpt-dir " + ck.string());
-    EXPECT_NE(killed.exit_code, 0) << c.spec << ": the job was not killed\n" << killed.output;
-    const fs::path log = dir / ("resumed-" + c.spec.substr(0, c.spec.find(':')) + ".jsonl");
+       {Crash{"mid_write", 1, 2}, Crash{"before_rename", 0, 2}, Crash{"after_rename", 0, 4}}) {
+    const std::string spec = c.spec();
+    const fs::path ck = dir / ("ck-" + c.point);
+    const auto killed = acc::test::run_command(
+        mpi + "-x ACC_FAULT=" + spec + " -x ACC_JOB_DIR=" + (dir / ("job-" + c.point)).string() +
+        " " + args + " --ckpt-dir " + ck.string());
+    EXPECT_NE(killed.exit_code, 0) << spec << ": the job was not killed\n" << killed.output;
+    EXPECT_NE(killed.output.find("ACC_FAULT '" + spec + "': kill rank " + std::to_string(c.rank) +
+                                 " at " + c.point + " of the save of step 4"),
+              std::string::npos)
+        << spec << ": not killed by its fault\n"
+        << killed.output;
+    const fs::path log = dir / ("resumed-" + c.point + ".jsonl");
     const auto resumed = acc::test::run_command(mpi + args + " --ckpt-dir " + ck.string() +
                                                 " --resume auto --log-json " + log.string());
-    ASSERT_EQ(resumed.exit_code, 0) << c.spec << "\n" << resumed.output;
+    ASSERT_EQ(resumed.exit_code, 0) << spec << "\n" << resumed.output;
     EXPECT_NE(resumed.output.find("at step " + std::to_string(c.resumed_at)), std::string::npos)
-        << c.spec << "\n"
+        << spec << "\n"
         << resumed.output;
     const auto got = losses_from_log(log.string());
-    ASSERT_EQ(got.size(), want.size() - static_cast<size_t>(c.resumed_at)) << c.spec;
+    ASSERT_EQ(got.size(), want.size() - static_cast<size_t>(c.resumed_at)) << spec;
     for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_EQ(got[i], want[static_cast<size_t>(c.resumed_at) + i]) << c.spec << " step " << i;
+      EXPECT_EQ(got[i], want[static_cast<size_t>(c.resumed_at) + i]) << spec << " step " << i;
     }
   }
   fs::remove_all(dir);

@@ -1,6 +1,7 @@
 #pragma once
-// Fault injection for the elastic tests: ACC_FAULT=ACTION:rank=R:step=S[:phase=P][:factor=F],
-// several separated by ';' (elastic/README.md).
+// Fault injection for the elastic and checkpoint tests:
+// ACC_FAULT=ACTION:rank=R:step=S[:phase=P|:point=P][:factor=F], several separated by ';'
+// (elastic/README.md).
 //   kill       rank R sends itself SIGKILL
 //   stall      rank R stops making progress right before it issues its next collective (its
 //              training thread sleeps for good; the process and its watchdog stay alive), as a
@@ -11,9 +12,12 @@
 // The fault is reached at step S (the training loop's progress::step), or with phase=P at the
 // first mark of phase P (forward, backward, update, collective, save, load) at step S or later; a
 // load counts as the step of the checkpoint loaded (load:step=4 fires loading a checkpoint of step
-// 4 or later, on a resume). A fault that fires is remembered in the job directory by its text
-// (JOB/faults/fired-<hash of the text>): a job restarted with the same directory does not inject
-// it again, whatever its place in the list.
+// 4 or later, on a resume). With point=P (kill and kill-node only) it is reached inside a
+// checkpoint save of step S or later, at P (progress::Point): mid_write (rank R's shard, after a
+// chunk), before_rename or after_rename (the committing rank, rank 0, around the step
+// directory's rename); these replace ACC_CKPT_CRASH. A fault that fires is remembered in the job
+// directory by its text (JOB/faults/fired-<hash of the text>): a job restarted with the same
+// directory does not inject it again, whatever its place in the list.
 
 #include <optional>
 #include <string>
@@ -37,14 +41,15 @@ struct FaultSpec {
   int rank = 0;
   int64_t step = 0;
   std::optional<progress::Phase> phase;
-  double factor = 1.0;  // slow only
-  std::string text;     // as written, for logs
+  std::optional<progress::Point> point;  // kill and kill-node only; never with a phase
+  double factor = 1.0;                   // slow only
+  std::string text;                      // as written, for logs
 };
 
 /// Parses ACC_FAULT's grammar. Throws acc::ValueError naming the spec and the bad part: an
-/// unknown action, key or phase, a key given twice, a missing rank or step, a negative number, a
-/// slow factor not above 1 or above kMaxSlowFactor, a factor on another action, or a spec listed
-/// twice.
+/// unknown action, key, phase or point, a key given twice, a missing rank or step, a negative
+/// number, a slow factor not above 1 or above kMaxSlowFactor, a factor on another action, a point
+/// on an action other than kill and kill-node or with a phase, or a spec listed twice.
 std::vector<FaultSpec> parse_faults(const std::string& text);
 
 }  // namespace acc::elastic
