@@ -43,17 +43,17 @@ std::string array_of_empty_objects(int64_t n) {
   return s + "]";
 }
 
-// A valid metadata.json (format.hpp) of n one-element f32 tensors, one chunk each.
+// A valid metadata.json (format.hpp, version 2) of n one-element f32 tensors, one chunk each.
 std::string metadata_of(int64_t n) {
-  std::string s = R"({"format": "autoacc-checkpoint", "version": 1, "step": 1, "world": 1,)"
+  std::string s = R"({"format": "autoacc-checkpoint", "version": 2, "step": 1, "world": 1,)"
                   R"( "model_trace_hash": "0123456789abcdef", "strategy": [], "extra": {},)"
                   R"( "files": ["shard-00000.bin"], "tensors": [)";
   for (int64_t i = 0; i < n; ++i) {
     if (i) s += ",";
     s += R"({"name": "t)" + std::to_string(i) + R"(", "kind": "parameter", "param": "t)" +
          std::to_string(i) +
-         R"(", "field": "", "shape": [1], "dtype": "f32", "chunks": [{"file": 0, "offset": 0,)"
-         R"( "length": 1, "byte_offset": )" +
+         R"(", "field": "", "shape": [1], "dtype": "f32", "chunks": [{"file": 0, "offsets": [0],)"
+         R"( "sizes": [1], "byte_offset": )" +
          std::to_string(i * 13) + R"(, "byte_length": 13, "xxh64": "0123456789abcdef"}]})";
   }
   return s + "]}";

@@ -94,29 +94,34 @@ nlohmann::json to_json(const Trace& t) {
   }
   nlohmann::json inputs = nlohmann::json::array();
   for (const Shape& s : t.input_shapes) inputs.push_back(s);
-  return {{"model", t.model_type},
-          {"parameters", t.num_parameters},
-          {"inputs", inputs},
-          {"options",
-           {{"backward", t.options.backward},
-            {"recompute", recompute_name(t.options.recompute)},
-            {"recompute_blocks", t.options.recompute_blocks},
-            {"bf16_activations", t.options.bf16_activations}}},
-          {"summary",
-           {{"forward_flops", c.forward_flops},
-            {"backward_flops", c.backward_flops},
-            {"memory",
-             {{"parameters", m.parameters},
-              {"gradients", m.gradients},
-              {"optimizer_state_adamw", m.optimizer_state},
-              {"activations_peak", m.activations_peak},
-              {"peak", m.peak}}},
-            {"communication", communication},
-            {"mlp_patterns", mlp},
-            {"attention_patterns", attn}}},
-          {"scopes", scopes},
-          {"vertices", vertices},
-          {"edges", edges}};
+  nlohmann::json out = {{"model", t.model_type},
+                        {"parameters", t.num_parameters},
+                        {"inputs", inputs},
+                        {"options",
+                         {{"backward", t.options.backward},
+                          {"recompute", recompute_name(t.options.recompute)},
+                          {"recompute_blocks", t.options.recompute_blocks},
+                          {"bf16_activations", t.options.bf16_activations}}},
+                        {"summary",
+                         {{"forward_flops", c.forward_flops},
+                          {"backward_flops", c.backward_flops},
+                          {"memory",
+                           {{"parameters", m.parameters},
+                            {"gradients", m.gradients},
+                            {"optimizer_state_adamw", m.optimizer_state},
+                            {"activations_peak", m.activations_peak},
+                            {"peak", m.peak}}},
+                          {"mlp_patterns", mlp},
+                          {"attention_patterns", attn}}},
+                        {"scopes", scopes},
+                        {"vertices", vertices},
+                        {"edges", edges}};
+  // Only where there is some: this JSON is what trace::model_trace_hash hashes, the key of every
+  // checkpoint and strategy cache, so a field every dump gained would have changed the hash of
+  // every model and orphaned them all (tests/checkpoint/v1_checkpoint_test.cpp checks a model's
+  // hash against the one a release wrote).
+  if (!communication.empty()) out["summary"]["communication"] = communication;
+  return out;
 }
 
 std::string to_dot(const Trace& t) {

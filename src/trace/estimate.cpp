@@ -373,6 +373,9 @@ int64_t blockwise_live_peak(const Trace& t, const std::vector<std::string>& bloc
              : peak;
 }
 
+// The hash covers the trace's JSON dump: a field added to every dump changes every model's hash
+// (and so every checkpoint's and strategy cache's key); dump.cpp adds new fields only where
+// present.
 std::string model_trace_hash(const std::string& model_type, const nlohmann::json& config) {
   DefaultDeviceGuard meta(Device::kMeta);
   // The config with its defaults filled in, at its own depth (the model itself is never built).
