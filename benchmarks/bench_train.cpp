@@ -37,6 +37,7 @@
 #include <string>
 
 #include "acc/acc.hpp"
+#include "acc/data/token_data.hpp"
 #include "bench_util.hpp"
 
 namespace {
@@ -304,7 +305,7 @@ json run_config(const Args& a, const BenchConfig& bc, size_t num_configs) {
     if (s == 0) counter.emplace();  // one step's model FLOPs; counting is free
     const auto t0 = std::chrono::steady_clock::now();
     opt->zero_grad();
-    Tensor loss = model->loss(batch.idx, batch.targets);
+    Tensor loss = model->loss(batch.idx(), batch.targets());
     loss.backward();
     // clip_grad_norm_(params, 1.0) + step(), with the scaling fused into the update (the same
     // update bitwise, without a pass over the gradients).

@@ -6,8 +6,10 @@
 //    numerics of keeping activations in bf16 between blocks;
 //  - gradient communication (ddp/zero/fsdp buckets travel as bf16, half the bytes).
 // Parameters, optimizer state and the reductions' final values stay fp32. The block wrapper is
-// nn::bf16_activation_blocks, which the tracer's bf16_activations option uses too.
-// Config: {"dtype": "bf16"} (the only choice).
+// nn::bf16_activation_blocks, which the tracer's bf16_activations option uses too. The blocks are
+// the units of unit_names (named in {"units": [...]}, else the repeated blocks); a model with
+// neither has its top-level children as blocks.
+// Config: {"dtype": "bf16"} (the only choice), "units".
 #include "acc/nn/recompute.hpp"
 #include "acc/util/error.hpp"
 #include "method.hpp"
@@ -18,21 +20,25 @@ MethodSpec amp_method() {
   return {.name = "amp",
           .slot = "amp",
           .exclusive_slot = false,
-          .config_keys = {"dtype"},
+          .config_keys = {"dtype", "units"},
           .apply =
               [](const nlohmann::json& c, TrainingPlan& plan) {
                 if (c.contains("dtype")) {
                   ACC_CHECK(c["dtype"] == "bf16", "amp: dtype must be \"bf16\", got ",
                             c["dtype"].dump());
                 }
+                check_units_config(c, "amp");
                 plan.sync_options.bf16_communication = true;
-                plan.model_transforms.push_back({"amp", [](models::LanguageModel& model) -> Undo {
-                                                   std::vector<std::string> blocks;
-                                                   for (const auto& b : model.blocks()) {
-                                                     blocks.push_back(b->qualified_name());
-                                                   }
-                                                   return nn::bf16_activation_blocks(model, blocks);
-                                                 }});
+                plan.model_transforms.push_back(
+                    {"amp", [c](nn::Module& model) -> Undo {
+                       std::vector<std::string> blocks = unit_names(model, c, "amp");
+                       if (blocks.empty()) {
+                         for (const auto& [name, child] : model.named_children()) {
+                           blocks.push_back(name);
+                         }
+                       }
+                       return nn::bf16_activation_blocks(model, blocks);
+                     }});
               },
           .needs_bf16 = true,
           .search_choices =

@@ -10,7 +10,7 @@
 
 namespace acc::strategies {
 
-void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& group) {
+void broadcast_model_state(nn::Module& model, dist::ProcessGroup& group) {
   std::vector<dist::WorkPtr> works;
   NoGradGuard ng;
   for (auto& [name, t] : model.state_dict()) {
@@ -44,7 +44,7 @@ void add_whole(PlacementTable& table, const std::string& name, const Shape& shap
   table.push_back(std::move(e));
 }
 
-std::vector<OptimPiece> whole_pieces(const models::LanguageModel& model, const WholePlacement& w) {
+std::vector<OptimPiece> whole_pieces(const nn::Module& model, const WholePlacement& w) {
   std::vector<OptimPiece> out;
   for (const auto& [name, p] : model.named_parameters()) {
     out.push_back({name, p, {0, p.numel()}, w.spec, w.replica, w.replicas});
@@ -52,7 +52,7 @@ std::vector<OptimPiece> whole_pieces(const models::LanguageModel& model, const W
   return out;
 }
 
-void add_whole_params_and_grads(PlacementTable& table, const models::LanguageModel& model,
+void add_whole_params_and_grads(PlacementTable& table, const nn::Module& model,
                                 const WholePlacement& where) {
   for (const auto& [name, p] : model.named_parameters()) {
     add_whole(table, name, p.shape(), p, TensorKind::kParameter, where);
@@ -60,12 +60,75 @@ void add_whole_params_and_grads(PlacementTable& table, const models::LanguageMod
   }
 }
 
-std::vector<std::string> repeated_blocks(const models::LanguageModel& model,
-                                         const std::string& method) {
-  auto groups = trace::find_blocks(model);
-  ACC_CHECK(!groups.empty(), method,
-            ": the model has no repeated blocks (the units it wraps or shards)");
-  return groups.front().blocks;
+void check_units_config(const nlohmann::json& config, const std::string& method) {
+  if (!config.contains("units")) return;
+  const nlohmann::json& u = config.at("units");
+  ACC_CHECK(u.is_array() && !u.empty(), method,
+            ": units must be a non-empty list of module names, got ", u.dump());
+  for (const auto& name : u) {
+    ACC_CHECK(name.is_string() && !name.get<std::string>().empty(), method,
+              ": units must be module names (dotted paths), got ", name.dump());
+  }
+}
+
+namespace {
+
+// The module at dotted `path`, or an error naming the part that is not there and what is.
+nn::ModulePtr module_at(const nn::Module& root, const std::string& path,
+                        const std::string& method) {
+  const nn::Module* at = &root;
+  nn::ModulePtr found;
+  std::string walked;
+  size_t start = 0;
+  while (start <= path.size()) {
+    const size_t dot = path.find('.', start);
+    const std::string part = path.substr(start, dot == std::string::npos ? dot : dot - start);
+    nn::ModulePtr next;
+    std::string children;
+    for (const auto& [name, child] : at->named_children()) {
+      if (name == part) next = child;
+      children += (children.empty() ? "" : ", ") + name;
+    }
+    ACC_CHECK(next != nullptr, method, ": unit '", path, "' names no module of the model: ",
+              walked.empty() ? std::string("the model") : "'" + walked + "'", " has no '", part,
+              "' (it has ", children.empty() ? std::string("no children") : children, ")");
+    walked += (walked.empty() ? "" : ".") + part;
+    found = next;
+    at = next.get();
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return found;
+}
+
+}  // namespace
+
+std::vector<std::string> unit_names(const nn::Module& model, const nlohmann::json& config,
+                                    const std::string& method) {
+  if (!config.is_object() || !config.contains("units")) {
+    auto groups = trace::find_blocks(model);
+    return groups.empty() ? std::vector<std::string>{} : groups.front().blocks;
+  }
+  check_units_config(config, method);
+  std::vector<std::string> out;
+  for (const auto& j : config.at("units")) {
+    const std::string name = j.get<std::string>();
+    const nn::ModulePtr m = module_at(model, name, method);
+    if (dynamic_cast<const nn::ModuleList*>(m.get()) != nullptr) {
+      for (const auto& [child, c] : m->named_children()) out.push_back(name + "." + child);
+    } else {
+      out.push_back(name);
+    }
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    for (size_t j = 0; j < out.size(); ++j) {
+      ACC_CHECK(i == j || (out[i] != out[j] && out[j].rfind(out[i] + ".", 0) != 0), method,
+                ": unit '", out[j], "' ",
+                out[i] == out[j] ? "is named twice" : "lies inside unit '",
+                out[i] == out[j] ? "" : out[i] + "'", " (units must not overlap)");
+    }
+  }
+  return out;
 }
 
 BucketLayout::BucketLayout(const NamedTensors& params, int world, int64_t bucket_bytes) {
@@ -109,7 +172,7 @@ std::vector<SlotShard> shards_of(const BucketLayout::Bucket& bucket, int world, 
   return out;
 }
 
-void sort_by_model(std::vector<ShardPiece>& pieces, const models::LanguageModel& model) {
+void sort_by_model(std::vector<ShardPiece>& pieces, const nn::Module& model) {
   std::vector<ShardPiece> ordered;
   for (const auto& [name, p] : model.named_parameters()) {
     for (ShardPiece& piece : pieces) {
@@ -203,7 +266,7 @@ namespace {
 // One rank, nothing to synchronise.
 class Local : public GradSync {
  public:
-  Local(models::LanguageModel& m, const dist::ParallelContext* ctx)
+  Local(nn::Module& m, const dist::ParallelContext* ctx)
       : model_(m), where_(whole_placement(ctx)) {}
   ~Local() override { model_.zero_grad(); }
   std::vector<OptimPiece> optimizer_pieces() override { return whole_pieces(model_, where_); }
@@ -212,14 +275,13 @@ class Local : public GradSync {
   }
 
  private:
-  models::LanguageModel& model_;
+  nn::Module& model_;
   WholePlacement where_;
 };
 
 }  // namespace
 
-std::unique_ptr<GradSync> make_local(models::LanguageModel& model,
-                                     const dist::ParallelContext* ctx) {
+std::unique_ptr<GradSync> make_local(nn::Module& model, const dist::ParallelContext* ctx) {
   return std::make_unique<Local>(model, ctx);
 }
 

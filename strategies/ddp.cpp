@@ -12,7 +12,7 @@ namespace {
 
 class Ddp : public GradSync {
  public:
-  Ddp(models::LanguageModel& m, const dist::ParallelContext& ctx, const GradSyncOptions& o)
+  Ddp(nn::Module& m, const dist::ParallelContext& ctx, const GradSyncOptions& o)
       : model_(m), group_(ctx.dp_cp_group()), where_(whole_placement(&ctx)) {
     broadcast_model_state(model_, *group_);
     reducer_ = std::make_unique<BucketReducer>(model_.named_parameters(), group_, o.bucket_bytes,
@@ -36,7 +36,7 @@ class Ddp : public GradSync {
   }
 
  private:
-  models::LanguageModel& model_;
+  nn::Module& model_;
   dist::ProcessGroupPtr group_;  // the context's dp x cp group
   WholePlacement where_;
   std::unique_ptr<BucketReducer> reducer_;
@@ -44,7 +44,7 @@ class Ddp : public GradSync {
 
 }  // namespace
 
-std::unique_ptr<GradSync> make_ddp(models::LanguageModel& model, const dist::ParallelContext& ctx,
+std::unique_ptr<GradSync> make_ddp(nn::Module& model, const dist::ParallelContext& ctx,
                                    const GradSyncOptions& o) {
   return std::make_unique<Ddp>(model, ctx, o);
 }

@@ -157,15 +157,17 @@ struct FsdpState : BackwardRounds<FsdpState> {
 
 class Fsdp : public GradSync {
  public:
-  Fsdp(models::LanguageModel& m, const dist::ParallelContext& ctx, const GradSyncOptions& o)
+  Fsdp(nn::Module& m, const dist::ParallelContext& ctx, const GradSyncOptions& o,
+       const nlohmann::json& config)
       : model_(m), state_(std::make_shared<FsdpState>()), where_(flat_placement(ctx)) {
     state_->group = ctx.dp_cp_group();
     state_->bf16 = o.bf16_communication;
     broadcast_model_state(model_, *state_->group);
     const int W = state_->group->size(), r = state_->group->rank();
 
-    // Units: the blocks, then the root (every parameter not inside a block).
-    const std::vector<std::string> block_names = repeated_blocks(model_, "fsdp");
+    // Units: the blocks (named in the config, else the repeated blocks; none: the model is one
+    // unit), then the root (every parameter not inside a block).
+    const std::vector<std::string> block_names = unit_names(model_, config, "fsdp");
     NamedTensors all = model_.named_parameters(), rest;
     for (const auto& [name, p] : all) {
       bool in_block = false;
@@ -286,7 +288,7 @@ class Fsdp : public GradSync {
     for (ShardPiece& p : pieces_) p.leaf.set_grad(p.grad);
   }
 
-  models::LanguageModel& model_;
+  nn::Module& model_;
   std::shared_ptr<FsdpState> state_;
   WholePlacement where_;  // parameters, gradients and state split over the dp x cp group
   std::vector<ShardPiece> pieces_;
@@ -296,20 +298,22 @@ class Fsdp : public GradSync {
 
 }  // namespace
 
-std::unique_ptr<GradSync> make_fsdp(models::LanguageModel& model, const dist::ParallelContext& ctx,
-                                    const GradSyncOptions& o) {
-  return std::make_unique<Fsdp>(model, ctx, o);
+std::unique_ptr<GradSync> make_fsdp(nn::Module& model, const dist::ParallelContext& ctx,
+                                    const GradSyncOptions& o, const nlohmann::json& config) {
+  return std::make_unique<Fsdp>(model, ctx, o, config);
 }
 
 MethodSpec fsdp_method() {
   return {.name = "fsdp",
           .slot = "grad_sync",
           .exclusive_slot = true,
-          .config_keys = {},
+          .config_keys = {"units"},
           .apply =
-              [](const nlohmann::json&, TrainingPlan& plan) {
+              [](const nlohmann::json& c, TrainingPlan& plan) {
+                check_units_config(c, "fsdp");
                 plan.grad_sync_method = "fsdp";
-                plan.grad_sync = make_fsdp;
+                plan.grad_sync = [c](nn::Module& m, const dist::ParallelContext& ctx,
+                                     const GradSyncOptions& o) { return make_fsdp(m, ctx, o, c); };
               },
           .needs_ranks = true,
           .search_choices =

@@ -7,6 +7,8 @@
 // removed and parameters moved into flat buffers or sharded go back into storage of their own
 // (fsdp gathers them first, a collective: see ~Fsdp). Gradients are dropped.
 
+#include <nlohmann/json.hpp>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,21 +73,21 @@ class GradSync {
 /// Without a data-parallel method: nothing to synchronise (one rank, or ranks that only replicate
 /// along mesh dimensions no method uses; the context places the replicas; null: one process
 /// without acc::dist).
-std::unique_ptr<GradSync> make_local(models::LanguageModel& model,
-                                     const dist::ParallelContext* ctx);
+std::unique_ptr<GradSync> make_local(nn::Module& model, const dist::ParallelContext* ctx);
 /// The data-parallel methods reduce gradients over the context's dp x cp group.
-std::unique_ptr<GradSync> make_ddp(models::LanguageModel& model, const dist::ParallelContext& ctx,
+std::unique_ptr<GradSync> make_ddp(nn::Module& model, const dist::ParallelContext& ctx,
                                    const GradSyncOptions& o);
 /// ZeRO stage 1 (optimizer state sharded) or 2 (+ gradients sharded).
-std::unique_ptr<GradSync> make_zero(models::LanguageModel& model, const dist::ParallelContext& ctx,
-                                    int stage, const GradSyncOptions& o);
-std::unique_ptr<GradSync> make_fsdp(models::LanguageModel& model, const dist::ParallelContext& ctx,
+std::unique_ptr<GradSync> make_zero(nn::Module& model, const dist::ParallelContext& ctx, int stage,
                                     const GradSyncOptions& o);
+/// `config`: the method's, for its "units" (unit_names).
+std::unique_ptr<GradSync> make_fsdp(nn::Module& model, const dist::ParallelContext& ctx,
+                                    const GradSyncOptions& o, const nlohmann::json& config = {});
 
 // ---- shared pieces ----
 
 /// Rank 0's parameters and buffers on every rank, so that all replicas start identical.
-void broadcast_model_state(models::LanguageModel& model, dist::ProcessGroup& group);
+void broadcast_model_state(nn::Module& model, dist::ProcessGroup& group);
 
 /// How a whole (unsharded) parameter lies on the mesh: replicated along every dimension; this
 /// rank's replica index and the count (dist::replica_of / replicas_of).
@@ -106,15 +108,20 @@ void add_whole(PlacementTable& table, const std::string& name, const Shape& shap
 
 /// Every parameter of `model` whole (local, ddp): the optimizer pieces, and the placement entries
 /// of the parameters and their gradients.
-std::vector<OptimPiece> whole_pieces(const models::LanguageModel& model, const WholePlacement& w);
-void add_whole_params_and_grads(PlacementTable& table, const models::LanguageModel& model,
+std::vector<OptimPiece> whole_pieces(const nn::Module& model, const WholePlacement& w);
+void add_whole_params_and_grads(PlacementTable& table, const nn::Module& model,
                                 const WholePlacement& where);
 
-/// Dotted names of the model's repeated blocks (trace::find_blocks' largest group), the units that
-/// fsdp shards by and checkpoint and amp wrap. Throws acc::ValueError naming `method` when the
-/// model has none.
-std::vector<std::string> repeated_blocks(const models::LanguageModel& model,
-                                         const std::string& method);
+/// The units fsdp shards by and recomputation and amp wrap: the modules the method's config names
+/// in "units" (a ModuleList stands for its children: {"units": ["encoder.layers"]}), else the
+/// model's repeated blocks (trace::find_blocks' largest group), else none (the model is one
+/// unit). Throws acc::ValueError naming `method` and the value for "units" that is not a non-empty
+/// list of strings, a name that is no module of the model (listing the children at the level where
+/// it goes wrong), the root, or a unit named twice or inside another.
+std::vector<std::string> unit_names(const nn::Module& model, const nlohmann::json& config,
+                                    const std::string& method);
+/// Validates a config's "units" (when present) without a model, for a method's apply.
+void check_units_config(const nlohmann::json& config, const std::string& method);
 
 /// Parameters in reverse registration order (the order gradients become ready), grouped into
 /// buckets of at most `bucket_bytes` (a larger parameter gets a bucket of its own), each bucket
@@ -161,7 +168,7 @@ struct ShardPiece {
   Tensor grad;            // fsdp: 1-D view of the gradient shard (zero re-derives it per step)
 };
 /// `pieces` in the model's parameter order (buckets run in reverse), as optimizers list them.
-void sort_by_model(std::vector<ShardPiece>& pieces, const models::LanguageModel& model);
+void sort_by_model(std::vector<ShardPiece>& pieces, const nn::Module& model);
 /// The optimizer pieces of a sharded strategy: split over the dp x cp ranks (`where`:
 /// flat_placement).
 std::vector<OptimPiece> optim_pieces(const std::vector<ShardPiece>& pieces,

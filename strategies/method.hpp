@@ -52,13 +52,13 @@ struct TrainingPlan {
 
   struct Transform {
     std::string method;
-    std::function<Undo(models::LanguageModel&)> apply;
+    std::function<Undo(nn::Module&)> apply;
   };
   std::vector<Transform> model_transforms;
 
   /// The grad_sync method's name ("" when none: the local, single-rank GradSync).
   std::string grad_sync_method;
-  std::function<std::unique_ptr<GradSync>(models::LanguageModel&, const dist::ParallelContext&,
+  std::function<std::unique_ptr<GradSync>(nn::Module&, const dist::ParallelContext&,
                                           const GradSyncOptions&)>
       grad_sync;
   /// Options any method may set (amp turns bf16 communication on).
@@ -67,11 +67,9 @@ struct TrainingPlan {
   /// The step schedule: micro-batches per optimizer step, gradients synchronised on the last.
   int micro_batches = 1;
 
-  /// idx (B, T), targets (B, T) -> the mean loss of the micro-batch.
-  std::function<Tensor(models::LanguageModel&, const Tensor&, const Tensor&)> loss =
-      [](models::LanguageModel& m, const Tensor& idx, const Tensor& tgt) {
-        return m.loss(idx, tgt);
-      };
+  /// A micro-batch -> its mean loss: the user's loss function (ApplyOptions::loss, a language
+  /// model's next-token loss by default), which a method may wrap.
+  LossFn loss;
 };
 
 struct MethodSpec {
@@ -105,7 +103,7 @@ int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& confi
 /// larger messages: less latency per step, less overlap with backward).
 std::vector<nlohmann::json> bucket_choices(const SearchContext&);
 
-/// The plan of a parsed strategy.
-TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context);
+/// The plan of a parsed strategy, starting from `loss` (which methods may wrap or replace).
+TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, LossFn loss = {});
 
 }  // namespace acc::strategies

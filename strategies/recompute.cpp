@@ -1,7 +1,9 @@
 // The "checkpoint" method (ATorch's name, kept in strategy JSON): activation recomputation. The
-// first N repeated blocks (repeated_blocks, i.e. trace::find_blocks: the blocks the tracer's
-// recompute option wraps, through the same nn::recompute_blocks) keep only their input during
-// forward and run again in backward. Config: {"blocks": N | "all"} (default "all"). N larger than
+// first N units keep only their input during forward and run again in backward. The units are
+// the modules named in {"units": [...]} (a ModuleList stands for its children), else the model's
+// repeated blocks (unit_names, i.e. trace::find_blocks: the blocks the tracer's recompute option
+// wraps, through the same nn::recompute_blocks); a model with neither is refused, naming how to
+// name units. Config: {"blocks": N | "all", "units": [...]} (default "all"). N larger than
 // the number of blocks is refused when the method is applied (issue 29: "blocks": 99 on a 2-block
 // model was taken as "all" without a word; a count that does not fit is a config written for
 // another model).
@@ -17,7 +19,7 @@ MethodSpec recompute_method() {
   return {.name = "checkpoint",
           .slot = "checkpoint",
           .exclusive_slot = false,
-          .config_keys = {"blocks"},
+          .config_keys = {"blocks", "units"},
           .apply =
               [](const nlohmann::json& c, TrainingPlan& plan) {
                 int64_t n = -1;  // all
@@ -32,13 +34,17 @@ MethodSpec recompute_method() {
                     n = v.get<int64_t>();
                   }
                 }
+                check_units_config(c, "checkpoint");
                 plan.model_transforms.push_back(
-                    {"checkpoint", [n](models::LanguageModel& model) -> Undo {
-                       std::vector<std::string> blocks = repeated_blocks(model, "checkpoint");
+                    {"checkpoint", [n, c](nn::Module& model) -> Undo {
+                       std::vector<std::string> blocks = unit_names(model, c, "checkpoint");
+                       ACC_CHECK(!blocks.empty(), "checkpoint: the model (", model.type_name(),
+                                 ") has no repeated blocks to recompute: name its units, e.g. "
+                                 "{\"units\": [\"encoder.layers\"]}");
                        const auto have = static_cast<int64_t>(blocks.size());
                        ACC_CHECK(n <= have, "checkpoint: blocks ", n, " is more than the ", have,
-                                 " repeated block(s) of the model (", blocks.front(), " ... ",
-                                 blocks.back(), "): give at most ", have, " or \"all\"");
+                                 " unit(s) of the model (", blocks.front(), " ... ", blocks.back(),
+                                 "): give at most ", have, " or \"all\"");
                        if (n >= 0) blocks.resize(static_cast<size_t>(n));
                        return nn::recompute_blocks(model, blocks);
                      }});

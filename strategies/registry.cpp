@@ -170,9 +170,10 @@ std::string describe(const Strategy& s) {
   return out.empty() ? "single process" : out;
 }
 
-TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context) {
+TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, LossFn loss) {
   TrainingPlan plan;
   plan.context = std::move(context);
+  plan.loss = std::move(loss);
   for (const auto& m : s) {
     const MethodSpec* spec = find(m.name);
     ACC_CHECK(spec != nullptr, "unknown method '", m.name, "' (known: ", known_names(), ")");

@@ -8,6 +8,7 @@
 
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/dist.hpp"
+#include "acc/models/language_model.hpp"
 #include "acc/optim/clip_grad.hpp"
 #include "acc/tensor/kernels.hpp"
 #include "acc/util/error.hpp"
@@ -76,9 +77,37 @@ std::unique_ptr<optim::Optimizer> build_optimizer(const optim::OptimizerFactory&
   return factory.build(std::move(local));
 }
 
+// The loss a Trainer minimises: the one given, else a language model's next-token loss.
+LossFn loss_of(const ApplyOptions& o, const nn::Module& model) {
+  if (o.loss) return o.loss;
+  ACC_CHECK(dynamic_cast<const models::LanguageModel*>(&model) != nullptr, "apply: the model (",
+            model.type_name(),
+            ") is not a language model, so it has no loss of its own: give ApplyOptions::loss, a "
+            "function (Module&, const Batch&) -> its mean loss");
+  return language_model_loss();
+}
+
+// What ranks must agree on about the model: a language model's type and config; any other
+// module's class (its parameter shapes are compared beside it).
+nlohmann::json model_facts(const nn::Module& model) {
+  if (const auto* lm = dynamic_cast<const models::LanguageModel*>(&model)) {
+    return {{"type", lm->model_type()}, {"config", lm->config_json()}};
+  }
+  return {{"type", model.type_name()}};
+}
+
 }  // namespace
 
-Trainer::Trainer(models::LanguageModelPtr model, optim::OptimizerFactory factory, Strategy strategy,
+LossFn language_model_loss() {
+  return [](nn::Module& m, const data::Batch& batch) {
+    auto* lm = dynamic_cast<models::LanguageModel*>(&m);
+    ACC_CHECK_AS(TypeError, lm != nullptr, "language_model_loss: the model (", m.type_name(),
+                 ") is not a models::LanguageModel");
+    return lm->loss(batch.idx(), batch.targets());
+  };
+}
+
+Trainer::Trainer(nn::ModulePtr model, optim::OptimizerFactory factory, Strategy strategy,
                  ApplyOptions options)
     : model_(std::move(model)),
       strategy_(std::move(strategy)),
@@ -89,7 +118,7 @@ Trainer::Trainer(models::LanguageModelPtr model, optim::OptimizerFactory factory
   ACC_CHECK(options_.grad_clip >= 0, "apply: grad_clip must be >= 0, got ", options_.grad_clip);
   context_ = context_of(options_);
   if (context_ && context_->world_size() > 1) check_ranks_agree();
-  impl_->plan = make_plan(strategy_, context_);
+  impl_->plan = make_plan(strategy_, context_, loss_of(options_, *model_));
   const TrainingPlan& plan = impl_->plan;
   micro_batches_ = plan.micro_batches;
   // Ranks that differ along dp or cp train on different data: without a data-parallel method
@@ -122,12 +151,11 @@ Trainer::Trainer(models::LanguageModelPtr model, optim::OptimizerFactory factory
 void Trainer::check_ranks_agree() {
   nlohmann::json parameters = nlohmann::json::object();
   for (const auto& [name, p] : model_->named_parameters()) parameters[name] = p.shape();
-  const nlohmann::json facts = {
-      {"model", {{"type", model_->model_type()}, {"config", model_->config_json()}}},
-      {"parameters", parameters},
-      {"strategy", to_json(strategy_)},
-      {"grad_clip", options_.grad_clip},
-      {"run", options_.agreement}};
+  const nlohmann::json facts = {{"model", model_facts(*model_)},
+                                {"parameters", parameters},
+                                {"strategy", to_json(strategy_)},
+                                {"grad_clip", options_.grad_clip},
+                                {"run", options_.agreement}};
   dist::check_agreement(*context_->world(), facts);
 }
 
@@ -139,13 +167,11 @@ Trainer::~Trainer() {
 double Trainer::train_step(const data::Batch& batch) {
   ACC_CHECK(losses_in_step_ == 0, "train_step: a plain-loop step is open (loss() called ",
             losses_in_step_, " time(s) since the last step())");
-  const int64_t B = batch.idx.size(0);
-  ACC_CHECK(B % micro_batches_ == 0, "train_step: batch of ", B, " sequences does not split into ",
-            micro_batches_, " micro-batches (grad_accum steps)");
-  const int64_t mb = B / micro_batches_;
+  const std::vector<data::Batch> parts =
+      batch.split(micro_batches_, "train_step (micro-batches: grad_accum steps)");
   double loss_sum = 0;
   for (int i = 0; i < micro_batches_; ++i) {
-    Tensor l = loss(batch.idx.narrow(0, i * mb, mb), batch.targets.narrow(0, i * mb, mb));
+    Tensor l = loss(parts[static_cast<size_t>(i)]);
     loss_sum += l.item();
     Tensor scaled = micro_batches_ > 1 ? scale(l, 1.0 / micro_batches_) : l;
     progress::phase(progress::Phase::kBackward);
@@ -163,6 +189,10 @@ double Trainer::train_step(const data::Batch& batch) {
 }
 
 Tensor Trainer::loss(const Tensor& idx, const Tensor& targets) {
+  return loss(data::Batch(idx, targets));
+}
+
+Tensor Trainer::loss(const data::Batch& micro_batch) {
   ACC_CHECK(losses_in_step_ < micro_batches_, "Trainer::loss: call ", losses_in_step_ + 1,
             " in one step, but the strategy accumulates ", micro_batches_,
             " micro-batch(es) per step: call step() after the last one's backward");
@@ -174,7 +204,19 @@ Tensor Trainer::loss(const Tensor& idx, const Tensor& targets) {
   sync.set_sync(losses_in_step_ + 1 == micro_batches_);
   ++losses_in_step_;
   progress::phase(progress::Phase::kForward);
-  return impl_->plan.loss(*model_, idx, targets);
+  Tensor l = impl_->plan.loss(*model_, micro_batch);
+  ACC_CHECK(l.defined(), "Trainer::loss: the loss function returned an undefined tensor (batch ",
+            micro_batch.describe(), ")");
+  ACC_CHECK_AS(ShapeError, l.numel() == 1,
+               "Trainer::loss: the loss function must return the mean "
+               "loss, one element, but returned shape ",
+               l.shape(), " (batch ", micro_batch.describe(), "): reduce it, e.g. with mean()");
+  ACC_CHECK_AS(TypeError, l.dtype() == DType::kFloat32, "Trainer::loss: the loss must be f32, got ",
+               dtype_name(l.dtype()));
+  ACC_CHECK(l.requires_grad(),
+            "Trainer::loss: the loss does not depend on any parameter that "
+            "requires grad (computed under NoGradGuard, or detached?)");
+  return l;
 }
 
 void Trainer::step() {
@@ -307,7 +349,7 @@ std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
   return out;
 }
 
-std::unique_ptr<Trainer> apply(models::LanguageModelPtr model, optim::OptimizerFactory factory,
+std::unique_ptr<Trainer> apply(nn::ModulePtr model, optim::OptimizerFactory factory,
                                const Strategy& strategy, ApplyOptions options) {
   return std::make_unique<Trainer>(std::move(model), std::move(factory), strategy,
                                    std::move(options));

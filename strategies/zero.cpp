@@ -19,8 +19,7 @@ namespace {
 
 class Zero : public GradSync {
  public:
-  Zero(models::LanguageModel& m, const dist::ParallelContext& ctx, int stage,
-       const GradSyncOptions& o)
+  Zero(nn::Module& m, const dist::ParallelContext& ctx, int stage, const GradSyncOptions& o)
       : model_(m),
         group_(ctx.dp_cp_group()),
         stage_(stage),
@@ -130,7 +129,7 @@ class Zero : public GradSync {
     }
   }
 
-  models::LanguageModel& model_;
+  nn::Module& model_;
   dist::ProcessGroupPtr group_;  // the context's dp x cp group
   int stage_;
   WholePlacement whole_;       // parameters (and zero1's gradients): whole on every rank
@@ -150,7 +149,7 @@ MethodSpec zero_method(int stage) {
               [name, stage](const nlohmann::json& c, TrainingPlan& plan) {
                 plan.grad_sync_method = name;
                 plan.sync_options.bucket_bytes = bucket_bytes_from(name, c);
-                plan.grad_sync = [stage](models::LanguageModel& m, const dist::ParallelContext& ctx,
+                plan.grad_sync = [stage](nn::Module& m, const dist::ParallelContext& ctx,
                                          const GradSyncOptions& o) {
                   return make_zero(m, ctx, stage, o);
                 };
@@ -180,8 +179,8 @@ MethodSpec zero_method(int stage) {
 
 }  // namespace
 
-std::unique_ptr<GradSync> make_zero(models::LanguageModel& model, const dist::ParallelContext& ctx,
-                                    int stage, const GradSyncOptions& o) {
+std::unique_ptr<GradSync> make_zero(nn::Module& model, const dist::ParallelContext& ctx, int stage,
+                                    const GradSyncOptions& o) {
   ACC_CHECK(stage == 1 || stage == 2, "zero: stage must be 1 or 2, got ", stage);
   return std::make_unique<Zero>(model, ctx, stage, o);
 }

@@ -564,8 +564,8 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
     const int64_t per_rank = o.global_batch / world;
     const data::Batch batch =
         o.sample_batch ? *o.sample_batch : random_batch(per_rank, o.seq_len, model->vocab_size());
-    ACC_CHECK(batch.idx.size(0) == per_rank, "auto_accelerate: sample_batch has ",
-              batch.idx.size(0), " samples, this rank's share of global_batch ", o.global_batch,
+    ACC_CHECK(batch.idx().size(0) == per_rank, "auto_accelerate: sample_batch has ",
+              batch.idx().size(0), " samples, this rank's share of global_batch ", o.global_batch,
               " over ", world, " rank(s) is ", per_rank);
     Timer dry;
     bool out_of_time = false;

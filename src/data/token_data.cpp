@@ -205,9 +205,9 @@ int64_t BatchLoader::sample_start(int64_t global_sample) const {
 Batch BatchLoader::batch_at(int64_t step) const {
   ACC_CHECK(step >= 0, "batch loader: negative step ", step);
   const int64_t B = options_.batch_size, T = options_.seq_len;
-  Batch batch{empty({B, T}, {DType::kInt64}), empty({B, T}, {DType::kInt64})};
-  int64_t* idx = batch.idx.data<int64_t>();      // (B, T)
-  int64_t* tgt = batch.targets.data<int64_t>();  // (B, T)
+  Tensor inputs = empty({B, T}, {DType::kInt64}), targets = empty({B, T}, {DType::kInt64});
+  int64_t* idx = inputs.data<int64_t>();   // (B, T)
+  int64_t* tgt = targets.data<int64_t>();  // (B, T)
   const std::vector<uint32_t>& tok = tokens_->tokens();
   const int64_t first = step * global_batch_size() + int64_t{options_.rank} * B;
   for (int64_t b = 0; b < B; ++b) {
@@ -217,7 +217,7 @@ Batch BatchLoader::batch_at(int64_t step) const {
       tgt[b * T + t] = tok[static_cast<size_t>(p + t + 1)];
     }
   }
-  return batch;
+  return Batch(std::move(inputs), std::move(targets));
 }
 
 Batch BatchLoader::next() {

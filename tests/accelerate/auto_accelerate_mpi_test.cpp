@@ -85,7 +85,7 @@ TEST(AutoAccelerate, ChoosesAlikeAndTrainsAsTheChoiceAppliedByHand) {
     const data::Batch batch = batch_for(step, b, 16);
     const int64_t mb = b / k;
     for (int i = 0; i < k; ++i) {
-      Tensor l = r.loss(batch.idx.narrow(0, i * mb, mb), batch.targets.narrow(0, i * mb, mb));
+      Tensor l = r.loss(batch.idx().narrow(0, i * mb, mb), batch.targets().narrow(0, i * mb, mb));
       (k > 1 ? scale(l, 1.0 / k) : l).backward();
     }
     r.step();

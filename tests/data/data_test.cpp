@@ -182,9 +182,9 @@ TEST_F(TokenData, SequentialWindowsFollowTheFormulaAndTargetsAreShiftedByOne) {
   BatchLoader loader(iota_tokens(N), options(B, T, SampleOrder::kSequential));
   for (int64_t s = 0; s < 6; ++s) {
     Batch batch = loader.next();
-    EXPECT_EQ(batch.idx.shape(), (Shape{B, T}));
-    EXPECT_EQ(batch.targets.shape(), (Shape{B, T}));
-    const auto idx = values(batch.idx), tgt = values(batch.targets);
+    EXPECT_EQ(batch.idx().shape(), (Shape{B, T}));
+    EXPECT_EQ(batch.targets().shape(), (Shape{B, T}));
+    const auto idx = values(batch.idx()), tgt = values(batch.targets());
     for (int64_t b = 0; b < B; ++b) {
       const int64_t p = ((s * B + b) * T) % (N - T);
       EXPECT_EQ(loader.sample_start(s * B + b), p);
@@ -206,7 +206,7 @@ TEST_F(TokenData, SequentialOrderMatchesTheTrainReferenceFile) {
   BatchLoader loader(tokens, options(B, T, SampleOrder::kSequential));
   for (int64_t s = 0; s < 20; ++s) {
     Batch batch = loader.next();
-    const auto idx = values(batch.idx), tgt = values(batch.targets);
+    const auto idx = values(batch.idx()), tgt = values(batch.targets());
     for (int64_t b = 0; b < B; ++b) {
       const int64_t start = ((s * B + b) * T) % (20000 - T);
       for (int64_t t = 0; t < T; ++t) {
@@ -222,7 +222,7 @@ TEST_F(TokenData, RandomWindowsComeFromPhiloxAndStayInRange) {
   BatchLoader loader(iota_tokens(N), options(B, T, SampleOrder::kRandom, 1234));
   for (int64_t s = 0; s < 5; ++s) {
     Batch batch = loader.next();
-    const auto idx = values(batch.idx), tgt = values(batch.targets);
+    const auto idx = values(batch.idx()), tgt = values(batch.targets());
     for (int64_t b = 0; b < B; ++b) {
       const int64_t g = s * B + b;
       uint32_t w[4];
@@ -248,10 +248,10 @@ TEST_F(TokenData, RandomOrderIsReproducibleBySeedAndDiffersAcrossSeeds) {
   std::set<int64_t> starts;
   for (int s = 0; s < 4; ++s) {
     Batch ba = a.next(), bb = b.next(), bc = c.next();
-    EXPECT_EQ(values(ba.idx), values(bb.idx));
-    EXPECT_EQ(values(ba.targets), values(bb.targets));
-    EXPECT_NE(values(ba.idx), values(bc.idx));
-    for (int64_t i = 0; i < 8; ++i) starts.insert(values(ba.idx)[i * 32]);
+    EXPECT_EQ(values(ba.idx()), values(bb.idx()));
+    EXPECT_EQ(values(ba.targets()), values(bb.targets()));
+    EXPECT_NE(values(ba.idx()), values(bc.idx()));
+    for (int64_t i = 0; i < 8; ++i) starts.insert(values(ba.idx())[i * 32]);
   }
   EXPECT_GT(starts.size(), 28u);  // 32 draws from 9968 starts: collisions are rare
 }
@@ -272,12 +272,12 @@ TEST_F(TokenData, RankSlicesConcatenateToTheSingleProcessBatch) {
         std::vector<int64_t> idx, tgt;
         for (auto& loader : ranks) {
           Batch got = loader.next();
-          EXPECT_EQ(got.idx.shape(), (Shape{B, T}));
-          for (int64_t v : values(got.idx)) idx.push_back(v);
-          for (int64_t v : values(got.targets)) tgt.push_back(v);
+          EXPECT_EQ(got.idx().shape(), (Shape{B, T}));
+          for (int64_t v : values(got.idx())) idx.push_back(v);
+          for (int64_t v : values(got.targets())) tgt.push_back(v);
         }
-        EXPECT_EQ(idx, values(want.idx)) << "step " << s;
-        EXPECT_EQ(tgt, values(want.targets)) << "step " << s;
+        EXPECT_EQ(idx, values(want.idx())) << "step " << s;
+        EXPECT_EQ(tgt, values(want.targets())) << "step " << s;
       }
     }
   }
@@ -285,11 +285,11 @@ TEST_F(TokenData, RankSlicesConcatenateToTheSingleProcessBatch) {
 
 TEST_F(TokenData, PeekBatchAtAndSetStepAgreeWithNext) {
   BatchLoader loader(iota_tokens(500), options(2, 8, SampleOrder::kRandom, 3));
-  EXPECT_EQ(values(loader.peek().idx), values(loader.batch_at(0).idx));
+  EXPECT_EQ(values(loader.peek().idx()), values(loader.batch_at(0).idx()));
   EXPECT_EQ(loader.step(), 0);
-  EXPECT_EQ(values(loader.next().idx), values(loader.batch_at(0).idx));
+  EXPECT_EQ(values(loader.next().idx()), values(loader.batch_at(0).idx()));
   loader.set_step(5);
-  EXPECT_EQ(values(loader.next().idx), values(loader.batch_at(5).idx));
+  EXPECT_EQ(values(loader.next().idx()), values(loader.batch_at(5).idx()));
   EXPECT_EQ(loader.step(), 6);
 }
 
@@ -314,8 +314,8 @@ TEST_F(TokenData, ResumeFromStateGivesTheSameNextBatches) {
     EXPECT_EQ(b.step(), 3);
     for (int i = 0; i < 4; ++i) {
       Batch ba = a.next(), bb = b.next();
-      EXPECT_EQ(values(ba.idx), values(bb.idx));
-      EXPECT_EQ(values(ba.targets), values(bb.targets));
+      EXPECT_EQ(values(ba.idx()), values(bb.idx()));
+      EXPECT_EQ(values(ba.targets()), values(bb.targets()));
     }
   }
 }
@@ -330,9 +330,9 @@ TEST_F(TokenData, ResumeOnAnotherWorldSizeKeepsTheGlobalBatch) {
   BatchLoader r1(tokens, options(4, 16, SampleOrder::kRandom, 5, 1, 2));
   r0.load_state(saved);
   r1.load_state(saved);
-  std::vector<int64_t> both = values(r0.next().idx);
-  for (int64_t v : values(r1.next().idx)) both.push_back(v);
-  EXPECT_EQ(both, values(single.next().idx));
+  std::vector<int64_t> both = values(r0.next().idx());
+  for (int64_t v : values(r1.next().idx())) both.push_back(v);
+  EXPECT_EQ(both, values(single.next().idx()));
 }
 
 TEST_F(TokenData, LoadStateRejectsAMismatchNamingBothValues) {

@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include "acc/autograd/ops.hpp"
+#include "acc/data/token_data.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
@@ -104,10 +105,10 @@ TrainRun train(const std::string& strategy_json, dist::ProcessGroupPtr group,
     }
     const data::Batch b = loader.next();
     const int k = trainer->grad_accum_steps();
-    const int64_t mb = b.idx.size(0) / k;
+    const int64_t mb = b.idx().size(0) / k;
     double sum = 0;
     for (int i = 0; i < k; ++i) {
-      Tensor l = trainer->loss(b.idx.narrow(0, i * mb, mb), b.targets.narrow(0, i * mb, mb));
+      Tensor l = trainer->loss(b.idx().narrow(0, i * mb, mb), b.targets().narrow(0, i * mb, mb));
       sum += l.item();
       (k > 1 ? scale(l, 1.0 / k) : l).backward();
     }

@@ -12,6 +12,7 @@
 
 #include <cmath>
 
+#include "acc/data/token_data.hpp"
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/device_mesh.hpp"
 #include "acc/dist/dist.hpp"
@@ -189,10 +190,10 @@ TEST(MeshData, EachRankReadsWhatItsDpCoordinateSays) {
   for (int64_t s = 0; s < 3; ++s) {
     const data::Batch b = mine.next();
     const data::Batch all = global.next();
-    const int64_t B = b.idx.size(0), dp = mesh.coordinate(dist::MeshDim::kDp);
-    EXPECT_EQ(b.idx.to_vector<int64_t>(), all.idx.narrow(0, dp * B, B).to_vector<int64_t>());
+    const int64_t B = b.idx().size(0), dp = mesh.coordinate(dist::MeshDim::kDp);
+    EXPECT_EQ(b.idx().to_vector<int64_t>(), all.idx().narrow(0, dp * B, B).to_vector<int64_t>());
     // tp peers read the same samples, the two dp coordinates different ones.
-    const auto ids = b.idx.to_vector<int64_t>();
+    const auto ids = b.idx().to_vector<int64_t>();
     const std::string h = std::to_string(acc::fnv1a64(
         std::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int64_t))));
     const auto tp_peers = dist::allgather_text(*mesh.group(dist::MeshDim::kTp), h);

@@ -191,7 +191,7 @@ TEST(Reversible, DroppedTrainerLeavesAModelThatTrainsLikeAnUntouchedOne) {
       for (int64_t step = 0; step < 3; ++step) {
         opt.zero_grad();
         const data::Batch b = batch_for(10 + step, 4, rank);
-        Tensor loss = models[k]->loss(b.idx, b.targets);
+        Tensor loss = models[k]->loss(b.idx(), b.targets());
         losses[k].push_back(loss.item());
         loss.backward();
         opt.step();
@@ -247,7 +247,7 @@ TEST(Checkpoint, LowersThePeakAsTheTracePredicts) {
   for (int64_t blocks : {int64_t{0}, L / 2, L}) {
     SCOPED_TRACE("blocks " + std::to_string(blocks));
     auto model = make_model(L);
-    Tensor idx = batch_for(0, B, 0).idx;
+    Tensor idx = batch_for(0, B, 0).idx();
     trace::Trace t =
         trace::trace(*model, {idx, idx},
                      {.recompute = blocks > 0 ? trace::Recompute::kBlock : trace::Recompute::kNone,
@@ -285,7 +285,7 @@ TEST(Amp, StoresBlockActivationsInBf16AsTheTracePredicts) {
   for (bool amp : {false, true}) {
     SCOPED_TRACE(amp ? "amp" : "fp32");
     auto model = make_model(L);
-    Tensor idx = batch_for(0, B, 0).idx;
+    Tensor idx = batch_for(0, B, 0).idx();
     est[amp] = trace::estimate_memory(trace::trace(*model, {idx, idx}, {.bf16_activations = amp}),
                                       "adamw");
     auto trainer = strategies::apply(

@@ -123,7 +123,8 @@ TEST(Strategy, OneRankTrainerSplitsMicroBatches) {
     trainer->train_step(b);
     FAIL();
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("4 sequences does not split into 3"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("a batch of 4 sample(s) does not split into 3"),
+              std::string::npos);
   }
   data::Batch ok{randint(0, 32, {6, 8}), randint(0, 32, {6, 8})};
   EXPECT_TRUE(std::isfinite(trainer->train_step(ok)));

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "acc/data/batch.hpp"
 #include "acc/tensor/tensor.hpp"
 
 namespace acc::data {
@@ -83,12 +84,6 @@ struct LoaderOptions {
   int world = 1;
 };
 
-/// One step's samples of this rank.
-struct Batch {
-  Tensor idx;      // (B, T) i64 inputs
-  Tensor targets;  // (B, T) i64, idx shifted by one token
-};
-
 /// Deterministic (B, T) batches from a TokenFile. The batch of a step is a pure function of
 /// (tokens, options, step), so a loader resumes exactly from step() alone. Not thread-safe:
 /// use one loader per thread.
@@ -99,7 +94,8 @@ class BatchLoader {
   /// says how many are needed).
   BatchLoader(std::shared_ptr<const TokenFile> tokens, LoaderOptions options);
 
-  /// The batch of step() for this rank; then advances step() by one.
+  /// The batch of step() for this rank ({"idx", "targets"}, (B, T) i64 each, the targets the
+  /// inputs shifted by one token); then advances step() by one.
   Batch next();
   /// The batch next() would return, without advancing.
   Batch peek() const { return batch_at(step_); }

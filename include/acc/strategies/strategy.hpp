@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "acc/data/token_data.hpp"
+#include "acc/data/batch.hpp"
 #include "acc/dist/device_mesh.hpp"
 #include "acc/dist/process_group.hpp"
 #include "acc/dist/sharding.hpp"
@@ -77,7 +77,21 @@ std::string describe(const Strategy& s);
 /// Names of the registered methods.
 std::vector<std::string> method_names();
 
+/// A micro-batch -> its mean loss (a tensor of one element), computed by running the model on the
+/// batch's tensors: the user's loss (ATorch's loss_func). Called once per micro-batch, on this
+/// rank's slice of the batch; the Trainer averages it over micro-batches and data-parallel ranks,
+/// so it must be a mean over the batch's samples for the strategies to equal one process.
+using LossFn = std::function<Tensor(nn::Module&, const data::Batch&)>;
+
+/// A language model's next-token loss: model.loss(batch.idx(), batch.targets()). Throws
+/// acc::TypeError naming the module's type when it is no models::LanguageModel, and what
+/// Batch::at throws when the batch lacks "idx" or "targets".
+LossFn language_model_loss();
+
 struct ApplyOptions {
+  /// The loss of a micro-batch. Empty: language_model_loss() for a models::LanguageModel; any
+  /// other module must be given one (acc::ValueError naming its type otherwise).
+  LossFn loss;
   /// The run's mesh (dist::ParallelContext): gradients are reduced over its dp x cp group, the
   /// loss averaged over it, the gradient norm counts each element once over the whole mesh, and
   /// checkpoints are written over its world. Default: dp over `group`.
@@ -106,7 +120,8 @@ class GradSync;  // the gradient synchronisation of a strategy (internal)
 
 class Trainer {
  public:
-  Trainer(models::LanguageModelPtr model, optim::OptimizerFactory factory, Strategy strategy,
+  /// Any module: its parameters are what the strategy trains, options.loss what it minimises.
+  Trainer(nn::ModulePtr model, optim::OptimizerFactory factory, Strategy strategy,
           ApplyOptions options);
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -115,19 +130,25 @@ class Trainer {
   /// One optimizer step on this rank's slice of the batch: micro-batching, forward, backward,
   /// gradient synchronisation, clipping and the update. Returns the loss averaged over the
   /// micro-batches and the data-parallel ranks (the single-process loss of the global batch).
-  /// Throws acc::ValueError when the batch does not split into the micro-batches.
+  /// Throws acc::ValueError when the batch does not split into the micro-batches (naming its size
+  /// and the count), acc::ShapeError when its tensors disagree on the batch dimension (naming
+  /// them), and what loss() throws.
   double train_step(const data::Batch& batch);
 
   /// The plain loop, which train_step runs (strategies without a pipeline schedule): per optimizer
   /// step, grad_accum_steps() times
-  ///   Tensor l = trainer.loss(idx, targets);   // this rank's micro-batch
+  ///   Tensor l = trainer.loss(micro_batch);   // this rank's micro-batch
   ///   scale(l, 1.0 / grad_accum_steps()).backward();   // (l itself with one micro-batch)
   /// then trainer.step(). The first loss() of a step zeroes the gradients and begins the step
   /// (fsdp gathers its root unit); the last one's backward synchronises the gradients as it runs;
   /// step() waits for them, clips and updates (zero and fsdp: the shards). loss() is the model's
   /// forward as the strategy runs it (amp's autocast). Throws acc::ValueError naming the counts
   /// for a loss() beyond grad_accum_steps() in a step, or a step() after fewer. The loss returned
-  /// is this rank's, not averaged over the ranks (train_step's is).
+  /// is this rank's, not averaged over the ranks (train_step's is). Throws acc::ShapeError naming
+  /// the shape when the loss function returns more than one element, acc::TypeError when it is not
+  /// f32, and acc::ValueError when it is undefined or does not require grad (nothing to train).
+  Tensor loss(const data::Batch& micro_batch);
+  /// A language model's micro-batch: loss(data::Batch(idx, targets)).
   Tensor loss(const Tensor& idx, const Tensor& targets);
   void step();
   /// Runs `fn` once, at the start of the next step() (train_step's included), before anything of
@@ -135,7 +156,8 @@ class Trainer {
   /// training (ckpt::AsyncSaver's copy) makes the update wait until it is done.
   void before_next_update(std::function<void()> fn);
 
-  models::LanguageModel& model() { return *model_; }
+  nn::Module& model() { return *model_; }
+  const nn::ModulePtr& model_ptr() const { return model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
   const Strategy& strategy() const { return strategy_; }
   int grad_accum_steps() const { return micro_batches_; }
@@ -155,7 +177,7 @@ class Trainer {
  private:
   void check_ranks_agree();
   struct Impl;
-  models::LanguageModelPtr model_;
+  nn::ModulePtr model_;
   Strategy strategy_;
   ApplyOptions options_;
   dist::ParallelContextPtr context_;
@@ -169,7 +191,7 @@ class Trainer {
 
 /// Builds the Trainer. Throws what parse_strategy throws, and acc::ValueError when a method needs
 /// what the run does not have.
-std::unique_ptr<Trainer> apply(models::LanguageModelPtr model, optim::OptimizerFactory factory,
+std::unique_ptr<Trainer> apply(nn::ModulePtr model, optim::OptimizerFactory factory,
                                const Strategy& strategy, ApplyOptions options = {});
 
 }  // namespace acc::strategies
