@@ -71,8 +71,15 @@ struct AccelerateOptions {
 };
 
 struct AccelerateResult {
-  models::LanguageModelPtr model;
+  nn::ModulePtr model;
   std::unique_ptr<strategies::Trainer> trainer;
+  /// What this rank reads: its data-parallel coordinate among the chosen layout's data-parallel
+  /// ranks, and the global batch (data::Shard::sample_indices(step) are its samples of a step).
+  data::Shard data;
+  /// 16 hex digits naming what the model computes (trace::model_trace_hash for a language model of
+  /// the registry; the trace of the module on the sample batch otherwise): the strategy cache's
+  /// and checkpoints' model key.
+  std::string model_hash;
   strategies::Strategy strategy;
   /// {"source": "search" | "cache" | "replanned" | "given", "chosen": ..., "budget_bytes": ...,
   ///  "candidates": [{"strategy", "name", "predicted": {...}, "measured": {...}, "status",
@@ -82,6 +89,7 @@ struct AccelerateResult {
   double train_step(const data::Batch& batch) { return trainer->train_step(batch); }
   /// The plain loop instead of train_step (strategies::Trainer::loss and step): per step,
   /// grad_accum_steps() micro-batches of loss(idx, targets) and backward, then step().
+  Tensor loss(const data::Batch& micro_batch) { return trainer->loss(micro_batch); }
   Tensor loss(const Tensor& idx, const Tensor& targets) { return trainer->loss(idx, targets); }
   void step() { trainer->step(); }
   int grad_accum_steps() const { return trainer->grad_accum_steps(); }

@@ -15,6 +15,7 @@
 #include "acc/search/space.hpp"
 #include "acc/search/status.hpp"
 #include "acc/tensor/random.hpp"
+#include "acc/trace/estimate.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
 #include "acc/util/logging.hpp"
@@ -508,6 +509,7 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
 
   AccelerateResult result;
   result.model = model;
+  result.model_hash = trace::model_trace_hash(type, config);
   nlohmann::json report = {{"world", world},       {"global_batch", o.global_batch},
                            {"seq_len", o.seq_len}, {"budget_bytes", s.budget},
                            {"dry_runs", 0},        {"out_of_time", false}};
@@ -664,6 +666,10 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
   result.trainer =
       strategies::apply(model, std::move(factory), result.strategy,
                         {.group = group, .grad_clip = o.grad_clip, .agreement = o.agreement});
+  const dist::ParallelContextPtr& ctx = result.trainer->context();
+  result.data = {.rank = ctx ? ctx->dp_cp_group()->rank() : 0,
+                 .ranks = ctx ? ctx->dp_cp_group()->size() : 1,
+                 .global_batch = o.global_batch};
   return result;
 }
 

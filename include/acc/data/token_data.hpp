@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "acc/data/batch.hpp"
+#include "acc/data/loader.hpp"
 #include "acc/tensor/tensor.hpp"
 
 namespace acc::data {
@@ -87,7 +88,7 @@ struct LoaderOptions {
 /// Deterministic (B, T) batches from a TokenFile. The batch of a step is a pure function of
 /// (tokens, options, step), so a loader resumes exactly from step() alone. Not thread-safe:
 /// use one loader per thread.
-class BatchLoader {
+class BatchLoader : public Loader {
  public:
   /// Throws acc::ValueError on batch_size < 1, seq_len < 1, world < 1, a rank outside
   /// [0, world), a null token file, or a file with fewer than seq_len+1 tokens (the message
@@ -96,7 +97,7 @@ class BatchLoader {
 
   /// The batch of step() for this rank ({"idx", "targets"}, (B, T) i64 each, the targets the
   /// inputs shifted by one token); then advances step() by one.
-  Batch next();
+  Batch next() override;
   /// The batch next() would return, without advancing.
   Batch peek() const { return batch_at(step_); }
   /// The batch of any step for this rank. Throws acc::ValueError on a negative step.
@@ -111,14 +112,14 @@ class BatchLoader {
 
   /// Everything needed to resume exactly: {"step", "seed", "order", "batch_size", "seq_len",
   /// "world", "num_tokens"}.
-  nlohmann::json state() const;
+  nlohmann::json state() const override;
   /// Restores step() from state(). The state must describe the same sample stream: the same
   /// order, seq_len, number of tokens, seed (random order only) and global batch size
   /// batch_size*world (so a run may resume on another number of ranks when the global batch is
   /// kept: sample g is the same sample at any world size). Throws acc::ValueError
   /// naming the field and both values on a mismatch, and on a missing or mistyped field;
   /// nothing changes on error.
-  void load_state(const nlohmann::json& state);
+  void load_state(const nlohmann::json& state) override;
 
   const LoaderOptions& options() const { return options_; }
   const TokenFile& tokens() const { return *tokens_; }
