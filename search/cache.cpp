@@ -76,9 +76,14 @@ StrategyKey StrategyKey::from_json(const nlohmann::json& j, const std::string& w
 
 StrategyKey strategy_key(const std::string& model_type, const nlohmann::json& config, int world,
                          int64_t global_batch, int64_t seq_len) {
+  return strategy_key(trace::ModelRef::registry(model_type, config), world, global_batch, seq_len);
+}
+
+StrategyKey strategy_key(const trace::ModelRef& model, int world, int64_t global_batch,
+                         int64_t seq_len) {
   StrategyKey k;
-  k.model_type = model_type;
-  k.trace_hash = trace::model_trace_hash(model_type, config);
+  k.model_type = model.type();
+  k.trace_hash = model.hash();
   k.world = world;
   k.global_batch = global_batch;
   k.seq_len = seq_len;

@@ -11,15 +11,13 @@
 namespace acc::search {
 namespace {
 
-// A trace of the model at `depth` blocks for a micro-batch, on the meta device.
-trace::Trace shallow_trace(const std::string& type, const nlohmann::json& config, int64_t depth,
-                           int64_t micro_batch, int64_t seq_len, int64_t recompute_blocks,
-                           bool bf16) {
-  DefaultDeviceGuard meta(Device::kMeta);  // what the forward creates is meta too
-  auto model = models::create_meta_model(type, config, depth);
-  const int64_t T = seq_len > 0 ? seq_len : model->max_seq_len();
-  Tensor idx = empty({micro_batch, T}, {DType::kInt64, Device::kMeta});
-  return trace::trace(*model, {idx, idx}, activation_trace_options(recompute_blocks, bf16));
+// A trace of the model at `depth` blocks for a micro-batch, on the meta device (a module that is
+// not the registry's: whole, whatever the depth asked).
+trace::Trace shallow_trace(const trace::ModelRef& model, int64_t depth, int64_t micro_batch,
+                           int64_t seq_len, int64_t recompute_blocks, bool bf16) {
+  if (!model.extrapolates()) depth = model.num_layers();
+  return model.trace(depth, micro_batch, seq_len, activation_trace_options(recompute_blocks, bf16))
+      .trace;
 }
 
 struct Times {
@@ -57,8 +55,12 @@ nlohmann::json TimePrediction::to_json() const {
 
 CostModel::CostModel(std::string model_type, nlohmann::json config, int64_t seq_len,
                      MachineCalibration machine, CommCalibration comm, double contention)
-    : model_type_(std::move(model_type)),
-      config_(std::move(config)),
+    : CostModel(trace::ModelRef::registry(std::move(model_type), std::move(config)), seq_len,
+                std::move(machine), std::move(comm), contention) {}
+
+CostModel::CostModel(trace::ModelRef model, int64_t seq_len, MachineCalibration machine,
+                     CommCalibration comm, double contention)
+    : model_(std::move(model)),
       seq_len_(seq_len),
       machine_(std::move(machine)),
       comm_(std::move(comm)),
@@ -71,9 +73,15 @@ std::vector<GemmShape> CostModel::shapes_to_measure(const std::string& model_typ
                                                     const nlohmann::json& config,
                                                     const std::vector<int64_t>& micro_batches,
                                                     int64_t seq_len) {
+  return shapes_to_measure(trace::ModelRef::registry(model_type, config), micro_batches, seq_len);
+}
+
+std::vector<GemmShape> CostModel::shapes_to_measure(const trace::ModelRef& model,
+                                                    const std::vector<int64_t>& micro_batches,
+                                                    int64_t seq_len) {
   std::set<GemmShape> shapes;
   for (const int64_t b : micro_batches) {
-    for (const auto& s : gemm_shapes(shallow_trace(model_type, config, 1, b, seq_len, 0, false))) {
+    for (const auto& s : gemm_shapes(shallow_trace(model, 1, b, seq_len, 0, false))) {
       shapes.insert(s);
     }
   }
@@ -84,19 +92,31 @@ const CostModel::PassCost& CostModel::pass(int64_t micro_batch, int64_t recomput
                                            bool bf16) {
   const auto key = std::make_tuple(micro_batch, recompute_blocks, bf16);
   if (auto it = passes_.find(key); it != passes_.end()) return it->second;
+  PassCost p;
+  if (!model_.extrapolates()) {
+    // A module traced whole: its own figures, recomputation included.
+    const trace::Trace t = shallow_trace(model_, 0, micro_batch, seq_len_, recompute_blocks, bf16);
+    const Times c = trace_times(t, machine_);
+    p.num_blocks = model_.num_layers();
+    p.forward_s = c.forward;
+    p.backward_s = c.backward;
+    p.parameters = t.num_parameters;
+    const auto groups = model_.trace(p.num_blocks, 1, seq_len_, {}).blocks;
+    p.block_parameters = groups.empty() ? 0 : groups.front().parameters_per_block;
+    return passes_.emplace(key, p).first->second;
+  }
   // cost(L, n) = base + L * block + n * recompute, from traces of 1 and 2 blocks (and one block
   // recomputed when the candidate recomputes any).
-  const trace::Trace t1 = shallow_trace(model_type_, config_, 1, micro_batch, seq_len_, 0, bf16);
-  const trace::Trace t2 = shallow_trace(model_type_, config_, 2, micro_batch, seq_len_, 0, bf16);
+  const trace::Trace t1 = shallow_trace(model_, 1, micro_batch, seq_len_, 0, bf16);
+  const trace::Trace t2 = shallow_trace(model_, 2, micro_batch, seq_len_, 0, bf16);
   const Times c1 = trace_times(t1, machine_), c2 = trace_times(t2, machine_);
   Times rc;
   if (recompute_blocks != 0) {
-    const Times r1 = trace_times(
-        shallow_trace(model_type_, config_, 1, micro_batch, seq_len_, 1, bf16), machine_);
+    const Times r1 =
+        trace_times(shallow_trace(model_, 1, micro_batch, seq_len_, 1, bf16), machine_);
     rc = {r1.forward - c1.forward, r1.backward - c1.backward};
   }
-  PassCost p;
-  p.num_blocks = models::config_num_layers(model_type_, config_);
+  p.num_blocks = model_.num_layers();
   const double L = static_cast<double>(p.num_blocks);
   const int64_t n_rc =
       recompute_blocks < 0 ? p.num_blocks : std::min(recompute_blocks, p.num_blocks);

@@ -1,10 +1,13 @@
 #include "acc/search/dry_run.hpp"
 
+#include <optional>
+
 #include <algorithm>
 #include <atomic>
 
 #include "acc/dist/agreement.hpp"
 #include "acc/tensor/allocator.hpp"
+#include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/timer.hpp"
 
@@ -17,7 +20,44 @@ nlohmann::json DryRunResult::to_json() const {
   return j;
 }
 
-DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerFactory& factory,
+namespace {
+
+// What a candidate trained in place changes, and its undo (see the header).
+class Snapshot {
+ public:
+  explicit Snapshot(nn::Module& model) : model_(model), training_(model.is_training()) {
+    NoGradGuard ng;
+    for (auto& [name, t] : model.named_parameters()) saved_.push_back({t, t.clone()});
+    for (auto& [name, t] : model.named_buffers()) saved_.push_back({t, t.clone()});
+    rng_seed_ = default_generator().seed();
+    rng_offset_ = default_generator().offset();
+  }
+  ~Snapshot() {
+    NoGradGuard ng;
+    for (auto& [live, copy] : saved_) {
+      // Storage of its own holding the saved values, whatever the strategy did to the handle.
+      TensorImpl* impl = live.impl();
+      impl->storage = copy.storage();
+      impl->offset = copy.offset();
+      impl->strides = copy.strides();
+      live.set_grad(Tensor());
+    }
+    model_.train(training_);
+    default_generator().set_state(rng_seed_, rng_offset_);
+  }
+  Snapshot(const Snapshot&) = delete;
+  Snapshot& operator=(const Snapshot&) = delete;
+
+ private:
+  nn::Module& model_;
+  bool training_;
+  std::vector<std::pair<Tensor, Tensor>> saved_;
+  uint64_t rng_seed_ = 0, rng_offset_ = 0;
+};
+
+}  // namespace
+
+DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
                      const Candidate& candidate, const data::Batch& batch,
                      const dist::ProcessGroupPtr& group, const DryRunOptions& options) {
   ACC_CHECK(options.warmup_steps >= 0 && options.measured_steps >= 1,
@@ -44,9 +84,18 @@ DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerF
   {
     memory::LimitGuard budget(options.memory_budget > 0 ? base + options.memory_budget : 0);
     try {
-      auto copy = models::clone_model(model);
-      auto trainer = strategies::apply(copy, factory, candidate.strategy,
-                                       {.group = own, .grad_clip = options.grad_clip});
+      const auto* lm = dynamic_cast<const models::LanguageModel*>(&model);
+      std::optional<Snapshot> snapshot;
+      nn::ModulePtr target;
+      if (lm != nullptr) {
+        target = models::clone_model(*lm);
+      } else {
+        snapshot.emplace(model);
+        target = model.shared_from_this();
+      }
+      auto trainer =
+          strategies::apply(target, factory, candidate.strategy,
+                            {.loss = options.loss, .group = own, .grad_clip = options.grad_clip});
       for (int i = 0; i < options.warmup_steps + options.measured_steps; ++i) {
         Timer t;
         r.losses.push_back(trainer->train_step(batch));

@@ -175,10 +175,11 @@ nlohmann::json MemoryPrediction::to_json() const {
 
 MemoryModel::MemoryModel(std::string model_type, nlohmann::json config, int64_t seq_len,
                          std::string optimizer)
-    : model_type_(std::move(model_type)),
-      config_(std::move(config)),
-      seq_len_(seq_len),
-      optimizer_(std::move(optimizer)) {}
+    : MemoryModel(trace::ModelRef::registry(std::move(model_type), std::move(config)), seq_len,
+                  std::move(optimizer)) {}
+
+MemoryModel::MemoryModel(trace::ModelRef model, int64_t seq_len, std::string optimizer)
+    : model_(std::move(model)), seq_len_(seq_len), optimizer_(std::move(optimizer)) {}
 
 const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, int64_t recompute_blocks,
                                              bool bf16, std::optional<double> in_flight_fraction,
@@ -193,7 +194,7 @@ const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, int64_t recomp
                                           .accumulated = accumulated};
   }
   return needs_
-      .emplace(key, trace::estimate_training_need(model_type_, config_, micro_batch, seq_len_,
+      .emplace(key, trace::estimate_training_need(model_, micro_batch, seq_len_,
                                                   activation_trace_options(recompute_blocks, bf16),
                                                   optimizer_, blockwise))
       .first->second;

@@ -35,8 +35,13 @@ struct AccelerateOptions {
   /// Samples per optimizer step over all ranks, and tokens per sample: fixed for every candidate.
   int64_t global_batch = 0;
   int64_t seq_len = 0;
-  /// This rank's batch (global_batch / ranks samples) for the dry-runs; random tokens when unset.
+  /// This rank's batch (global_batch / ranks samples) for the dry-runs, and for a module that is
+  /// not a language model of the registry what the search traces (required then); random tokens
+  /// for a language model when unset.
   std::optional<data::Batch> sample_batch;
+  /// The loss of a micro-batch (strategies::LossFn). Required for a module that is not a language
+  /// model; a language model's next-token loss when empty.
+  strategies::LossFn loss;
   std::vector<std::string> excluded;  // methods never tried
   std::vector<std::string> included;  // methods every candidate has
   bool allow_bf16 = false;            // amp is searched only when allowed
@@ -102,7 +107,13 @@ std::string report_table(const nlohmann::json& report, size_t max_rows = 12);
 
 /// Throws acc::ValueError for bad options (naming the value), and when no candidate fits the
 /// memory budget (naming the smallest predicted need); the model is left untouched then.
-AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::OptimizerFactory factory,
+///
+/// Any nn::Module: a models::LanguageModel of the registry is traced by type and config (meta
+/// copies, any depth); any other module is traced itself on options.sample_batch's shapes through
+/// options.loss (both required: acc::ValueError naming what is missing), and its dry-runs train
+/// the module in place with its state put back after each (search/dry_run.hpp). seq_len is a
+/// language model's only.
+AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory factory,
                                  const AccelerateOptions& options);
 
 /// The search without running anything, for acc-search --plan-only: every candidate of a model

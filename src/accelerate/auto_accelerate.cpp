@@ -67,11 +67,12 @@ struct Space {
   }
 };
 
+// max_seq_len 0: a module whose sample batch fixes the shapes (seq_len is not used).
 void check_options(const AccelerateOptions& o, int64_t max_seq_len) {
   ACC_CHECK(o.global_batch >= 1, "auto_accelerate: global_batch must be >= 1, got ",
             o.global_batch);
-  ACC_CHECK(o.seq_len >= 1 && o.seq_len <= max_seq_len, "auto_accelerate: seq_len must be in [1, ",
-            max_seq_len, "], got ", o.seq_len);
+  ACC_CHECK(max_seq_len == 0 || (o.seq_len >= 1 && o.seq_len <= max_seq_len),
+            "auto_accelerate: seq_len must be in [1, ", max_seq_len, "], got ", o.seq_len);
   ACC_CHECK(o.mem_per_rank >= 0, "auto_accelerate: mem_per_rank must be >= 0 bytes, got ",
             o.mem_per_rank);
   check_duration_seconds(o.time_budget_s, "auto_accelerate: time_budget_s", ZeroSeconds::kAllowed);
@@ -90,11 +91,10 @@ int64_t budget_of(const AccelerateOptions& o) {
                                     std::max(1, dist::local_world_size()));
 }
 
-Space build_space(const std::string& type, const nlohmann::json& config, int world,
-                  const AccelerateOptions& o) {
+Space build_space(const trace::ModelRef& model, int world, const AccelerateOptions& o) {
   Space s;
   s.budget = budget_of(o);
-  search::MemoryModel memory(type, config, o.seq_len);
+  search::MemoryModel memory(model, o.seq_len);
   search::SpaceOptions so;
   so.world = world;
   so.global_batch = o.global_batch;
@@ -126,9 +126,8 @@ Space build_space(const std::string& type, const nlohmann::json& config, int wor
 // The machine's calibration for the micro-batches of the candidates that fit (rank 0 measures or
 // reads its cache, the others get it), then each such candidate's predicted time; returns them
 // best first.
-std::vector<Row*> rank_by_time(Space& s, const std::string& type, const nlohmann::json& config,
-                               const AccelerateOptions& o, dist::ProcessGroup* group,
-                               const search::CommCalibration& comm,
+std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const AccelerateOptions& o,
+                               dist::ProcessGroup* group, const search::CommCalibration& comm,
                                search::MachineCalibration& machine, double& contention,
                                bool& contention_cached) {
   std::set<int64_t> micro;
@@ -136,7 +135,7 @@ std::vector<Row*> rank_by_time(Space& s, const std::string& type, const nlohmann
     if (r.status != search::Status::kRejected) micro.insert(r.candidate->micro_batch);
   }
   const std::vector<search::GemmShape> shapes =
-      search::CostModel::shapes_to_measure(type, config, {micro.begin(), micro.end()}, o.seq_len);
+      search::CostModel::shapes_to_measure(model, {micro.begin(), micro.end()}, o.seq_len);
   search::CalibrationOptions co;
   co.cache_dir = o.cache_dir;
   if (!group || group->rank() == 0) machine = search::load_or_calibrate_machine(shapes, co);
@@ -146,7 +145,7 @@ std::vector<Row*> rank_by_time(Space& s, const std::string& type, const nlohmann
     machine = search::broadcast_calibration(*group, machine);
     contention = search::contention_for_job(*group, machine, shapes, co, &contention_cached);
   }
-  search::CostModel cost(type, config, o.seq_len, machine, comm, contention);
+  search::CostModel cost(model, o.seq_len, machine, comm, contention);
   std::vector<Row*> ranked;
   for (auto& r : s.rows) {
     if (r.status == search::Status::kRejected) continue;
@@ -447,7 +446,8 @@ nlohmann::json plan_strategy(const std::string& type, const nlohmann::json& conf
   ACC_CHECK(world == 1 || comm.world == world, "plan_strategy: the collectives were calibrated on ",
             comm.world, " rank(s), the plan is for ", world);
   Timer total;
-  Space s = build_space(type, config, world, o);
+  const trace::ModelRef model = trace::ModelRef::registry(type, config);
+  Space s = build_space(model, world, o);
   search::MachineCalibration machine;
   Timer calib;
   // Ranks that share a machine slow each other down; without them to measure, a plan assumes
@@ -455,7 +455,7 @@ nlohmann::json plan_strategy(const std::string& type, const nlohmann::json& conf
   double contention = 1.0;
   bool contention_cached = true;
   std::vector<Row*> ranked =
-      rank_by_time(s, type, config, o, nullptr, comm, machine, contention, contention_cached);
+      rank_by_time(s, model, o, nullptr, comm, machine, contention, contention_cached);
   const Row* best = ranked.front();
   nlohmann::json report = {
       {"source", search::source_name(search::Source::kPlan)},
@@ -477,10 +477,18 @@ nlohmann::json plan_strategy(const std::string& type, const nlohmann::json& conf
   return report;
 }
 
-AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::OptimizerFactory factory,
+AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory factory,
                                  const AccelerateOptions& o) {
   ACC_CHECK(model != nullptr, "auto_accelerate: model is null");
-  check_options(o, model->max_seq_len());
+  const auto* lm = dynamic_cast<const models::LanguageModel*>(model.get());
+  ACC_CHECK(lm != nullptr || (o.sample_batch && o.loss), "auto_accelerate: the model (",
+            model->type_name(), ") is not a language model of the registry: give ",
+            !o.sample_batch ? "options.sample_batch (this rank's batch, what the search traces "
+                              "and dry-runs)"
+                            : "",
+            !o.sample_batch && !o.loss ? " and " : "",
+            !o.loss ? "options.loss (Module&, const Batch&) -> its mean loss" : "");
+  check_options(o, lm != nullptr ? lm->max_seq_len() : 0);
   Timer total;
   dist::ProcessGroupPtr group =
       o.group ? o.group : (dist::is_initialized() ? dist::ProcessGroup::world() : nullptr);
@@ -488,14 +496,25 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
   const bool leader = !group || group->rank() == 0;
   check_outputs(o, group.get());
 
+  // This rank's batch for the traces of a user's module and the dry-runs.
+  const int64_t per_rank = o.global_batch / world;
+  ACC_CHECK(o.global_batch % world == 0, "search: global batch ", o.global_batch,
+            " does not split evenly over ", world, " ranks");
+  const data::Batch batch =
+      o.sample_batch ? *o.sample_batch : random_batch(per_rank, o.seq_len, lm->vocab_size());
+  ACC_CHECK(batch.size() == per_rank, "auto_accelerate: sample_batch has ", batch.size(),
+            " samples (", batch.describe(), "), this rank's share of global_batch ", o.global_batch,
+            " over ", world, " rank(s) is ", per_rank);
+  // What the search traces: a registry model by type and config; a user's module itself.
+  const trace::ModelRef ref = lm != nullptr
+                                  ? trace::ModelRef::registry(lm->model_type(), lm->config_json())
+                                  : trace::ModelRef::module(model, batch, o.loss);
   // The space and each candidate's memory: rejected ones are never run.
-  const std::string type = model->model_type();
-  const nlohmann::json config = model->config_json();
-  Space s = build_space(type, config, world, o);
+  Space s = build_space(ref, world, o);
   // The key of this run (rank 0's: its machine is the one the figures were measured on).
   std::optional<search::StrategyKey> key;
   if (leader && (!o.load_strategy.empty() || !o.save_strategy_to.empty())) {
-    key = search::strategy_key(type, config, world, o.global_batch, o.seq_len);
+    key = search::strategy_key(ref, world, o.global_batch, o.seq_len);
   }
 
   // A strategy given or cached skips the search (rank 0 reads it and decides for all).
@@ -509,7 +528,7 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
 
   AccelerateResult result;
   result.model = model;
-  result.model_hash = trace::model_trace_hash(type, config);
+  result.model_hash = ref.hash();
   nlohmann::json report = {{"world", world},       {"global_batch", o.global_batch},
                            {"seq_len", o.seq_len}, {"budget_bytes", s.budget},
                            {"dry_runs", 0},        {"out_of_time", false}};
@@ -554,7 +573,7 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
     double contention = 1.0;
     bool contention_cached = true;
     std::vector<Row*> ranked =
-        rank_by_time(s, type, config, o, group.get(), comm, machine, contention, contention_cached);
+        rank_by_time(s, ref, o, group.get(), comm, machine, contention, contention_cached);
     const double calibration_s = calib.elapsed_s();
     if (leader) {
       logging::debug(
@@ -563,12 +582,6 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
     }
 
     // Dry-run the best predicted, in that order, under the budget and the time limit.
-    const int64_t per_rank = o.global_batch / world;
-    const data::Batch batch =
-        o.sample_batch ? *o.sample_batch : random_batch(per_rank, o.seq_len, model->vocab_size());
-    ACC_CHECK(batch.idx().size(0) == per_rank, "auto_accelerate: sample_batch has ",
-              batch.idx().size(0), " samples, this rank's share of global_batch ", o.global_batch,
-              " over ", world, " rank(s) is ", per_rank);
     Timer dry;
     bool out_of_time = false;
     const int to_try = std::min<int>(o.top_k, static_cast<int>(ranked.size()));
@@ -598,7 +611,8 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
                                      .measured_steps = o.measured_steps,
                                      .memory_budget = s.budget,
                                      .grad_clip = o.grad_clip,
-                                     .collective_timeout = limit});
+                                     .collective_timeout = limit,
+                                     .loss = o.loss});
       r->status = r->measured->status;
       r->reason = r->measured->error;
       any_ok = any_ok || r->status == search::Status::kOk;
@@ -663,9 +677,9 @@ AccelerateResult auto_accelerate(models::LanguageModelPtr model, optim::Optimize
     }
     return nlohmann::json();
   });
-  result.trainer =
-      strategies::apply(model, std::move(factory), result.strategy,
-                        {.group = group, .grad_clip = o.grad_clip, .agreement = o.agreement});
+  result.trainer = strategies::apply(
+      model, std::move(factory), result.strategy,
+      {.loss = o.loss, .group = group, .grad_clip = o.grad_clip, .agreement = o.agreement});
   const dist::ParallelContextPtr& ctx = result.trainer->context();
   result.data = {.rank = ctx ? ctx->dp_cp_group()->rank() : 0,
                  .ranks = ctx ? ctx->dp_cp_group()->size() : 1,

@@ -10,6 +10,7 @@
 
 #include "acc/models/language_model.hpp"
 #include "acc/trace/dump.hpp"
+#include "acc/trace/model_ref.hpp"
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/hash.hpp"
@@ -178,15 +179,12 @@ struct Sample {
   Timeline timeline;
 };
 
-// Traces `config` cut to `layers` blocks on the meta device.
-Sample sample(const std::string& model_type, const nlohmann::json& config, int64_t layers,
-              int64_t batch, int64_t seq_len, const TraceOptions& options,
-              const std::string& optimizer, std::optional<BlockwiseGradients> blockwise,
-              TrainingNeed* blocks_out = nullptr) {
-  DefaultDeviceGuard meta(Device::kMeta);  // what the forward creates is meta too
-  auto model = models::create_meta_model(model_type, config, layers);
-  const Tensor idx = empty({batch, seq_len}, {DType::kInt64, Device::kMeta});
-  const Trace t = trace(*model, {idx, idx}, options);
+// Traces the model at `layers` blocks on the meta device.
+Sample sample(const ModelRef& ref, int64_t layers, int64_t batch, int64_t seq_len,
+              const TraceOptions& options, const std::string& optimizer,
+              std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out = nullptr) {
+  const ModelRef::Traced traced = ref.trace(layers, batch, seq_len, options);
+  const Trace& t = traced.trace;
   Sample s;
   s.parameters = t.num_parameters;
   s.memory = estimate_memory(t, optimizer);
@@ -194,7 +192,7 @@ Sample sample(const std::string& model_type, const nlohmann::json& config, int64
   s.vertices = static_cast<int64_t>(t.graph.num_vertices());
   s.ops = static_cast<int64_t>(t.graph.ops().size());
   s.forward_ops = t.graph.backward_begin();
-  const auto groups = find_blocks(*model);
+  const auto& groups = traced.blocks;
   if (!groups.empty()) {
     s.timeline = timeline(t, groups.front().blocks, blockwise);
     if (blocks_out != nullptr) {
@@ -238,6 +236,13 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
                                     int64_t batch, int64_t seq_len, const TraceOptions& options,
                                     const std::string& optimizer,
                                     std::optional<BlockwiseGradients> blockwise) {
+  return estimate_training_need(ModelRef::registry(model_type, config), batch, seq_len, options,
+                                optimizer, blockwise);
+}
+
+TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t seq_len,
+                                    const TraceOptions& options, const std::string& optimizer,
+                                    std::optional<BlockwiseGradients> blockwise) {
   ACC_CHECK(batch >= 1, "batch size must be > 0, got ", batch);
   ACC_CHECK(seq_len >= 0, "sequence length must be > 0 (or 0: the model's maximum), got ", seq_len);
   ACC_CHECK(options.recompute_blocks >= -1, "recompute_blocks must be >= 0 or -1 (all), got ",
@@ -249,12 +254,12 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
               blockwise->in_flight_fraction);
   }
   TrainingNeed need;
-  need.model_type = model_type;
-  need.layers_key = models::config_num_layers_key(model_type);
-  need.num_layers = models::config_num_layers(model_type, config);
+  need.model_type = ref.type();
+  need.layers_key = ref.layers_key();
+  need.num_layers = ref.num_layers();
   need.batch = batch;
   need.optimizer = optimizer;
-  if (seq_len == 0) seq_len = models::create_meta_model(model_type, config, 1)->max_seq_len();
+  if (seq_len == 0) seq_len = ref.max_seq_len();
   need.seq_len = seq_len;
 
   const int64_t n = need.num_layers;
@@ -265,21 +270,21 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
   TraceOptions uniform = options;
   if (partial) uniform.recompute_blocks = 0;
   Extrapolation ex;
-  ex.label = model_type + " " + need.layers_key + " " + std::to_string(n);
-  // Counts, FLOPs and graph sizes from 1 and 2 blocks (and 2 with the first recomputed).
-  const bool direct = n <= 3 && !partial;  // as shallow as the samples: trace the model itself
+  ex.label = ref.type() + " " + need.layers_key + " " + std::to_string(n);
+  // Counts, FLOPs and graph sizes from 1 and 2 blocks (and 2 with the first recomputed). A module
+  // that is not the registry's is traced whole, and so is a model as shallow as the samples.
+  const bool direct = !ref.extrapolates() || (n <= 3 && !partial);
   Sample base, two, mixed;
   if (direct) {
-    base = two = mixed =
-        sample(model_type, config, n, batch, seq_len, options, optimizer, blockwise, &need);
+    base = two = mixed = sample(ref, n, batch, seq_len, options, optimizer, blockwise, &need);
   } else {
-    base = sample(model_type, config, 1, batch, seq_len, uniform, optimizer, {}, &need);
-    two = sample(model_type, config, 2, batch, seq_len, uniform, optimizer, {});
+    base = sample(ref, 1, batch, seq_len, uniform, optimizer, {}, &need);
+    two = sample(ref, 2, batch, seq_len, uniform, optimizer, {});
     ex.plain = n - 1;
     if (k > 0) {
       TraceOptions first = options;
       first.recompute_blocks = 1;
-      mixed = sample(model_type, config, 2, batch, seq_len, first, optimizer, {});
+      mixed = sample(ref, 2, batch, seq_len, first, optimizer, {});
       ex.recomputed = k;
       ex.plain = n - 1 - k;  // >= 0: partial means k < n
     }
@@ -321,8 +326,8 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
     add_run(n - k, counts);
     TraceOptions cut = options;
     if (partial) cut.recompute_blocks = std::min<int64_t>(k, 3);
-    const Sample shape = sample(model_type, config, static_cast<int64_t>(counts.size()), batch,
-                                seq_len, cut, optimizer, blockwise);
+    const Sample shape =
+        sample(ref, static_cast<int64_t>(counts.size()), batch, seq_len, cut, optimizer, blockwise);
     const Timeline& tl = shape.timeline;
     const std::vector<int64_t> once(counts.size(), 1);
     // The cut must give back the sample's own peaks; if the blocks do not run one after another,

@@ -31,6 +31,8 @@
 #include "acc/search/calibration.hpp"
 #include "acc/strategies/strategy.hpp"
 
+#include "acc/trace/model_ref.hpp"
+
 namespace acc::search {
 
 inline constexpr const char* kStrategyCacheFormat = "autoacc-strategy";
@@ -61,6 +63,9 @@ struct StrategyKey {
 /// This run's key (the model traced on the meta device: milliseconds at any depth).
 StrategyKey strategy_key(const std::string& model_type, const nlohmann::json& config, int world,
                          int64_t global_batch, int64_t seq_len);
+/// Any model (a user's module: its class and ModelRef::hash()).
+StrategyKey strategy_key(const trace::ModelRef& model, int world, int64_t global_batch,
+                         int64_t seq_len);
 
 struct StrategyCache {
   StrategyKey key;

@@ -22,6 +22,8 @@
 #include "acc/search/calibration.hpp"
 #include "acc/search/space.hpp"
 
+#include "acc/trace/model_ref.hpp"
+
 namespace acc::search {
 
 struct TimePrediction {
@@ -41,11 +43,17 @@ class CostModel {
   /// one alone, as measure_compute_contention() gives it (1: no sharing).
   CostModel(std::string model_type, nlohmann::json config, int64_t seq_len,
             MachineCalibration machine, CommCalibration comm, double contention = 1.0);
+  /// Any model (trace::ModelRef: a user's module is priced from its whole trace).
+  CostModel(trace::ModelRef model, int64_t seq_len, MachineCalibration machine,
+            CommCalibration comm, double contention = 1.0);
   TimePrediction predict(const Candidate& c);
 
   /// The GEMM shapes of a micro-batch step (for calibrating before predicting).
   static std::vector<GemmShape> shapes_to_measure(const std::string& model_type,
                                                   const nlohmann::json& config,
+                                                  const std::vector<int64_t>& micro_batches,
+                                                  int64_t seq_len);
+  static std::vector<GemmShape> shapes_to_measure(const trace::ModelRef& model,
                                                   const std::vector<int64_t>& micro_batches,
                                                   int64_t seq_len);
 
@@ -58,8 +66,7 @@ class CostModel {
   };
   const PassCost& pass(int64_t micro_batch, int64_t recompute_blocks, bool bf16);
 
-  std::string model_type_;
-  nlohmann::json config_;
+  trace::ModelRef model_;
   int64_t seq_len_;
   MachineCalibration machine_;
   CommCalibration comm_;

@@ -1,8 +1,13 @@
 #pragma once
-// Running a candidate for real: a copy of the user's model (models::clone_model) takes the
-// candidate's strategy and trains a few steps on this rank's batch, under the memory budget; the
-// user's model, its RNG and data are untouched. Collective: every rank of the group runs the same
-// candidate.
+// Running a candidate for real: a copy of the user's model (models::clone_model, for a language
+// model of the registry) takes the candidate's strategy and trains a few steps on this rank's
+// batch, under the memory budget; the user's model, its RNG and data are untouched. Any other
+// module cannot be copied (its constructor is the user's), so the candidate trains the module
+// itself: its parameters, buffers, training mode and the default generator are snapshotted before
+// and put back after, whatever happened (a failed fsdp candidate leaves its parameters released:
+// each is given storage of its own again, holding the snapshot). The snapshot is taken inside the
+// measured region, so the peak counts a copy of the model either way. Collective: every rank of the
+// group runs the same candidate.
 //
 // A candidate that fails on one rank (out of memory, an error) fails on every rank within
 // seconds: the candidate runs on a communicator of its own (ProcessGroup::split) whose
@@ -21,6 +26,7 @@
 #include "acc/optim/optimizer.hpp"
 #include "acc/search/space.hpp"
 #include "acc/search/status.hpp"
+#include "acc/strategies/strategy.hpp"
 
 namespace acc::search {
 
@@ -34,6 +40,8 @@ struct DryRunOptions {
   /// The limit on each collective of the candidate (the time a rank waits for the slowest to join
   /// it); must be > 0. auto_accelerate passes 10 s or 10 predicted steps, whichever is longer.
   std::chrono::milliseconds collective_timeout = std::chrono::seconds(10);
+  /// The loss (strategies::ApplyOptions::loss; empty: a language model's next-token loss).
+  strategies::LossFn loss;
 };
 
 struct DryRunResult {
@@ -49,7 +57,7 @@ struct DryRunResult {
   nlohmann::json to_json() const;
 };
 
-DryRunResult dry_run(const models::LanguageModel& model, const optim::OptimizerFactory& factory,
+DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
                      const Candidate& candidate, const data::Batch& batch,
                      const dist::ProcessGroupPtr& group, const DryRunOptions& options = {});
 

@@ -25,6 +25,8 @@
 #include "acc/strategies/strategy.hpp"
 #include "acc/trace/estimate.hpp"
 
+#include "acc/trace/model_ref.hpp"
+
 namespace acc::search {
 
 struct SpaceOptions {
@@ -74,6 +76,8 @@ class MemoryModel {
  public:
   MemoryModel(std::string model_type, nlohmann::json config, int64_t seq_len,
               std::string optimizer = "adamw");
+  /// Any model (trace::ModelRef: a user's module is traced whole).
+  MemoryModel(trace::ModelRef model, int64_t seq_len, std::string optimizer = "adamw");
   MemoryPrediction predict(const Candidate& c);
   /// The traced need of a step of `micro_batch` samples with the candidate's activation options
   /// (and, given an in-flight fraction, its blockwise gradient peak: trace::BlockwiseGradients).
@@ -83,8 +87,7 @@ class MemoryModel {
   int64_t num_blocks();
 
  private:
-  std::string model_type_;
-  nlohmann::json config_;
+  trace::ModelRef model_;
   int64_t seq_len_;
   std::string optimizer_;
   std::map<std::tuple<int64_t, int64_t, bool, double, bool>, trace::TrainingNeed> needs_;

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "acc/trace/model_ref.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/trace/tracer.hpp"
 
@@ -91,6 +92,13 @@ struct TrainingNeed {
 /// describe (naming its shape); and what the model throws for a sequence longer than it allows.
 TrainingNeed estimate_training_need(const std::string& model_type, const nlohmann::json& config,
                                     int64_t batch, int64_t seq_len,
+                                    const TraceOptions& options = {},
+                                    const std::string& optimizer = "adamw",
+                                    std::optional<BlockwiseGradients> blockwise = std::nullopt);
+
+/// The same for any model the ModelRef names: a user's module is traced whole on its sample's
+/// shapes (seq_len ignored), so its figures are exact rather than extrapolated.
+TrainingNeed estimate_training_need(const ModelRef& model, int64_t batch, int64_t seq_len,
                                     const TraceOptions& options = {},
                                     const std::string& optimizer = "adamw",
                                     std::optional<BlockwiseGradients> blockwise = std::nullopt);

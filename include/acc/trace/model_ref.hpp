@@ -1,0 +1,78 @@
+#pragma once
+// What the estimates, the cost model and the search trace: a model of the registry by type and
+// config, or a user's own module with a sample batch and its loss.
+//
+//  - registry("gpt", config): meta copies cut to any number of blocks (models::create_meta_model),
+//    so a model of any depth is priced from traces of 1 and 2 blocks in milliseconds;
+//  - module(m, sample, loss): the user's module itself, traced in place and whole (the tracer
+//    swaps its storages for meta ones for the trace: no memory, values untouched), on inputs
+//    shaped like the sample batch with dimension 0 resized to the micro-batch, through the loss.
+//    Its "blocks" are its repeated blocks (find_blocks), none when it has none.
+//
+// hash() names what the model computes (the strategy cache's and checkpoints' model key):
+// model_trace_hash(type, config) for the registry; for a module, FNV-1a 64 of its class, its
+// parameter shapes, the sample's per-sample shapes and dtypes and the trace of one sample.
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "acc/data/batch.hpp"
+#include "acc/nn/module.hpp"
+#include "acc/trace/passes.hpp"
+#include "acc/trace/tracer.hpp"
+
+namespace acc::trace {
+
+/// A micro-batch -> its mean loss (strategies::LossFn has the same type).
+using BatchLoss = std::function<Tensor(nn::Module&, const data::Batch&)>;
+
+class ModelRef {
+ public:
+  /// A language model of the registry. Throws what models::create_meta_model throws for a bad
+  /// type or config.
+  static ModelRef registry(std::string type, nlohmann::json config);
+  /// The user's module, traced on batches shaped like `sample` through `loss`. The module is held
+  /// (shared) and must not be trained while a trace runs. Throws acc::ValueError for a null module,
+  /// an empty or inconsistent sample (Batch::size()), or an empty loss.
+  static ModelRef module(nn::ModulePtr module, data::Batch sample, BatchLoss loss);
+
+  bool is_registry() const;
+  /// "gpt" | "llama" | the module's type_name().
+  const std::string& type() const;
+  /// The registry config; for a module {"parameters": {name: shape}, "inputs": {name: {"shape":
+  /// per-sample shape, "dtype"}}}: what the strategy cache compares field by field.
+  const nlohmann::json& config() const;
+  /// Blocks of the full model: the config's layer count; a module's repeated blocks (0: none).
+  int64_t num_layers() const;
+  /// "n_layer" | "num_hidden_layers" | "blocks".
+  std::string layers_key() const;
+  /// The longest sequence a registry model takes; 0 for a module (its sample fixes the shapes).
+  int64_t max_seq_len() const;
+  /// Whether traces of a few blocks stand for the whole model (registry only); a module is traced
+  /// whole.
+  bool extrapolates() const { return is_registry(); }
+  /// The samples per batch of the module's sample (0 for the registry).
+  int64_t sample_size() const;
+
+  struct Traced {
+    Trace trace;
+    std::vector<BlockGroup> blocks;  // find_blocks of the traced model
+  };
+  /// A step on a micro-batch of `batch` samples (registry: of seq_len tokens, 0 the maximum;
+  /// ignored for a module) at `layers` blocks (registry; a module is traced whole: layers must be
+  /// num_layers()). Throws what the model throws, acc::ValueError for batch < 1.
+  Traced trace(int64_t layers, int64_t batch, int64_t seq_len, const TraceOptions& options) const;
+  /// 16 hex digits (see the top of this file). Equal on every rank for the same model and sample
+  /// shapes.
+  std::string hash() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace acc::trace

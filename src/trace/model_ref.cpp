@@ -1,0 +1,129 @@
+#include "acc/trace/model_ref.hpp"
+
+#include <cstdio>
+
+#include "acc/models/language_model.hpp"
+#include "acc/trace/dump.hpp"
+#include "acc/trace/estimate.hpp"
+#include "acc/util/error.hpp"
+#include "acc/util/hash.hpp"
+
+namespace acc::trace {
+
+struct ModelRef::Impl {
+  std::string type;
+  nlohmann::json config;
+  // The registry's only.
+  int64_t num_layers = 0;
+  int64_t max_seq_len = 0;
+  // The module's only.
+  nn::ModulePtr module;
+  data::Batch sample;
+  BatchLoss loss;
+};
+
+ModelRef ModelRef::registry(std::string type, nlohmann::json config) {
+  auto impl = std::make_shared<Impl>();
+  impl->num_layers = models::config_num_layers(type, config);
+  impl->max_seq_len = models::create_meta_model(type, config, 1)->max_seq_len();
+  impl->type = std::move(type);
+  impl->config = std::move(config);
+  ModelRef r;
+  r.impl_ = std::move(impl);
+  return r;
+}
+
+ModelRef ModelRef::module(nn::ModulePtr module, data::Batch sample, BatchLoss loss) {
+  ACC_CHECK(module != nullptr, "ModelRef::module: the module is null");
+  ACC_CHECK(static_cast<bool>(loss), "ModelRef::module: the loss function is empty");
+  const int64_t n = sample.size();  // throws for an empty or inconsistent batch
+  ACC_CHECK(n >= 1, "ModelRef::module: the sample batch has no samples (", sample.describe(), ")");
+  auto impl = std::make_shared<Impl>();
+  impl->type = module->type_name();
+  nlohmann::json params = nlohmann::json::object();
+  for (const auto& [name, p] : module->named_parameters()) params[name] = p.shape();
+  nlohmann::json inputs = nlohmann::json::object();
+  for (const auto& [name, t] : sample.tensors()) {
+    Shape per_sample(t.shape().begin() + 1, t.shape().end());
+    inputs[name] = {{"shape", per_sample}, {"dtype", dtype_name(t.dtype())}};
+  }
+  impl->config = {{"parameters", params}, {"inputs", inputs}};
+  const auto groups = find_blocks(*module);
+  impl->num_layers = groups.empty() ? 0 : static_cast<int64_t>(groups.front().blocks.size());
+  impl->module = std::move(module);
+  impl->sample = std::move(sample);
+  impl->loss = std::move(loss);
+  ModelRef r;
+  r.impl_ = std::move(impl);
+  return r;
+}
+
+bool ModelRef::is_registry() const {
+  return impl_->module == nullptr;
+}
+const std::string& ModelRef::type() const {
+  return impl_->type;
+}
+const nlohmann::json& ModelRef::config() const {
+  return impl_->config;
+}
+int64_t ModelRef::num_layers() const {
+  return impl_->num_layers;
+}
+int64_t ModelRef::max_seq_len() const {
+  return impl_->max_seq_len;
+}
+int64_t ModelRef::sample_size() const {
+  return is_registry() ? 0 : impl_->sample.size();
+}
+
+std::string ModelRef::layers_key() const {
+  return is_registry() ? models::config_num_layers_key(impl_->type) : "blocks";
+}
+
+ModelRef::Traced ModelRef::trace(int64_t layers, int64_t batch, int64_t seq_len,
+                                 const TraceOptions& options) const {
+  ACC_CHECK(batch >= 1, "trace: the batch must have >= 1 sample, got ", batch);
+  DefaultDeviceGuard meta(Device::kMeta);  // what the forward creates is meta too
+  Traced out;
+  if (is_registry()) {
+    auto model = models::create_meta_model(impl_->type, impl_->config, layers);
+    const int64_t T = seq_len > 0 ? seq_len : model->max_seq_len();
+    const Tensor idx = empty({batch, T}, {DType::kInt64, Device::kMeta});
+    out.trace = ::acc::trace::trace(*model, {idx, idx}, options);
+    out.blocks = find_blocks(*model);
+    return out;
+  }
+  ACC_CHECK(layers == impl_->num_layers, "trace: a module is traced whole (", impl_->num_layers,
+            " repeated block(s)), not at ", layers);
+  std::vector<std::string> names;
+  std::vector<Tensor> inputs;
+  for (const auto& [name, t] : impl_->sample.tensors()) {
+    Shape shape = t.shape();
+    shape[0] = batch;
+    names.push_back(name);
+    inputs.push_back(empty(shape, {t.dtype(), Device::kMeta}));
+  }
+  const BatchLoss& loss = impl_->loss;
+  LossFn run = [&](nn::Module& m, const std::vector<Tensor>& in) {
+    std::vector<data::Batch::Entry> entries;
+    for (size_t i = 0; i < in.size(); ++i) entries.emplace_back(names[i], in[i]);
+    return loss(m, data::Batch(std::move(entries)));
+  };
+  out.trace = ::acc::trace::trace(*impl_->module, run, inputs, options);
+  out.blocks = find_blocks(*impl_->module);
+  return out;
+}
+
+std::string ModelRef::hash() const {
+  if (is_registry()) return model_trace_hash(impl_->type, impl_->config);
+  const nlohmann::json facts = {{"model_type", impl_->type},
+                                {"config", impl_->config},
+                                {"trace", to_json(trace(impl_->num_layers, 1, 0, {}).trace)}};
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(fnv1a64(facts.dump())));
+  return hex;
+}
+
+}  // namespace acc::trace
