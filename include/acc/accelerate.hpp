@@ -125,6 +125,10 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
 /// nothing measured ("source": "plan"). Throws as auto_accelerate does.
 nlohmann::json plan_strategy(const std::string& model_type, const nlohmann::json& config, int world,
                              const AccelerateOptions& options, const search::CommCalibration& comm);
+/// The same for any model (a module of the registry that is not a language model: traced whole on
+/// its sample's shapes).
+nlohmann::json plan_strategy(const trace::ModelRef& model, int world,
+                             const AccelerateOptions& options, const search::CommCalibration& comm);
 
 /// The chosen candidate of a report as a strategy cache for `key` (its strategy, description,
 /// micro-batch, predicted and measured figures).

@@ -442,11 +442,15 @@ search::StrategyCache cache_from_report(const nlohmann::json& report,
 
 nlohmann::json plan_strategy(const std::string& type, const nlohmann::json& config, int world,
                              const AccelerateOptions& o, const search::CommCalibration& comm) {
-  check_options(o, models::create_meta_model(type, config, 1)->max_seq_len());
+  return plan_strategy(trace::ModelRef::registry(type, config), world, o, comm);
+}
+
+nlohmann::json plan_strategy(const trace::ModelRef& model, int world, const AccelerateOptions& o,
+                             const search::CommCalibration& comm) {
+  check_options(o, model.max_seq_len());
   ACC_CHECK(world == 1 || comm.world == world, "plan_strategy: the collectives were calibrated on ",
             comm.world, " rank(s), the plan is for ", world);
   Timer total;
-  const trace::ModelRef model = trace::ModelRef::registry(type, config);
   Space s = build_space(model, world, o);
   search::MachineCalibration machine;
   Timer calib;

@@ -4,23 +4,25 @@
 #include "acc/models/gpt.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/models/llama.hpp"
+#include "acc/models/registry.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc::models {
 
 const char* config_num_layers_key(const std::string& model_type) {
-  if (model_type == "gpt") return "n_layer";
-  if (model_type == "llama") return "num_hidden_layers";
-  ACC_THROW(ValueError, "unknown model type '", model_type, "' (expected gpt or llama)");
+  const ModelType& t = models::model_type(model_type);
+  ACC_CHECK(!t.layers_key.empty(), "model type '", model_type,
+            "' has no layer count in its config (registered without layers_key)");
+  return t.layers_key.c_str();  // the registry's entries never move
 }
 
 int64_t config_num_layers(const std::string& model_type, const nlohmann::json& config) {
-  // Through from_json, which validates the rest: the count is the one a model built from this
-  // config would have, and a bad config is refused before any estimate is made of it.
-  if (model_type == "gpt") return GPTConfig::from_json(config).n_layer;
-  if (model_type == "llama") return LlamaConfig::from_json(config).num_hidden_layers;
-  ACC_THROW(ValueError, "unknown model type '", model_type, "' (expected gpt or llama)");
+  // Through the type's own reading of the config (from_json for the built-in ones), which
+  // validates the rest: the count is the one a model built from this config would have, and a bad
+  // config is refused before any estimate is made of it.
+  (void)config_num_layers_key(model_type);
+  return models::model_type(model_type).num_layers(config);
 }
 
 nlohmann::json config_with_num_layers(const std::string& model_type, const nlohmann::json& config,

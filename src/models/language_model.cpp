@@ -1,4 +1,5 @@
 #include "acc/models/language_model.hpp"
+#include "acc/models/registry.hpp"
 
 #include <cstring>
 
@@ -112,9 +113,18 @@ void LanguageModel::check_tokens(const Tensor& idx) const {
 
 LanguageModelPtr create_model(const std::string& model_type, const nlohmann::json& config,
                               Generator& gen) {
-  if (model_type == "gpt") return std::make_shared<GPT>(GPTConfig::from_json(config), gen);
-  if (model_type == "llama") return std::make_shared<Llama>(LlamaConfig::from_json(config), gen);
-  ACC_THROW(ValueError, "unknown model type '", model_type, "' (expected gpt or llama)");
+  const ModelType& t = models::model_type(model_type);
+  ACC_CHECK(t.language_model, "model type '", model_type,
+            "' is not a language model (create_module builds it)");
+  auto lm = std::dynamic_pointer_cast<LanguageModel>(t.create(config, gen));
+  ACC_CHECK(lm != nullptr, "model type '", model_type,
+            "' is registered as a language model, but its create() built another module");
+  return lm;
+}
+
+nn::ModulePtr create_module(const std::string& model_type, const nlohmann::json& config,
+                            Generator& gen) {
+  return models::model_type(model_type).create(config, gen);
 }
 
 LanguageModelPtr clone_model(const LanguageModel& model) {

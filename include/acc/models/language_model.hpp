@@ -85,9 +85,14 @@ class LanguageModel : public nn::Module {
 
 using LanguageModelPtr = std::shared_ptr<LanguageModel>;
 
-/// Builds "gpt" or "llama" from its JSON config; throws acc::ValueError for another type.
+/// Builds a language model of the registry (acc/models/registry.hpp: "gpt", "llama", and what the
+/// program registered) from its JSON config; throws acc::ValueError for an unknown type (naming
+/// the registered ones) or one that is not a language model.
 LanguageModelPtr create_model(const std::string& model_type, const nlohmann::json& config,
                               Generator& gen = default_generator());
+/// Any model type of the registry.
+nn::ModulePtr create_module(const std::string& model_type, const nlohmann::json& config,
+                            Generator& gen = default_generator());
 /// An independent copy of `model`: the same type, config, parameter and buffer values, training
 /// mode and attention path, in storage of its own. The default generator is not touched (the copy
 /// is built with a scratch one, then overwritten), so a search that trains copies leaves the
