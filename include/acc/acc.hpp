@@ -3,6 +3,7 @@
 // layer's own umbrella where it has one). Not included: acc/tensor/kernels.hpp (raw kernels that
 // do not check their arguments; the ops of acc/autograd/ops.hpp validate and call them) and
 // acc/tensor/observer.hpp (acc::detail hooks for the tracer).
+#include "acc/acc_search.hpp"
 #include "acc/accelerate.hpp"
 #include "acc/autograd/engine.hpp"
 #include "acc/autograd/flops.hpp"
@@ -10,6 +11,8 @@
 #include "acc/autograd/recompute.hpp"
 #include "acc/autograd/saved.hpp"
 #include "acc/checkpoint/checkpoint.hpp"
+#include "acc/data/batch.hpp"
+#include "acc/data/loader.hpp"
 #include "acc/data/token_data.hpp"
 #include "acc/dist/device_mesh.hpp"
 #include "acc/dist/dist.hpp"
@@ -19,6 +22,7 @@
 #include "acc/elastic/fault.hpp"
 #include "acc/io/safetensors.hpp"
 #include "acc/models/models.hpp"
+#include "acc/models/registry.hpp"
 #include "acc/nn/nn.hpp"
 #include "acc/optim/optim.hpp"
 #include "acc/search/cache.hpp"
@@ -31,6 +35,7 @@
 #include "acc/tensor/threading.hpp"
 #include "acc/trace/dump.hpp"
 #include "acc/trace/graph.hpp"
+#include "acc/trace/model_ref.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/trace/tracer.hpp"
 #include "acc/util/env.hpp"
