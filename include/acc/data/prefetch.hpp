@@ -45,7 +45,7 @@ class PrefetchLoader : public Loader {
  public:
   /// Takes the inner loader whole (a std::unique_ptr: nobody else may call it while the
   /// background thread does) and starts the thread. Throws acc::ValueError naming the depth
-  /// unless depth >= 1, and for a null loader.
+  /// unless depth >= 1, and for a null loader; std::system_error when no thread can be started.
   explicit PrefetchLoader(std::unique_ptr<Loader> inner, PrefetchOptions options = {});
   /// Stops the thread: it wakes at once when the queue is full, and otherwise finishes the batch
   /// it is building (the inner next() is not interrupted). Never throws.
