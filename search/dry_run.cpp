@@ -95,7 +95,7 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
       }
       auto trainer =
           strategies::apply(target, factory, candidate.strategy,
-                            {.loss = options.loss, .group = own, .grad_clip = options.grad_clip});
+                            {.group = own, .grad_clip = options.grad_clip, .loss = options.loss});
       for (int i = 0; i < options.warmup_steps + options.measured_steps; ++i) {
         Timer t;
         r.losses.push_back(trainer->train_step(batch));

@@ -13,6 +13,7 @@
 #include "acc/checkpoint/checkpoint.hpp"
 #include "acc/data/batch.hpp"
 #include "acc/data/loader.hpp"
+#include "acc/data/prefetch.hpp"
 #include "acc/data/token_data.hpp"
 #include "acc/dist/device_mesh.hpp"
 #include "acc/dist/dist.hpp"

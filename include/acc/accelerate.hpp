@@ -41,7 +41,7 @@ struct AccelerateOptions {
   std::optional<data::Batch> sample_batch;
   /// The loss of a micro-batch (strategies::LossFn). Required for a module that is not a language
   /// model; a language model's next-token loss when empty.
-  strategies::LossFn loss;
+  strategies::LossFn loss = nullptr;
   std::vector<std::string> excluded;  // methods never tried
   std::vector<std::string> included;  // methods every candidate has
   bool allow_bf16 = false;            // amp is searched only when allowed

@@ -683,7 +683,7 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
   });
   result.trainer = strategies::apply(
       model, std::move(factory), result.strategy,
-      {.loss = o.loss, .group = group, .grad_clip = o.grad_clip, .agreement = o.agreement});
+      {.group = group, .grad_clip = o.grad_clip, .agreement = o.agreement, .loss = o.loss});
   const dist::ParallelContextPtr& ctx = result.trainer->context();
   result.data = {.rank = ctx ? ctx->dp_cp_group()->rank() : 0,
                  .ranks = ctx ? ctx->dp_cp_group()->size() : 1,

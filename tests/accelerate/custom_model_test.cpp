@@ -60,7 +60,7 @@ TrainRun train(const std::string& strategy_json, const dist::ProcessGroupPtr& gr
   auto trainer =
       strategies::apply(model, optim::AdamW::factory({.lr = 1e-2, .weight_decay = 0.1}),
                         strategies::parse_strategy(nlohmann::json::parse(strategy_json)),
-                        {.loss = custom::classification_loss, .group = group, .grad_clip = 1.0});
+                        {.group = group, .grad_clip = 1.0, .loss = custom::classification_loss});
   custom::SyntheticLoader loader(
       {.rank = group->rank(), .ranks = group->size(), .global_batch = kGlobalBatch},
       net_config(layers), kDataSeed);
@@ -232,7 +232,7 @@ TEST(CustomModelErrors, BadUnitsConfigAndUnitlessRecomputationAreRefused) {
     strategies::apply(
         flat, optim::AdamW::factory({}),
         strategies::parse_strategy(nlohmann::json::parse(R"([{"name": "checkpoint"}])")),
-        {.loss = custom::classification_loss, .group = self_group()});
+        {.group = self_group(), .loss = custom::classification_loss});
   });
   EXPECT_NE(e.find("has no repeated blocks to recompute: name its units"), std::string::npos) << e;
   auto model = make_net();
@@ -241,7 +241,7 @@ TEST(CustomModelErrors, BadUnitsConfigAndUnitlessRecomputationAreRefused) {
         model, optim::AdamW::factory({}),
         strategies::parse_strategy(nlohmann::json::parse(
             R"([{"name": "checkpoint", "config": {"units": ["blocks", "blocks.1"]}}])")),
-        {.loss = custom::classification_loss, .group = self_group()});
+        {.group = self_group(), .loss = custom::classification_loss});
   });
   EXPECT_NE(overlap.find("unit 'blocks.1' is named twice"), std::string::npos) << overlap;
   expect_untouched(model);
@@ -251,8 +251,8 @@ TEST(CustomModelErrors, ALossThatIsNotOneNumberIsRefusedWithItsShape) {
   auto model = make_net();
   auto trainer =
       strategies::apply(model, optim::AdamW::factory({}), {},
-                        {.loss = [](nn::Module& m, const data::Batch& b) { return m(b["x"]); },
-                         .group = self_group()});
+                        {.group = self_group(),
+                         .loss = [](nn::Module& m, const data::Batch& b) { return m(b["x"]); }});
   const data::Batch b = custom::synthetic_batch({0, 1, 2, 3}, net_config(), kDataSeed);
   try {
     trainer->train_step(b);
@@ -273,7 +273,7 @@ TEST(CustomModelErrors, BatchesThatDisagreeOrDoNotSplitAreRefusedByName) {
   auto model = make_net();
   auto trainer = strategies::apply(model, optim::AdamW::factory({}),
                                    strategies::parse_strategy(nlohmann::json::parse(with(kAccum))),
-                                   {.loss = custom::classification_loss, .group = self_group()});
+                                   {.group = self_group(), .loss = custom::classification_loss});
   const data::Batch good = custom::synthetic_batch({0, 1, 2, 3}, net_config(), kDataSeed);
   const data::Batch disagree({{"x", good["x"]}, {"label", good["label"].narrow(0, 0, 3)}});
   try {
@@ -292,7 +292,7 @@ TEST(CustomModelErrors, BatchesThatDisagreeOrDoNotSplitAreRefusedByName) {
   auto twin = make_net();
   auto fresh = strategies::apply(twin, optim::AdamW::factory({}),
                                  strategies::parse_strategy(nlohmann::json::parse(with(kAccum))),
-                                 {.loss = custom::classification_loss, .group = self_group()});
+                                 {.group = self_group(), .loss = custom::classification_loss});
   EXPECT_EQ(trainer->train_step(good), fresh->train_step(good));
 }
 

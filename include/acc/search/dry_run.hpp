@@ -41,7 +41,7 @@ struct DryRunOptions {
   /// it); must be > 0. auto_accelerate passes 10 s or 10 predicted steps, whichever is longer.
   std::chrono::milliseconds collective_timeout = std::chrono::seconds(10);
   /// The loss (strategies::ApplyOptions::loss; empty: a language model's next-token loss).
-  strategies::LossFn loss;
+  strategies::LossFn loss = nullptr;
 };
 
 struct DryRunResult {

@@ -89,9 +89,6 @@ using LossFn = std::function<Tensor(nn::Module&, const data::Batch&)>;
 LossFn language_model_loss();
 
 struct ApplyOptions {
-  /// The loss of a micro-batch. Empty: language_model_loss() for a models::LanguageModel; any
-  /// other module must be given one (acc::ValueError naming its type otherwise).
-  LossFn loss;
   /// The run's mesh (dist::ParallelContext): gradients are reduced over its dp x cp group, the
   /// loss averaged over it, the gradient norm counts each element once over the whole mesh, and
   /// checkpoints are written over its world. Default: dp over `group`.
@@ -106,6 +103,9 @@ struct ApplyOptions {
   /// parameter shapes, the strategy and grad_clip (dist::check_agreement: one hash allgather;
   /// acc::ValueError naming the first difference, on every rank).
   nlohmann::json agreement = nlohmann::json::object();
+  /// The loss of a micro-batch. Empty: language_model_loss() for a models::LanguageModel; any
+  /// other module must be given one (acc::ValueError naming its type otherwise).
+  LossFn loss = nullptr;
 };
 
 /// Bytes held by each kind of training state on this rank, measured from the tensors themselves.
