@@ -18,7 +18,10 @@
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/search/dry_run.hpp"
+#include "acc/search/space.hpp"
 #include "acc/strategies/strategy.hpp"
+#include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
 #include "error_of.hpp"
 
@@ -353,6 +356,59 @@ TEST(CustomModelAccelerate, ReportsEveryCandidateAndAppliesTheFastestMeasured) {
     const data::Batch b = loader.next();
     EXPECT_EQ(acc.train_step(b), by_hand->train_step(b)) << "step " << s;
   }
+}
+
+// A module that is not the registry's cannot be copied: its dry-runs train it in place and put
+// parameters, buffers, mode and RNG back, also after a candidate that failed with its parameters
+// released (fsdp out of memory on one rank).
+TEST(CustomModelAccelerate, DryRunsInPlaceLeaveTheModuleAsItWas) {
+  const int W = dist::world_size();
+  auto model = make_net();
+  const auto initial = make_net()->named_parameters();
+  search::SpaceOptions so;
+  so.world = W;
+  so.global_batch = kGlobalBatch;
+  so.seq_len = 1;
+  so.excluded = {"amp", "checkpoint", "grad_accum"};
+  const auto candidates = search::enumerate_candidates(so, 3);
+  const auto fsdp = std::find_if(candidates.begin(), candidates.end(), [&](const auto& c) {
+    return c.strategy.size() == (W > 1 ? 1u : 0u) && (W == 1 || c.strategy[0].name == "fsdp");
+  });
+  ASSERT_NE(fsdp, candidates.end());
+  const data::Shard shard{.rank = dist::rank(), .ranks = W, .global_batch = kGlobalBatch};
+  const data::Batch batch = custom::synthetic_batch(shard.sample_indices(0), net_config(), 3);
+  const auto factory = optim::AdamW::factory({.lr = 1e-2});
+  search::DryRunOptions opts{.warmup_steps = 1, .measured_steps = 2};
+  opts.collective_timeout = std::chrono::seconds(3);
+  opts.loss = custom::classification_loss;
+  manual_seed(42);
+  const uint64_t rng_before = default_generator().offset();
+  const auto before =
+      search::dry_run(*model, factory, *fsdp, batch, dist::ProcessGroup::world(), opts);
+  ASSERT_EQ(before.status, search::Status::kOk) << before.error;
+  EXPECT_EQ(default_generator().offset(), rng_before);
+  auto same_as_initial = [&] {
+    const auto now = model->named_parameters();
+    ASSERT_EQ(now.size(), initial.size());
+    for (size_t i = 0; i < now.size(); ++i) {
+      EXPECT_EQ(now[i].second.to_vector<float>(), initial[i].second.to_vector<float>())
+          << now[i].first;
+      EXPECT_FALSE(now[i].second.grad().defined()) << now[i].first;
+    }
+  };
+  same_as_initial();
+  // The last rank runs out of memory in the middle of the candidate.
+  search::DryRunOptions starved = opts;
+  if (dist::rank() == W - 1) starved.memory_budget = 4096;
+  const auto failed =
+      search::dry_run(*model, factory, *fsdp, batch, dist::ProcessGroup::world(), starved);
+  EXPECT_EQ(failed.status, search::Status::kOom) << failed.error;
+  same_as_initial();
+  const auto after =
+      search::dry_run(*model, factory, *fsdp, batch, dist::ProcessGroup::world(), opts);
+  ASSERT_EQ(after.status, search::Status::kOk) << after.error;
+  EXPECT_EQ(after.losses, before.losses);
+  same_as_initial();
 }
 
 TEST(CustomModelAccelerate, MissingSampleBatchOrLossIsNamed) {
