@@ -87,11 +87,23 @@ void log_committed(const TrainingSession::State& s, const std::optional<std::str
   if (dir && s.leader) logging::info("saved checkpoint {}", *dir);
 }
 
+// What the session needs of the AccelerateResult, checked before anything is prepared or written.
+SessionOptions check_accelerated(const AccelerateResult& acc, SessionOptions options) {
+  ACC_CHECK(acc.trainer != nullptr,
+            "TrainingSession: the AccelerateResult has no trainer (moved out or reset?)");
+  ACC_CHECK(
+      !acc.model_hash.empty() || (options.ckpt_dir.empty() && options.resume == Resume::kNone),
+      "TrainingSession: AccelerateResult::model_hash is empty, and checkpoints name their "
+      "model by it: give it (auto_accelerate does) or no ",
+      options.names.ckpt_dir, " and ", options.names.resume);
+  return options;
+}
+
 }  // namespace
 
 TrainingSession::TrainingSession(AccelerateResult& acc, data::Loader& loader,
                                  SessionOptions options)
-    : TrainingSession(acc, loader, prepare(std::move(options))) {}
+    : TrainingSession(acc, loader, prepare(check_accelerated(acc, std::move(options)))) {}
 
 TrainingSession::TrainingSession(AccelerateResult& acc, data::Loader& loader, Prepared prepared)
     : s_(std::make_unique<State>()) {
@@ -101,17 +113,12 @@ TrainingSession::TrainingSession(AccelerateResult& acc, data::Loader& loader, Pr
   s.o = &s.prepared->options;
   const SessionOptions& o = *s.o;
   const dist::ProcessGroupPtr& world = s.prepared->world;
-  ACC_CHECK(acc.trainer != nullptr,
-            "TrainingSession: the AccelerateResult has no trainer (moved out or reset?)");
+  check_accelerated(acc, o);
   s.acc = &acc;
   s.loader = &loader;
   s.trainer = acc.trainer.get();
   s.model = acc.model ? acc.model : s.trainer->model_ptr();
   s.leader = world->rank() == 0;
-  ACC_CHECK(!acc.model_hash.empty() || (o.ckpt_dir.empty() && o.resume == Resume::kNone),
-            "TrainingSession: AccelerateResult::model_hash is empty, and checkpoints name their "
-            "model by it: give it (auto_accelerate does) or no ",
-            o.names.ckpt_dir, " and ", o.names.resume);
   watch_groups(*s.prepared->agent, world, *s.trainer);
 
   // Sharded checkpoints (checkpoint/README.md): any strategy and world size saves, and a run on
