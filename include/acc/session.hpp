@@ -69,12 +69,13 @@ struct OptionNames {
   std::string grad_clip = "gradient clipping";  // (a loss that became non-finite)
 };
 
+// Every field has a default (designated initializers name only what they change, -Wextra quiet).
 struct SessionOptions {
   /// Checkpoint root ("": no checkpoints). One job writes a root at a time: rank 0 holds
   /// ROOT/.lock from prepare() to the session's end. A root holding committed steps is refused
   /// unless the run resumes from it (kAuto, or a kPath inside it) or start_over is set: the
   /// steps of two runs would interleave.
-  std::string ckpt_dir;
+  std::string ckpt_dir{};
   /// Also save every this many steps (after step s with (s + 1) % save_every == 0; 0: only at
   /// finish()). Needs ckpt_dir.
   int64_t save_every = 0;
@@ -87,28 +88,28 @@ struct SessionOptions {
   /// Refused with kAuto or a kPath inside ckpt_dir, which would continue them.
   bool start_over = false;
   Resume resume = Resume::kNone;
-  std::string resume_path;  // with kPath only
+  std::string resume_path{};  // with kPath only
   /// One JSON line per step, written by rank 0 ("": none): {"attempt", "step", "loss",
   /// "grad_norm", "lr", "step_ms", "tokens_per_s" (or "samples_per_s")}. A fresh run (attempt 0,
   /// nothing resumed) starts the file anew; a resumed run or a restarted attempt (acc-run's
   /// ACC_RUN_ATTEMPT > 0) appends, so the file holds every step of every attempt: steps redone
   /// after a resume appear again, with the higher attempt number.
-  std::string log_json;
+  std::string log_json{};
   /// Rank 0 logs a console line every this many steps, and the last step's (0: never).
   int64_t log_every = 10;
   /// The run's total steps when known (0: unknown): a resume at or past it is refused ("nothing
   /// left to train"), and console lines show it.
   int64_t steps = 0;
   /// Sets the optimizer's learning rate before each step (none: the optimizer's own).
-  std::shared_ptr<const optim::LRScheduler> lr_schedule;
+  std::shared_ptr<const optim::LRScheduler> lr_schedule{};
   /// Tokens per sample (a language model's sequence length), for tokens/s in the logs; 0: the
   /// logs give samples/s. The samples of a step are AccelerateResult::data.global_batch.
   int64_t tokens_per_sample = 0;
   /// The world the session saves, resumes and watches over (default: dist::ProcessGroup::world()).
-  dist::ProcessGroupPtr world;
+  dist::ProcessGroupPtr world{};
   /// The hang detector's options (elastic/agent.hpp; defaults from the environment).
-  elastic::AgentOptions agent;
-  OptionNames names;
+  elastic::AgentOptions agent{};
+  OptionNames names{};
 };
 
 /// What one step did.
@@ -156,14 +157,15 @@ class TrainingSession {
 
   /// Resumes (SessionOptions::resume) into acc's trainer, the loader and every rank's default
   /// generator, deletes ckpt_dir's old steps with start_over, and opens the step log. `acc` and
-  /// `loader` must outlive the session. Collective over the world. Throws what prepare() throws;
-  /// acc::ValueError when acc has no trainer, when acc.model_hash is empty and there is a
-  /// checkpoint to read or write, and for a checkpoint of another model (its model type, config
-  /// field by field, module type or hash named), a resume at or past options.steps, or a loader
-  /// state that does not fit the loader (naming the checkpoint's metadata file); acc::IoError
-  /// when no committed step loads (naming each step tried and why) or a kPath root's newest step
-  /// does not (naming the older one that does), and when the step log cannot be opened. On any
-  /// error nothing is written (start_over deletes, and the log is opened, last).
+  /// `loader` must outlive the session, and acc.trainer must stay until finish() (step() and
+  /// finish() name a trainer reset or replaced before). Collective over the world. Throws what
+  /// prepare() throws; acc::ValueError when acc has no trainer, when acc.model_hash is empty and
+  /// there is a checkpoint to read or write, and for a checkpoint of another model (its model type,
+  /// config field by field, module type or hash named), a resume at or past options.steps, or a
+  /// loader state that does not fit the loader (naming the checkpoint's metadata file);
+  /// acc::IoError when no committed step loads (naming each step tried and why) or a kPath root's
+  /// newest step does not (naming the older one that does), and when the step log cannot be opened.
+  /// On any error nothing is written (start_over deletes, and the log is opened, last).
   TrainingSession(AccelerateResult& acc, data::Loader& loader, SessionOptions options);
   TrainingSession(AccelerateResult& acc, data::Loader& loader, Prepared prepared);
   /// finish(), unless it ran or an exception is unwinding (then a pending background save is left

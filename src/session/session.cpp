@@ -175,11 +175,24 @@ TrainingSession::~TrainingSession() {
   }
 }
 
+namespace {
+
+// The trainer the session was made with is still the AccelerateResult's (dropping it hands the
+// model back: the program is done training).
+void check_trainer(const TrainingSession::State& s, const char* what) {
+  ACC_CHECK(s.acc->trainer.get() == s.trainer, "TrainingSession::", what,
+            ": the AccelerateResult's trainer was reset or replaced after the session began "
+            "(call finish() before dropping it)");
+}
+
+}  // namespace
+
 StepResult TrainingSession::step() {
   State& s = *s_;
   const SessionOptions& o = *s.o;
   ACC_CHECK(!s.finished, "TrainingSession::step: the session is finished (after step ", s.next_step,
             ")");
+  check_trainer(s, "step");
   const int64_t step = s.next_step;
   progress::step(step);
   data::Batch batch = s.loader->next();
@@ -238,6 +251,7 @@ void TrainingSession::finish() {
   State& s = *s_;
   if (s.finished) return;
   s.finished = true;  // a failure below is not retried by the destructor
+  check_trainer(s, "finish");
   const SessionOptions& o = *s.o;
   if (!o.ckpt_dir.empty() && s.saved_step != s.next_step) save(s, s.next_step);
   if (s.saver) log_committed(s, s.saver->finish());

@@ -438,5 +438,24 @@ TEST(TrainingSession, BadOptionsAreNamedAndNothingIsWritten) {
   EXPECT_EQ(listing(dir.path), before) << "something was written";
 }
 
+// A trainer dropped before finish() (a program handing the model back early) is named by step()
+// and finish(), and the destructor logs it instead of saving from a trainer that is gone.
+TEST(TrainingSession, ATrainerDroppedBeforeFinishIsNamed) {
+  SharedDir dir("dropped");
+  AccelerateResult acc = accelerate_gpt(7);
+  data::BatchLoader loader = gpt_loader();
+  SessionOptions o = quiet(dir);
+  o.ckpt_dir = (dir.path / "ck").string();
+  auto run = std::make_unique<TrainingSession>(acc, loader, o);
+  run->step();
+  acc.trainer.reset();
+  EXPECT_NE(test::error_of<ValueError>([&] {
+              run->step();
+            }).find("TrainingSession::step: the AccelerateResult's trainer was reset"),
+            std::string::npos);
+  EXPECT_NO_THROW(run.reset());  // finish() fails inside: logged
+  EXPECT_TRUE(ckpt::committed_steps((dir.path / "ck").string()).empty());
+}
+
 }  // namespace
 }  // namespace acc
