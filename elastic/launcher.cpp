@@ -16,12 +16,14 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
 
 #include "acc/elastic/agent.hpp"
+#include "acc/util/env.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/logging.hpp"
 #include "acc/util/parse.hpp"
@@ -436,13 +438,13 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o,
   for (const std::string& a : {std::string("--host"), hosts, std::string("-np"),
                                std::to_string(static_cast<int>(nodes.size()) * o.nproc_per_node),
                                std::string("-x"), "ACC_JOB_DIR=" + o.job_dir, std::string("-x"),
-                               "ACC_RUN_ATTEMPT=" + std::to_string(attempt)}) {
+                               std::string(kAttemptEnv) + "=" + std::to_string(attempt)}) {
     argv.push_back(a);
   }
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
     const std::string name = kv.substr(0, kv.find('='));
-    if (name == "ACC_JOB_DIR" || name == "ACC_RUN_ATTEMPT") continue;
+    if (name == "ACC_JOB_DIR" || name == kAttemptEnv) continue;
     if (name.rfind("ACC_", 0) == 0 || name == "OPENBLAS_NUM_THREADS" || name == "OMP_NUM_THREADS") {
       argv.push_back("-x");
       argv.push_back(name);
@@ -450,6 +452,15 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o,
   }
   argv.insert(argv.end(), o.command.begin(), o.command.end());
   return argv;
+}
+
+int run_attempt() {
+  const std::optional<std::string> text = env::get(kAttemptEnv);
+  if (!text) return 0;
+  const int64_t attempt = parse_int64(*text, kAttemptEnv);
+  ACC_CHECK(attempt >= 0 && attempt <= std::numeric_limits<int>::max(), kAttemptEnv,
+            " must be a non-negative integer (acc-run's attempt), got '", *text, "'");
+  return static_cast<int>(attempt);
 }
 
 int run_elastic(const LaunchOptions& o) {

@@ -7,30 +7,33 @@
 //   build/examples/train_gpt --model gpt --config examples/configs/gpt_small.json
 //       --data input.txt --data-format text --steps 300 --batch-size 16 --seq-len 128
 //
+// A thin command line: the flags, the model and its data, the strategy (given, cached or searched:
+// acc::auto_accelerate), then an acc::TrainingSession (include/acc/session.hpp) runs the loop with
+// resume, checkpoints, the hang detector and the step log, as it would for any program.
+//
 // Defaults follow torch.optim.AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01,
 // every parameter decayed), constant learning rate, no gradient clipping, no dropout.
 
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
+#include <limits>
+#include <optional>
 
 #include "acc/acc.hpp"
 #include "acc/data/token_data.hpp"
-#include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/dist/node.hpp"
 #include "acc/io/safetensors.hpp"
+#include "acc/session.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/trace/estimate.hpp"
 #include "acc/util/cli.hpp"
 #include "acc/util/file.hpp"
 #include "acc/util/json.hpp"
-#include "acc/util/json_fields.hpp"
 #include "acc/util/parse.hpp"
 #include "acc/util/system.hpp"
 
@@ -93,12 +96,6 @@ nlohmann::json default_config(const std::string& model) {
           {"rms_norm_eps", 1e-5},     {"rope_theta", 10000.0},    {"max_position_embeddings", 256}};
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Continues `prompt` by sampling `n` tokens at temperature 1 (byte-level text models).
 std::string sample_text(acc::models::LanguageModel& model, int64_t n, uint64_t seed,
                         int64_t context) {
@@ -130,60 +127,41 @@ std::string sample_text(acc::models::LanguageModel& model, int64_t n, uint64_t s
   return out;
 }
 
-// A job that does not continue the run in its --ckpt-dir must not write there: its steps would
-// interleave with the other run's (a step of the same number replacing the other's), and a later
-// --resume auto would continue whichever step is newest. Rank 0, holding the root's lock.
-void check_ckpt_dir_is_this_runs(const Args& a) {
-  const bool resumes_here =
-      a.resume == "auto" || (!a.resume.empty() && acc::ckpt::path_within(a.resume, a.ckpt_dir));
-  if (a.ckpt_start_over) {
-    ACC_CHECK(!resumes_here, "--ckpt-start-over deletes the committed steps of --ckpt-dir '",
-              a.ckpt_dir, "', which --resume ", a.resume == "auto" ? "auto" : "'" + a.resume + "'",
-              " would continue: give one or the other");
-    return;
+// The session's options from the flags; its messages name the flags.
+acc::SessionOptions session_options(const Args& a) {
+  acc::SessionOptions o;
+  o.ckpt_dir = a.ckpt_dir;
+  o.save_every = a.save_every;
+  o.keep = a.keep == 0 ? std::nullopt : std::optional<int>(a.keep);
+  o.sync_save = a.sync_save;
+  o.start_over = a.ckpt_start_over;
+  o.resume = a.resume.empty()     ? acc::Resume::kNone
+             : a.resume == "auto" ? acc::Resume::kAuto
+                                  : acc::Resume::kPath;
+  if (o.resume == acc::Resume::kPath) o.resume_path = a.resume;
+  o.log_json = a.log_json;
+  o.log_every = a.log_every;
+  o.steps = a.steps;
+  o.tokens_per_sample = a.seq_len;
+  if (a.lr_schedule == "cosine") {
+    o.lr_schedule =
+        std::make_shared<acc::optim::WarmupCosineLR>(a.lr, a.warmup_steps, a.steps, a.min_lr);
+  } else if (a.warmup_steps > 0) {
+    o.lr_schedule = std::make_shared<acc::optim::WarmupCosineLR>(
+        a.lr, a.warmup_steps, std::numeric_limits<int64_t>::max(), a.lr);
+  } else {
+    o.lr_schedule = std::make_shared<acc::optim::ConstantLR>(a.lr);
   }
-  const std::vector<std::string> steps = acc::ckpt::committed_steps(a.ckpt_dir);
-  if (steps.empty() || resumes_here) return;
-  ACC_THROW(
-      acc::ValueError, "--ckpt-dir '", a.ckpt_dir, "' holds ", steps.size(),
-      " committed step(s) of another run (the newest: ",
-      std::filesystem::path(steps.back()).filename().string(), ")",
-      a.resume.empty() ? std::string() : ", and --resume '" + a.resume + "' is not one of them",
-      ": this run's steps would interleave with them. Continue that run with --resume auto, "
-      "or give --ckpt-start-over to delete its steps and start over");
-}
-
-// The run state train_gpt keeps in a checkpoint's extra, checked before any of it is used, so that
-// a damaged or hand-edited field is named with its file (it failed inside nlohmann::json:
-// "[json.exception.type_error.304] cannot use at() with string"). Every rank reads the same file
-// and so fails alike.
-void check_run_state(const nlohmann::json& extra, const std::string& step_dir) {
-  using acc::json::brief;
-  acc::json::Fields f(
-      extra,
-      "checkpoint metadata '" + (std::filesystem::path(step_dir) / "metadata.json").string() + "'",
-      "extra");
-  if (const nlohmann::json* t = f.optional("model_type"); t && !t->is_string()) {
-    f.fail(f.path("model_type"), "must be a string (gpt or llama), got " + brief(*t));
-  }
-  if (const nlohmann::json* c = f.optional("config"); c && !c->is_object()) {
-    f.fail(f.path("config"), "must be an object (the model's config), got " + brief(*c));
-  }
-  if (const nlohmann::json* l = f.optional("loader"); l && !l->is_object()) {
-    f.fail(f.path("loader"), "must be an object (the data loader's position), got " + brief(*l));
-  }
-  if (const nlohmann::json* r = f.optional("rng")) {
-    bool ok = r->is_array() && !r->empty();
-    for (size_t i = 0; ok && i < r->size(); ++i) {
-      const nlohmann::json& e = r->at(i);
-      ok = e.is_array() && e.size() == 2 && e[0].is_number_unsigned() && e[1].is_number_unsigned();
-    }
-    if (!ok) {
-      f.fail(f.path("rng"),
-             "must be a list of [seed, offset] pairs of unsigned integers, one per rank, got " +
-                 brief(*r));
-    }
-  }
+  o.names = {.ckpt_dir = "--ckpt-dir",
+             .save_every = "--save-every",
+             .keep = "--keep",
+             .start_over = "--ckpt-start-over",
+             .resume = "--resume",
+             .log_json = "--log-json",
+             .steps = "--steps",
+             .lr = "--lr",
+             .grad_clip = "--grad-clip"};
+  return o;
 }
 
 int run(const Args& a) {
@@ -197,53 +175,19 @@ int run(const Args& a) {
   ACC_CHECK(!a.data.empty(),
             "--data is required (a token file or, with --data-format text, "
             "any text file)");
-  ACC_CHECK(a.save_every == 0 || !a.ckpt_dir.empty(), "--save-every needs --ckpt-dir");
-  ACC_CHECK(!a.ckpt_start_over || !a.ckpt_dir.empty(), "--ckpt-start-over needs --ckpt-dir");
-  ACC_CHECK(a.resume != "auto" || !a.ckpt_dir.empty(),
-            "--resume auto resumes from --ckpt-dir: give --ckpt-dir");
   if (!a.resume.empty() && a.resume != "auto") {
     std::error_code ec;
     ACC_CHECK_AS(IoError, !std::filesystem::is_regular_file(a.resume, ec), "--resume '", a.resume,
                  "' is a file: single-file checkpoints (the former --save-checkpoint) are not read "
                  "any more; resume from a checkpoint directory written with --ckpt-dir");
-    ACC_CHECK_AS(IoError, std::filesystem::is_directory(a.resume, ec), "--resume '", a.resume,
-                 "' is not a checkpoint directory (a --ckpt-dir or one of its step-N directories)");
   }
-
-  // Output paths before any work, so a typo costs nothing (rank 0 writes them).
-  if (dist::rank() == 0) {
-    if (!a.save.empty()) check_output_path(a.save, "--save");
-    if (!a.ckpt_dir.empty()) {
-      std::error_code ec;
-      ACC_CHECK_AS(
-          IoError,
-          !std::filesystem::exists(a.ckpt_dir, ec) || std::filesystem::is_directory(a.ckpt_dir, ec),
-          "--ckpt-dir '", a.ckpt_dir, "' is a file, not a directory");
-      const auto parent = std::filesystem::absolute(a.ckpt_dir).parent_path();
-      ACC_CHECK_AS(IoError, std::filesystem::is_directory(parent, ec), "--ckpt-dir '", a.ckpt_dir,
-                   "': directory '", parent.string(), "' does not exist");
-    }
-    if (!a.log_json.empty()) check_output_path(a.log_json, "--log-json");
-  }
-
-  // One writing job per checkpoint root (checkpoint/README.md): rank 0 takes ROOT/.lock for the
-  // job's life before anything is built, and every rank learns the outcome, so that a refused job
-  // stops on every rank before its first step, naming the job that holds the root.
-  std::optional<ckpt::RootLock> root_lock;
-  {
-    std::string refused;
-    if (dist::rank() == 0 && !a.ckpt_dir.empty()) {
-      try {
-        root_lock = ckpt::RootLock::acquire(a.ckpt_dir);
-        check_ckpt_dir_is_this_runs(a);
-      } catch (const std::exception& e) {
-        refused = e.what();
-        root_lock.reset();
-      }
-    }
-    refused = dist::broadcast_text(*dist::ProcessGroup::world(), refused, 0);
-    ACC_CHECK_AS(IoError, refused.empty(), refused);
-  }
+  // Output paths before any work, so a typo costs nothing (rank 0 writes them; the session checks
+  // --ckpt-dir and --log-json).
+  if (dist::rank() == 0 && !a.save.empty()) check_output_path(a.save, "--save");
+  // The session's options, --ckpt-dir's lock (one writing job per checkpoint root) and the hang
+  // detector (elastic/README.md), before anything is built: a refused job stops on every rank at
+  // once, and the agent watches the search's dry-runs too.
+  TrainingSession::Prepared prepared = TrainingSession::prepare(session_options(a));
 
   // More threads than cores time-slice every GEMM: say so (it ran 10x slower without a word). The
   // node's ranks count together (the union of their affinity masks): under mpirun's default
@@ -300,8 +244,6 @@ int run(const Args& a) {
   // Strategy and the data-parallel group (one rank without mpirun).
   auto group = dist::ProcessGroup::world();
   const bool leader = group->rank() == 0;
-  // The hang detector and ACC_FAULT's fault injection (elastic/README.md), in every run.
-  const std::unique_ptr<elastic::Agent> agent = elastic::Agent::start(group);
   // --strategy: auto (the search), a strategy cache (acc-search's --out: its key checked, then
   // used, re-planned for another world size, or searched again / refused when stale), or a plain
   // strategy list applied as given.
@@ -323,7 +265,7 @@ int run(const Args& a) {
                                     .rank = group->rank(),
                                     .world = group->size()});
 
-  // Optimizer, schedule, strategy: given, or chosen by the search (--strategy auto).
+  // Optimizer and strategy: given, or chosen by the search (--strategy auto).
   const auto factory = optim::AdamW::factory(
       {.lr = a.lr, .betas = {a.beta1, a.beta2}, .eps = a.eps, .weight_decay = a.weight_decay});
   const nlohmann::json agreement = {{"batch_size", a.batch_size},
@@ -341,7 +283,7 @@ int run(const Args& a) {
                                     {"data", {{"tokens", tokens->size()}, {"order", a.data_order}}},
                                     {"init_from", a.init_from},
                                     {"resume", a.resume}};
-  std::unique_ptr<strategies::Trainer> trainer;
+  AccelerateResult acc;
   if (search || cached) {
     AccelerateOptions ao;
     if (cached) ao.load_strategy = a.strategy;
@@ -356,173 +298,27 @@ int run(const Args& a) {
     ao.group = group;
     ao.grad_clip = a.grad_clip;
     ao.agreement = agreement;
-    AccelerateResult chosen = auto_accelerate(model, factory, ao);
-    if (leader && chosen.report.at("source") == "search") {
-      std::cout << report_table(chosen.report) << std::flush;
+    acc = auto_accelerate(model, factory, ao);
+    if (leader && acc.report.at("source") == "search") {
+      std::cout << report_table(acc.report) << std::flush;
     }
-    strategy = chosen.strategy;
-    trainer = std::move(chosen.trainer);
+    strategy = acc.strategy;
   } else {
-    trainer = strategies::apply(model, factory, strategy,
-                                {.group = group, .grad_clip = a.grad_clip, .agreement = agreement});
-  }
-  // The hang detector watches every group the strategy communicates over (the world it was
-  // started with already).
-  if (const auto& ctx = trainer->context()) {
-    std::vector<dist::ProcessGroup*> watched = {group.get()};
-    auto watch = [&](const dist::ProcessGroupPtr& g) {
-      if (g->size() > 1 && std::find(watched.begin(), watched.end(), g.get()) == watched.end()) {
-        watched.push_back(g.get());
-        agent->watch(g);
-      }
-    };
-    for (dist::MeshDim d : dist::kMeshDims) watch(ctx->group(d));
-    watch(ctx->dp_cp_group());
-  }
-  optim::Optimizer& opt = trainer->optimizer();
-  std::unique_ptr<optim::LRScheduler> schedule;
-  if (a.lr_schedule == "cosine") {
-    schedule = std::make_unique<optim::WarmupCosineLR>(a.lr, a.warmup_steps, a.steps, a.min_lr);
-  } else if (a.warmup_steps > 0) {
-    schedule = std::make_unique<optim::WarmupCosineLR>(a.lr, a.warmup_steps,
-                                                       std::numeric_limits<int64_t>::max(), a.lr);
-  } else {
-    schedule = std::make_unique<optim::ConstantLR>(a.lr);
+    acc.model = model;
+    acc.trainer = strategies::apply(
+        model, factory, strategy,
+        {.loss = {}, .group = group, .grad_clip = a.grad_clip, .agreement = agreement});
+    const dist::ParallelContextPtr& ctx = acc.trainer->context();
+    acc.data = {.rank = ctx ? ctx->dp_cp_group()->rank() : 0,
+                .ranks = ctx ? ctx->dp_cp_group()->size() : 1,
+                .global_batch = a.batch_size * group->size()};
+    acc.model_hash = trace::model_trace_hash(a.model, config);
+    acc.strategy = strategy;
   }
 
-  // Sharded checkpoints (checkpoint/README.md): any strategy and world size saves, and a run on
-  // any other loads it. The model is named by its trace hash; the run's own state (data position,
-  // every rank's RNG, the model config) goes into the checkpoint's extra.
-  const std::string trace_hash = trace::model_trace_hash(a.model, config);
-  int64_t start_step = 0;
-  if (!a.resume.empty()) {
-    const std::string from = a.resume == "auto" ? a.ckpt_dir : a.resume;
-    const std::string what = "--resume '" + from + "'";
-    // The model's config first, by field (a clearer message than another trace hash).
-    if (const auto dir = ckpt::resolve(from)) {
-      nlohmann::json extra;
-      try {
-        extra = ckpt::read_metadata(*dir).extra;
-      } catch (const Error&) {
-        // Damaged: resume() below names it and falls back (auto) or refuses.
-      }
-      if (extra.is_object()) check_run_state(extra, *dir);
-      if (extra.contains("config") && extra.contains("model_type")) {
-        ACC_CHECK(extra.at("model_type") == a.model, what, " holds a ", extra.at("model_type"),
-                  " model, not --model ", a.model);
-        const nlohmann::json& saved = extra.at("config");
-        const nlohmann::json now = model->config_json();
-        for (const auto& [key, value] : now.items()) {
-          const auto it = saved.find(key);
-          ACC_CHECK(it != saved.end() && *it == value, what, " was saved with ", key, " = ",
-                    it == saved.end() ? std::string("(absent)") : it->dump(), ", this run has ",
-                    key, " = ", value.dump(), ": resume with the checkpoint's model config");
-        }
-      }
-    }
-    // Falling back past a damaged newest step either way: --resume auto goes on from the step that
-    // loads; a root named by hand is refused, naming that step, since its owner asked for the
-    // newest and may not want to lose the steps after it.
-    const auto resumed = ckpt::resume(from, *trainer, trace_hash, /*fall_back=*/true);
-    ACC_CHECK(resumed || a.resume == "auto", what, ": no committed checkpoint there");
-    if (resumed && a.resume != "auto" && !resumed->skipped.empty()) {
-      std::string skipped;
-      for (const std::string& s : resumed->skipped) skipped += (skipped.empty() ? "" : "; ") + s;
-      ACC_THROW(IoError, what, ": its newest committed step does not load: ", skipped,
-                ". The older '", resumed->dir, "' does: give --resume ", resumed->dir,
-                " to resume from it (--resume auto with --ckpt-dir ", from,
-                " falls back to it by itself)");
-    }
-    if (!resumed) {
-      if (leader)
-        logging::info("--resume auto: no checkpoint in '{}' yet, starting at step 0", from);
-    } else {
-      const nlohmann::json& extra = resumed->metadata.extra;
-      check_run_state(extra, resumed->dir);
-      start_step = resumed->metadata.step;
-      ACC_CHECK(start_step < a.steps, what, " is at step ", start_step, " and --steps is ", a.steps,
-                ": nothing left to train (give --steps > ", start_step, ")");
-      // A checkpoint made from weights (acc-ckpt import-safetensors) has no data position or RNG:
-      // the data then starts from the beginning.
-      if (extra.contains("loader")) {
-        try {
-          loader.load_state(extra.at("loader"));
-        } catch (const ValueError& e) {
-          ACC_THROW(ValueError, "checkpoint metadata '",
-                    (std::filesystem::path(resumed->dir) / "metadata.json").string(),
-                    "': field 'extra.loader': ", e.what());
-        }
-      } else if (leader) {
-        logging::warn(
-            "{}: no data position in the checkpoint (imported weights?): the data "
-            "starts from the beginning",
-            what);
-      }
-      // Each rank's generator; on another world size, rank 0's (every rank seeds alike).
-      if (extra.contains("rng")) {
-        const nlohmann::json& rng = extra.at("rng");
-        const size_t r = rng.size() == static_cast<size_t>(group->size())
-                             ? static_cast<size_t>(group->rank())
-                             : 0;
-        default_generator().set_state(rng.at(r).at(0).get<uint64_t>(),
-                                      rng.at(r).at(1).get<uint64_t>());
-      }
-      if (leader) logging::info("resumed from {} at step {}", resumed->dir, start_step);
-    }
-  }
-  // --ckpt-start-over: the root's old steps go once everything before training has worked (a
-  // typo in another flag loses nothing); rank 0 holds the lock, every rank learns the outcome.
-  if (a.ckpt_start_over) {
-    std::string error;
-    if (leader) {
-      try {
-        const std::vector<std::string> removed = ckpt::remove_committed_steps(a.ckpt_dir);
-        if (!removed.empty()) {
-          logging::info("--ckpt-start-over: deleted {} committed step(s) of '{}' ({} to {})",
-                        removed.size(), a.ckpt_dir, removed.front(), removed.back());
-        }
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    }
-    error = dist::broadcast_text(*group, error, 0);
-    ACC_CHECK_AS(IoError, error.empty(), "--ckpt-start-over: ", error);
-  }
-  // Saves are written in the background by default (the state snapshotted at the step boundary,
-  // committed at a later boundary once every rank has written); --sync-save waits for each.
-  int64_t saved_step = -1;
-  std::unique_ptr<ckpt::AsyncSaver> saver;
-  if (!a.ckpt_dir.empty() && !a.sync_save) {
-    saver = std::make_unique<ckpt::AsyncSaver>(a.ckpt_dir, ckpt::SaveOptions{.keep_last = a.keep});
-  }
-  auto committed = [&](const std::optional<std::string>& dir) {
-    if (dir && leader) logging::info("saved checkpoint {}", *dir);
-  };
-  auto save_checkpoint = [&](int64_t step) {
-    const Generator& g = default_generator();
-    nlohmann::json rng = nlohmann::json::array();
-    for (const std::string& text :
-         dist::allgather_text(*group, nlohmann::json{g.seed(), g.offset()}.dump())) {
-      rng.push_back(nlohmann::json::parse(text));
-    }
-    const nlohmann::json extra = {{"model_type", a.model},
-                                  {"config", model->config_json()},
-                                  {"loader", loader.state()},
-                                  {"rng", rng}};
-    saved_step = step;
-    if (saver) {
-      saver->save(step, *trainer, trace_hash, extra);
-    } else {
-      committed(
-          ckpt::save_trainer(a.ckpt_dir, step, *trainer, trace_hash, extra, {.keep_last = a.keep}));
-    }
-  };
-
-  std::ofstream json_log;
-  if (!a.log_json.empty() && leader) {
-    json_log.open(a.log_json);
-    ACC_CHECK_AS(IoError, json_log.good(), "cannot write --log-json file '", a.log_json, "'");
-  }
+  // Resume (--resume), checkpoints (--ckpt-dir, --save-every, --keep), the step log (--log-json),
+  // the hang detector's progress marks and straggler report: the session.
+  TrainingSession session(acc, loader, std::move(prepared));
   if (leader) {
     logging::info(
         "{} with {:.2f}M parameters, {} tokens in {}, batch {}x{} per rank x {} rank(s), "
@@ -530,64 +326,12 @@ int run(const Args& a) {
         a.model, model->num_parameters() / 1e6, tokens->size(), a.data, a.batch_size, a.seq_len,
         group->size(), strategies::to_json(strategy).dump(), a.steps, a.threads);
   }
-
-  const double tokens_per_step = static_cast<double>(a.batch_size * a.seq_len * group->size());
-  std::vector<double> step_ms;
-  double first_loss = NAN, last_loss = NAN;
-  memory::reset_peak();
-  for (int64_t step = start_step; step < a.steps; ++step) {
-    progress::step(step);
-    data::Batch batch = loader.next();
-    Timer timer;
-    const double lr = schedule->apply(opt, step);
-    const double loss_v = trainer->train_step(batch);
-    const double ms = timer.elapsed_ms();
-    if (!std::isfinite(loss_v)) {
-      // Say where it came from: the weights were finite when loaded (checked there).
-      const std::string bad = nn::describe_non_finite(model->named_parameters());
-      ACC_THROW(ValueError, "loss became ", loss_v, " at step ", step, "; ",
-                !bad.empty() ? "the updates made the parameters non-finite (" + bad +
-                                   "): lower --lr or set --grad-clip"
-                : step == start_step
-                    ? std::string("every parameter is finite, so the forward pass overflowed on "
-                                  "this batch (weights or activations too large)")
-                    : std::string("every parameter is finite, so the forward pass overflowed: "
-                                  "lower --lr or set --grad-clip"));
-    }
-    if (std::isnan(first_loss)) first_loss = loss_v;
-    last_loss = loss_v;
-    if (step > start_step) step_ms.push_back(ms);  // the first step warms caches up
-    const double tps = tokens_per_step / (ms / 1000.0);
-    if (json_log.is_open()) {
-      nlohmann::json line = {
-          {"step", step}, {"loss", loss_v}, {"lr", lr}, {"step_ms", ms}, {"tokens_per_s", tps}};
-      if (a.grad_clip > 0) line["grad_norm"] = trainer->last_grad_norm();
-      json_log << line.dump() << "\n";
-      json_log.flush();
-      ACC_CHECK_AS(IoError, json_log.good(), "--log-json: writing '", a.log_json, "' failed");
-    }
-    if (leader && (step % a.log_every == 0 || step + 1 == a.steps)) {
-      logging::info("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:7.1f} ms | {:8.0f} tok/s", step,
-                    a.steps, loss_v, lr, ms, tps);
-    }
-    agent->report_stragglers();
-    if (saver) committed(saver->poll());
-    if (a.save_every > 0 && (step + 1) % a.save_every == 0) save_checkpoint(step + 1);
-  }
-  if (!a.ckpt_dir.empty() && saved_step != a.steps) save_checkpoint(a.steps);
-  if (saver) committed(saver->finish());
-  const double med = median(step_ms);
-  if (leader) {
-    logging::info(
-        "done: loss {:.4f} -> {:.4f}, median step {:.1f} ms, {:.0f} tokens/s, peak memory "
-        "{:.1f} MB per rank",
-        first_loss, last_loss, med, med > 0 ? tokens_per_step / (med / 1000.0) : 0.0,
-        memory::peak_bytes() / 1e6);
-  }
+  for (int64_t step = session.first_step(); step < a.steps; ++step) session.step();
+  session.finish();
 
   const io::Metadata meta = {{"model_type", a.model}, {"config", model->config_json().dump()}};
   if (!a.save.empty()) {
-    auto params = trainer->full_parameters();  // collective for sharded strategies
+    auto params = acc.trainer->full_parameters();  // collective for sharded strategies
     if (leader) {
       io::save_safetensors(a.save, params, meta);
       logging::info("saved weights to {}", a.save);
@@ -595,7 +339,7 @@ int run(const Args& a) {
   }
   // Dropping the Trainer hands the model back whole on every rank (fsdp gathers it: all ranks
   // take part), so any strategy can sample.
-  trainer.reset();
+  acc.trainer.reset();
   if (a.sample > 0 && leader) {
     std::string text = sample_text(*model, a.sample, a.seed, a.seq_len);
     std::cout << "----- sample -----\n" << text << "\n------------------\n";

@@ -28,6 +28,7 @@
 #include "acc/optim/optim.hpp"
 #include "acc/search/cache.hpp"
 #include "acc/search/report.hpp"
+#include "acc/session.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/tensor/allocator.hpp"
 #include "acc/tensor/dtype.hpp"

@@ -61,8 +61,46 @@ using acc::test::processes_of;
 struct Job {
   acc::test::CommandResult result;
   std::vector<nlohmann::json> incidents;
-  std::vector<nlohmann::json> log;  // the last attempt's
+  std::vector<nlohmann::json> all_log;  // every attempt's lines, as the step log holds them
+  std::vector<nlohmann::json> log;      // the last attempt's
 };
+
+// The lines of the last attempt in a step log that every attempt appends to.
+std::vector<nlohmann::json> last_attempt(const std::vector<nlohmann::json>& log) {
+  std::vector<nlohmann::json> out;
+  if (log.empty()) return out;
+  const int64_t last = log.back().at("attempt").get<int64_t>();
+  for (const auto& l : log) {
+    if (l.at("attempt").get<int64_t>() == last) out.push_back(l);
+  }
+  return out;
+}
+
+// The step log holds every step of every attempt, in order: the attempts' numbers grow, each
+// attempt's steps follow one another, the first starts at step 0 and each later one where its
+// resume put it (at or before the step after the previous attempt's last); every loss is bitwise
+// the uninterrupted run's of its step.
+void expect_every_attempt_logged(const std::vector<nlohmann::json>& log,
+                                 const std::vector<double>& want) {
+  ASSERT_FALSE(log.empty());
+  EXPECT_EQ(log.front().at("step"), 0) << log.front().dump();
+  for (size_t i = 0; i < log.size(); ++i) {
+    const int64_t step = log[i].at("step").get<int64_t>();
+    ASSERT_GE(step, 0);
+    ASSERT_LT(static_cast<size_t>(step), want.size()) << log[i].dump();
+    EXPECT_EQ(log[i].at("loss").get<double>(), want[static_cast<size_t>(step)]) << log[i].dump();
+    if (i == 0) continue;
+    const int64_t attempt = log[i].at("attempt").get<int64_t>();
+    const int64_t before = log[i - 1].at("attempt").get<int64_t>();
+    const int64_t previous = log[i - 1].at("step").get<int64_t>();
+    if (attempt == before) {
+      EXPECT_EQ(step, previous + 1) << "line " << i << ": " << log[i].dump();
+    } else {
+      EXPECT_GT(attempt, before) << "line " << i << ": " << log[i].dump();
+      EXPECT_LE(step, previous + 1) << "line " << i << ": a resume skipped steps " << log[i].dump();
+    }
+  }
+}
 
 Job acc_run(const fs::path& dir, const std::string& env, int max_restarts = 2) {
   { std::ofstream(dir / "hosts") << "localhost slots=4\n"; }
@@ -73,13 +111,15 @@ Job acc_run(const fs::path& dir, const std::string& env, int max_restarts = 2) {
       " --job-dir " + (dir / "job").string() + " --mpirun " + MPIEXEC_BIN +
       " --mpirun-args '--oversubscribe --bind-to none' -- " + train_args(dir));
   j.incidents = read_jsonl(dir / "job" / "incidents.jsonl");
-  j.log = read_jsonl(dir / "log.jsonl");
+  j.all_log = read_jsonl(dir / "log.jsonl");
+  j.log = last_attempt(j.all_log);
   return j;
 }
 
 void expect_losses_continue(const Job& j, int64_t resumed_at) {
   const std::vector<double> want = uninterrupted_losses();
   ASSERT_EQ(want.size(), 10u);
+  expect_every_attempt_logged(j.all_log, want);
   ASSERT_EQ(j.log.size(), want.size() - static_cast<size_t>(resumed_at));
   for (size_t i = 0; i < j.log.size(); ++i) {
     EXPECT_EQ(j.log[i]["step"].get<int64_t>(), resumed_at + static_cast<int64_t>(i));
@@ -125,6 +165,61 @@ TEST(AccRun, AStalledRankIsDiagnosedRestartedAndTheJobResumes) {
       << inc.dump();
   EXPECT_LE(inc["time_to_detect_s"].get<double>(), 3.0 + 2.0 + 1.0) << inc.dump();
   expect_losses_continue(j, inc["resumed_at_step"].get<int64_t>());
+  fs::remove_all(dir);
+}
+
+// The step log of a job acc-run restarted holds every step of every attempt, each line naming its
+// attempt: the case a user found (fsdp on 2 ranks, 14 steps, a rank killed at step 9), after
+// which the log held steps 8..13 only, the restarted attempt having truncated it. Steps redone
+// after the resume appear again with attempt 1, bitwise as before; a fresh run (attempt 0,
+// nothing resumed) starts its log anew.
+TEST(AccRun, TheStepLogHoldsEveryStepOfEveryAttempt) {
+  const fs::path dir = acc::test::fresh_dir("run_test_log");
+  const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
+  auto program = [&](const fs::path& run) {
+    return std::string(TRAIN_GPT_BIN) + " --model gpt --data " + data +
+           " --data-format u16 --data-order sequential --seq-len 16 --global-batch 8 --steps 14"
+           " --lr 3e-3 --seed 5 --threads 1 --strategy '[{\"name\": \"fsdp\"}]' --save-every 4"
+           " --resume auto --ckpt-dir " +
+           (run / "ck").string() + " --log-json " + (run / "log.jsonl").string();
+  };
+  // The uninterrupted run, into a log that holds a line already: a fresh run replaces it.
+  const fs::path ref = dir / "ref";
+  fs::create_directories(ref);
+  {
+    std::ofstream(ref / "log.jsonl") << R"({"attempt": 7, "step": 99, "loss": 0})"
+                                     << "\n";
+  }
+  const auto r = acc::test::run_command(std::string(MPIEXEC_BIN) +
+                                        " --oversubscribe --bind-to none -np 2 " + program(ref));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<double> want;
+  for (const auto& l : read_jsonl(ref / "log.jsonl")) {
+    EXPECT_EQ(l.at("attempt"), 0) << l.dump();
+    EXPECT_EQ(l.at("step").get<size_t>(), want.size()) << l.dump();
+    want.push_back(l.at("loss").get<double>());
+  }
+  ASSERT_EQ(want.size(), 14u);
+
+  { std::ofstream(dir / "hosts") << "localhost slots=2\n"; }
+  const auto job = acc::test::run_command(
+      "ACC_FAULT=kill:rank=1:step=9 " + std::string(ACC_RUN_BIN) + " --hostfile " +
+      (dir / "hosts").string() + " --nnodes 1 --nproc-per-node 2 --max-restarts 1 --job-dir " +
+      (dir / "job").string() + " --mpirun " + MPIEXEC_BIN +
+      " --mpirun-args '--oversubscribe --bind-to none' -- " + program(dir));
+  ASSERT_EQ(job.exit_code, 0) << job.output;
+  const auto incidents = read_jsonl(dir / "job" / "incidents.jsonl");
+  ASSERT_EQ(incidents.size(), 1u) << job.output;
+  const int64_t resumed = incidents[0].at("resumed_at_step").get<int64_t>();
+  EXPECT_TRUE(resumed == 4 || resumed == 8) << incidents[0].dump();  // step 8's save may be pending
+  const auto log = read_jsonl(dir / "log.jsonl");
+  expect_every_attempt_logged(log, want);
+  // Attempt 0: steps 0..8 (killed as step 9 began); attempt 1: from the resumed step to 13.
+  std::vector<std::pair<int64_t, int64_t>> got, expected;
+  for (const auto& l : log) got.emplace_back(l.at("attempt"), l.at("step"));
+  for (int64_t s = 0; s <= 8; ++s) expected.emplace_back(0, s);
+  for (int64_t s = resumed; s < 14; ++s) expected.emplace_back(1, s);
+  EXPECT_EQ(got, expected);
   fs::remove_all(dir);
 }
 

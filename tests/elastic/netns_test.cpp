@@ -100,6 +100,22 @@ std::string two_node_mpirun_args() {
          "10.77.0.0/24";
 }
 
+// The lines of the last attempt in a step log that every attempt appends to; the earlier ones
+// come first, from step 0, in the order of their attempts.
+std::vector<nlohmann::json> last_attempt(const std::vector<nlohmann::json>& log) {
+  std::vector<nlohmann::json> out;
+  if (log.empty()) return out;
+  EXPECT_EQ(log.front().at("step"), 0) << log.front().dump();
+  for (size_t i = 1; i < log.size(); ++i) {
+    EXPECT_GE(log[i].at("attempt"), log[i - 1].at("attempt")) << "line " << i;
+  }
+  const int64_t last = log.back().at("attempt").get<int64_t>();
+  for (const auto& l : log) {
+    if (l.at("attempt").get<int64_t>() == last) out.push_back(l);
+  }
+  return out;
+}
+
 // The logged losses `got` (by their "step") equal `want`, whose first entry is step `first`.
 void expect_losses(const std::vector<nlohmann::json>& got, const std::vector<double>& want,
                    int64_t first) {
@@ -191,7 +207,7 @@ TEST_F(AccRunNodes, ALostNodeIsLeftBehindAndTheJobResumesOnTheOther) {
   EXPECT_EQ(inc.at("nodes_after"), nlohmann::json({"10.77.0.11"})) << inc.dump();
   EXPECT_EQ(inc.at("fault"), "kill-node:rank=2:step=5");
   EXPECT_LE(inc.at("time_to_first_step_s").get<double>(), 10.0) << inc.dump();
-  const auto got = read_jsonl(dir / "log.jsonl");  // the last attempt's
+  const auto got = last_attempt(read_jsonl(dir / "log.jsonl"));
   ASSERT_FALSE(got.empty());
   const int64_t resumed = got.front().at("step").get<int64_t>();
   expect_nothing_left();
@@ -245,7 +261,7 @@ TEST_F(AccRunNodes, FaultsOnHealthyNodesRestartOnTheSameNodes) {
   EXPECT_NE(r.output.find("straggler: rank 2 "), std::string::npos) << r.output;
   expect_nothing_left();
 
-  const auto got = read_jsonl(dir / "log.jsonl");  // the last attempt's
+  const auto got = last_attempt(read_jsonl(dir / "log.jsonl"));
   ASSERT_FALSE(got.empty());
   EXPECT_EQ(got.back().at("step"), 9);
   const auto want = reference_losses(dir, 4, "auto");

@@ -34,10 +34,13 @@ import sys
 import tempfile
 
 # DESIGN.md's layer table, top to bottom: a layer may use only those above it (and its own row:
-# models builds on nn, io and data sit beside optim).
+# models builds on nn, io and data sit beside optim). session (TrainingSession: resume, saves, the
+# hang detector's agent and the step log around auto_accelerate's result) is the last row, below
+# accelerate, checkpoint and elastic, which it uses (README.md's "How it is built" has it).
 LAYER_ORDER = [
     ["util"], ["tensor"], ["autograd"], ["nn", "models"], ["optim", "io", "data"], ["dist"],
     ["trace"], ["strategies"], ["search"], ["checkpoint"], ["elastic"], ["accelerate"],
+    ["session"],
 ]
 LAYER_ROW = {layer: row for row, layers in enumerate(LAYER_ORDER) for layer in layers}
 

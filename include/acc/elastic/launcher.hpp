@@ -55,6 +55,14 @@ std::pair<int, int> parse_nnodes(const std::string& text);
 std::vector<std::string> mpirun_command(const LaunchOptions& o,
                                         const std::vector<std::string>& nodes, int attempt);
 
+/// The variable through which acc-run tells a job its attempt: 0 at the first launch, n after the
+/// n-th restart (mpirun_command exports it to every rank).
+inline constexpr const char* kAttemptEnv = "ACC_RUN_ATTEMPT";
+
+/// This job's attempt under acc-run (kAttemptEnv), 0 when it is unset (outside acc-run). Throws
+/// acc::ValueError naming the variable and its value when it is not a non-negative integer.
+int run_attempt();
+
 /// Runs the job to its end under the policy above; returns acc-run's exit code: 0 when an attempt
 /// finished with 0, 128 + the signal when acc-run was stopped by SIGTERM or SIGINT (its handlers
 /// are installed for the call), kLaunchFailedExitCode after a launch failure, else the last
