@@ -28,6 +28,7 @@
 #include "acc/dist/dist.hpp"
 #include "acc/dist/node.hpp"
 #include "acc/io/safetensors.hpp"
+#include "acc/models/registry.hpp"
 #include "acc/session.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/trace/estimate.hpp"
@@ -79,22 +80,6 @@ struct Args {
   std::string search_report;  // with --strategy auto: report.json and report.html here
   std::string on_stale = "search";
 };
-
-// Built-in configs for a quick start without --config: small byte-level models.
-nlohmann::json default_config(const std::string& model) {
-  if (model == "gpt") {
-    return {{"n_layer", 4},
-            {"n_head", 4},
-            {"n_embd", 128},
-            {"vocab_size", 256},
-            {"block_size", 256},
-            {"bias", true},
-            {"activation", "gelu_tanh"}};
-  }
-  return {{"hidden_size", 128},       {"intermediate_size", 352}, {"num_hidden_layers", 4},
-          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"vocab_size", 256},
-          {"rms_norm_eps", 1e-5},     {"rope_theta", 10000.0},    {"max_position_embeddings", 256}};
-}
 
 // Continues `prompt` by sampling `n` tokens at temperature 1 (byte-level text models).
 std::string sample_text(acc::models::LanguageModel& model, int64_t n, uint64_t seed,
@@ -168,8 +153,19 @@ int run(const Args& a) {
   using namespace acc;
   set_num_threads(a.threads);
   // Numeric ranges are checked by the flags' validators (main); these are the choices.
-  ACC_CHECK(a.model == "gpt" || a.model == "llama", "--model must be gpt or llama, got '", a.model,
-            "'");
+  // Any language model of the registry (acc/models/registry.hpp).
+  {
+    std::vector<std::string> lms;
+    for (const auto& name : models::model_type_names()) {
+      if (models::model_type(name).language_model) lms.push_back(name);
+    }
+    std::string choices;
+    for (size_t i = 0; i < lms.size(); ++i) {
+      choices += (i == 0 ? "" : i + 1 == lms.size() ? " or " : ", ") + lms[i];
+    }
+    ACC_CHECK(std::find(lms.begin(), lms.end(), a.model) != lms.end(), "--model must be ", choices,
+              ", got '", a.model, "'");
+  }
   ACC_CHECK(a.lr_schedule == "constant" || a.lr_schedule == "cosine",
             "--lr-schedule must be constant or cosine, got '", a.lr_schedule, "'");
   ACC_CHECK(!a.data.empty(),
@@ -202,8 +198,8 @@ int run(const Args& a) {
   }
 
   // Model.
-  nlohmann::json config =
-      a.config.empty() ? default_config(a.model) : read_json_file(a.config, "--config");
+  nlohmann::json config = a.config.empty() ? models::model_type(a.model).default_config
+                                           : read_json_file(a.config, "--config");
   // Before building anything: does a step fit in this rank's share of the memory available now?
   // (n_layer 1e9 or --batch-size 1e6 used to allocate until the OOM killer came.) The need is
   // traced on shallow copies of the config and extrapolated, in milliseconds at any depth. With
@@ -305,9 +301,9 @@ int run(const Args& a) {
     strategy = acc.strategy;
   } else {
     acc.model = model;
-    acc.trainer = strategies::apply(
-        model, factory, strategy,
-        {.loss = {}, .group = group, .grad_clip = a.grad_clip, .agreement = agreement});
+    acc.trainer =
+        strategies::apply(model, factory, strategy,
+                          {.group = group, .grad_clip = a.grad_clip, .agreement = agreement});
     const dist::ParallelContextPtr& ctx = acc.trainer->context();
     acc.data = {.rank = ctx ? ctx->dp_cp_group()->rank() : 0,
                 .ranks = ctx ? ctx->dp_cp_group()->size() : 1,
@@ -354,7 +350,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a GPT or Llama language model with AutoAcc"};
   // A flag given twice takes its last value, so scripts can append overrides.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--model", a.model, "gpt | llama")->capture_default_str();
+  app.add_option("--model", a.model, acc::models::model_type_choices())->capture_default_str();
   app.add_option("--config", a.config, "model config JSON (default: a small byte-level model)");
   app.add_option("--data", a.data, "token file (u16/u32) or text file")->required();
   app.add_option("--data-format", a.data_format, "u16 | u32 | text")->capture_default_str();

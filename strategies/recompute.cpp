@@ -43,7 +43,8 @@ MethodSpec recompute_method() {
                                  "{\"units\": [\"encoder.layers\"]}");
                        const auto have = static_cast<int64_t>(blocks.size());
                        ACC_CHECK(n <= have, "checkpoint: blocks ", n, " is more than the ", have,
-                                 " unit(s) of the model (", blocks.front(), " ... ", blocks.back(),
+                                 c.contains("units") ? " unit(s)" : " repeated block(s)",
+                                 " of the model (", blocks.front(), " ... ", blocks.back(),
                                  "): give at most ", have, " or \"all\"");
                        if (n >= 0) blocks.resize(static_cast<size_t>(n));
                        return nn::recompute_blocks(model, blocks);

@@ -18,6 +18,14 @@ struct Registry {
     types.push_back(
         {.name = "gpt",
          .description = "GPT-2 (learned positions, LayerNorm, GELU MLP, tied embeddings)",
+         // A small byte-level model.
+         .default_config = {{"n_layer", 4},
+                            {"n_head", 4},
+                            {"n_embd", 128},
+                            {"vocab_size", 256},
+                            {"block_size", 256},
+                            {"bias", true},
+                            {"activation", "gelu_tanh"}},
          .create = [](const nlohmann::json& c, Generator& gen) -> nn::ModulePtr {
            return std::make_shared<GPT>(GPTConfig::from_json(c), gen);
          },
@@ -27,6 +35,15 @@ struct Registry {
     types.push_back(
         {.name = "llama",
          .description = "Llama (rotary positions, RMSNorm, SwiGLU MLP, grouped-query attention)",
+         .default_config = {{"hidden_size", 128},
+                            {"intermediate_size", 352},
+                            {"num_hidden_layers", 4},
+                            {"num_attention_heads", 4},
+                            {"num_key_value_heads", 2},
+                            {"vocab_size", 256},
+                            {"rms_norm_eps", 1e-5},
+                            {"rope_theta", 10000.0},
+                            {"max_position_embeddings", 256}},
          .create = [](const nlohmann::json& c, Generator& gen) -> nn::ModulePtr {
            return std::make_shared<Llama>(LlamaConfig::from_json(c), gen);
          },

@@ -24,12 +24,14 @@ namespace acc::models {
 struct ModelType {
   std::string name;         // what --model takes
   std::string description;  // one line for --help
+  /// A small config for a quick start (train_gpt without --config; may be empty).
+  nlohmann::json default_config = nlohmann::json::object();
   /// Builds the model from its JSON config; throws acc::ValueError naming a bad field.
-  std::function<nn::ModulePtr(const nlohmann::json& config, Generator& gen)> create;
+  std::function<nn::ModulePtr(const nlohmann::json& config, Generator& gen)> create = nullptr;
   /// The config field holding the number of repeated blocks ("" : none; the model is then always
   /// traced whole), and the count a config gives (validating the config as create does).
   std::string layers_key;
-  std::function<int64_t(const nlohmann::json& config)> num_layers;
+  std::function<int64_t(const nlohmann::json& config)> num_layers = nullptr;
   /// A language model (create returns a models::LanguageModel): its batches are token windows
   /// (B, seq_len) and its loss the next-token loss.
   bool language_model = false;
@@ -37,8 +39,8 @@ struct ModelType {
   /// have one), and the mean loss of such a batch.
   std::function<nn::NamedTensors(const nlohmann::json& config, int64_t n, int64_t seq_len,
                                  Generator& gen)>
-      sample_batch;
-  std::function<Tensor(nn::Module&, const nn::NamedTensors& batch)> loss;
+      sample_batch = nullptr;
+  std::function<Tensor(nn::Module&, const nn::NamedTensors& batch)> loss = nullptr;
 };
 
 /// Adds a type. Throws acc::ValueError for an empty name, a name registered already, no create,
