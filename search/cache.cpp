@@ -63,7 +63,7 @@ StrategyKey StrategyKey::from_json(const nlohmann::json& j, const std::string& w
   k.trace_hash = f.string("trace_hash");
   k.world = static_cast<int>(f.integer("world", 1, std::numeric_limits<int>::max()));
   k.global_batch = f.integer("global_batch", 1, kMaxInt);
-  k.seq_len = f.integer("seq_len", 1, kMaxInt);
+  k.seq_len = f.integer("seq_len", 0, kMaxInt);  // 0: a module without sequence length
   k.autoacc_version = f.string("autoacc_version");
   try {
     k.hardware = HardwareFingerprint::from_json(f.at("hardware"));

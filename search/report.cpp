@@ -104,7 +104,7 @@ Report read_report(const nlohmann::json& j) {
   if (f.optional("note") != nullptr) r.note = f.string("note");
   r.world = f.integer("world", 1, kMaxInt);
   r.global_batch = f.integer("global_batch", 1, kMaxInt);
-  r.seq_len = f.integer("seq_len", 1, kMaxInt);
+  r.seq_len = f.integer("seq_len", 0, kMaxInt);  // 0: a module without sequence length
   r.budget_bytes = f.integer("budget_bytes", 0, kMaxInt);
   r.dry_runs = f.integer("dry_runs", 0, kMaxInt);
   if (f.optional("out_of_time") != nullptr) r.out_of_time = f.boolean("out_of_time");
@@ -666,8 +666,9 @@ std::string summary(const Report& r) {
   if (!r.note.empty()) item("note", esc(r.note));
   item("strategy", "<code>" + esc(r.chosen.dump()) + "</code>");
   item("ranks", std::to_string(r.world));
-  item("global batch",
-       std::to_string(r.global_batch) + " sequences of " + std::to_string(r.seq_len) + " tokens");
+  item("global batch", r.seq_len > 0 ? std::to_string(r.global_batch) + " sequences of " +
+                                           std::to_string(r.seq_len) + " tokens"
+                                     : std::to_string(r.global_batch) + " samples");
   item("memory budget", esc(bytes(r.budget_bytes)) + " per rank");
   item("candidates", std::to_string(r.rows.size()) + " (" + std::to_string(rejected) +
                          " rejected by memory, " + std::to_string(r.dry_runs) + " dry-run)");

@@ -199,7 +199,11 @@ int acc_search_main(int argc, char** argv) {
   app.add_option("--global-batch", a.global_batch, "samples per optimizer step over all ranks")
       ->required()
       ->check(integer(1));
-  app.add_option("--seq-len", a.seq_len, "tokens per sample")->required()->check(integer(1));
+  app.add_option("--seq-len", a.seq_len,
+                 "tokens per sample (required for a language model; another type's sample_batch "
+                 "gets it, and its strategy key holds it: give what the program's "
+                 "AccelerateOptions::seq_len is, 0 by default)")
+      ->check(integer(0));
   app.add_option("--mem-per-rank", a.mem_per_rank,
                  "tracked memory a rank may use, with a unit (512MiB, 2GiB; default: physical "
                  "memory / local ranks, less 10%)")
@@ -235,6 +239,11 @@ int acc_search_main(int argc, char** argv) {
       ->check(integer(0))
       ->capture_default_str();
   if (const auto code = acc::cli::parse(app, argc, argv)) return *code;  // bad: 2
+  if (acc::models::model_type(a.model).language_model && a.seq_len < 1) {
+    std::fprintf(stderr, "acc-search: --seq-len is required for a language model (--model %s)\n",
+                 a.model.c_str());
+    return 2;
+  }
   int rc = 0;
   try {
     const nlohmann::json config = acc::read_json_file(a.config, "--config");

@@ -39,11 +39,11 @@ inline constexpr const char* kStrategyCacheFormat = "autoacc-strategy";
 inline constexpr int kStrategyCacheVersion = 1;
 
 struct StrategyKey {
-  std::string model_type;  // "gpt" | "llama"
-  std::string trace_hash;  // trace::model_trace_hash of the model type and config
+  std::string model_type;  // "gpt" | "llama" | a module's type name
+  std::string trace_hash;  // trace::ModelRef::hash (model_trace_hash of a registry model's config)
   int world = 1;
   int64_t global_batch = 0;
-  int64_t seq_len = 0;
+  int64_t seq_len = 0;  // 0: a module without a sequence length (its sample fixes the shapes)
   std::string autoacc_version;
   HardwareFingerprint hardware;
 
