@@ -24,6 +24,7 @@
 #include <optional>
 
 #include "acc/acc.hpp"
+#include "acc/data/prefetch.hpp"
 #include "acc/data/token_data.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/dist/node.hpp"
@@ -72,6 +73,7 @@ struct Args {
   uint64_t seed = 1337;
   int threads = 1;
   int64_t log_every = 10;
+  int prefetch = 2;  // batches built ahead on a background thread (0: on the training thread)
   int64_t sample = 0;
   bool reference_attention = false;
   bool allow_bf16 = false;
@@ -254,12 +256,7 @@ int run(const Args& a) {
   // Data: this rank's slice of the global batch (global batch = batch-size x ranks).
   auto tokens = std::make_shared<data::TokenFile>(
       data::TokenFile::load(a.data, data::parse_token_format(a.data_format), model->vocab_size()));
-  data::BatchLoader loader(tokens, {.batch_size = a.batch_size,
-                                    .seq_len = a.seq_len,
-                                    .order = data::parse_sample_order(a.data_order),
-                                    .seed = a.seed,
-                                    .rank = group->rank(),
-                                    .world = group->size()});
+  const data::SampleOrder order = data::parse_sample_order(a.data_order);
 
   // Optimizer and strategy: given, or chosen by the search (--strategy auto).
   const auto factory = optim::AdamW::factory(
@@ -312,9 +309,23 @@ int run(const Args& a) {
     acc.strategy = strategy;
   }
 
+  // The data follows the strategy: this rank's data-parallel coordinate (acc.data), its batches
+  // built ahead on a background thread (--prefetch; the same batches, the same saved position).
+  std::unique_ptr<data::Loader> loader = std::make_unique<data::BatchLoader>(
+      tokens, data::LoaderOptions{.batch_size = acc.data.per_rank(),
+                                  .seq_len = a.seq_len,
+                                  .order = order,
+                                  .seed = a.seed,
+                                  .rank = acc.data.rank,
+                                  .world = acc.data.ranks});
+  if (a.prefetch > 0) {
+    loader = std::make_unique<data::PrefetchLoader>(std::move(loader),
+                                                    data::PrefetchOptions{.depth = a.prefetch});
+  }
+
   // Resume (--resume), checkpoints (--ckpt-dir, --save-every, --keep), the step log (--log-json),
   // the hang detector's progress marks and straggler report: the session.
-  TrainingSession session(acc, loader, std::move(prepared));
+  TrainingSession session(acc, *loader, std::move(prepared));
   if (leader) {
     logging::info(
         "{} with {:.2f}M parameters, {} tokens in {}, batch {}x{} per rank x {} rank(s), "
@@ -432,6 +443,10 @@ int main(int argc, char** argv) {
   app.add_option("--log-json", a.log_json, "one JSON line per step");
   app.add_option("--log-every", a.log_every, "console log interval")
       ->check(integer(1))
+      ->capture_default_str();
+  app.add_option("--prefetch", a.prefetch,
+                 "batches built ahead on a background thread (0: on the training thread)")
+      ->check(integer(0, 64))
       ->capture_default_str();
   app.add_option("--sample", a.sample, "print this many sampled bytes at the end (text models)")
       ->check(integer(0));
