@@ -1,0 +1,65 @@
+#pragma once
+// Megatron's tensor-parallel linears (Shoeybi et al. 2019), built from a whole nn::Linear: each
+// rank keeps its block of the weight and communicates only through the differentiable mappings of
+// acc/dist/functional.hpp (the one place tensor-parallel code talks).
+//
+//   column-parallel  y_r = f(x) W_r^T + b_r    W_r: this rank's rows (output features) of W
+//                    f = copy_to_group: identity forward, gradient summed over tp backward
+//   row-parallel     y = g(x_r W_r^T) + b       W_r: this rank's columns (input features) of W
+//                    g = reduce_from_group: sum over tp forward, identity backward
+//
+// A column-parallel layer's output stays split along its last dimension: the next layer is the
+// row-parallel one that takes that split as its input (attention: c_attn -> heads -> c_proj; MLP:
+// c_fc -> activation -> c_proj). The blocks say which rows (columns) a rank keeps, so a fused
+// q|k|v projection or grouped-query heads (nn/head_split.hpp) are sharded by the same class.
+// The parameters keep the names "weight" and "bias", so the module replaces the whole Linear at
+// its path (nn::Module::replace_module) and the state dict keeps its names.
+
+#include <vector>
+
+#include "acc/dist/process_group.hpp"
+#include "acc/nn/head_split.hpp"
+#include "acc/nn/layers.hpp"
+#include "acc/nn/module.hpp"
+
+namespace acc::strategies {
+
+class ColumnParallelLinear : public nn::Module {
+ public:
+  /// The rows `blocks` of `whole`'s weight (out, in) and bias, concatenated in order, copied into
+  /// storage of this layer's own. Throws acc::ValueError for a null group or no blocks, and
+  /// acc::ShapeError for a block outside the weight's rows.
+  ColumnParallelLinear(nn::Linear& whole, const std::vector<nn::RowBlock>& blocks,
+                       dist::ProcessGroupPtr group);
+  /// x (..., in), replicated over the group -> this rank's output features (..., rows).
+  Tensor forward(const Tensor& x) override;
+  Tensor& weight() { return weight_; }
+  Tensor& bias() { return bias_; }
+
+ private:
+  dist::ProcessGroupPtr group_;
+  Tensor weight_, bias_;
+};
+
+class RowParallelLinear : public nn::Module {
+ public:
+  /// The columns `blocks` (RowBlocks along the weight's dimension 1) of `whole`'s weight (out, in);
+  /// the bias whole (added once, after the sum). Throws as ColumnParallelLinear.
+  RowParallelLinear(nn::Linear& whole, const std::vector<nn::RowBlock>& blocks,
+                    dist::ProcessGroupPtr group);
+  /// x (..., this rank's input features) -> (..., out), summed over the group: every rank the
+  /// whole output.
+  Tensor forward(const Tensor& x) override;
+  Tensor& weight() { return weight_; }
+  Tensor& bias() { return bias_; }
+
+ private:
+  dist::ProcessGroupPtr group_;
+  Tensor weight_, bias_;
+};
+
+/// The even split of `size` features over `parts` ranks: rank `rank`'s block. Throws
+/// acc::ValueError naming `what`, the size and the count when size % parts != 0.
+nn::RowBlock even_block(int64_t size, int parts, int rank, const char* what);
+
+}  // namespace acc::strategies
