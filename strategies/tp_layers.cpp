@@ -1,5 +1,7 @@
 #include "tp_layers.hpp"
 
+#include <algorithm>
+
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/functional.hpp"
 #include "acc/util/error.hpp"
@@ -54,6 +56,61 @@ RowParallelLinear::RowParallelLinear(nn::Linear& whole, const std::vector<nn::Ro
 Tensor RowParallelLinear::forward(const Tensor& x) {
   Tensor y = dist::reduce_from_group(linear(x, weight_), group_);
   return bias_.defined() ? add(y, bias_) : y;
+}
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size,
+                                    const dist::ProcessGroupPtr& group, int64_t ignore_index) {
+  ACC_CHECK(group != nullptr, "vocab_parallel_cross_entropy: the group is null");
+  ACC_CHECK(logits.dim() >= 1 && logits.dtype() == DType::kFloat32,
+            "vocab_parallel_cross_entropy: logits must be f32 (..., V/W), got ", logits.shape());
+  const int64_t cols = logits.size(-1), rows = logits.numel() / std::max<int64_t>(1, cols);
+  const int W = group->size();
+  ACC_CHECK_AS(ShapeError, targets.numel() == rows,
+               "vocab_parallel_cross_entropy: ", targets.numel(), " targets for ", rows,
+               " rows of logits ", logits.shape());
+  ACC_CHECK(vocab_size >= 1 && vocab_size <= cols * W, "vocab_parallel_cross_entropy: vocab_size ",
+            vocab_size, " is outside [1, ", cols * W, "] (", cols, " columns x ", W, " ranks)");
+  const int64_t first = group->rank() * cols;  // this rank's first column
+  const Tensor z2 = logits.reshape({rows, cols});
+  // Host-side constants: the valid columns, the target's column here (if any), the counted rows.
+  const auto tgt = targets.contiguous().to_vector<int64_t>();
+  std::vector<float> valid(static_cast<size_t>(cols)), onehot(static_cast<size_t>(rows * cols), 0),
+      counted(static_cast<size_t>(rows), 0);
+  for (int64_t c = 0; c < cols; ++c) valid[static_cast<size_t>(c)] = first + c < vocab_size;
+  int64_t count = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t t = tgt[static_cast<size_t>(i)];
+    if (t == ignore_index) continue;
+    ACC_CHECK(t >= 0 && t < vocab_size, "vocab_parallel_cross_entropy: target ", t, " at row ", i,
+              " is outside [0, ", vocab_size, ")");
+    counted[static_cast<size_t>(i)] = 1;
+    ++count;
+    if (t >= first && t < first + cols) onehot[static_cast<size_t>(i * cols + t - first)] = 1;
+  }
+  // The row max over every rank's valid columns: a constant shift.
+  Tensor m;
+  {
+    NoGradGuard ng;
+    std::vector<float> local(static_cast<size_t>(rows), -3.0e38f);
+    const auto z = z2.contiguous().to_vector<float>();
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t c = 0; c < cols; ++c) {
+        if (valid[static_cast<size_t>(c)] != 0) {
+          local[static_cast<size_t>(i)] =
+              std::max(local[static_cast<size_t>(i)], z[static_cast<size_t>(i * cols + c)]);
+        }
+      }
+    }
+    m = from_vector(local, {rows, 1});
+    if (W > 1) group->allreduce(m, dist::ReduceOp::kMax)->wait();
+  }
+  const Tensor shifted = sub(z2, m);
+  const Tensor sum_exp =
+      dist::reduce_from_group(sum(mul(exp(shifted), from_vector(valid, {1, cols})), 1), group);
+  const Tensor target_logit =
+      dist::reduce_from_group(sum(mul(shifted, from_vector(onehot, {rows, cols})), 1), group);
+  const Tensor per_row = mul(sub(log(sum_exp), target_logit), from_vector(counted, {rows}));
+  return scale(sum(per_row), count > 0 ? 1.0 / static_cast<double>(count) : 0.0);
 }
 
 }  // namespace acc::strategies

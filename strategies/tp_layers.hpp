@@ -58,6 +58,19 @@ class RowParallelLinear : public nn::Module {
   Tensor weight_, bias_;
 };
 
+/// Megatron's vocab-parallel cross-entropy: the mean over the rows whose target is not
+/// `ignore_index` of -log softmax(logits)[target], where the logits (..., V) are split over the
+/// group along the vocabulary and never gathered: `logits` is this rank's (..., Vp / W), columns
+/// [rank Vp/W, (rank + 1) Vp/W) of a vocabulary padded to Vp (a multiple of W) whose columns
+/// >= vocab_size are padding, never in the loss or its gradient. The row max, the sum of
+/// exponentials and the target's logit are reduced over the group (the max as a constant: the
+/// softmax does not depend on it); every rank returns the same loss, and its backward gives each
+/// rank the gradient of its own columns. Throws acc::ValueError naming a target outside
+/// [0, vocab_size) that is not ignore_index, and acc::ShapeError when the shapes disagree.
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size,
+                                    const dist::ProcessGroupPtr& group,
+                                    int64_t ignore_index = -100);
+
 /// The even split of `size` features over `parts` ranks: rank `rank`'s block. Throws
 /// acc::ValueError naming `what`, the size and the count when size % parts != 0.
 nn::RowBlock even_block(int64_t size, int parts, int rank, const char* what);

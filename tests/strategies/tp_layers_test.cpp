@@ -119,6 +119,61 @@ TEST(TensorParallelLinear, FusedQkvKeepsEachRanksHeadsOfQKAndV) {
   EXPECT_EQ(at, 3 * C / W);
 }
 
+// Vocab-parallel cross-entropy against cross_entropy of the whole logits: the loss on every rank,
+// and each rank's columns of the gradient; a vocabulary padded to a multiple of the ranks (padded
+// columns get no gradient) and ignored rows.
+TEST(VocabParallelCrossEntropy, EqualsTheWholeLossAndItsGradient) {
+  const int W = dist::world_size(), r = dist::rank();
+  for (const int64_t vocab : {int64_t{12}, int64_t{10}}) {
+    const int64_t padded = (vocab + W - 1) / W * W, cols = padded / W;
+    Generator gen(17);
+    const Tensor whole = randn({3, 4, vocab}, gen);
+    std::vector<int64_t> t = {0, 3, 9, 1, 5, -100, 7, 2, 8, 4, -100, 6};
+    const Tensor targets = from_vector(t, {3, 4});
+    Tensor ref_logits = whole.clone();
+    ref_logits.set_requires_grad(true);
+    Tensor ref = cross_entropy(ref_logits, targets);
+    ref.backward();
+    // This rank's columns of the padded logits (padding: arbitrary values, here large, which
+    // must not count).
+    Tensor padded_logits = full({3, 4, padded}, 50.0);
+    {
+      NoGradGuard ng;
+      padded_logits.narrow(2, 0, vocab).copy_(whole);
+    }
+    Tensor mine = padded_logits.narrow(2, r * cols, cols).contiguous();
+    mine.set_requires_grad(true);
+    Tensor loss =
+        strategies::vocab_parallel_cross_entropy(mine, targets, vocab, dist::ProcessGroup::world());
+    EXPECT_NEAR(loss.item(), ref.item(), 1e-6 + 1e-6 * std::abs(ref.item())) << "vocab " << vocab;
+    loss.backward();
+    const auto g = mine.grad().to_vector<float>();
+    const auto want = ref_logits.grad().to_vector<float>();
+    for (int64_t i = 0; i < 12; ++i) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t v = r * cols + c;
+        const float expect = v < vocab ? want[static_cast<size_t>(i * vocab + v)] : 0.0f;
+        ASSERT_NEAR(g[static_cast<size_t>(i * cols + c)], expect, 1e-7)
+            << "vocab " << vocab << " row " << i << " column " << v;
+      }
+    }
+  }
+}
+
+TEST(VocabParallelCrossEntropy, BadTargetsAreNamed) {
+  const int W = dist::world_size();
+  Tensor mine = zeros({2, 4});
+  try {
+    strategies::vocab_parallel_cross_entropy(mine, from_vector(std::vector<int64_t>{1, 4 * W}, {2}),
+                                             4 * W, dist::ProcessGroup::world());
+    FAIL() << "a target of the vocabulary's size was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("target " + std::to_string(4 * W) + " at row 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(TensorParallelLinear, BadSplitsAreNamed) {
   auto lin = whole_linear();
   try {
