@@ -90,8 +90,11 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
       if (lm != nullptr) {
         target = models::clone_model(*lm);
       } else {
+        target = model.weak_from_this().lock();
+        ACC_CHECK(target != nullptr, "dry_run: the module (", model.type_name(),
+                  ") is not owned by a std::shared_ptr (build it with std::make_shared): a "
+                  "candidate trains it in place");
         snapshot.emplace(model);
-        target = model.shared_from_this();
       }
       auto trainer =
           strategies::apply(target, factory, candidate.strategy,
@@ -111,6 +114,9 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
     } catch (const Error& e) {
       r.status = Status::kError;
       r.error = e.what();
+    } catch (const std::exception& e) {  // the user's loss or model code: fails the candidate too
+      r.status = Status::kError;
+      r.error = std::string("exception: ") + e.what();
     }
   }
   r.peak_bytes = memory::peak_bytes() - base;

@@ -1,19 +1,22 @@
 // fsdp (ZeRO-3): parameters, gradients and optimizer state all sharded over the data-parallel
-// ranks. The sharding units are the model's repeated blocks (found from the module tree, as the
-// tracer finds them) plus one root unit for everything else (embeddings, final norm). Each rank
-// keeps chunk `rank` of every unit's flat parameters. A block's parameters are all-gathered just
-// before its forward and freed right after it; gathered again when backward reaches the block
-// (a pre-hook on the block output's backward node) and freed once all its gradients are
-// accumulated, which is also when they are reduce-scattered into this rank's gradient chunk. So
-// at most one gathered block (plus the root unit, gathered for the whole step) is resident.
-// At most kReducesInFlight reduce-scatters run at once: before the next starts, the oldest is
-// waited for, so the gradient buffers in flight are bounded however far this rank runs ahead of
-// the others (ranks that share cores lag each other by whole blocks; unbounded, a rank ahead
-// held every block's gradient buffer until the end of backward: +28% peak at 4 ranks on 2 cores).
-// PyTorch's FSDP2 bounds its reduce-scatters the same way.
-// Destroying it gathers every unit once more and gives each parameter storage of its own (see
-// ~Fsdp). Config: {} (no options yet).
+// ranks. The sharding units are the modules the config names, else the model's repeated blocks
+// (found from the module tree, as the tracer finds them), plus one root unit for everything else
+// (embeddings, final norm). Each rank keeps chunk `rank` of every unit's flat parameters. A block's
+// parameters are all-gathered just before its forward and freed right after it; gathered again when
+// backward reaches the block (a pre-hook on the block output's backward node) and freed once all
+// its gradients are accumulated, which is also when they are reduce-scattered into this rank's
+// gradient chunk. So at most one gathered block (plus the root unit, gathered for the whole step)
+// is resident. At most kReducesInFlight reduce-scatters run at once: before the next starts, the
+// oldest is waited for, so the gradient buffers in flight are bounded however far this rank runs
+// ahead of the others (ranks that share cores lag each other by whole blocks; unbounded, a rank
+// ahead held every block's gradient buffer until the end of backward: +28% peak at 4 ranks on 2
+// cores). PyTorch's FSDP2 bounds its reduce-scatters the same way. Destroying it gathers every unit
+// once more and gives each parameter storage of its own (see ~Fsdp). Config: {"units": [...]}: the
+// modules to shard by (a ModuleList for its children; strategies/common.cpp unit_names), else the
+// repeated blocks; a model with neither is one unit. A parameter shared between units is refused by
+// name.
 
+#include <algorithm>
 #include <deque>
 #include <exception>
 
@@ -162,23 +165,43 @@ class Fsdp : public GradSync {
       : model_(m), state_(std::make_shared<FsdpState>()), where_(flat_placement(ctx)) {
     state_->group = ctx.dp_cp_group();
     state_->bf16 = o.bf16_communication;
-    broadcast_model_state(model_, *state_->group);
     const int W = state_->group->size(), r = state_->group->rank();
 
     // Units: the blocks (named in the config, else the repeated blocks; none: the model is one
-    // unit), then the root (every parameter not inside a block).
+    // unit), then the root (every parameter not inside a block). Resolved, and each parameter
+    // found in exactly one unit, before anything of the model changes.
     const std::vector<std::string> block_names = unit_names(model_, config, "fsdp");
-    NamedTensors all = model_.named_parameters(), rest;
-    for (const auto& [name, p] : all) {
-      bool in_block = false;
-      for (const auto& b : block_names) in_block = in_block || name.rfind(b + ".", 0) == 0;
-      if (!in_block) rest.emplace_back(name, p);
+    NamedTensors rest;
+    std::vector<NamedTensors> unit_params(block_names.size());
+    for (const auto& [name, p] : model_.named_parameters()) {
+      size_t unit = block_names.size();
+      for (size_t i = 0; i < block_names.size() && unit == block_names.size(); ++i) {
+        if (name.rfind(block_names[i] + ".", 0) == 0) unit = i;
+      }
+      (unit < block_names.size() ? unit_params[unit] : rest).emplace_back(name, p);
     }
-    for (const auto& b : block_names) {
-      nn::ModulePtr mod = model_.submodule(b);
-      NamedTensors params;
-      for (auto& [n, p] : mod->named_parameters()) params.emplace_back(b + "." + n, p);
-      state_->units.push_back(std::make_unique<Unit>(b, mod, params, W));
+    // A parameter shared between units (a block instance used twice, a weight tied across units)
+    // is listed once by the model, under its first name: a unit that holds it under another would
+    // shard it twice and train one copy only.
+    for (size_t i = 0; i < block_names.size(); ++i) {
+      for (const auto& [n, p] : model_.submodule(block_names[i])->named_parameters()) {
+        const bool own = std::any_of(unit_params[i].begin(), unit_params[i].end(),
+                                     [&](const auto& e) { return e.second.is_same(p); });
+        if (own) continue;
+        std::string first = "?";
+        for (const auto& [name, q] : model_.named_parameters()) {
+          if (q.is_same(p)) first = name;
+        }
+        ACC_THROW(ValueError, "fsdp: parameter '", block_names[i], ".", n, "' of unit '",
+                  block_names[i], "' is also '", first,
+                  "' (shared with another unit or the root): fsdp shards each parameter in one "
+                  "unit; name units that share no parameter (\"units\")");
+      }
+    }
+    broadcast_model_state(model_, *state_->group);
+    for (size_t i = 0; i < block_names.size(); ++i) {
+      state_->units.push_back(std::make_unique<Unit>(
+          block_names[i], model_.submodule(block_names[i]), unit_params[i], W));
     }
     state_->units.push_back(std::make_unique<Unit>("<root>", nullptr, rest, W));
 

@@ -167,11 +167,20 @@ Trainer::~Trainer() {
 double Trainer::train_step(const data::Batch& batch) {
   ACC_CHECK(losses_in_step_ == 0, "train_step: a plain-loop step is open (loss() called ",
             losses_in_step_, " time(s) since the last step())");
+  ACC_CHECK(batch.size() >= 1, "train_step: the batch has no samples (", batch.describe(), ")");
   const std::vector<data::Batch> parts =
       batch.split(micro_batches_, "train_step (micro-batches: grad_accum steps)");
   double loss_sum = 0;
   for (int i = 0; i < micro_batches_; ++i) {
-    Tensor l = loss(parts[static_cast<size_t>(i)]);
+    Tensor l;
+    try {
+      l = loss(parts[static_cast<size_t>(i)]);
+    } catch (...) {
+      // Nothing of this micro-batch reached the gradient synchronisation (its forward failed or
+      // its loss was refused): the step is abandoned and the next train_step starts afresh.
+      losses_in_step_ = 0;
+      throw;
+    }
     loss_sum += l.item();
     Tensor scaled = micro_batches_ > 1 ? scale(l, 1.0 / micro_batches_) : l;
     progress::phase(progress::Phase::kBackward);

@@ -1,8 +1,9 @@
 #pragma once
 // auto_accelerate: the one call a user makes. It traces the model, builds every candidate
 // strategy the registered methods declare, rejects those whose predicted memory does not fit the
-// budget, ranks the rest by the calibrated time model, dry-runs the best few for real on copies of
-// the model, and applies the fastest measured one to the model. Every candidate trains the same
+// budget, ranks the rest by the calibrated time model, dry-runs the best few for real (on copies of
+// a language model of the registry; a user's own module in place, its state put back after each),
+// and applies the fastest measured one to the model. Every candidate trains the same
 // global batch, so the choice never changes the training math.
 //
 //   acc::AccelerateOptions opts;
@@ -91,7 +92,9 @@ struct AccelerateResult {
   ///  "reason"}, ...], "timing": {...}, "key": {...}, "cache": {...}}
   nlohmann::json report;
   /// One optimizer step on this rank's batch (global_batch / ranks samples).
-  double train_step(const data::Batch& batch) { return trainer->train_step(batch); }
+  /// Throws acc::ValueError naming both sizes when the batch is not this rank's share (a global
+  /// batch passed whole would train on ranks x the samples), and what Trainer::train_step throws.
+  double train_step(const data::Batch& batch);
   /// The plain loop instead of train_step (strategies::Trainer::loss and step): per step,
   /// grad_accum_steps() micro-batches of loss(idx, targets) and backward, then step().
   Tensor loss(const data::Batch& micro_batch) { return trainer->loss(micro_batch); }

@@ -186,8 +186,10 @@ class TrainingSession {
   /// One optimizer step: the loader's next batch, the learning rate, Trainer::train_step, the
   /// progress mark and straggler report, the log line, and a save when save_every says so.
   /// Collective. Throws acc::ValueError when the loss is not finite (naming the step, and the
-  /// parameters that became non-finite if any), acc::IoError when the log cannot be written, what
-  /// the loader, train_step and the save throw; and acc::ValueError after finish().
+  /// parameters that became non-finite if any), what the loader, train_step and the save throw,
+  /// and acc::ValueError after finish(). A step log line that cannot be written (rank 0 alone
+  /// writes) is logged as an error and the log closed: throwing on rank 0 only would leave the
+  /// other ranks waiting in the next step's collectives.
   StepResult step();
   /// Saves the state after the steps run so far (unless that step is saved already), waits for
   /// the background save and logs a summary (rank 0: first and last loss, median step time,

@@ -440,6 +440,14 @@ search::StrategyCache cache_from_report(const nlohmann::json& report,
             report.at("candidates").size(), " rows");
 }
 
+double AccelerateResult::train_step(const data::Batch& batch) {
+  ACC_CHECK(batch.size() == data.per_rank(), "train_step: a batch of ", batch.size(), " samples (",
+            batch.describe(), "), this rank's share of the global batch ", data.global_batch,
+            " over ", data.ranks, " data-parallel rank(s) is ", data.per_rank(),
+            " (AccelerateResult::data says which samples)");
+  return trainer->train_step(batch);
+}
+
 nlohmann::json plan_strategy(const std::string& type, const nlohmann::json& config, int world,
                              const AccelerateOptions& o, const search::CommCalibration& comm) {
   return plan_strategy(trace::ModelRef::registry(type, config), world, o, comm);

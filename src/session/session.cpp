@@ -226,13 +226,20 @@ StepResult TrainingSession::step() {
   const double rate = throughput(s, ms);
   const bool tokens = o.tokens_per_sample > 0;
   if (s.log) {
-    s.log->write({{"attempt", s.prepared->attempt},
-                  {"step", step},
-                  {"loss", loss},
-                  {"grad_norm", r.grad_norm},
-                  {"lr", lr},
-                  {"step_ms", ms},
-                  {tokens ? "tokens_per_s" : "samples_per_s", rate}});
+    // Rank 0 alone writes: a failure here (a full disk) must not stop rank 0 while the others go
+    // on into the next step's collectives, so it is logged and the step log is closed.
+    try {
+      s.log->write({{"attempt", s.prepared->attempt},
+                    {"step", step},
+                    {"loss", loss},
+                    {"grad_norm", r.grad_norm},
+                    {"lr", lr},
+                    {"step_ms", ms},
+                    {tokens ? "tokens_per_s" : "samples_per_s", rate}});
+    } catch (const std::exception& e) {
+      logging::error("step log: {}; no more lines are written to it", e.what());
+      s.log.reset();
+    }
   }
   if (s.leader && o.log_every > 0 && (step % o.log_every == 0 || step + 1 == o.steps)) {
     std::string of;  // "/steps" when known

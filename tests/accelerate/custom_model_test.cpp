@@ -224,6 +224,67 @@ TEST(CustomModelErrors, UnitsThatNameNoModuleAreRefusedByName) {
   expect_untouched(model);
 }
 
+// Refused before anything changes: with weights that differ by rank, a bad unit leaves each
+// rank's own (fsdp would broadcast rank 0's first).
+TEST(CustomModelErrors, RefusedUnitsLeaveEveryRanksWeights) {
+  if (dist::world_size() < 2) GTEST_SKIP() << "fsdp needs ranks";
+  auto model = make_net();
+  {
+    NoGradGuard ng;
+    for (auto& [name, p] : model->named_parameters()) {
+      p.add_(full(p.shape(), static_cast<double>(dist::rank())));
+    }
+  }
+  std::vector<std::vector<float>> before;
+  for (const auto& [name, p] : model->named_parameters()) before.push_back(p.to_vector<float>());
+  EXPECT_THROW(strategies::apply(model, optim::AdamW::factory({}),
+                                 strategies::parse_strategy(nlohmann::json::parse(
+                                     R"([{"name": "fsdp", "config": {"units": ["nosuch"]}}])")),
+                                 {.loss = custom::classification_loss}),
+               ValueError);
+  const auto after = model->named_parameters();
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].second.to_vector<float>(), before[i]) << after[i].first;
+  }
+}
+
+// A block instance used twice (ALBERT-style sharing) is one parameter set in two units: refused
+// by name rather than sharded twice with one copy trained.
+TEST(CustomModelErrors, AParameterSharedBetweenUnitsIsRefusedByName) {
+  if (dist::world_size() < 2) GTEST_SKIP() << "fsdp needs ranks";
+  auto model = make_net(1);
+  model->blocks->push_back((*model->blocks)[0]);  // blocks.1 is blocks.0
+  const std::string e = test::error_of<Error>([&] {
+    strategies::apply(model, optim::AdamW::factory({}),
+                      strategies::parse_strategy(nlohmann::json::parse(
+                          R"([{"name": "fsdp", "config": {"units": ["blocks"]}}])")),
+                      {.loss = custom::classification_loss});
+  });
+  EXPECT_NE(e.find("parameter 'blocks.1.norm.weight' of unit 'blocks.1' is also "
+                   "'blocks.0.norm.weight'"),
+            std::string::npos)
+      << e;
+}
+
+// A loss that fails once abandons that step only: the next train_step is a fresh trainer's first.
+TEST(CustomModelErrors, AFailedLossAbandonsItsStepOnly) {
+  auto model = make_net();
+  int calls = 0;
+  auto trainer = strategies::apply(
+      model, optim::AdamW::factory({}), {},
+      {.group = self_group(), .loss = [&calls](nn::Module& m, const data::Batch& b) {
+         if (calls++ == 0) throw std::runtime_error("the user's loss failed");
+         return custom::classification_loss(m, b);
+       }});
+  const data::Batch b = custom::synthetic_batch({0, 1, 2, 3}, net_config(), kDataSeed);
+  EXPECT_THROW(trainer->train_step(b), std::runtime_error);
+  auto twin = make_net();
+  auto fresh = strategies::apply(twin, optim::AdamW::factory({}), {},
+                                 {.group = self_group(), .loss = custom::classification_loss});
+  EXPECT_EQ(trainer->train_step(b), fresh->train_step(b));
+  EXPECT_EQ(trainer->train_step(b), fresh->train_step(b));
+}
+
 TEST(CustomModelErrors, BadUnitsConfigAndUnitlessRecomputationAreRefused) {
   EXPECT_NE(test::error_of<Error>([] {
               strategies::parse_strategy(nlohmann::json::parse(

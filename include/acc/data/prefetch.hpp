@@ -16,6 +16,12 @@
 // of the batches built ahead: a checkpoint saved after k next() calls resumes at batch k. The
 // thread records the inner loader's state() before each next() and queues it with the batch.
 //
+// Not thread-safe to share with the inner loader: acc's default generator (acc::manual_seed,
+// dropout) and the tracked-memory limit (memory::LimitGuard) are process-wide, so an inner loader
+// that draws from the default generator races with training (nondeterministic batches, a wrong
+// RNG in checkpoints: give it a Generator of its own), and one built before a search allocates
+// under a dry-run's budget (build the loader after auto_accelerate, as the examples do).
+//
 // Threads: the inner loader is only ever called by one thread at a time (a mutex the background
 // thread holds from the inner state() through the inner next()); PrefetchLoader's own methods
 // are for one (the training) thread, as a Loader's are. The batches are built on another

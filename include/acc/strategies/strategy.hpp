@@ -10,11 +10,15 @@
 //   ddp         gradients bucketed and all-reduced while backward still runs
 //   zero1       optimizer state sharded over the data-parallel ranks
 //   zero2       zero1 + gradients reduce-scattered (each rank keeps its shard)
-//   fsdp        ZeRO-3: parameters sharded too, gathered per block for forward and backward
+//   fsdp        ZeRO-3: parameters sharded too, gathered per unit for forward and backward
 //   amp         bf16 for block activations and gradient communication, fp32 master weights
-//   checkpoint  activation recomputation: {"blocks": N | "all"} of the repeated blocks, from the
-//               first, keep only their inputs and recompute in backward
+//   checkpoint  activation recomputation: {"blocks": N | "all"} of the units, from the first,
+//               keep only their inputs and recompute in backward
 //   grad_accum  k micro-batches per optimizer step, gradients synchronised on the last only
+// Units (fsdp, checkpoint, amp): {"units": ["encoder.layers", "head"]} names the modules (a
+// ModuleList stands for its children); without it, the model's repeated blocks; a model with
+// neither is one fsdp unit, and checkpoint refuses it by name. Any nn::Module trains this way, with
+// the user's loss (ApplyOptions::loss); a models::LanguageModel has its next-token loss.
 // At most one of ddp/zero1/zero2/fsdp; the others compose with any. Unknown names, bad configs
 // and incompatible combinations are acc::ValueError naming the entry and the reason.
 //
