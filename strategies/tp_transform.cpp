@@ -1,0 +1,167 @@
+#include "tp_transform.hpp"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "acc/dist/functional.hpp"
+#include "acc/nn/head_split.hpp"
+#include "acc/nn/transformer.hpp"
+#include "acc/trace/passes.hpp"
+#include "acc/util/error.hpp"
+#include "tp_layers.hpp"
+
+namespace acc::strategies {
+namespace {
+
+// One linear to replace: where, the whole module, and each rank's blocks (rows for a column-
+// parallel layer, columns for a row-parallel one): every rank's, so the undo can put the gathered
+// shards back where they came from.
+struct Shard {
+  std::string path;
+  std::shared_ptr<nn::Linear> whole;
+  bool column = true;
+  std::vector<std::vector<nn::RowBlock>> blocks;  // [rank] -> blocks
+};
+
+std::shared_ptr<nn::Linear> linear_at(nn::Module& model, const std::string& path) {
+  auto lin = std::dynamic_pointer_cast<nn::Linear>(model.submodule(path));
+  ACC_CHECK(lin != nullptr, "tensor_parallel: '", path, "' is a ",
+            model.submodule(path)->type_name(), ", not a Linear");
+  return lin;
+}
+
+int64_t head_dim_of(nn::Module& model, const std::string& scope) {
+  const nn::ModulePtr m = model.submodule(scope);
+  if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m.get())) return a->head_dim();
+  if (auto* a = dynamic_cast<nn::LlamaAttention*>(m.get())) return a->head_dim();
+  ACC_THROW(ValueError, "tensor_parallel: the attention '", scope, "' is a ", m->type_name(),
+            ", whose head size is unknown (nn::CausalSelfAttention and nn::LlamaAttention are "
+            "sharded)");
+}
+
+void add_attention(nn::Module& model, const trace::AttentionPattern& p, int tp,
+                   std::vector<Shard>& out) {
+  const int64_t hs = head_dim_of(model, p.scope);
+  if (p.qkv.size() == 1) {  // fused q|k|v (GPT's c_attn)
+    auto qkv = linear_at(model, p.qkv[0]);
+    const int64_t width = qkv->out_features();
+    ACC_CHECK(width % (3 * hs) == 0, "tensor_parallel: '", p.qkv[0], "' has ", width,
+              " outputs, not 3 x a multiple of the head size ", hs);
+    const int64_t heads = width / (3 * hs);
+    ACC_CHECK(heads % tp == 0, "tensor_parallel: '", p.scope, "' has ", heads,
+              " heads, not a multiple of tp ", tp);
+    Shard s{p.qkv[0], qkv, true, {}}, o{p.proj, linear_at(model, p.proj), false, {}};
+    for (int r = 0; r < tp; ++r) {
+      const auto rows = nn::fused_qkv_rows(heads, hs, tp, r);
+      s.blocks.emplace_back(rows.begin(), rows.end());
+      o.blocks.push_back({rows[0]});  // the q heads' rows are c_proj's columns
+    }
+    out.push_back(std::move(s));
+    out.push_back(std::move(o));
+    return;
+  }
+  ACC_CHECK(p.qkv.size() == 3, "tensor_parallel: '", p.scope, "' has ", p.qkv.size(),
+            " q/k/v projections (1 fused or 3 expected)");
+  auto q = linear_at(model, p.qkv[0]), k = linear_at(model, p.qkv[1]),
+       v = linear_at(model, p.qkv[2]);
+  const int64_t heads = q->out_features() / hs, kv_heads = k->out_features() / hs;
+  ACC_CHECK(heads % tp == 0, "tensor_parallel: '", p.scope, "' has ", heads,
+            " heads, not a multiple of tp ", tp);
+  ACC_CHECK(kv_heads >= tp, "tensor_parallel: '", p.scope, "' has ", kv_heads,
+            " kv heads, fewer than tp ", tp,
+            ": kv heads replicated over ranks are not supported yet");
+  Shard sq{p.qkv[0], q, true, {}}, sk{p.qkv[1], k, true, {}}, sv{p.qkv[2], v, true, {}},
+      so{p.proj, linear_at(model, p.proj), false, {}};
+  for (int r = 0; r < tp; ++r) {
+    const nn::QkvRows rows = nn::qkv_rows(heads, kv_heads, hs, tp, r);
+    sq.blocks.push_back({rows.q});
+    sk.blocks.push_back({rows.k});
+    sv.blocks.push_back({rows.v});
+    so.blocks.push_back({rows.q});
+  }
+  for (Shard* s : {&sq, &sk, &sv, &so}) out.push_back(std::move(*s));
+}
+
+void add_mlp(nn::Module& model, const trace::MlpPattern& p, int tp, std::vector<Shard>& out) {
+  auto second = linear_at(model, p.second);
+  const int64_t width = second->in_features();
+  for (const auto& f : p.first) {
+    Shard s{f, linear_at(model, f), true, {}};
+    ACC_CHECK(s.whole->out_features() == width, "tensor_parallel: '", f, "' has ",
+              s.whole->out_features(), " outputs but '", p.second, "' takes ", width);
+    for (int r = 0; r < tp; ++r) {
+      s.blocks.push_back(
+          {even_block(width, tp, r, ("tensor_parallel: '" + f + "' width").c_str())});
+    }
+    out.push_back(std::move(s));
+  }
+  Shard s{p.second, second, false, {}};
+  for (int r = 0; r < tp; ++r) s.blocks.push_back({even_block(width, tp, r, "MLP width")});
+  out.push_back(std::move(s));
+}
+
+// The whole weight (bias) from every rank's shard: gathered along dimension `dim` in rank order,
+// each rank's blocks put back at their offsets (along `dim` of the whole).
+void put_back(Tensor& whole, const Tensor& local, int64_t dim,
+              const std::vector<std::vector<nn::RowBlock>>& blocks,
+              const dist::ProcessGroupPtr& tp) {
+  NoGradGuard ng;
+  const Tensor all = tp->size() > 1 ? dist::gather_along(local.detach(), dim, tp) : local.detach();
+  int64_t at = 0;
+  for (const auto& rank_blocks : blocks) {
+    for (const auto& b : rank_blocks) {
+      whole.narrow(dim, b.offset, b.size).copy_(all.narrow(dim, at, b.size));
+      at += b.size;
+    }
+  }
+}
+
+}  // namespace
+
+nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
+                               const dist::ProcessGroupPtr& tp) {
+  ACC_CHECK(tp != nullptr, "tensor_parallel: the group is null");
+  const int t = tp->size(), rank = tp->rank();
+  std::vector<Shard> shards;
+  for (const auto& p : trace::find_attention_patterns(trace)) add_attention(model, p, t, shards);
+  for (const auto& p : trace::find_mlp_patterns(trace)) add_mlp(model, p, t, shards);
+  ACC_CHECK(!shards.empty(), "tensor_parallel: the model (", model.type_name(),
+            ") has no attention or MLP pattern to shard");
+  // Everything checked: now the replacements (undone in reverse if one throws).
+  std::vector<std::pair<Shard, nn::Undo>> done;
+  std::vector<std::shared_ptr<nn::Module>> layers;
+  try {
+    for (auto& s : shards) {
+      const auto& mine = s.blocks[static_cast<size_t>(rank)];
+      nn::ModulePtr layer =
+          s.column ? nn::ModulePtr(std::make_shared<ColumnParallelLinear>(*s.whole, mine, tp))
+                   : nn::ModulePtr(std::make_shared<RowParallelLinear>(*s.whole, mine, tp));
+      nn::Undo undo = model.replace_module(s.path, layer);
+      layers.push_back(layer);
+      done.emplace_back(std::move(s), std::move(undo));
+    }
+  } catch (...) {
+    for (auto it = done.rbegin(); it != done.rend(); ++it) it->second();
+    throw;
+  }
+  return [done = std::move(done), layers = std::move(layers), tp]() mutable {
+    // The trained shards back into the whole linears (every rank alike), then the wholes back.
+    for (size_t i = 0; i < done.size(); ++i) {
+      Shard& s = done[i].first;
+      nn::Module& layer = *layers[i];
+      Tensor w = layer.find_tensor("weight");
+      put_back(s.whole->weight(), w, s.column ? 0 : 1, s.blocks, tp);
+      if (s.column && s.whole->bias().defined()) {
+        put_back(s.whole->bias(), layer.find_tensor("bias"), 0, s.blocks, tp);
+      } else if (s.whole->bias().defined()) {
+        NoGradGuard ng;
+        s.whole->bias().copy_(layer.find_tensor("bias").detach());
+      }
+    }
+    for (auto it = done.rbegin(); it != done.rend(); ++it) it->second();
+  };
+}
+
+}  // namespace acc::strategies

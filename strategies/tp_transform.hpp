@@ -1,0 +1,29 @@
+#pragma once
+// Tensor parallelism as a model transform (Megatron 1D): the attention's q|k|v projection(s) and
+// the MLP's first linear(s) become column-parallel, the attention's output and the MLP's second
+// linear row-parallel (strategies/tp_layers.hpp), over the group `tp`. Which linears: the trace's
+// attention and MLP patterns (trace::find_attention_patterns / find_mlp_patterns), never the
+// model's name, so GPT, Llama and a transformer of the user's whose attention is one of the nn
+// attention classes are sharded alike; every other module stays replicated. Heads are split with
+// nn::shard_heads (a rank keeps NH/tp query heads and their kv heads); the attention reads its
+// local head counts from the projections' widths.
+//
+// Not yet (refused by name): fewer kv heads than ranks (each kv head's gradient would need a sum
+// over the ranks that share it), vocabulary-parallel embedding and loss, sequence parallelism.
+
+#include "acc/dist/process_group.hpp"
+#include "acc/nn/module.hpp"
+#include "acc/trace/tracer.hpp"
+
+namespace acc::strategies {
+
+/// Shards `model` over `tp`, finding the patterns from `trace` (a trace of the model's step).
+/// Returns the undo: a collective over `tp` that gathers every shard's current values back into
+/// the whole linears and puts them back in place. Throws acc::ValueError naming the module, the
+/// counts and tp for a split that does not divide (heads, kv heads, MLP width), an attention that
+/// is not one of nn's classes (its head size unknown), fewer kv heads than ranks, and a model
+/// without any attention or MLP pattern; the model is untouched then.
+nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
+                               const dist::ProcessGroupPtr& tp);
+
+}  // namespace acc::strategies
