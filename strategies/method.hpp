@@ -17,7 +17,8 @@
 // DESIGN notes: how the coming methods register
 //  - tensor_parallel: slot "tensor_parallel"; a model transform that swaps the attention and MLP
 //    linears (found by trace::find_attention_patterns / find_mlp_patterns) for column/row-parallel
-//    ones over the context's tp group, and a loss of its own (vocab-parallel cross-entropy). Its
+//    ones over the context's tp group (written: tp_transform.hpp, over tp_layers.hpp), and a loss
+//    of its own (vocab-parallel cross-entropy: tp_layers.hpp). Its
 //    shards enter the placement table with Shard(d) along tp and a per-dimension box
 //    (acc/dist/sharding.hpp); grad_sync already runs over the context's dp x cp group.
 //  - sequence_parallel: slot "sequence_parallel", requires tensor_parallel (or brings Ulysses'
