@@ -7,6 +7,7 @@
 #include "acc/checkpoint/layout.hpp"
 #include "acc/checkpoint/load.hpp"
 #include "acc/checkpoint/trainer_state.hpp"
+#include "acc/dist/agreement.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
@@ -168,13 +169,21 @@ std::optional<Resumed> resume(const SessionOptions& o, const dist::ProcessGroupP
   // data then starts from the beginning.
   if (const nlohmann::json* state =
           loader_state(extra, resumed->dir, world->rank(), world->size())) {
+    // Each rank loads its own position (per rank when they differ), so one rank may refuse it
+    // alone: the ranks agree on the outcome before any of them goes on, and every rank throws
+    // the refusing ranks' messages.
+    std::string refused;
     try {
       loader.load_state(*state);
     } catch (const ValueError& e) {
-      ACC_THROW(ValueError, "checkpoint metadata '", metadata_path(resumed->dir),
-                "': field 'extra.", extra.contains("loader_ranks") ? "loader_ranks" : "loader",
-                "': ", e.what());
+      refused = e.what();
     }
+    if (world->size() > 1) {
+      refused = dist::rank_messages(dist::allgather_text(*world, refused));
+    }
+    ACC_CHECK(refused.empty(), "checkpoint metadata '", metadata_path(resumed->dir),
+              "': field 'extra.", extra.contains("loader_ranks") ? "loader_ranks" : "loader",
+              "': ", refused);
   } else if (leader) {
     logging::warn(
         "{}: no data position in the checkpoint (imported weights?): the data starts from the "

@@ -326,6 +326,21 @@ TEST(TrainingSession, AnyModuleAndALoaderWhosePositionDiffersByRankResumeExactly
     }
     run.finish();
   }
+  // A loader that refuses its position on one rank only: every rank refuses, naming that rank
+  // (the others must not go on into the first step's collectives).
+  if (world() > 1) {
+    AccelerateResult acc = accelerate_mlp(77);
+    ClassifierLoader loader(rank() == world() - 1 ? 99 : rank(), per_rank);
+    SessionOptions o = quiet(dir);
+    o.resume = Resume::kPath;
+    o.resume_path = step3.string();
+    const std::string error = test::error_of<ValueError>([&] { TrainingSession(acc, loader, o); });
+    EXPECT_NE(
+        error.find("rank " + std::to_string(world() - 1) + ": classifier loader: a state of rank " +
+                   std::to_string(world() - 1) + ", this is rank 99"),
+        std::string::npos)
+        << error;
+  }
   // A language model does not resume the MLP's checkpoint: refused by type, before its hash.
   AccelerateResult gpt = accelerate_gpt(7);
   data::BatchLoader loader = gpt_loader();
