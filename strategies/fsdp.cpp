@@ -184,7 +184,8 @@ class Fsdp : public GradSync {
     // is listed once by the model, under its first name: a unit that holds it under another would
     // shard it twice and train one copy only.
     for (size_t i = 0; i < block_names.size(); ++i) {
-      for (const auto& [n, p] : model_.submodule(block_names[i])->named_parameters()) {
+      for (const auto& [n, held] : model_.submodule(block_names[i])->named_parameters()) {
+        const Tensor& p = held;  // a structured binding cannot be captured (clang < 16)
         const bool own = std::any_of(unit_params[i].begin(), unit_params[i].end(),
                                      [&](const auto& e) { return e.second.is_same(p); });
         if (own) continue;
