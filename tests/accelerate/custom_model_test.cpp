@@ -24,6 +24,7 @@
 #include "acc/tensor/random.hpp"
 #include "acc/util/error.hpp"
 #include "error_of.hpp"
+#include "plain_loop.hpp"
 
 namespace acc {
 namespace {
@@ -75,21 +76,7 @@ TrainRun train(const std::string& strategy_json, const dist::ProcessGroupPtr& gr
       r.losses.push_back(trainer->train_step(b));
       continue;
     }
-    const int k = trainer->grad_accum_steps();
-    double sum = 0;
-    for (const data::Batch& micro : b.split(k, "test")) {
-      Tensor l = trainer->loss(micro);
-      sum += l.item();
-      (k > 1 ? scale(l, 1.0 / k) : l).backward();
-    }
-    trainer->step();
-    double avg = sum / k;
-    if (group->size() > 1) {
-      Tensor t = from_vector(std::vector<float>{static_cast<float>(avg)}, {1});
-      group->allreduce(t, dist::ReduceOp::kAvg)->wait();
-      avg = t.item();
-    }
-    r.losses.push_back(avg);
+    r.losses.push_back(test::plain_loop_step(*trainer, b, *group));
   }
   r.params = trainer->full_parameters();
   return r;

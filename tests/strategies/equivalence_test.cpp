@@ -30,6 +30,7 @@
 #include "acc/optim/adam.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/util/error.hpp"
+#include "plain_loop.hpp"
 
 namespace acc {
 namespace {
@@ -103,23 +104,7 @@ TrainRun train(const std::string& strategy_json, dist::ProcessGroupPtr group,
       r.losses.push_back(trainer->train_step(loader.next()));
       continue;
     }
-    const data::Batch b = loader.next();
-    const int k = trainer->grad_accum_steps();
-    const int64_t mb = b.idx().size(0) / k;
-    double sum = 0;
-    for (int i = 0; i < k; ++i) {
-      Tensor l = trainer->loss(b.idx().narrow(0, i * mb, mb), b.targets().narrow(0, i * mb, mb));
-      sum += l.item();
-      (k > 1 ? scale(l, 1.0 / k) : l).backward();
-    }
-    trainer->step();
-    double avg = sum / k;
-    if (group->size() > 1) {
-      Tensor t = from_vector(std::vector<float>{static_cast<float>(avg)}, {1});
-      group->allreduce(t, dist::ReduceOp::kAvg)->wait();
-      avg = t.item();
-    }
-    r.losses.push_back(avg);
+    r.losses.push_back(test::plain_loop_step(*trainer, loader.next(), *group));
   }
   r.params = trainer->full_parameters();
   return r;
