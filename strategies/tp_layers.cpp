@@ -58,6 +58,40 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
   return bias_.defined() ? add(y, bias_) : y;
 }
 
+VocabParallelEmbedding::VocabParallelEmbedding(nn::Embedding& whole, dist::ProcessGroupPtr group)
+    : Module("VocabParallelEmbedding"), group_(std::move(group)) {
+  ACC_CHECK(group_ != nullptr, "VocabParallelEmbedding: the group is null");
+  const Tensor& w = whole.weight();
+  const int W = group_->size();
+  vocab_ = w.size(0);
+  const int64_t rows = (vocab_ + W - 1) / W;  // Vp / W
+  first_ = group_->rank() * rows;
+  NoGradGuard ng;
+  Tensor mine = zeros({rows, w.size(1)});
+  const int64_t real = std::clamp<int64_t>(vocab_ - first_, 0, rows);
+  if (real > 0) mine.narrow(0, 0, real).copy_(w.narrow(0, first_, real));
+  weight_ = register_parameter("weight", mine);
+}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& idx) {
+  const int64_t rows = weight_.size(0);
+  const auto ids = idx.contiguous().to_vector<int64_t>();
+  std::vector<int64_t> local(ids.size());
+  std::vector<float> here(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ACC_CHECK(ids[i] >= 0 && ids[i] < vocab_, "VocabParallelEmbedding: id ", ids[i],
+              " at position ", i, " is outside [0, ", vocab_, ")");
+    const bool mine = ids[i] >= first_ && ids[i] < first_ + rows;
+    local[i] = mine ? ids[i] - first_ : 0;
+    here[i] = mine ? 1.0f : 0.0f;
+  }
+  Shape mask_shape = idx.shape();
+  mask_shape.push_back(1);
+  const Tensor out =
+      mul(embedding(from_vector(local, idx.shape()), weight_), from_vector(here, mask_shape));
+  return dist::reduce_from_group(out, group_);
+}
+
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size,
                                     const dist::ProcessGroupPtr& group, int64_t ignore_index) {
   ACC_CHECK(group != nullptr, "vocab_parallel_cross_entropy: the group is null");

@@ -58,6 +58,29 @@ class RowParallelLinear : public nn::Module {
   Tensor weight_, bias_;
 };
 
+/// Megatron's vocab-parallel embedding: this rank's rows [rank Vp/W, (rank + 1) Vp/W) of the
+/// table padded to Vp = the vocabulary rounded up to a multiple of W (padding rows zero, never
+/// looked up: ids are < the vocabulary). An id outside this rank's rows looks up nothing here
+/// (its output row is zero), and the ranks' outputs are summed (reduce_from_group), so every rank
+/// gets the whole (..., C); backward gives each rank the gradient of its own rows.
+class VocabParallelEmbedding : public nn::Module {
+ public:
+  /// Throws acc::ValueError for a null group.
+  VocabParallelEmbedding(nn::Embedding& whole, dist::ProcessGroupPtr group);
+  /// idx (...) i64 ids in [0, vocab_size()) -> (..., C). Throws acc::ValueError naming an id
+  /// outside the vocabulary.
+  Tensor forward(const Tensor& idx) override;
+  Tensor& weight() { return weight_; }
+  int64_t vocab_size() const { return vocab_; }
+  /// Vp / W rows, from row first_row() of the padded table.
+  int64_t first_row() const { return first_; }
+
+ private:
+  dist::ProcessGroupPtr group_;
+  int64_t vocab_ = 0, first_ = 0;
+  Tensor weight_;
+};
+
 /// Megatron's vocab-parallel cross-entropy: the mean over the rows whose target is not
 /// `ignore_index` of -log softmax(logits)[target], where the logits (..., V) are split over the
 /// group along the vocabulary and never gathered: `logits` is this rank's (..., Vp / W), columns

@@ -160,6 +160,47 @@ TEST(VocabParallelCrossEntropy, EqualsTheWholeLossAndItsGradient) {
   }
 }
 
+// Vocab-parallel embedding against the whole table: the output on every rank (one rank's row plus
+// zeros: bitwise), and each rank's rows of the gradient (padding rows: none); a vocabulary of 12
+// and one of 10 padded to a multiple of the ranks.
+TEST(VocabParallelEmbedding, EqualsTheWholeTableAndItsGradient) {
+  const int W = dist::world_size();
+  for (const int64_t vocab : {int64_t{12}, int64_t{10}}) {
+    Generator gen(29);
+    nn::Embedding whole(vocab, 6, gen);
+    const Tensor idx = randint(0, vocab, {3, 5}, gen);
+    const Tensor r = randn({3, 5, 6}, gen);
+    Tensor want = whole(idx);
+    sum(mul(want, r)).backward();
+    strategies::VocabParallelEmbedding mine(whole, dist::ProcessGroup::world());
+    Tensor got = mine(idx);
+    EXPECT_EQ(got.to_vector<float>(), want.detach().to_vector<float>()) << "vocab " << vocab;
+    sum(mul(got, r)).backward();
+    const int64_t rows = (vocab + W - 1) / W;
+    EXPECT_EQ(mine.weight().size(0), rows);
+    const auto g = mine.weight().grad().to_vector<float>();
+    const auto ref = whole.weight().grad().to_vector<float>();
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t v = mine.first_row() + row;
+      for (int64_t c = 0; c < 6; ++c) {
+        const float expect = v < vocab ? ref[static_cast<size_t>(v * 6 + c)] : 0.0f;
+        ASSERT_EQ(g[static_cast<size_t>(row * 6 + c)], expect)
+            << "vocab " << vocab << " row " << v << " column " << c;
+      }
+    }
+  }
+  Generator gen(31);
+  nn::Embedding table(8, 4, gen);
+  strategies::VocabParallelEmbedding mine(table, dist::ProcessGroup::world());
+  try {
+    mine(from_vector(std::vector<int64_t>{3, 8}, {2}));
+    FAIL() << "id 8 of a vocabulary of 8";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("id 8 at position 1 is outside [0, 8)"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(VocabParallelCrossEntropy, BadTargetsAreNamed) {
   const int W = dist::world_size();
   Tensor mine = zeros({2, 4});
