@@ -71,38 +71,6 @@ void check_units_config(const nlohmann::json& config, const std::string& method)
   }
 }
 
-namespace {
-
-// The module at dotted `path`, or an error naming the part that is not there and what is.
-nn::ModulePtr module_at(const nn::Module& root, const std::string& path,
-                        const std::string& method) {
-  const nn::Module* at = &root;
-  nn::ModulePtr found;
-  std::string walked;
-  size_t start = 0;
-  while (start <= path.size()) {
-    const size_t dot = path.find('.', start);
-    const std::string part = path.substr(start, dot == std::string::npos ? dot : dot - start);
-    nn::ModulePtr next;
-    std::string children;
-    for (const auto& [name, child] : at->named_children()) {
-      if (name == part) next = child;
-      children += (children.empty() ? "" : ", ") + name;
-    }
-    ACC_CHECK(next != nullptr, method, ": unit '", path, "' names no module of the model: ",
-              walked.empty() ? std::string("the model") : "'" + walked + "'", " has no '", part,
-              "' (it has ", children.empty() ? std::string("no children") : children, ")");
-    walked += (walked.empty() ? "" : ".") + part;
-    found = next;
-    at = next.get();
-    if (dot == std::string::npos) break;
-    start = dot + 1;
-  }
-  return found;
-}
-
-}  // namespace
-
 std::vector<std::string> unit_names(const nn::Module& model, const nlohmann::json& config,
                                     const std::string& method) {
   if (!config.is_object() || !config.contains("units")) {
@@ -113,7 +81,12 @@ std::vector<std::string> unit_names(const nn::Module& model, const nlohmann::jso
   std::vector<std::string> out;
   for (const auto& j : config.at("units")) {
     const std::string name = j.get<std::string>();
-    const nn::ModulePtr m = module_at(model, name, method);
+    nn::ModulePtr m;
+    try {
+      m = model.submodule(name);  // its error names the part that is not there, and what is
+    } catch (const ValueError& e) {
+      ACC_THROW(ValueError, method, ": unit '", name, "' names no module of the model: ", e.what());
+    }
     if (dynamic_cast<const nn::ModuleList*>(m.get()) != nullptr) {
       for (const auto& [child, c] : m->named_children()) out.push_back(name + "." + child);
     } else {

@@ -175,6 +175,15 @@ NamedTensors Module::named_buffers(bool recurse) const {
   return out;
 }
 
+namespace {
+// "0, 1, 2": the names of a module's children, for messages about a path that is not there.
+std::string child_names(const std::vector<std::shared_ptr<detail::ChildSlot>>& children) {
+  std::string out;
+  for (const auto& s : children) out += (out.empty() ? "" : ", ") + s->name;
+  return out;
+}
+}  // namespace
+
 ModulePtr Module::submodule(const std::string& path) const {
   ModulePtr cur = handle(this);
   size_t start = 0;
@@ -183,7 +192,13 @@ ModulePtr Module::submodule(const std::string& path) const {
     std::string part =
         path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     const detail::ChildSlot* slot = cur->find_slot(part);
-    ACC_CHECK(slot != nullptr, type_name_, ": no submodule '", part, "' in path '", path, "'");
+    if (slot == nullptr) {
+      const std::string have = child_names(cur->children_);
+      ACC_THROW(
+          ValueError, type_name_, ": no submodule '", part, "' in path '", path,
+          "': ", start == 0 ? std::string("the model") : "'" + path.substr(0, start - 1) + "'",
+          " has no '", part, "' (it has ", have.empty() ? std::string("no children") : have, ")");
+    }
     cur = slot->module;
     if (dot == std::string::npos) break;
     start = dot + 1;
@@ -225,8 +240,7 @@ Undo Module::replace_module(const std::string& path, ModulePtr replacement) {
     auto it = std::find_if(owner->children_.begin(), owner->children_.end(),
                            [&](const auto& s) { return s->name == part; });
     if (it == owner->children_.end()) {
-      std::string have;
-      for (const auto& s : owner->children_) have += (have.empty() ? "" : ", ") + s->name;
+      const std::string have = child_names(owner->children_);
       const std::string where = path.substr(0, start == 0 ? 0 : start - 1);
       ACC_THROW(ValueError, type_name_, ": replace_module('", path, "'): no child '", part, "' in ",
                 where.empty() ? std::string("the root") : "'" + where + "'", " (",

@@ -143,7 +143,7 @@ class Module : public std::enable_shared_from_this<Module> {
   NamedModules named_modules() const;
   NamedModules named_children() const;
   /// The descendant at a dotted path ("transformer.h.3"); throws acc::ValueError naming the
-  /// first missing component.
+  /// first missing component and the children where it is missing.
   ModulePtr submodule(const std::string& path) const;
   /// A parameter or buffer by dotted path; throws acc::ValueError when there is none.
   Tensor find_tensor(const std::string& path) const;
