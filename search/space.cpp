@@ -34,11 +34,16 @@ std::string Candidate::describe() const {
   return strategies::describe(strategy);
 }
 
+int64_t per_rank_batch(int64_t global_batch, int world) {
+  ACC_CHECK(world >= 1, "search: world size must be >= 1, got ", world);
+  ACC_CHECK(global_batch >= 1, "search: global batch must be >= 1, got ", global_batch);
+  ACC_CHECK(global_batch % world == 0, "search: global batch ", global_batch,
+            " does not split evenly over ", world, " ranks");
+  return global_batch / world;
+}
+
 std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_blocks) {
-  ACC_CHECK(o.world >= 1, "search: world size must be >= 1, got ", o.world);
-  ACC_CHECK(o.global_batch >= 1, "search: global batch must be >= 1, got ", o.global_batch);
-  ACC_CHECK(o.global_batch % o.world == 0, "search: global batch ", o.global_batch,
-            " does not split evenly over ", o.world, " ranks");
+  (void)per_rank_batch(o.global_batch, o.world);
   const auto methods = strategies::searchable_methods();
   for (const auto* list : {&o.excluded, &o.included}) {
     for (const auto& name : *list) {

@@ -30,6 +30,7 @@
 #include "acc/models/registry.hpp"
 #include "acc/optim/adam.hpp"
 #include "acc/search/report.hpp"
+#include "acc/search/space.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/tensor/threading.hpp"
 #include "acc/util/cli.hpp"
@@ -123,12 +124,11 @@ acc::strategies::LossFn loss_of(const acc::models::ModelType& t) {
 
 // What --plan-only prices: a language model by type and config; another type built on the meta
 // device (no memory) and traced whole on its sample's shapes.
-acc::trace::ModelRef model_ref(const Args& a, const nlohmann::json& config, int64_t per_rank) {
+acc::trace::ModelRef model_ref(const Args& a, const nlohmann::json& config) {
   using namespace acc;
   const models::ModelType& t = models::model_type(a.model);
   if (t.language_model) return trace::ModelRef::registry(a.model, config);
-  ACC_CHECK(per_rank >= 1 && a.global_batch % a.world == 0, "search: global batch ", a.global_batch,
-            " does not split evenly over ", a.world, " ranks");
+  const int64_t per_rank = search::per_rank_batch(a.global_batch, a.world);
   nn::ModulePtr module;
   {
     DefaultDeviceGuard meta(Device::kMeta);
@@ -143,7 +143,7 @@ int plan(const Args& a, const nlohmann::json& config) {
   check_output_path(a.out, "--out");
   if (!a.report.empty()) search::check_report_dir(a.report);
   const AccelerateOptions o = options_of(a);
-  const trace::ModelRef model = model_ref(a, config, a.global_batch / a.world);
+  const trace::ModelRef model = model_ref(a, config);
   const nlohmann::json report = plan_strategy(model, a.world, o, plan_comm(a));
   std::cout << report_table(report) << std::flush;
   const auto key = search::strategy_key(model, a.world, a.global_batch, a.seq_len);
@@ -167,10 +167,8 @@ int run_search(const Args& a, const nlohmann::json& config) {
   AccelerateOptions o = options_of(a);
   o.verbose = true;
   if (!t.language_model) {
-    const int W = dist::world_size();
-    ACC_CHECK(a.global_batch % W == 0, "search: global batch ", a.global_batch,
-              " does not split evenly over ", W, " ranks");
-    o.sample_batch = sample_of(t, a, config, a.global_batch / W);
+    o.sample_batch =
+        sample_of(t, a, config, search::per_rank_batch(a.global_batch, dist::world_size()));
     o.loss = loss_of(t);
   }
   AccelerateResult r = auto_accelerate(model, optim::AdamW::factory({}), o);

@@ -509,9 +509,7 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
   check_outputs(o, group.get());
 
   // This rank's batch for the traces of a user's module and the dry-runs.
-  const int64_t per_rank = o.global_batch / world;
-  ACC_CHECK(o.global_batch % world == 0, "search: global batch ", o.global_batch,
-            " does not split evenly over ", world, " ranks");
+  const int64_t per_rank = search::per_rank_batch(o.global_batch, world);
   const data::Batch batch =
       o.sample_batch ? *o.sample_batch : random_batch(per_rank, o.seq_len, lm->vocab_size());
   ACC_CHECK(batch.size() == per_rank, "auto_accelerate: sample_batch has ", batch.size(),

@@ -55,6 +55,11 @@ struct Candidate {
 /// run (amp without allow_bf16, a grad_sync method on one rank), or a space left empty.
 std::vector<Candidate> enumerate_candidates(const SpaceOptions& options, int64_t num_blocks);
 
+/// Each rank's share of the global batch: global_batch / world. Throws acc::ValueError naming the
+/// values ("search: global batch 7 does not split evenly over 2 ranks") when world < 1,
+/// global_batch < 1 or it does not divide.
+int64_t per_rank_batch(int64_t global_batch, int world);
+
 /// The trace options of a candidate's activation effects (StepEffects::recompute_blocks: 0 none,
 /// -1 all, else the first n blocks; bf16_activations), as the memory and the time model trace it.
 trace::TraceOptions activation_trace_options(int64_t recompute_blocks, bool bf16_activations);
