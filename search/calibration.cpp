@@ -138,10 +138,7 @@ HardwareFingerprint HardwareFingerprint::from_json(const nlohmann::json& j) {
 
 std::string HardwareFingerprint::key() const {
   // nlohmann's objects keep their keys sorted, so the text is canonical.
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx",
-                static_cast<unsigned long long>(fnv1a64(to_json().dump())));
-  return buf;
+  return fnv1a64_hex(to_json().dump());
 }
 
 std::string HardwareFingerprint::difference(const HardwareFingerprint& other) const {

@@ -393,10 +393,7 @@ std::string model_trace_hash(const std::string& model_type, const nlohmann::json
   const nlohmann::json facts = {{"model_type", model_type},
                                 {"config", filled},
                                 {"trace", to_json(trace(*shallow, {idx, idx}))}};
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx",
-                static_cast<unsigned long long>(fnv1a64(facts.dump())));
-  return hex;
+  return fnv1a64_hex(facts.dump());
 }
 
 void check_fits(const TrainingNeed& need, int64_t available_bytes, const std::string& what) {

@@ -1,7 +1,5 @@
 #include "acc/trace/model_ref.hpp"
 
-#include <cstdio>
-
 #include "acc/models/language_model.hpp"
 #include "acc/trace/dump.hpp"
 #include "acc/trace/estimate.hpp"
@@ -120,10 +118,7 @@ std::string ModelRef::hash() const {
   const nlohmann::json facts = {{"model_type", impl_->type},
                                 {"config", impl_->config},
                                 {"trace", to_json(trace(impl_->num_layers, 1, 0, {}).trace)}};
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx",
-                static_cast<unsigned long long>(fnv1a64(facts.dump())));
-  return hex;
+  return fnv1a64_hex(facts.dump());
 }
 
 }  // namespace acc::trace
