@@ -25,6 +25,7 @@
 #include "error_of.hpp"
 #include "files.hpp"
 #include "job_processes.hpp"
+#include "local_job.hpp"
 
 namespace fs = std::filesystem;
 
@@ -103,13 +104,9 @@ void expect_every_attempt_logged(const std::vector<nlohmann::json>& log,
 }
 
 Job acc_run(const fs::path& dir, const std::string& env, int max_restarts = 2) {
-  { std::ofstream(dir / "hosts") << "localhost slots=4\n"; }
   Job j;
-  j.result = acc::test::run_command(
-      env + " " + ACC_RUN_BIN + " --hostfile " + (dir / "hosts").string() +
-      " --nnodes 1 --nproc-per-node 4 --max-restarts " + std::to_string(max_restarts) +
-      " --job-dir " + (dir / "job").string() + " --mpirun " + MPIEXEC_BIN +
-      " --mpirun-args '--oversubscribe --bind-to none' -- " + train_args(dir));
+  j.result =
+      acc::test::run_command(acc::test::local_acc_run(dir, 4, max_restarts, env, train_args(dir)));
   j.incidents = read_jsonl(dir / "job" / "incidents.jsonl");
   j.all_log = read_jsonl(dir / "log.jsonl");
   j.log = last_attempt(j.all_log);
@@ -201,12 +198,8 @@ TEST(AccRun, TheStepLogHoldsEveryStepOfEveryAttempt) {
   }
   ASSERT_EQ(want.size(), 14u);
 
-  { std::ofstream(dir / "hosts") << "localhost slots=2\n"; }
   const auto job = acc::test::run_command(
-      "ACC_FAULT=kill:rank=1:step=9 " + std::string(ACC_RUN_BIN) + " --hostfile " +
-      (dir / "hosts").string() + " --nnodes 1 --nproc-per-node 2 --max-restarts 1 --job-dir " +
-      (dir / "job").string() + " --mpirun " + MPIEXEC_BIN +
-      " --mpirun-args '--oversubscribe --bind-to none' -- " + program(dir));
+      acc::test::local_acc_run(dir, 2, 1, "ACC_FAULT=kill:rank=1:step=9", program(dir)));
   ASSERT_EQ(job.exit_code, 0) << job.output;
   const auto incidents = read_jsonl(dir / "job" / "incidents.jsonl");
   ASSERT_EQ(incidents.size(), 1u) << job.output;
@@ -272,11 +265,7 @@ TEST(AccRun, ASoakOfRandomFaultsEndsWithTheUninterruptedLosses) {
 // acc-run on localhost in the background, with `env` before it, running `program` as 4 ranks.
 std::string acc_run_command(const fs::path& dir, const std::string& env, const std::string& program,
                             const std::string& mpirun_args = "") {
-  { std::ofstream(dir / "hosts") << "localhost slots=4\n"; }
-  return env + " " + ACC_RUN_BIN + " --hostfile " + (dir / "hosts").string() +
-         " --nnodes 1 --nproc-per-node 4 --max-restarts 2 --job-dir " + (dir / "job").string() +
-         " --mpirun " + MPIEXEC_BIN + " --mpirun-args '--oversubscribe --bind-to none " +
-         mpirun_args + "' -- " + program;
+  return acc::test::local_acc_run(dir, 4, 2, env, program, mpirun_args);
 }
 
 // train_gpt that trains until it is stopped (100000 steps; a checkpoint every 5, 2 kept).

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "../elastic/files.hpp"
+#include "../elastic/local_job.hpp"
 #include "command.hpp"
 
 namespace {
@@ -144,12 +145,8 @@ TEST(CustomModelExample, UnderAccRunAKilledRankResumesBitwise) {
   const std::vector<double> want = losses(ref / "log.jsonl");
   ASSERT_EQ(want.size(), 40u);
 
-  { std::ofstream(dir / "hosts") << "localhost slots=2\n"; }
   const auto job = run_command(
-      "ACC_FAULT=kill:rank=1:step=25 " + std::string(ACC_RUN_BIN) + " --hostfile " +
-      (dir / "hosts").string() + " --nnodes 1 --nproc-per-node 2 --max-restarts 1 --job-dir " +
-      (dir / "job").string() + " --mpirun " + MPIEXEC_BIN +
-      " --mpirun-args '--oversubscribe --bind-to none' -- " + program(dir));
+      acc::test::local_acc_run(dir, 2, 1, "ACC_FAULT=kill:rank=1:step=25", program(dir)));
   ASSERT_EQ(job.exit_code, 0) << job.output;
   const auto incidents = read_jsonl(dir / "job" / "incidents.jsonl");
   ASSERT_EQ(incidents.size(), 1u) << job.output;

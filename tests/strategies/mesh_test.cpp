@@ -21,6 +21,7 @@
 #include "acc/optim/adam.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/util/hash.hpp"
+#include "every_rank_table.hpp"
 
 namespace acc {
 namespace {
@@ -129,34 +130,8 @@ TEST_P(Mesh, ThePlacementTableCoversTheMeshOncePerReplica) {
   auto mesh =
       std::make_shared<const dist::ParallelContext>(dist::DeviceMesh{.dp = 2, .tp = 2}, world);
   const TrainRun got = train(GetParam(), mesh);
-  // Each rank's table as (name, kind, box, flat, replica, replicas), gathered.
-  nlohmann::json mine = nlohmann::json::array();
-  for (const auto& e : got.table) {
-    nlohmann::json j = {{"name", e.name},          {"kind", static_cast<int>(e.kind)},
-                        {"shape", e.global_shape}, {"offsets", e.box.offsets},
-                        {"sizes", e.box.sizes},    {"replica", e.replica},
-                        {"replicas", e.replicas}};
-    if (e.flat) j["flat"] = {e.flat->offset, e.flat->length};
-    mine.push_back(j);
-  }
-  std::vector<dist::PlacementTable> tables;
-  for (const std::string& text : dist::allgather_text(*world, mine.dump())) {
-    dist::PlacementTable t;
-    for (const auto& j : nlohmann::json::parse(text)) {
-      dist::PlacementEntry e;
-      e.name = j.at("name");
-      e.param = e.name;
-      e.kind = static_cast<dist::TensorKind>(j.at("kind").get<int>());
-      e.global_shape = j.at("shape").get<Shape>();
-      e.box.offsets = j.at("offsets").get<std::vector<int64_t>>();
-      e.box.sizes = j.at("sizes").get<std::vector<int64_t>>();
-      e.replica = j.at("replica");
-      e.replicas = j.at("replicas");
-      if (j.contains("flat")) e.flat = dist::FlatRange{j["flat"][0], j["flat"][1]};
-      t.push_back(std::move(e));
-    }
-    tables.push_back(std::move(t));
-  }
+  // Every rank's table, on every rank.
+  const std::vector<dist::PlacementTable> tables = test::every_rank_table(*world, got.table);
   for (const auto& e : dist::coverage_errors(tables)) ADD_FAILURE() << e;
   // Replicated tensors (ddp, zero's parameters): one replica per rank. Flat shards (zero's state,
   // zero2's gradients, fsdp): one replica per tp coordinate, split over dp.

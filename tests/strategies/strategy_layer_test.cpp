@@ -19,6 +19,7 @@
 #include "acc/tensor/allocator.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
+#include "every_rank_table.hpp"
 
 namespace acc {
 namespace {
@@ -71,31 +72,6 @@ std::vector<std::string> strategies_for_world() {
 
 // ---- placement coverage ----
 
-// An entry without its tensor, as text, so that every rank can check every rank's table.
-nlohmann::json entry_json(const dist::PlacementEntry& e) {
-  nlohmann::json j = {
-      {"name", e.name},       {"param", e.param},        {"kind", static_cast<int>(e.kind)},
-      {"field", e.field},     {"shape", e.global_shape}, {"offsets", e.box.offsets},
-      {"sizes", e.box.sizes}, {"replica", e.replica},    {"replicas", e.replicas}};
-  if (e.flat) j["flat"] = {e.flat->offset, e.flat->length};
-  return j;
-}
-
-dist::PlacementEntry entry_of(const nlohmann::json& j) {
-  dist::PlacementEntry e;
-  e.name = j.at("name");
-  e.param = j.at("param");
-  e.kind = static_cast<TensorKind>(j.at("kind").get<int>());
-  e.field = j.at("field");
-  e.global_shape = j.at("shape").get<Shape>();
-  e.box.offsets = j.at("offsets").get<std::vector<int64_t>>();
-  e.box.sizes = j.at("sizes").get<std::vector<int64_t>>();
-  e.replica = j.at("replica");
-  e.replicas = j.at("replicas");
-  if (j.contains("flat")) e.flat = dist::FlatRange{j["flat"][0], j["flat"][1]};
-  return e;
-}
-
 TEST(Placement, EveryElementIsHeldExactlyOncePerReplica) {
   auto world = dist::ProcessGroup::world();
   for (const std::string& s : strategies_for_world()) {
@@ -110,9 +86,9 @@ TEST(Placement, EveryElementIsHeldExactlyOncePerReplica) {
       full_values[kv.first] = kv.second.contiguous().template to_vector<float>();
     }
 
-    nlohmann::json mine = nlohmann::json::array();
     std::map<std::string, int> kinds;  // parameter, gradient, exp_avg, exp_avg_sq per parameter
-    for (const auto& e : trainer->placements()) {
+    const dist::PlacementTable mine = trainer->placements();
+    for (const auto& e : mine) {
       ASSERT_EQ(numel_of(e.global_shape), numel.at(e.param)) << e.name;
       ASSERT_TRUE(e.local.defined()) << e.name << " (" << dist::tensor_kind_name(e.kind)
                                      << ") has no local tensor after a step";
@@ -131,15 +107,9 @@ TEST(Placement, EveryElementIsHeldExactlyOncePerReplica) {
           }
         }
       }
-      mine.push_back(entry_json(e));
     }
     // Every rank's table, on every rank: each element of each tensor once per replica.
-    std::vector<dist::PlacementTable> tables;
-    for (const std::string& text : dist::allgather_text(*world, mine.dump())) {
-      dist::PlacementTable t;
-      for (const auto& j : nlohmann::json::parse(text)) t.push_back(entry_of(j));
-      tables.push_back(std::move(t));
-    }
+    const std::vector<dist::PlacementTable> tables = test::every_rank_table(*world, mine);
     const auto errors = dist::coverage_errors(tables);
     for (const auto& e : errors) ADD_FAILURE() << e;
     // Every parameter, its gradient and both AdamW fields are in the table, on some rank.
