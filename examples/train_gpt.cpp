@@ -156,18 +156,10 @@ int run(const Args& a) {
   set_num_threads(a.threads);
   // Numeric ranges are checked by the flags' validators (main); these are the choices.
   // Any language model of the registry (acc/models/registry.hpp).
-  {
-    std::vector<std::string> lms;
-    for (const auto& name : models::model_type_names()) {
-      if (models::model_type(name).language_model) lms.push_back(name);
-    }
-    std::string choices;
-    for (size_t i = 0; i < lms.size(); ++i) {
-      choices += (i == 0 ? "" : i + 1 == lms.size() ? " or " : ", ") + lms[i];
-    }
-    ACC_CHECK(std::find(lms.begin(), lms.end(), a.model) != lms.end(), "--model must be ", choices,
-              ", got '", a.model, "'");
-  }
+  const std::vector<std::string> types = models::model_type_names();
+  ACC_CHECK(std::find(types.begin(), types.end(), a.model) != types.end() &&
+                models::model_type(a.model).language_model,
+            "--model must be ", models::language_model_names(), ", got '", a.model, "'");
   ACC_CHECK(a.lr_schedule == "constant" || a.lr_schedule == "cosine",
             "--lr-schedule must be constant or cosine, got '", a.lr_schedule, "'");
   ACC_CHECK(!a.data.empty(),

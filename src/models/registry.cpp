@@ -59,12 +59,18 @@ Registry& registry() {
   return r;
 }
 
-// "gpt or llama", "gpt, llama or residual_mlp".
-std::string names_text(const std::deque<ModelType>& types) {
+// "gpt or llama", "gpt, llama or residual_mlp": the names of the types `keep` keeps.
+std::string names_text(
+    const std::deque<ModelType>& types,
+    bool (*keep)(const ModelType&) = [](const ModelType&) { return true; }) {
+  std::vector<std::string> names;
+  for (const auto& t : types) {
+    if (keep(t)) names.push_back(t.name);
+  }
   std::string out;
-  for (size_t i = 0; i < types.size(); ++i) {
-    if (i > 0) out += i + 1 == types.size() ? " or " : ", ";
-    out += types[i].name;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (i > 0) out += i + 1 == names.size() ? " or " : ", ";
+    out += names[i];
   }
   return out;
 }
@@ -102,6 +108,12 @@ std::vector<std::string> model_type_names() {
   std::vector<std::string> out;
   for (const auto& t : r.types) out.push_back(t.name);
   return out;
+}
+
+std::string language_model_names() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return names_text(r.types, [](const ModelType& t) { return t.language_model; });
 }
 
 std::string model_type_choices() {

@@ -53,5 +53,7 @@ const ModelType& model_type(const std::string& name);
 std::vector<std::string> model_type_names();
 /// "gpt | llama | residual_mlp": for --help.
 std::string model_type_choices();
+/// The registered language models' names as a message lists them: "gpt or llama".
+std::string language_model_names();
 
 }  // namespace acc::models
