@@ -120,14 +120,7 @@ int train(const Args& a) {
   so.log_json = a.log_json;
   so.log_every = a.log_every;
   so.steps = a.steps;
-  so.names = {.ckpt_dir = "--ckpt-dir",
-              .save_every = "--save-every",
-              .keep = "--keep",
-              .resume = "--resume",
-              .log_json = "--log-json",
-              .steps = "--steps",
-              .lr = "--lr",
-              .grad_clip = "--grad-clip"};
+  so.names = OptionNames::command_line();
   TrainingSession::Prepared prepared = TrainingSession::prepare(so);
 
   manual_seed(a.seed);  // the same initial values on every rank (and every attempt)

@@ -139,15 +139,7 @@ acc::SessionOptions session_options(const Args& a) {
   } else {
     o.lr_schedule = std::make_shared<acc::optim::ConstantLR>(a.lr);
   }
-  o.names = {.ckpt_dir = "--ckpt-dir",
-             .save_every = "--save-every",
-             .keep = "--keep",
-             .start_over = "--ckpt-start-over",
-             .resume = "--resume",
-             .log_json = "--log-json",
-             .steps = "--steps",
-             .lr = "--lr",
-             .grad_clip = "--grad-clip"};
+  o.names = acc::OptionNames::command_line();
   return o;
 }
 

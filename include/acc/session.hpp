@@ -67,6 +67,20 @@ struct OptionNames {
   std::string steps = "steps";
   std::string lr = "the learning rate";  // "lower the learning rate or set gradient clipping"
   std::string grad_clip = "gradient clipping";  // (a loss that became non-finite)
+
+  /// The flags of train_gpt's command line (--ckpt-dir, --save-every, --keep, --ckpt-start-over,
+  /// --resume, --log-json, --steps, --lr, --grad-clip), which examples/custom_model.cpp shares.
+  static OptionNames command_line() {
+    return {.ckpt_dir = "--ckpt-dir",
+            .save_every = "--save-every",
+            .keep = "--keep",
+            .start_over = "--ckpt-start-over",
+            .resume = "--resume",
+            .log_json = "--log-json",
+            .steps = "--steps",
+            .lr = "--lr",
+            .grad_clip = "--grad-clip"};
+  }
 };
 
 // Every field has a default (designated initializers name only what they change, -Wextra quiet).
