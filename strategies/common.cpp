@@ -60,6 +60,52 @@ void add_whole_params_and_grads(PlacementTable& table, const nn::Module& model,
   }
 }
 
+PlacementTable lift_layouts(PlacementTable table, const ParamLayouts& layouts,
+                            const dist::ParallelContext* ctx) {
+  if (layouts.empty()) return table;
+  PlacementTable out;
+  out.reserve(table.size());
+  for (PlacementEntry& e : table) {
+    auto it = layouts.find(e.param);
+    if (it == layouts.end()) {
+      out.push_back(std::move(e));
+      continue;
+    }
+    const ParamLayout& layout = it->second;
+    ACC_CHECK_AS(InternalError, e.box == Box::whole(e.global_shape), "lift_layouts: '", e.name,
+                 "' holds the box ", e.box.to_string(), " of its local tensor, not all of it");
+    const FlatRange held = e.flat ? *e.flat : FlatRange{0, numel_of(e.global_shape)};
+    const Tensor flat_local = e.local.defined() ? e.local.reshape({-1}) : Tensor();
+    ShardingSpec spec = e.spec.with(dist::MeshDim::kTp, dist::Placement::shard(layout.tensor_dim));
+    int replica = 0, replicas = 1;
+    if (ctx != nullptr) {
+      replica = dist::replica_of(spec, ctx->mesh(), ctx->coordinate());
+      replicas = dist::replicas_of(spec, ctx->mesh());
+    }
+    for (const auto& seg : layout.segments) {
+      const FlatRange part = intersect(held, FlatRange{seg.local_offset, seg.box.numel()});
+      if (part.length == 0) continue;
+      PlacementEntry x = e;
+      x.global_shape = layout.global_shape;
+      x.spec = spec;
+      x.box = seg.box;
+      x.replica = replica * layout.tp_replicas + layout.tp_replica;
+      x.replicas = replicas * layout.tp_replicas;
+      const bool whole_box = !e.flat && part.length == seg.box.numel();
+      x.flat =
+          whole_box
+              ? std::nullopt
+              : std::optional<FlatRange>(FlatRange{part.offset - seg.local_offset, part.length});
+      if (flat_local.defined()) {
+        Tensor mine = flat_local.narrow(0, part.offset - held.offset, part.length);
+        x.local = whole_box ? mine.view(seg.box.sizes) : mine;
+      }
+      out.push_back(std::move(x));
+    }
+  }
+  return out;
+}
+
 void check_units_config(const nlohmann::json& config, const std::string& method) {
   if (!config.contains("units")) return;
   const nlohmann::json& u = config.at("units");

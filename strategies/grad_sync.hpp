@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,38 @@ class GradSync {
  protected:
   bool sync_ = true;
 };
+
+/// How a parameter that a model transform sharded along tp lies (tensor parallel): the module
+/// holds a local tensor, and the GradSyncs and the optimizer see only that (its shape, its flat
+/// ranges); the layout says which regions of the global parameter the local tensor's elements
+/// are. The local tensor's row-major flattening is the segments' boxes, each in row-major order,
+/// one after another from `local_offset` (a fused q|k|v weight: three row blocks); local elements
+/// in no segment are padding (a vocabulary padded to a multiple of tp), in no table and no norm.
+struct ParamLayout {
+  Shape global_shape;
+  int tensor_dim = 0;  // Shard(tensor_dim) along tp
+  struct Segment {
+    Box box;
+    int64_t local_offset = 0;
+  };
+  std::vector<Segment> segments;
+  /// Ranks along tp that hold the same regions (kv heads shared by query heads of several ranks):
+  /// this rank's index among them and their count; the replica count multiplies by it.
+  int tp_replica = 0;
+  int tp_replicas = 1;
+};
+/// By parameter name. Filled by the transforms when they are applied, emptied by their undo.
+using ParamLayouts = std::map<std::string, ParamLayout>;
+
+/// `table` with every entry of a parameter in `layouts` (its parameter, gradient and optimizer
+/// state entries, which the GradSyncs and the Trainer write in local terms: a global shape that
+/// is the local shape, the whole box, maybe a flat range of it) replaced by one entry per segment
+/// it overlaps, in global terms: the global shape, the segment's box, the flat range within the
+/// box, the spec with Shard(tensor_dim) along tp and the replica counted over the tp sharers.
+/// `local` stays a view of the held elements. Throws acc::InternalError for an entry whose box is
+/// not its whole local tensor.
+PlacementTable lift_layouts(PlacementTable table, const ParamLayouts& layouts,
+                            const dist::ParallelContext* ctx);
 
 /// Without a data-parallel method: nothing to synchronise (one rank, or ranks that only replicate
 /// along mesh dimensions no method uses; the context places the replicas; null: one process

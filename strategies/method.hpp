@@ -14,13 +14,13 @@
 //   3. the step schedule: micro-batches per step (grad_accum);
 //   4. the loss function (the model's next-token loss by default).
 //
-// DESIGN notes: how the coming methods register
-//  - tensor_parallel: slot "tensor_parallel"; a model transform that swaps the attention and MLP
-//    linears (found by trace::find_attention_patterns / find_mlp_patterns) for column/row-parallel
-//    ones over the context's tp group (written: tp_transform.hpp, over tp_layers.hpp), and a loss
-//    of its own (vocab-parallel cross-entropy: tp_layers.hpp). Its
-//    shards enter the placement table with Shard(d) along tp and a per-dimension box
-//    (acc/dist/sharding.hpp); grad_sync already runs over the context's dp x cp group.
+// How the parallel methods register
+//  - tensor_parallel (tensor_parallel.cpp): slot "tensor_parallel", sets the mesh's tp; a model
+//    transform that swaps the attention and MLP linears (found by trace::find_attention_patterns /
+//    find_mlp_patterns) for column/row-parallel ones over the context's tp group
+//    (tp_transform.hpp, over tp_layers.hpp) and records their layouts (plan.layouts): the
+//    GradSyncs see local tensors, the Trainer lifts their placement entries into Shard(d) along tp
+//    with boxes (lift_layouts); grad_sync runs over the context's dp x cp group.
 //  - sequence_parallel: slot "sequence_parallel", requires tensor_parallel (or brings Ulysses'
 //    all-to-all of its own); a model transform on the norms/dropout regions between the tp ops.
 //  - pipeline_parallel: slot "pipeline_parallel"; a model transform that keeps only this stage's
@@ -71,6 +71,12 @@ struct TrainingPlan {
   /// A micro-batch -> its mean loss: the user's loss function (ApplyOptions::loss, a language
   /// model's next-token loss by default), which a method may wrap.
   LossFn loss;
+  /// ApplyOptions::sample_batch: shapes to trace a module other than a language model on.
+  data::Batch sample_batch;
+
+  /// The layouts of the parameters a model transform sharded (tensor_parallel), filled when the
+  /// transforms are applied: the Trainer lifts its placement tables through them.
+  std::shared_ptr<ParamLayouts> layouts = std::make_shared<ParamLayouts>();
 };
 
 struct MethodSpec {
@@ -88,6 +94,9 @@ struct MethodSpec {
   bool needs_ranks = false;
   std::function<std::vector<nlohmann::json>(const SearchContext&)> search_choices;
   std::function<void(const nlohmann::json&, const SearchContext&, StepEffects&)> effects;
+  /// A method that owns a mesh dimension sets its size (tensor_parallel: tp); the Trainer builds
+  /// the run's mesh from them (mesh_for).
+  std::function<void(const nlohmann::json&, dist::DeviceMesh&)> mesh;
 };
 
 MethodSpec ddp_method();
@@ -97,6 +106,7 @@ MethodSpec fsdp_method();
 MethodSpec amp_method();
 MethodSpec recompute_method();
 MethodSpec grad_accum_method();
+MethodSpec tensor_parallel_method();
 
 /// The bucket size from {"bucket_mb": x} (default 25), validated.
 int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& config);
@@ -104,7 +114,10 @@ int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& confi
 /// larger messages: less latency per step, less overlap with backward).
 std::vector<nlohmann::json> bucket_choices(const SearchContext&);
 
-/// The plan of a parsed strategy, starting from `loss` (which methods may wrap or replace).
-TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, LossFn loss = {});
+/// The plan of a parsed strategy, starting from `loss` (which methods may wrap or replace). Model
+/// transforms run in strategy order, except tensor_parallel's, which runs first (the others wrap
+/// blocks and cores whose linears it replaces; it traces the model as the user built it).
+TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, LossFn loss = {},
+                       data::Batch sample_batch = {});
 
 }  // namespace acc::strategies

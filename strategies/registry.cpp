@@ -1,5 +1,6 @@
 // The registered methods and the composition rules, in one place.
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -13,8 +14,8 @@ namespace {
 const std::vector<MethodSpec>& registry() {
   // One line per method. The order is the order of method_names().
   static const std::vector<MethodSpec> methods = {
-      ddp_method(), zero1_method(),     zero2_method(),     fsdp_method(),
-      amp_method(), recompute_method(), grad_accum_method()};
+      ddp_method(), zero1_method(),     zero2_method(),      fsdp_method(),
+      amp_method(), recompute_method(), grad_accum_method(), tensor_parallel_method()};
   return methods;
 }
 
@@ -170,16 +171,35 @@ std::string describe(const Strategy& s) {
   return out.empty() ? "single process" : out;
 }
 
-TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, LossFn loss) {
+TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, LossFn loss,
+                       data::Batch sample_batch) {
   TrainingPlan plan;
   plan.context = std::move(context);
   plan.loss = std::move(loss);
+  plan.sample_batch = std::move(sample_batch);
   for (const auto& m : s) {
     const MethodSpec* spec = find(m.name);
     ACC_CHECK(spec != nullptr, "unknown method '", m.name, "' (known: ", known_names(), ")");
     spec->apply(m.config, plan);
   }
+  std::stable_partition(
+      plan.model_transforms.begin(), plan.model_transforms.end(),
+      [](const TrainingPlan::Transform& t) { return t.method == "tensor_parallel"; });
   return plan;
+}
+
+dist::DeviceMesh mesh_for(const Strategy& s, int world) {
+  dist::DeviceMesh mesh;
+  for (const auto& m : s) {
+    const MethodSpec* spec = find(m.name);
+    if (spec != nullptr && spec->mesh) spec->mesh(m.config, mesh);
+  }
+  const int inner = mesh.tp * mesh.cp * mesh.pp;
+  ACC_CHECK(world >= 1 && world % inner == 0, "strategy ", describe(s), ": its mesh (tp ", mesh.tp,
+            ", cp ", mesh.cp, ", pp ", mesh.pp, ") needs a multiple of ", inner,
+            " ranks, the run has ", world);
+  mesh.dp = world / inner;
+  return mesh;
 }
 
 }  // namespace acc::strategies

@@ -26,8 +26,9 @@ nn::RowBlock even_block(int64_t size, int parts, int rank, const char* what) {
 
 ColumnParallelLinear::ColumnParallelLinear(nn::Linear& whole,
                                            const std::vector<nn::RowBlock>& blocks,
-                                           dist::ProcessGroupPtr group)
-    : Module("ColumnParallelLinear"), group_(std::move(group)) {
+                                           dist::ProcessGroupPtr group,
+                                           dist::ProcessGroupPtr sharers)
+    : Module("ColumnParallelLinear"), group_(std::move(group)), sharers_(std::move(sharers)) {
   check_args(blocks, group_, "ColumnParallelLinear");
   NoGradGuard ng;
   const Tensor& w = whole.weight();
@@ -37,6 +38,10 @@ ColumnParallelLinear::ColumnParallelLinear(nn::Linear& whole,
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
+  if (sharers_ && sharers_->size() > 1) {
+    const Tensor b = bias_.defined() ? dist::copy_to_group(bias_, sharers_) : bias_;
+    return linear(dist::copy_to_group(x, group_), dist::copy_to_group(weight_, sharers_), b);
+  }
   return linear(dist::copy_to_group(x, group_), weight_, bias_);
 }
 

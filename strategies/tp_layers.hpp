@@ -27,17 +27,20 @@ namespace acc::strategies {
 class ColumnParallelLinear : public nn::Module {
  public:
   /// The rows `blocks` of `whole`'s weight (out, in) and bias, concatenated in order, copied into
-  /// storage of this layer's own. Throws acc::ValueError for a null group or no blocks, and
-  /// acc::ShapeError for a block outside the weight's rows.
+  /// storage of this layer's own. `sharers` (optional): the ranks of `group` that hold the same
+  /// rows (kv heads shared by several ranks' query heads); the weight and bias enter the forward
+  /// through copy_to_group over them, so their gradient is summed over the sharers. Throws
+  /// acc::ValueError for a null group or no blocks, and acc::ShapeError for a block outside the
+  /// weight's rows.
   ColumnParallelLinear(nn::Linear& whole, const std::vector<nn::RowBlock>& blocks,
-                       dist::ProcessGroupPtr group);
+                       dist::ProcessGroupPtr group, dist::ProcessGroupPtr sharers = nullptr);
   /// x (..., in), replicated over the group -> this rank's output features (..., rows).
   Tensor forward(const Tensor& x) override;
   Tensor& weight() { return weight_; }
   Tensor& bias() { return bias_; }
 
  private:
-  dist::ProcessGroupPtr group_;
+  dist::ProcessGroupPtr group_, sharers_;
   Tensor weight_, bias_;
 };
 

@@ -1,6 +1,7 @@
 #include "tp_transform.hpp"
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ struct Shard {
   std::shared_ptr<nn::Linear> whole;
   bool column = true;
   std::vector<std::vector<nn::RowBlock>> blocks;  // [rank] -> blocks
+  int sharers = 1;  // ranks holding the same blocks (kv heads fewer than ranks)
 };
 
 std::shared_ptr<nn::Linear> linear_at(nn::Module& model, const std::string& path) {
@@ -69,11 +71,11 @@ void add_attention(nn::Module& model, const trace::AttentionPattern& p, int tp,
   const int64_t heads = q->out_features() / hs, kv_heads = k->out_features() / hs;
   ACC_CHECK(heads % tp == 0, "tensor_parallel: '", p.scope, "' has ", heads,
             " heads, not a multiple of tp ", tp);
-  ACC_CHECK(kv_heads >= tp, "tensor_parallel: '", p.scope, "' has ", kv_heads,
-            " kv heads, fewer than tp ", tp,
-            ": kv heads replicated over ranks are not supported yet");
-  Shard sq{p.qkv[0], q, true, {}}, sk{p.qkv[1], k, true, {}}, sv{p.qkv[2], v, true, {}},
-      so{p.proj, linear_at(model, p.proj), false, {}};
+  // Fewer kv heads than ranks: each kv head is held by the tp / kv_heads ranks whose query heads
+  // use it (nn::qkv_rows checks that one divides the other).
+  const int sharers = kv_heads < tp ? static_cast<int>(tp / kv_heads) : 1;
+  Shard sq{p.qkv[0], q, true, {}}, sk{p.qkv[1], k, true, {}, sharers},
+      sv{p.qkv[2], v, true, {}, sharers}, so{p.proj, linear_at(model, p.proj), false, {}};
   for (int r = 0; r < tp; ++r) {
     const nn::QkvRows rows = nn::qkv_rows(heads, kv_heads, hs, tp, r);
     sq.blocks.push_back({rows.q});
@@ -102,6 +104,36 @@ void add_mlp(nn::Module& model, const trace::MlpPattern& p, int tp, std::vector<
   out.push_back(std::move(s));
 }
 
+// The layouts of a replaced linear's parameters on this rank: a column-parallel weight holds
+// its row blocks (all columns), its bias the same rows; a row-parallel weight its column blocks
+// (one); a row-parallel bias is whole on every rank (no layout: replicated).
+void add_layouts(ParamLayouts& out, const Shard& s, const std::vector<nn::RowBlock>& mine,
+                 int rank) {
+  auto layout_of = [&](const Tensor& whole, int dim) {
+    ParamLayout l;
+    l.global_shape = whole.shape();
+    l.tensor_dim = dim;
+    l.tp_replicas = s.sharers;
+    l.tp_replica = rank % s.sharers;
+    int64_t at = 0;
+    for (const auto& b : mine) {
+      Box box = Box::whole(whole.shape());
+      box.offsets[static_cast<size_t>(dim)] = b.offset;
+      box.sizes[static_cast<size_t>(dim)] = b.size;
+      l.segments.push_back({box, at});
+      at += box.numel();
+    }
+    return l;
+  };
+  const std::string prefix = s.path + ".";
+  if (s.column) {
+    out[prefix + "weight"] = layout_of(s.whole->weight(), 0);
+    if (s.whole->bias().defined()) out[prefix + "bias"] = layout_of(s.whole->bias(), 0);
+  } else {
+    out[prefix + "weight"] = layout_of(s.whole->weight(), 1);
+  }
+}
+
 // The whole weight (bias) from every rank's shard: gathered along dimension `dim` in rank order,
 // each rank's blocks put back at their offsets (along `dim` of the whole).
 void put_back(Tensor& whole, const Tensor& local, int64_t dim,
@@ -121,7 +153,7 @@ void put_back(Tensor& whole, const Tensor& local, int64_t dim,
 }  // namespace
 
 nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
-                               const dist::ProcessGroupPtr& tp) {
+                               const dist::ProcessGroupPtr& tp, ParamLayouts* layouts) {
   ACC_CHECK(tp != nullptr, "tensor_parallel: the group is null");
   const int t = tp->size(), rank = tp->rank();
   std::vector<Shard> shards;
@@ -129,15 +161,30 @@ nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
   for (const auto& p : trace::find_mlp_patterns(trace)) add_mlp(model, p, t, shards);
   ACC_CHECK(!shards.empty(), "tensor_parallel: the model (", model.type_name(),
             ") has no attention or MLP pattern to shard");
+  // The groups of ranks sharing kv heads: one split of tp per sharer count (collective over tp,
+  // the same splits in the same order on every rank).
+  std::map<int, dist::ProcessGroupPtr> sharer_groups;
+  for (const auto& s : shards) {
+    if (s.sharers > 1 && !sharer_groups.count(s.sharers)) {
+      sharer_groups[s.sharers] =
+          tp->split(rank / s.sharers, rank % s.sharers, "tp_kv" + std::to_string(s.sharers));
+    }
+  }
+  // Every tp rank shards the same whole model: tp rank 0's.
+  if (t > 1) broadcast_model_state(model, *tp);
   // Everything checked: now the replacements (undone in reverse if one throws).
   std::vector<std::pair<Shard, nn::Undo>> done;
   std::vector<std::shared_ptr<nn::Module>> layers;
+  ParamLayouts mine_layouts;
   try {
     for (auto& s : shards) {
       const auto& mine = s.blocks[static_cast<size_t>(rank)];
+      const dist::ProcessGroupPtr sharers = s.sharers > 1 ? sharer_groups.at(s.sharers) : nullptr;
       nn::ModulePtr layer =
-          s.column ? nn::ModulePtr(std::make_shared<ColumnParallelLinear>(*s.whole, mine, tp))
-                   : nn::ModulePtr(std::make_shared<RowParallelLinear>(*s.whole, mine, tp));
+          s.column
+              ? nn::ModulePtr(std::make_shared<ColumnParallelLinear>(*s.whole, mine, tp, sharers))
+              : nn::ModulePtr(std::make_shared<RowParallelLinear>(*s.whole, mine, tp));
+      add_layouts(mine_layouts, s, mine, rank);
       nn::Undo undo = model.replace_module(s.path, layer);
       layers.push_back(layer);
       done.emplace_back(std::move(s), std::move(undo));
@@ -146,7 +193,13 @@ nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
     for (auto it = done.rbegin(); it != done.rend(); ++it) it->second();
     throw;
   }
-  return [done = std::move(done), layers = std::move(layers), tp]() mutable {
+  if (layouts != nullptr) layouts->insert(mine_layouts.begin(), mine_layouts.end());
+  std::vector<std::string> names;
+  for (const auto& [name, l] : mine_layouts) names.push_back(name);
+  return [done = std::move(done), layers = std::move(layers), tp, layouts, names]() mutable {
+    if (layouts != nullptr) {
+      for (const auto& n : names) layouts->erase(n);
+    }
     // The trained shards back into the whole linears (every rank alike), then the wholes back.
     for (size_t i = 0; i < done.size(); ++i) {
       Shard& s = done[i].first;

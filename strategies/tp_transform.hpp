@@ -8,12 +8,15 @@
 // nn::shard_heads (a rank keeps NH/tp query heads and their kv heads); the attention reads its
 // local head counts from the projections' widths.
 //
-// Not yet (refused by name): fewer kv heads than ranks (each kv head's gradient would need a sum
-// over the ranks that share it), vocabulary-parallel embedding and loss, sequence parallelism.
+// Fewer kv heads than ranks: each kv head is held by the tp / kv_heads ranks whose query heads use
+// it, and its k/v weights enter the forward through copy_to_group over those ranks, so their
+// gradient is the sum of the sharers' partial gradients (replicated, as one process computes it).
+// Every tp rank shards tp rank 0's whole model (broadcast first).
 
 #include "acc/dist/process_group.hpp"
 #include "acc/nn/module.hpp"
 #include "acc/trace/tracer.hpp"
+#include "grad_sync.hpp"
 
 namespace acc::strategies {
 
@@ -21,9 +24,11 @@ namespace acc::strategies {
 /// Returns the undo: a collective over `tp` that gathers every shard's current values back into
 /// the whole linears and puts them back in place. Throws acc::ValueError naming the module, the
 /// counts and tp for a split that does not divide (heads, kv heads, MLP width), an attention that
-/// is not one of nn's classes (its head size unknown), fewer kv heads than ranks, and a model
-/// without any attention or MLP pattern; the model is untouched then.
+/// is not one of nn's classes (its head size unknown), kv heads that do not divide the ranks (or
+/// that the ranks do not divide), and a model without any attention or MLP pattern; the model is
+/// untouched then. `layouts` (optional) receives the layout of every sharded parameter, by name
+/// (grad_sync.hpp), and loses them again when the transform is undone.
 nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
-                               const dist::ProcessGroupPtr& tp);
+                               const dist::ProcessGroupPtr& tp, ParamLayouts* layouts = nullptr);
 
 }  // namespace acc::strategies

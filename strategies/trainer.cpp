@@ -35,19 +35,33 @@ struct Trainer::Impl {
 
 namespace {
 
-// The context a Trainer runs on: the one given; else dp over the group given, or over the world
-// when acc::dist is initialised; else none (one process without MPI).
-dist::ParallelContextPtr context_of(const ApplyOptions& o) {
+// The context a Trainer runs on: the one given (its mesh must be the strategy's); else the
+// strategy's mesh (mesh_for: tp from tensor_parallel, dp the rest) over the group given, or over
+// the world when acc::dist is initialised; else none (one process without MPI).
+dist::ParallelContextPtr context_of(const ApplyOptions& o, const Strategy& strategy) {
   if (o.context) {
     ACC_CHECK(!o.group || o.group == o.context->world(),
               "apply: give a context or a group, not both (the group '", o.group->name(),
               "' is not the context's world '", o.context->world()->name(), "')");
+    const dist::DeviceMesh want = mesh_for(strategy, o.context->world_size());
+    const dist::DeviceMesh& have = o.context->mesh();
+    // The dimensions the strategy's methods own must be theirs; a context may add others the
+    // strategy leaves alone (ranks along them hold replicas: mesh_test's replicated tp).
+    ACC_CHECK((want.tp == 1 || have.tp == want.tp) && (want.cp == 1 || have.cp == want.cp),
+              "apply: the strategy ", describe(strategy), " runs on mesh ", want.to_string(),
+              ", the context given has ", have.to_string());
     return o.context;
   }
-  if (o.group) return dist::ParallelContext::data_parallel(o.group);
-  if (dist::is_initialized())
-    return dist::ParallelContext::data_parallel(dist::ProcessGroup::world());
-  return nullptr;
+  dist::ProcessGroupPtr group = o.group;
+  if (!group && dist::is_initialized()) group = dist::ProcessGroup::world();
+  if (!group) {
+    const dist::DeviceMesh mesh = mesh_for(strategy, 1);
+    (void)mesh;  // one process: every size must be 1 (mesh_for names the one that is not)
+    return nullptr;
+  }
+  const dist::DeviceMesh mesh = mesh_for(strategy, group->size());
+  if (mesh.dp == group->size()) return dist::ParallelContext::data_parallel(group);
+  return std::make_shared<const dist::ParallelContext>(mesh, group);
 }
 
 // The optimizer over this rank's pieces. The factory's grouping sees the whole parameters (their
@@ -116,9 +130,9 @@ Trainer::Trainer(nn::ModulePtr model, optim::OptimizerFactory factory, Strategy 
   ACC_CHECK(model_ != nullptr, "apply: model is null");
   ACC_CHECK(static_cast<bool>(factory), "apply: optimizer factory is empty");
   ACC_CHECK(options_.grad_clip >= 0, "apply: grad_clip must be >= 0, got ", options_.grad_clip);
-  context_ = context_of(options_);
+  context_ = context_of(options_, strategy_);
   if (context_ && context_->world_size() > 1) check_ranks_agree();
-  impl_->plan = make_plan(strategy_, context_, loss_of(options_, *model_));
+  impl_->plan = make_plan(strategy_, context_, loss_of(options_, *model_), options_.sample_batch);
   const TrainingPlan& plan = impl_->plan;
   micro_batches_ = plan.micro_batches;
   // Ranks that differ along dp or cp train on different data: without a data-parallel method
@@ -244,6 +258,7 @@ void Trainer::step() {
   // by its tp-rank-0 copy only, not tp times).
   PlacementTable grads;
   sync.add_placements(grads);
+  grads = lift_layouts(std::move(grads), *impl_->plan.layouts, context_.get());
   const bool sharded = dist::any_sharded(grads, TensorKind::kGradient);
   double norm_sq = 0;
   for (const auto& e : grads) {
@@ -299,7 +314,7 @@ PlacementTable Trainer::placements() const {
       table.push_back(std::move(e));
     }
   }
-  return table;
+  return lift_layouts(std::move(table), *impl_->plan.layouts, context_.get());
 }
 
 MemoryReport Trainer::memory_report() const {
@@ -322,8 +337,16 @@ MemoryReport Trainer::memory_report() const {
 std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
   PlacementTable table;
   impl_->sync->add_placements(table);
+  table = lift_layouts(std::move(table), *impl_->plan.layouts, context_.get());
   const bool partial = dist::any_sharded(table, TensorKind::kParameter);
   const nn::NamedTensors params = model_->named_parameters();
+  // The global shapes (a tensor-parallel shard's local tensor is smaller), from the layouts: a
+  // rank whose fsdp chunks hold none of a parameter has no entry of it.
+  const ParamLayouts& layouts = *impl_->plan.layouts;
+  auto shape_of = [&](const std::string& name, const Tensor& p) {
+    auto it = layouts.find(name);
+    return it == layouts.end() ? p.shape() : it->second.global_shape;
+  };
   std::vector<std::pair<std::string, Tensor>> out;
   if (!partial) {
     for (const auto& [name, p] : params) {
@@ -337,7 +360,7 @@ std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
   int64_t total = 0;
   for (const auto& [name, p] : params) {
     offset[name] = total;
-    total += p.numel();
+    total += numel_of(shape_of(name, p));
   }
   NoGradGuard ng;
   Tensor flat = zeros({total});
@@ -353,7 +376,8 @@ std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
     context_->world()->allreduce(flat, dist::ReduceOp::kSum)->wait();
   }
   for (const auto& [name, p] : params) {
-    out.emplace_back(name, flat.narrow(0, offset.at(name), p.numel()).view(p.shape()));
+    const Shape shape = shape_of(name, p);
+    out.emplace_back(name, flat.narrow(0, offset.at(name), numel_of(shape)).view(shape));
   }
   return out;
 }

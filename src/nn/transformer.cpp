@@ -56,6 +56,53 @@ void check_positions(const Tensor& table, int64_t offset, int64_t T) {
 
 }  // namespace
 
+Undo AttentionCoreHooks::wrap_core(AttentionCoreWrapper wrapper) {
+  ACC_CHECK(static_cast<bool>(wrapper), "wrap_core: the wrapper is empty");
+  const int id = next_id_++;
+  wrappers_.emplace_back(id, std::move(wrapper));
+  return [this, id] {
+    for (auto it = wrappers_.begin(); it != wrappers_.end(); ++it) {
+      if (it->first == id) {
+        wrappers_.erase(it);
+        return;
+      }
+    }
+  };
+}
+
+Tensor AttentionCoreHooks::run_core(const Tensor& q, const Tensor& k, const Tensor& v) const {
+  // Built from the innermost out: the plain core, then each wrapper around the one before.
+  AttentionCore core = [fused = fused_](const Tensor& q, const Tensor& k, const Tensor& v) {
+    return fused ? scaled_dot_product_attention(q, k, v, /*causal=*/true)
+                 : attention_reference(q, k, v, /*causal=*/true);
+  };
+  for (const auto& entry : wrappers_) {
+    const AttentionCoreWrapper& w = entry.second;
+    // The wrapper by value: a core a recomputation replays in backward outlives this call.
+    core = [w, inner = std::move(core)](const Tensor& q, const Tensor& k, const Tensor& v) {
+      return w(inner, q, k, v);
+    };
+  }
+  return core(q, k, v);
+}
+
+Undo wrap_attention_cores(Module& root, const AttentionCoreWrapper& wrapper) {
+  std::vector<Undo> undos;
+  auto visit = [&](Module& m) {
+    if (auto* a = dynamic_cast<AttentionCoreHooks*>(&m)) undos.push_back(a->wrap_core(wrapper));
+  };
+  visit(root);
+  for (const auto& [name, m] : root.named_modules()) {
+    if (m.get() != &root) visit(*m);
+  }
+  ACC_CHECK(
+      !undos.empty(), "the model (", root.type_name(),
+      ") has no attention (nn::CausalSelfAttention or nn::LlamaAttention) whose core to wrap");
+  return [undos = std::move(undos)] {
+    for (auto it = undos.rbegin(); it != undos.rend(); ++it) (*it)();
+  };
+}
+
 CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias, double dropout,
                                          Generator& gen)
     : Module("CausalSelfAttention"), n_embd_(n_embd), head_dim_(0) {
@@ -79,8 +126,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor q = parts[0].view({B, T, NH, HS}).transpose(1, 2);
   Tensor k = parts[1].view({B, T, NH, HS}).transpose(1, 2);
   Tensor v = parts[2].view({B, T, NH, HS}).transpose(1, 2);
-  Tensor y = fused_ ? scaled_dot_product_attention(q, k, v, /*causal=*/true)
-                    : attention_reference(q, k, v, /*causal=*/true);
+  Tensor y = run_core(q, k, v);
   y = y.transpose(1, 2).reshape({B, T, C});
   y = c_proj_(y);
   return resid_drop_ ? resid_drop_(y) : y;
@@ -173,8 +219,7 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   Tensor v = vp.view({B, T, NKV, HS}).transpose(1, 2);
   q = rotate(q, offset);
   k = rotate(k, offset);
-  Tensor y = fused_ ? scaled_dot_product_attention(q, k, v, /*causal=*/true)
-                    : attention_reference(q, k, v, /*causal=*/true);
+  Tensor y = run_core(q, k, v);
   y = y.transpose(1, 2).reshape({B, T, NH * HS});
   return o_proj_(y);
 }

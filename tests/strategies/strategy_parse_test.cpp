@@ -148,7 +148,8 @@ TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
     ASSERT_TRUE(m.choices) << m.name;
     ASSERT_TRUE(m.effects) << m.name;
     choices[m.name] = m.choices(ctx);
-    EXPECT_FALSE(choices[m.name].empty()) << m.name;
+    // tensor_parallel is not searched until the cost model prices it (tensor_parallel.cpp).
+    EXPECT_EQ(choices[m.name].empty(), m.name == "tensor_parallel") << m.name;
     for (const auto& c : choices[m.name]) {
       // Every choice is a valid config of the method.
       EXPECT_NO_THROW(

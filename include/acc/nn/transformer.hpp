@@ -10,6 +10,10 @@
 // h_local heads (Module::replace_module) runs with h_local heads, its output projection receiving
 // h_local * HS features; head_split.hpp says which rows a shard holds.
 
+#include <functional>
+#include <utility>
+#include <vector>
+
 #include "acc/nn/layers.hpp"
 
 namespace acc::nn {
@@ -19,23 +23,51 @@ enum class Activation { kGeluTanh, kGelu, kRelu, kSilu };
 Activation parse_activation(const std::string& name);
 Tensor activate(const Tensor& x, Activation a);
 
+/// The attention core both attention classes run: q (B, H, T, HS), k and v (B, HKV, T, HS), H a
+/// multiple of HKV -> (B, H, T, HS), causal, at the positions the heads were rotated to.
+using AttentionCore = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v)>;
+/// A wrapper around the core, given the next core inward (the plain one innermost): selective
+/// recomputation checkpoints it, Ulysses trades sequence for heads around it.
+using AttentionCoreWrapper = std::function<Tensor(const AttentionCore& inner, const Tensor& q,
+                                                  const Tensor& k, const Tensor& v)>;
+
+/// What CausalSelfAttention and LlamaAttention share: their core, and the wrappers around it.
+class AttentionCoreHooks {
+ public:
+  /// Installs `wrapper` outermost. Returns the undo, which removes it (undo in reverse order).
+  Undo wrap_core(AttentionCoreWrapper wrapper);
+  /// The plain core: the fused flash attention, or the reference matmul/softmax path.
+  void set_fused(bool fused) { fused_ = fused; }
+
+ protected:
+  /// The core with every wrapper, outermost first.
+  Tensor run_core(const Tensor& q, const Tensor& k, const Tensor& v) const;
+
+ private:
+  bool fused_ = true;
+  int next_id_ = 0;
+  std::vector<std::pair<int, AttentionCoreWrapper>> wrappers_;  // innermost first
+};
+
+/// Wraps the core of every CausalSelfAttention and LlamaAttention under `root` (root included)
+/// with `wrapper`. Returns the undo of all of them; acc::ValueError when there is none.
+Undo wrap_attention_cores(Module& root, const AttentionCoreWrapper& wrapper);
+
 /// GPT-2 causal self-attention: c_attn (3C x C, q|k|v) then fused attention then c_proj.
 /// forward: x (B, T, C) -> c_attn -> (B, T, 3 C_local) split into q | k | v of NH_local = C_local /
 /// HS heads each -> attention -> (B, T, C_local) -> c_proj. C_local = C and NH_local = n_head as
 /// built; a c_attn replaced by a shard of whole heads (nn::fused_qkv_rows) gives fewer.
 /// Throws acc::ShapeError when x is not (B, T, C) or c_attn's width is not 3 x a multiple of HS.
-class CausalSelfAttention : public Module {
+class CausalSelfAttention : public Module, public AttentionCoreHooks {
  public:
   CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias, double dropout = 0.0,
                       Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
-  void set_fused(bool fused) { fused_ = fused; }
   /// HS = n_embd / n_head, fixed at construction.
   int64_t head_dim() const { return head_dim_; }
 
  private:
   int64_t n_embd_, head_dim_;
-  bool fused_ = true;
   Child<Module> c_attn_, c_proj_;
   Child<Dropout> resid_drop_;
 };
@@ -84,14 +116,13 @@ class GPTBlock : public Module {
 /// (B, T, NH HS) -> o_proj. NH and NKV are read from the projections' widths (see above).
 /// Throws acc::ShapeError when a width is not a multiple of HS, v's width differs from k's, NH is
 /// not a multiple of NKV, or the positions pass the rotary tables (max_position_embeddings).
-class LlamaAttention : public Module {
+class LlamaAttention : public Module, public AttentionCoreHooks {
  public:
   /// `rope` holds the (max_positions, head_dim) cos/sin tables from acc::rope_cache, shared by all
   /// layers of a model.
   LlamaAttention(int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                  std::pair<Tensor, Tensor> rope, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
-  void set_fused(bool fused) { fused_ = fused; }
   int64_t head_dim() const { return head_dim_; }
 
   /// Rotary embedding of q or k heads (B, H, T, HS) at positions [offset, offset + T): what
@@ -102,7 +133,6 @@ class LlamaAttention : public Module {
 
  private:
   int64_t head_dim_;
-  bool fused_ = true;
   Tensor rope_cos_, rope_sin_;
   Child<Module> q_proj_, k_proj_, v_proj_, o_proj_;
 };

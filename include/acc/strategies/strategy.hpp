@@ -15,6 +15,9 @@
 //   checkpoint  activation recomputation: {"blocks": N | "all"} of the units, from the first,
 //               keep only their inputs and recompute in backward
 //   grad_accum  k micro-batches per optimizer step, gradients synchronised on the last only
+//   tensor_parallel  {"size": t}: Megatron 1D tensor parallelism over the mesh dimension tp (the
+//               attention's q|k|v and the MLP's first linears column-parallel, the output
+//               projections row-parallel, heads split), dp = ranks / t for the methods above
 // Units (fsdp, checkpoint, amp): {"units": ["encoder.layers", "head"]} names the modules (a
 // ModuleList stands for its children); without it, the model's repeated blocks; a model with
 // neither is one fsdp unit, and checkpoint refuses it by name. Any nn::Module trains this way, with
@@ -110,7 +113,16 @@ struct ApplyOptions {
   /// The loss of a micro-batch. Empty: language_model_loss() for a models::LanguageModel; any
   /// other module must be given one (acc::ValueError naming its type otherwise).
   LossFn loss = nullptr;
+  /// A batch shaped like a micro-batch (its values unused): what a method that traces the model
+  /// (tensor_parallel finds its attention and MLP patterns) traces a module other than a language
+  /// model on, through `loss`.
+  data::Batch sample_batch = {};
 };
+
+/// The mesh a strategy runs on over `world` ranks: the sizes its methods set (tensor_parallel's
+/// tp), dp the rest. Throws acc::ValueError naming the strategy, the sizes and the world when they
+/// do not divide it.
+dist::DeviceMesh mesh_for(const Strategy& s, int world);
 
 /// Bytes held by each kind of training state on this rank, measured from the tensors themselves.
 struct MemoryReport {

@@ -1,0 +1,95 @@
+// The "tensor_parallel" method: Megatron 1D tensor parallelism over the mesh dimension tp
+// (innermost). Config: {"size": t}. The run's mesh gets tp = t (the Trainer builds it: dp = the
+// ranks / t); the model transform traces the model, finds its attention and MLP patterns and
+// swaps their linears for column/row-parallel shards (tp_transform.hpp), recording each shard's
+// layout so that the placement table, the gradient norm, full_parameters() and checkpoints see the
+// global parameters. Composes with any data-parallel method over the dp group (they shard the
+// local tensors: ZeRO's and fsdp's flat ranges fall inside the tp boxes), with amp, checkpoint
+// and grad_accum.
+//
+// The patterns come from a trace of the model's step: a language model is traced on a one-sample
+// meta batch of 4 tokens; any other module on ApplyOptions::sample_batch's shapes through the
+// loss (acc::ValueError naming the module when there is none).
+
+#include <algorithm>
+
+#include "acc/util/error.hpp"
+#include "method.hpp"
+#include "tp_transform.hpp"
+
+namespace acc::strategies {
+namespace {
+
+int size_from(const nlohmann::json& c) {
+  ACC_CHECK(c.contains("size"),
+            "tensor_parallel: config needs \"size\" (ranks per tensor-parallel "
+            "group, e.g. {\"size\": 2})");
+  const auto& v = c["size"];
+  ACC_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 1024,
+            "tensor_parallel: size must be an integer in [1, 1024], got ", v.dump());
+  return v.get<int>();
+}
+
+// The trace the patterns are found in: the model's step on meta tensors.
+trace::Trace trace_for_patterns(nn::Module& model, const data::Batch& sample, const LossFn& loss) {
+  if (auto* lm = dynamic_cast<models::LanguageModel*>(&model)) {
+    const Tensor idx =
+        empty({1, std::min<int64_t>(4, lm->max_seq_len())}, {DType::kInt64, Device::kMeta});
+    return trace::trace(*lm, {idx, idx});
+  }
+  ACC_CHECK(sample.size() >= 1 && loss, "tensor_parallel: the model (", model.type_name(),
+            ") is no language model, so its attention and MLP patterns are found by tracing it on "
+            "a sample batch: give ApplyOptions::sample_batch (auto_accelerate passes its own)");
+  std::vector<std::string> names;
+  std::vector<Tensor> inputs;
+  for (const auto& [name, t] : sample.tensors()) {
+    names.push_back(name);
+    inputs.push_back(empty(t.shape(), {t.dtype(), Device::kMeta}));
+  }
+  trace::LossFn run = [names, loss](nn::Module& m, const std::vector<Tensor>& in) {
+    std::vector<data::Batch::Entry> entries;
+    for (size_t i = 0; i < in.size(); ++i) entries.emplace_back(names[i], in[i]);
+    return loss(m, data::Batch(std::move(entries)));
+  };
+  return trace::trace(model, run, inputs);
+}
+
+}  // namespace
+
+MethodSpec tensor_parallel_method() {
+  return {.name = "tensor_parallel",
+          .slot = "tensor_parallel",
+          .exclusive_slot = true,
+          .config_keys = {"size"},
+          .apply =
+              [](const nlohmann::json& c, TrainingPlan& plan) {
+                const int t = size_from(c);
+                if (!plan.context) return;  // validating the config only
+                ACC_CHECK(plan.context->size(dist::MeshDim::kTp) == t, "tensor_parallel: size ", t,
+                          " but the run's mesh is ", plan.context->mesh().to_string());
+                if (t == 1) return;
+                const dist::ProcessGroupPtr tp = plan.context->group(dist::MeshDim::kTp);
+                std::shared_ptr<ParamLayouts> layouts = plan.layouts;
+                // The user's loss as it is now: the trace only needs the step's shapes.
+                plan.model_transforms.push_back(
+                    {"tensor_parallel",
+                     [tp, layouts, sample = plan.sample_batch,
+                      loss = plan.loss](nn::Module& model) -> Undo {
+                       const trace::Trace tr = trace_for_patterns(model, sample, loss);
+                       return shard_tensor_parallel(model, tr, tp, layouts.get());
+                     }});
+              },
+          // Not searched yet: the cost and memory models do not price its collectives or its
+          // sharded state, so the search would rank it as one rank's step. Until they do, no
+          // choice (the search lists it as "it has no choice in this run"), and its effects are
+          // never asked for.
+          .search_choices = [](const SearchContext&) { return std::vector<nlohmann::json>{}; },
+          .effects =
+              [](const nlohmann::json&, const SearchContext&, StepEffects&) {
+                ACC_THROW(InternalError,
+                          "tensor_parallel: the search does not price it yet (it has no choices)");
+              },
+          .mesh = [](const nlohmann::json& c, dist::DeviceMesh& mesh) { mesh.tp = size_from(c); }};
+}
+
+}  // namespace acc::strategies
