@@ -73,6 +73,9 @@ struct TrainingPlan {
   LossFn loss;
   /// ApplyOptions::sample_batch: shapes to trace a module other than a language model on.
   data::Batch sample_batch;
+  /// `loss` is the language model's own next-token loss (no ApplyOptions::loss given): a method
+  /// may replace it with an equal one of its own (tensor_parallel's vocabulary-parallel loss).
+  bool default_loss = false;
 
   /// The layouts of the parameters a model transform sharded (tensor_parallel), filled when the
   /// transforms are applied: the Trainer lifts its placement tables through them.
@@ -114,10 +117,11 @@ int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& confi
 /// larger messages: less latency per step, less overlap with backward).
 std::vector<nlohmann::json> bucket_choices(const SearchContext&);
 
-/// The plan of a parsed strategy, starting from `loss` (which methods may wrap or replace). Model
-/// transforms run in strategy order, except tensor_parallel's, which runs first (the others wrap
+/// The plan of a parsed strategy, starting from `loss` (which methods may wrap or replace). Methods
+/// apply in strategy order, except tensor_parallel, first (its loss is the one others wrap); model
+/// transforms run in that order too, tensor_parallel's first (the others wrap
 /// blocks and cores whose linears it replaces; it traces the model as the user built it).
 TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, LossFn loss = {},
-                       data::Batch sample_batch = {});
+                       data::Batch sample_batch = {}, bool default_loss = false);
 
 }  // namespace acc::strategies

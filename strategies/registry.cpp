@@ -172,12 +172,16 @@ std::string describe(const Strategy& s) {
 }
 
 TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, LossFn loss,
-                       data::Batch sample_batch) {
+                       data::Batch sample_batch, bool default_loss) {
   TrainingPlan plan;
   plan.context = std::move(context);
   plan.loss = std::move(loss);
   plan.sample_batch = std::move(sample_batch);
-  for (const auto& m : s) {
+  plan.default_loss = default_loss;
+  Strategy ordered = s;
+  std::stable_partition(ordered.begin(), ordered.end(),
+                        [](const Method& m) { return m.name == "tensor_parallel"; });
+  for (const auto& m : ordered) {
     const MethodSpec* spec = find(m.name);
     ACC_CHECK(spec != nullptr, "unknown method '", m.name, "' (known: ", known_names(), ")");
     spec->apply(m.config, plan);

@@ -63,23 +63,48 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
   return bias_.defined() ? add(y, bias_) : y;
 }
 
-VocabParallelEmbedding::VocabParallelEmbedding(nn::Embedding& whole, dist::ProcessGroupPtr group)
-    : Module("VocabParallelEmbedding"), group_(std::move(group)) {
-  ACC_CHECK(group_ != nullptr, "VocabParallelEmbedding: the group is null");
-  const Tensor& w = whole.weight();
-  const int W = group_->size();
-  vocab_ = w.size(0);
-  const int64_t rows = (vocab_ + W - 1) / W;  // Vp / W
-  first_ = group_->rank() * rows;
+std::pair<Tensor, int64_t> padded_vocab_rows(const Tensor& w, const dist::ProcessGroup& group) {
+  const int W = group.size();
+  const int64_t vocab = w.size(0);
+  const int64_t rows = (vocab + W - 1) / W;  // Vp / W
+  const int64_t first = group.rank() * rows;
   NoGradGuard ng;
   Tensor mine = zeros({rows, w.size(1)});
-  const int64_t real = std::clamp<int64_t>(vocab_ - first_, 0, rows);
-  if (real > 0) mine.narrow(0, 0, real).copy_(w.narrow(0, first_, real));
-  weight_ = register_parameter("weight", mine);
+  const int64_t real = std::clamp<int64_t>(vocab - first, 0, rows);
+  if (real > 0) mine.narrow(0, 0, real).copy_(w.narrow(0, first, real));
+  return {mine, first};
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(nn::Embedding& whole, dist::ProcessGroupPtr group)
+    : nn::Embedding("VocabParallelEmbedding",
+                    group ? padded_vocab_rows(whole.weight(), *group).first : Tensor()),
+      group_(std::move(group)) {
+  ACC_CHECK(group_ != nullptr, "VocabParallelEmbedding: the group is null");
+  vocab_ = whole.weight().size(0);
+  first_ = group_->rank() * weight().size(0);
+}
+
+Tensor VocabParallelEmbedding::attend(const Tensor& h) {
+  return linear(dist::copy_to_group(h, group_), weight());
+}
+
+VocabParallelHead::VocabParallelHead(nn::Linear& whole, dist::ProcessGroupPtr group)
+    : Module("VocabParallelHead"), group_(std::move(group)) {
+  ACC_CHECK(group_ != nullptr, "VocabParallelHead: the group is null");
+  ACC_CHECK(!whole.bias().defined(), "VocabParallelHead: the output projection has a bias (",
+            whole.bias().shape(), "): a vocabulary-parallel head takes none");
+  auto [rows, first] = padded_vocab_rows(whole.weight(), *group_);
+  first_ = first;
+  weight_ = register_parameter("weight", rows);
+}
+
+Tensor VocabParallelHead::forward(const Tensor& x) {
+  return linear(dist::copy_to_group(x, group_), weight_);
 }
 
 Tensor VocabParallelEmbedding::forward(const Tensor& idx) {
-  const int64_t rows = weight_.size(0);
+  const Tensor& table = weight();
+  const int64_t rows = table.size(0);
   const auto ids = idx.contiguous().to_vector<int64_t>();
   std::vector<int64_t> local(ids.size());
   std::vector<float> here(ids.size());
@@ -93,7 +118,7 @@ Tensor VocabParallelEmbedding::forward(const Tensor& idx) {
   Shape mask_shape = idx.shape();
   mask_shape.push_back(1);
   const Tensor out =
-      mul(embedding(from_vector(local, idx.shape()), weight_), from_vector(here, mask_shape));
+      mul(embedding(from_vector(local, idx.shape()), table), from_vector(here, mask_shape));
   return dist::reduce_from_group(out, group_);
 }
 

@@ -15,6 +15,7 @@
 // The parameters keep the names "weight" and "bias", so the module replaces the whole Linear at
 // its path (nn::Module::replace_module) and the state dict keeps its names.
 
+#include <utility>
 #include <vector>
 
 #include "acc/dist/process_group.hpp"
@@ -65,15 +66,18 @@ class RowParallelLinear : public nn::Module {
 /// table padded to Vp = the vocabulary rounded up to a multiple of W (padding rows zero, never
 /// looked up: ids are < the vocabulary). An id outside this rank's rows looks up nothing here
 /// (its output row is zero), and the ranks' outputs are summed (reduce_from_group), so every rank
-/// gets the whole (..., C); backward gives each rank the gradient of its own rows.
-class VocabParallelEmbedding : public nn::Module {
+/// gets the whole (..., C); backward gives each rank the gradient of its own rows. An
+/// nn::Embedding, so a model that ties its output projection to it (GPT, tied Llama) keeps it
+/// tied: attend(h) gives this rank's columns of the logits (..., Vp / W), h entering through
+/// copy_to_group (its gradient summed over the ranks), for vocab_parallel_cross_entropy.
+class VocabParallelEmbedding : public nn::Embedding {
  public:
   /// Throws acc::ValueError for a null group.
   VocabParallelEmbedding(nn::Embedding& whole, dist::ProcessGroupPtr group);
   /// idx (...) i64 ids in [0, vocab_size()) -> (..., C). Throws acc::ValueError naming an id
   /// outside the vocabulary.
   Tensor forward(const Tensor& idx) override;
-  Tensor& weight() { return weight_; }
+  Tensor attend(const Tensor& h) override;
   int64_t vocab_size() const { return vocab_; }
   /// Vp / W rows, from row first_row() of the padded table.
   int64_t first_row() const { return first_; }
@@ -81,8 +85,28 @@ class VocabParallelEmbedding : public nn::Module {
  private:
   dist::ProcessGroupPtr group_;
   int64_t vocab_ = 0, first_ = 0;
+};
+
+/// An untied output projection (Llama's lm_head, (V, C) without bias) split as the
+/// vocab-parallel embedding splits its table: this rank's rows of the weight padded to Vp, so
+/// forward gives its columns of the logits (..., Vp / W) for vocab_parallel_cross_entropy (x
+/// enters through copy_to_group). Throws acc::ValueError for a null group or a whole with a bias.
+class VocabParallelHead : public nn::Module {
+ public:
+  VocabParallelHead(nn::Linear& whole, dist::ProcessGroupPtr group);
+  Tensor forward(const Tensor& x) override;
+  Tensor& weight() { return weight_; }
+  int64_t first_row() const { return first_; }
+
+ private:
+  dist::ProcessGroupPtr group_;
+  int64_t first_ = 0;
   Tensor weight_;
 };
+
+/// This rank's rows of `whole` (V, C) padded with zero rows to Vp / W (Vp: V rounded up to a
+/// multiple of W): rows [rank Vp/W, (rank + 1) Vp/W) of the padded table, and where they start.
+std::pair<Tensor, int64_t> padded_vocab_rows(const Tensor& whole, const dist::ProcessGroup& group);
 
 /// Megatron's vocab-parallel cross-entropy: the mean over the rows whose target is not
 /// `ignore_index` of -log softmax(logits)[target], where the logits (..., V) are split over the

@@ -1,5 +1,6 @@
 #include "tp_transform.hpp"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -150,7 +151,107 @@ void put_back(Tensor& whole, const Tensor& local, int64_t dim,
   }
 }
 
+// The one module of type T under `model` that `pick` accepts; "" when none, acc::ValueError naming
+// them when several.
+template <class T, class Pick>
+std::string only_module(nn::Module& model, const char* what, Pick pick) {
+  std::vector<std::string> found;
+  for (const auto& [name, m] : model.named_modules()) {
+    auto* t = dynamic_cast<T*>(m.get());
+    if (t != nullptr && pick(*t)) found.push_back(name);
+  }
+  if (found.empty()) return "";
+  ACC_CHECK(found.size() == 1, "tensor_parallel: ", found.size(), " modules could be the ", what,
+            " (", found.front(), ", ", found[1], "): the vocabulary split needs one");
+  return found.front();
+}
+
+// The layout of this rank's padded vocabulary rows [first, first + Vp/W) of a (V, C) table: the
+// real ones, from local row 0 (the padding rows after them are in no segment).
+ParamLayout vocab_layout(const Shape& whole, int64_t first, int64_t rows) {
+  ParamLayout l;
+  l.global_shape = whole;
+  l.tensor_dim = 0;
+  const int64_t real = std::clamp<int64_t>(whole[0] - first, 0, rows);
+  if (real > 0) l.segments.push_back({Box{{first, 0}, {real, whole[1]}}, 0});
+  return l;
+}
+
+// The whole (V, C) table from every rank's padded rows.
+void put_back_vocab(Tensor& whole, const Tensor& local, const dist::ProcessGroupPtr& tp) {
+  NoGradGuard ng;
+  const Tensor all = tp->size() > 1 ? dist::gather_along(local.detach(), 0, tp) : local.detach();
+  whole.copy_(all.narrow(0, 0, whole.size(0)));
+}
+
 }  // namespace
+
+nn::Undo shard_vocab_parallel(models::LanguageModel& lm, const dist::ProcessGroupPtr& tp,
+                              ParamLayouts* layouts) {
+  ACC_CHECK(tp != nullptr, "tensor_parallel: the group is null");
+  const int64_t V = lm.vocab_size();
+  const std::string tied = lm.tied_embedding_name();
+  std::string emb_path;
+  if (!tied.empty()) {
+    emb_path = tied.substr(0, tied.rfind('.'));
+  } else {
+    emb_path = only_module<nn::Embedding>(
+        lm, "token embedding", [&](nn::Embedding& e) { return e.weight().size(0) == V; });
+  }
+  ACC_CHECK(!emb_path.empty(), "tensor_parallel: the model (", lm.type_name(),
+            ") has no embedding of its ", V, "-token vocabulary to split");
+  auto emb = std::dynamic_pointer_cast<nn::Embedding>(lm.submodule(emb_path));
+  ACC_CHECK(emb != nullptr, "tensor_parallel: '", emb_path, "' is a ",
+            lm.submodule(emb_path)->type_name(), ", not an Embedding");
+  const int64_t C = emb->weight().size(1);
+  std::string head_path;
+  if (tied.empty()) {
+    head_path = only_module<nn::Linear>(lm, "output projection", [&](nn::Linear& l) {
+      return l.out_features() == V && l.in_features() == C;
+    });
+    ACC_CHECK(!head_path.empty(), "tensor_parallel: the model (", lm.type_name(),
+              ") has an untied output projection, but no Linear (", C, " -> ", V,
+              ") to split along the vocabulary");
+  }
+  auto pemb = std::make_shared<VocabParallelEmbedding>(*emb, tp);
+  std::shared_ptr<nn::Linear> head;
+  std::shared_ptr<VocabParallelHead> phead;
+  if (!head_path.empty()) {
+    head = std::dynamic_pointer_cast<nn::Linear>(lm.submodule(head_path));
+    phead = std::make_shared<VocabParallelHead>(*head, tp);
+  }
+  const int64_t rows = pemb->weight().size(0);
+  nn::Undo undo_emb = lm.replace_module(emb_path, pemb);
+  nn::Undo undo_head;
+  if (phead) {
+    try {
+      undo_head = lm.replace_module(head_path, phead);
+    } catch (...) {
+      undo_emb();
+      throw;
+    }
+  }
+  std::vector<std::string> names{emb_path + ".weight"};
+  if (layouts != nullptr) {
+    (*layouts)[emb_path + ".weight"] = vocab_layout(emb->weight().shape(), pemb->first_row(), rows);
+    if (phead) {
+      names.push_back(head_path + ".weight");
+      (*layouts)[head_path + ".weight"] =
+          vocab_layout(head->weight().shape(), phead->first_row(), rows);
+    }
+  }
+  return [emb, pemb, head, phead, undo_emb, undo_head, tp, layouts, names] {
+    if (layouts != nullptr) {
+      for (const auto& n : names) layouts->erase(n);
+    }
+    put_back_vocab(emb->weight(), pemb->weight(), tp);
+    if (phead) {
+      put_back_vocab(head->weight(), phead->weight(), tp);
+      undo_head();
+    }
+    undo_emb();
+  };
+}
 
 nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
                                const dist::ProcessGroupPtr& tp, ParamLayouts* layouts) {

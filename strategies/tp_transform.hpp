@@ -14,6 +14,7 @@
 // Every tp rank shards tp rank 0's whole model (broadcast first).
 
 #include "acc/dist/process_group.hpp"
+#include "acc/models/language_model.hpp"
 #include "acc/nn/module.hpp"
 #include "acc/trace/tracer.hpp"
 #include "grad_sync.hpp"
@@ -30,5 +31,16 @@ namespace acc::strategies {
 /// (grad_sync.hpp), and loses them again when the transform is undone.
 nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
                                const dist::ProcessGroupPtr& tp, ParamLayouts* layouts = nullptr);
+
+/// Megatron's vocabulary split of a language model over `tp`: its token embedding becomes a
+/// VocabParallelEmbedding (a tied output projection stays tied: the embedding's attend gives this
+/// rank's columns of the logits) and an untied output projection a VocabParallelHead, both over
+/// the vocabulary padded to a multiple of tp (the padding rows in no layout: never in the norm,
+/// a checkpoint or an export). The model's forward then gives this rank's columns of the logits,
+/// for vocab_parallel_cross_entropy. Found by the model's vocabulary size (the Embedding with V
+/// rows, the Linear C -> V), never by name; acc::ValueError naming what is missing or ambiguous.
+/// The undo gathers the rows back into the whole modules (a collective over tp).
+nn::Undo shard_vocab_parallel(models::LanguageModel& lm, const dist::ProcessGroupPtr& tp,
+                              ParamLayouts* layouts = nullptr);
 
 }  // namespace acc::strategies

@@ -132,7 +132,8 @@ Trainer::Trainer(nn::ModulePtr model, optim::OptimizerFactory factory, Strategy 
   ACC_CHECK(options_.grad_clip >= 0, "apply: grad_clip must be >= 0, got ", options_.grad_clip);
   context_ = context_of(options_, strategy_);
   if (context_ && context_->world_size() > 1) check_ranks_agree();
-  impl_->plan = make_plan(strategy_, context_, loss_of(options_, *model_), options_.sample_batch);
+  impl_->plan = make_plan(strategy_, context_, loss_of(options_, *model_), options_.sample_batch,
+                          /*default_loss=*/!options_.loss);
   const TrainingPlan& plan = impl_->plan;
   micro_batches_ = plan.micro_batches;
   // Ranks that differ along dp or cp train on different data: without a data-parallel method

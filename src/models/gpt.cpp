@@ -104,7 +104,7 @@ Tensor GPT::embed(const Tensor& idx) {
 Tensor GPT::head(const Tensor& x) {
   Tensor h = ln_f_(x);
   auto s = wte_->scope();  // the tied output projection belongs to wte
-  return linear(h, wte_->weight());
+  return wte_->attend(h);
 }
 
 void GPT::set_fused_attention(bool fused) {

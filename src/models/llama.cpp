@@ -122,7 +122,7 @@ Tensor Llama::head(const Tensor& x) {
   Tensor h = norm_(x);
   if (lm_head_) return lm_head_(h);
   auto s = embed_tokens_->scope();
-  return linear(h, embed_tokens_->weight());
+  return embed_tokens_->attend(h);
 }
 
 void Llama::set_fused_attention(bool fused) {

@@ -33,8 +33,18 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, Generator& gen) : Modu
   weight_ = register_parameter("weight", w);
 }
 
+Embedding::Embedding(const std::string& type_name, Tensor weight) : Module(type_name) {
+  ACC_CHECK_SHAPE(weight.dim() == 2, type_name, ": the table must be (rows, dim), got ",
+                  weight.shape());
+  weight_ = register_parameter("weight", std::move(weight));
+}
+
 Tensor Embedding::forward(const Tensor& idx) {
   return embedding(idx, weight_);
+}
+
+Tensor Embedding::attend(const Tensor& h) {
+  return linear(h, weight_);
 }
 
 LayerNorm::LayerNorm(int64_t dim, double eps, bool bias) : Module("LayerNorm"), eps_(eps) {

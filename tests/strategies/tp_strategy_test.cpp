@@ -33,16 +33,20 @@ dist::ProcessGroupPtr self_group() {
   return g;
 }
 
-std::shared_ptr<const data::TokenFile> tokens() {
-  static auto t = [] {
+// A learnable stream of ids below `vocab`: mostly a fixed successor, with some noise.
+std::shared_ptr<const data::TokenFile> tokens(int64_t vocab) {
+  static std::map<int64_t, std::shared_ptr<const data::TokenFile>> files;
+  auto& t = files[vocab];
+  if (!t) {
     std::vector<uint32_t> v(static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1));
+    const auto V = static_cast<uint32_t>(vocab);
     uint32_t x = 4321;
     for (size_t i = 0; i < v.size(); ++i) {
       x = x * 1103515245u + 12345u;
-      v[i] = (x >> 16) % 4 == 0 ? (x >> 8) % kVocab : (i == 0 ? 0 : (v[i - 1] * 5 + 1) % kVocab);
+      v[i] = (x >> 16) % 4 == 0 ? (x >> 8) % V : (i == 0 ? 0 : (v[i - 1] * 5 + 1) % V);
     }
-    return std::make_shared<const data::TokenFile>(std::move(v), "<synthetic>", kVocab);
-  }();
+    t = std::make_shared<const data::TokenFile>(std::move(v), "<synthetic>", V);
+  }
   return t;
 }
 
@@ -55,12 +59,12 @@ struct ModelSpec {
 // an exactly-zero gradient whose fp32 noise Adam amplifies into any tolerance (equivalence_test.cpp
 // says the same); the column- and row-parallel biases are checked against the whole Linear's in
 // tp_layers_test.cpp.
-ModelSpec gpt(double dropout = 0.0) {
+ModelSpec gpt(double dropout = 0.0, int64_t vocab = kVocab) {
   return {"gpt",
           {{"n_layer", 2},
            {"n_head", 4},
            {"n_embd", 32},
-           {"vocab_size", kVocab},
+           {"vocab_size", vocab},
            {"block_size", kSeq},
            {"bias", false},
            {"dropout", dropout}}};
@@ -68,14 +72,14 @@ ModelSpec gpt(double dropout = 0.0) {
 
 // Llama with `kv` key/value heads of 4 query heads: kv 4 splits as the query heads do, kv 2 at
 // tp 4 puts each kv head on the two ranks whose query heads use it.
-ModelSpec llama(int kv) {
+ModelSpec llama(int kv, int64_t vocab = kVocab) {
   return {"llama",
           {{"hidden_size", 32},
            {"intermediate_size", 48},
            {"num_hidden_layers", 2},
            {"num_attention_heads", 4},
            {"num_key_value_heads", kv},
-           {"vocab_size", kVocab},
+           {"vocab_size", vocab},
            {"max_position_embeddings", kSeq}}};
 }
 
@@ -86,21 +90,22 @@ struct TrainRun {
 };
 
 TrainRun train(const ModelSpec& spec, const std::string& strategy_json,
-               const dist::ProcessGroupPtr& group) {
+               const dist::ProcessGroupPtr& group, strategies::LossFn loss = nullptr) {
   manual_seed(11);
   Generator gen(5);
   models::LanguageModelPtr model = models::create_model(spec.type, spec.config, gen);
   const optim::AdamW::Options opts{.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1};
   auto trainer = strategies::apply(model, optim::AdamW::factory(opts),
                                    strategies::parse_strategy(nlohmann::json::parse(strategy_json)),
-                                   {.group = group, .grad_clip = 1.0});
+                                   {.group = group, .grad_clip = 1.0, .loss = loss});
   const int dp_rank = trainer->context() ? trainer->context()->data_rank() : 0;
   const int dp = trainer->context() ? trainer->context()->data_world() : 1;
-  data::BatchLoader loader(tokens(), {.batch_size = kGlobalBatch / dp,
-                                      .seq_len = kSeq,
-                                      .order = data::SampleOrder::kSequential,
-                                      .rank = dp_rank,
-                                      .world = dp});
+  data::BatchLoader loader(tokens(spec.config.at("vocab_size").get<int64_t>()),
+                           {.batch_size = kGlobalBatch / dp,
+                            .seq_len = kSeq,
+                            .order = data::SampleOrder::kSequential,
+                            .rank = dp_rank,
+                            .world = dp});
   TrainRun r;
   for (int64_t s = 0; s < kSteps; ++s) {
     r.losses.push_back(trainer->train_step(loader.next()));
@@ -213,6 +218,57 @@ TEST(TensorParallel, Tp2WithAmp) {
   const std::string amp = R"({"name": "amp"})";
   const TrainRun got = train(gpt(), tp(2, amp), dist::ProcessGroup::world());
   expect_close(got, reference(gpt(), "[" + amp + "]"), 1.0 / 256, /*params=*/false);
+}
+
+// A vocabulary of 61 tokens: padded to 62 (tp 2) or 64 (tp 4); the padding rows are in no loss,
+// gradient, norm or placement (expect_covered: every element of the (61, C) tables once per
+// replica, nothing else). GPT ties its head to the split embedding; Llama's untied lm_head is
+// split alike.
+TEST(TensorParallel, VocabularyNotDivisibleByTp) {
+  for (const ModelSpec& spec : {gpt(0.0, 61), llama(4, 61)}) {
+    SCOPED_TRACE(spec.type);
+    const TrainRun got = train(spec, tp(world()), dist::ProcessGroup::world());
+    expect_close(got, reference(spec), 1e-5);
+    expect_covered(got.table);
+    for (const auto& e : got.table) {
+      if (e.param.find("wte") == std::string::npos &&
+          e.param.find("embed_tokens") == std::string::npos &&
+          e.param.find("lm_head") == std::string::npos) {
+        continue;
+      }
+      EXPECT_EQ(e.global_shape, (Shape{61, 32})) << e.name;
+      // Rows [r 31, ...) of 62 at tp 2, [r 16, ...) of 64 at tp 4, the padding cut off.
+      const int64_t rows = (61 + world() - 1) / world();
+      const int64_t first = dist::ProcessGroup::world()->rank() * rows;
+      EXPECT_EQ(e.box.offsets[0], first) << e.name;
+      EXPECT_EQ(e.box.sizes[0], std::min<int64_t>(rows, 61 - first)) << e.name;
+    }
+  }
+}
+
+// A loss of the user's gets whole logits: the vocabulary stays whole (asking for its split is
+// refused, naming why), and the layers are still split.
+TEST(TensorParallel, AUserLossKeepsTheVocabularyWhole) {
+  const strategies::LossFn mine = [](nn::Module& m, const data::Batch& b) {
+    return static_cast<models::LanguageModel&>(m).loss(b.idx(), b.targets());
+  };
+  const TrainRun got = train(gpt(), tp(world()), dist::ProcessGroup::world(), mine);
+  expect_close(got, reference(gpt()), 1e-5);
+  expect_covered(got.table);
+  for (const auto& e : got.table) {
+    if (e.param == "transformer.wte.weight") EXPECT_TRUE(e.is_whole()) << e.name;
+  }
+  if (world() == 1) return;
+  try {
+    train(gpt(),
+          R"([{"name": "tensor_parallel", "config": {"size": )" + std::to_string(world()) +
+              R"(, "vocab_parallel": true}}])",
+          dist::ProcessGroup::world(), mine);
+    FAIL() << "vocab_parallel with a user loss trained";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("a loss function of the user's"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TensorParallel, RefusesSplitsThatDoNotDivide) {

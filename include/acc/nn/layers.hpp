@@ -29,7 +29,15 @@ class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t dim, Generator& gen = default_generator());
   Tensor forward(const Tensor& idx) override;
+  /// The tied output projection: h (..., dim) -> logits (..., num_embeddings) = h W^T, what a
+  /// language model whose head is tied to its input embedding computes (GPT, Llama tied). A
+  /// vocabulary-parallel embedding gives its own columns of the logits.
+  virtual Tensor attend(const Tensor& h);
   Tensor& weight() { return weight_; }
+
+ protected:
+  /// A subclass's table: `weight` is registered as "weight" as it is.
+  Embedding(const std::string& type_name, Tensor weight);
 
  private:
   Tensor weight_;
