@@ -80,6 +80,12 @@ struct TrainingPlan {
   /// The layouts of the parameters a model transform sharded (tensor_parallel), filled when the
   /// transforms are applied: the Trainer lifts its placement tables through them.
   std::shared_ptr<ParamLayouts> layouts = std::make_shared<ParamLayouts>();
+  /// Megatron sequence parallelism (the sequence_parallel method's kind "megatron") asks the
+  /// tensor_parallel transform for it here; the transform names the parameters whose gradients
+  /// are then partial over tp, which the Trainer sums over tp before anything reads them.
+  std::shared_ptr<bool> megatron_sp = std::make_shared<bool>(false);
+  std::shared_ptr<std::vector<std::string>> partial_over_tp =
+      std::make_shared<std::vector<std::string>>();
 };
 
 struct MethodSpec {
@@ -110,6 +116,7 @@ MethodSpec amp_method();
 MethodSpec recompute_method();
 MethodSpec grad_accum_method();
 MethodSpec tensor_parallel_method();
+MethodSpec sequence_parallel_method();
 
 /// The bucket size from {"bucket_mb": x} (default 25), validated.
 int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& config);

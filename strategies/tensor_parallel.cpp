@@ -65,86 +65,91 @@ trace::Trace trace_for_patterns(nn::Module& model, const data::Batch& sample, co
 }  // namespace
 
 MethodSpec tensor_parallel_method() {
-  return {.name = "tensor_parallel",
-          .slot = "tensor_parallel",
-          .exclusive_slot = true,
-          .config_keys = {"size", "vocab_parallel"},
-          .apply =
-              [](const nlohmann::json& c, TrainingPlan& plan) {
-                const int t = size_from(c);
-                std::optional<bool> vocab;  // absent: on where it can be
-                if (c.contains("vocab_parallel")) {
-                  ACC_CHECK(c["vocab_parallel"].is_boolean(),
-                            "tensor_parallel: vocab_parallel must be true or false, got ",
-                            c["vocab_parallel"].dump());
-                  vocab = c["vocab_parallel"].get<bool>();
-                }
-                if (!plan.context) return;  // validating the config only
-                ACC_CHECK(plan.context->size(dist::MeshDim::kTp) == t, "tensor_parallel: size ", t,
-                          " but the run's mesh is ", plan.context->mesh().to_string());
-                if (t == 1) return;
-                const dist::ProcessGroupPtr tp = plan.context->group(dist::MeshDim::kTp);
-                std::shared_ptr<ParamLayouts> layouts = plan.layouts;
-                // Whether the transform split the vocabulary (then the loss is vocab-parallel).
-                auto split_vocab = std::make_shared<bool>(false);
-                const bool default_loss = plan.default_loss;
-                // The user's loss as it is now: the trace only needs the step's shapes.
-                plan.model_transforms.push_back(
-                    {"tensor_parallel",
-                     [tp, layouts, sample = plan.sample_batch, loss = plan.loss, vocab,
-                      default_loss, split_vocab](nn::Module& model) -> Undo {
-                       auto* lm = dynamic_cast<models::LanguageModel*>(&model);
-                       if (vocab.value_or(false)) {
-                         ACC_CHECK(lm != nullptr,
-                                   "tensor_parallel: vocab_parallel needs a language "
-                                   "model, the model is a ",
-                                   model.type_name());
-                         ACC_CHECK(default_loss,
-                                   "tensor_parallel: vocab_parallel replaces the language model's "
-                                   "loss with the vocabulary-parallel cross-entropy, but the "
-                                   "strategy was given a loss function of the user's (whose "
-                                   "logits would be split): drop ApplyOptions::loss or set "
-                                   "\"vocab_parallel\": false");
-                       }
-                       const trace::Trace tr = trace_for_patterns(model, sample, loss);
-                       Undo layers = shard_tensor_parallel(model, tr, tp, layouts.get());
-                       if (lm == nullptr || !default_loss || !vocab.value_or(true)) return layers;
-                       Undo table;
-                       try {
-                         table = shard_vocab_parallel(*lm, tp, layouts.get());
-                       } catch (...) {
-                         layers();
-                         throw;
-                       }
-                       *split_vocab = true;
-                       return [layers, table, split_vocab] {
-                         *split_vocab = false;
-                         table();
-                         layers();
-                       };
-                     }});
-                // With the vocabulary split, the model's forward gives this rank's columns of the
-                // logits: the loss is Megatron's vocabulary-parallel cross-entropy (the logits
-                // never gathered), the language model's next-token loss otherwise.
-                plan.loss = [inner = plan.loss, split_vocab, tp](nn::Module& m,
-                                                                 const data::Batch& b) {
-                  if (!*split_vocab) return inner(m, b);
-                  auto& lm = dynamic_cast<models::LanguageModel&>(m);
-                  return vocab_parallel_cross_entropy(lm.forward(b.idx()), b.targets(),
-                                                      lm.vocab_size(), tp);
-                };
-              },
-          // Not searched yet: the cost and memory models do not price its collectives or its
-          // sharded state, so the search would rank it as one rank's step. Until they do, no
-          // choice (the search lists it as "it has no choice in this run"), and its effects are
-          // never asked for.
-          .search_choices = [](const SearchContext&) { return std::vector<nlohmann::json>{}; },
-          .effects =
-              [](const nlohmann::json&, const SearchContext&, StepEffects&) {
-                ACC_THROW(InternalError,
-                          "tensor_parallel: the search does not price it yet (it has no choices)");
-              },
-          .mesh = [](const nlohmann::json& c, dist::DeviceMesh& mesh) { mesh.tp = size_from(c); }};
+  return {
+      .name = "tensor_parallel",
+      .slot = "tensor_parallel",
+      .exclusive_slot = true,
+      .config_keys = {"size", "vocab_parallel"},
+      .apply =
+          [](const nlohmann::json& c, TrainingPlan& plan) {
+            const int t = size_from(c);
+            std::optional<bool> vocab;  // absent: on where it can be
+            if (c.contains("vocab_parallel")) {
+              ACC_CHECK(c["vocab_parallel"].is_boolean(),
+                        "tensor_parallel: vocab_parallel must be true or false, got ",
+                        c["vocab_parallel"].dump());
+              vocab = c["vocab_parallel"].get<bool>();
+            }
+            if (!plan.context) return;  // validating the config only
+            ACC_CHECK(plan.context->size(dist::MeshDim::kTp) == t, "tensor_parallel: size ", t,
+                      " but the run's mesh is ", plan.context->mesh().to_string());
+            if (t == 1) return;
+            const dist::ProcessGroupPtr tp = plan.context->group(dist::MeshDim::kTp);
+            std::shared_ptr<ParamLayouts> layouts = plan.layouts;
+            // Whether the transform split the vocabulary (then the loss is vocab-parallel).
+            auto split_vocab = std::make_shared<bool>(false);
+            const bool default_loss = plan.default_loss;
+            std::shared_ptr<bool> megatron_sp = plan.megatron_sp;
+            std::shared_ptr<std::vector<std::string>> partial = plan.partial_over_tp;
+            // The user's loss as it is now: the trace only needs the step's shapes.
+            plan.model_transforms.push_back(
+                {"tensor_parallel",
+                 [tp, layouts, sample = plan.sample_batch, loss = plan.loss, vocab, default_loss,
+                  split_vocab, megatron_sp, partial](nn::Module& model) -> Undo {
+                   auto* lm = dynamic_cast<models::LanguageModel*>(&model);
+                   if (vocab.value_or(false)) {
+                     ACC_CHECK(lm != nullptr,
+                               "tensor_parallel: vocab_parallel needs a language "
+                               "model, the model is a ",
+                               model.type_name());
+                     ACC_CHECK(default_loss,
+                               "tensor_parallel: vocab_parallel replaces the language model's "
+                               "loss with the vocabulary-parallel cross-entropy, but the "
+                               "strategy was given a loss function of the user's (whose "
+                               "logits would be split): drop ApplyOptions::loss or set "
+                               "\"vocab_parallel\": false");
+                   }
+                   const trace::Trace tr = trace_for_patterns(model, sample, loss);
+                   partial->clear();
+                   Undo layers =
+                       shard_tensor_parallel(model, tr, tp, layouts.get(),
+                                             {.sequence_parallel = *megatron_sp}, partial.get());
+                   if (lm == nullptr || !default_loss || !vocab.value_or(true)) return layers;
+                   Undo table;
+                   try {
+                     table = shard_vocab_parallel(*lm, tp, layouts.get());
+                   } catch (...) {
+                     layers();
+                     throw;
+                   }
+                   *split_vocab = true;
+                   return [layers, table, split_vocab] {
+                     *split_vocab = false;
+                     table();
+                     layers();
+                   };
+                 }});
+            // With the vocabulary split, the model's forward gives this rank's columns of the
+            // logits: the loss is Megatron's vocabulary-parallel cross-entropy (the logits
+            // never gathered), the language model's next-token loss otherwise.
+            plan.loss = [inner = plan.loss, split_vocab, tp](nn::Module& m, const data::Batch& b) {
+              if (!*split_vocab) return inner(m, b);
+              auto& lm = dynamic_cast<models::LanguageModel&>(m);
+              return vocab_parallel_cross_entropy(lm.forward(b.idx()), b.targets(), lm.vocab_size(),
+                                                  tp);
+            };
+          },
+      // Not searched yet: the cost and memory models do not price its collectives or its
+      // sharded state, so the search would rank it as one rank's step. Until they do, no
+      // choice (the search lists it as "it has no choice in this run"), and its effects are
+      // never asked for.
+      .search_choices = [](const SearchContext&) { return std::vector<nlohmann::json>{}; },
+      .effects =
+          [](const nlohmann::json&, const SearchContext&, StepEffects&) {
+            ACC_THROW(InternalError,
+                      "tensor_parallel: the search does not price it yet (it has no choices)");
+          },
+      .mesh = [](const nlohmann::json& c, dist::DeviceMesh& mesh) { mesh.tp = size_from(c); }};
 }
 
 }  // namespace acc::strategies

@@ -38,11 +38,13 @@ ColumnParallelLinear::ColumnParallelLinear(nn::Linear& whole,
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
+  const Tensor in =
+      sequence_parallel_ ? dist::allgather_along(x, 1, group_) : dist::copy_to_group(x, group_);
   if (sharers_ && sharers_->size() > 1) {
     const Tensor b = bias_.defined() ? dist::copy_to_group(bias_, sharers_) : bias_;
-    return linear(dist::copy_to_group(x, group_), dist::copy_to_group(weight_, sharers_), b);
+    return linear(in, dist::copy_to_group(weight_, sharers_), b);
   }
-  return linear(dist::copy_to_group(x, group_), weight_, bias_);
+  return linear(in, weight_, bias_);
 }
 
 RowParallelLinear::RowParallelLinear(nn::Linear& whole, const std::vector<nn::RowBlock>& blocks,
@@ -59,7 +61,8 @@ RowParallelLinear::RowParallelLinear(nn::Linear& whole, const std::vector<nn::Ro
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) {
-  Tensor y = dist::reduce_from_group(linear(x, weight_), group_);
+  Tensor y = sequence_parallel_ ? dist::reduce_scatter_along(linear(x, weight_), 1, group_)
+                                : dist::reduce_from_group(linear(x, weight_), group_);
   return bias_.defined() ? add(y, bias_) : y;
 }
 

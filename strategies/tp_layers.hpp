@@ -35,13 +35,17 @@ class ColumnParallelLinear : public nn::Module {
   /// weight's rows.
   ColumnParallelLinear(nn::Linear& whole, const std::vector<nn::RowBlock>& blocks,
                        dist::ProcessGroupPtr group, dist::ProcessGroupPtr sharers = nullptr);
-  /// x (..., in), replicated over the group -> this rank's output features (..., rows).
+  /// x (..., in), replicated over the group -> this rank's output features (..., rows). With
+  /// sequence parallelism x is this rank's chunk (B, T / W, in) of the sequence, all-gathered
+  /// along dimension 1 first (backward: the gradient reduce-scattered), instead of copy_to_group.
   Tensor forward(const Tensor& x) override;
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
   Tensor& weight() { return weight_; }
   Tensor& bias() { return bias_; }
 
  private:
   dist::ProcessGroupPtr group_, sharers_;
+  bool sequence_parallel_ = false;
   Tensor weight_, bias_;
 };
 
@@ -52,13 +56,16 @@ class RowParallelLinear : public nn::Module {
   RowParallelLinear(nn::Linear& whole, const std::vector<nn::RowBlock>& blocks,
                     dist::ProcessGroupPtr group);
   /// x (..., this rank's input features) -> (..., out), summed over the group: every rank the
-  /// whole output.
+  /// whole output. With sequence parallelism the sum is reduce-scattered along dimension 1 (the
+  /// sequence) instead: this rank's chunk (B, T / W, out), the bias added to it.
   Tensor forward(const Tensor& x) override;
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
   Tensor& weight() { return weight_; }
   Tensor& bias() { return bias_; }
 
  private:
   dist::ProcessGroupPtr group_;
+  bool sequence_parallel_ = false;
   Tensor weight_, bias_;
 };
 

@@ -9,6 +9,7 @@
 
 #include "acc/dist/functional.hpp"
 #include "acc/nn/head_split.hpp"
+#include "acc/nn/recompute.hpp"
 #include "acc/nn/transformer.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
@@ -184,6 +185,62 @@ void put_back_vocab(Tensor& whole, const Tensor& local, const dist::ProcessGroup
   whole.copy_(all.narrow(0, 0, whole.size(0)));
 }
 
+// The blocks whose insides run on sequence chunks: the model's repeated blocks, which must hold
+// every shard (a column-parallel input or row-parallel output outside them would be whole).
+std::vector<std::string> sequence_parallel_blocks(nn::Module& model,
+                                                  const std::vector<Shard>& shards) {
+  const auto groups = trace::find_blocks(model);
+  ACC_CHECK(!groups.empty(), "sequence_parallel: the model (", model.type_name(),
+            ") has no repeated blocks to run on sequence chunks");
+  const std::vector<std::string>& blocks = groups.front().blocks;
+  for (const auto& s : shards) {
+    bool inside = false;
+    for (const auto& b : blocks) inside = inside || s.path.rfind(b + ".", 0) == 0;
+    ACC_CHECK(inside, "sequence_parallel: '", s.path, "' is a tensor-parallel linear outside the ",
+              "repeated blocks (", blocks.front(), " ... ", blocks.back(),
+              "), where the activations are whole");
+  }
+  return blocks;
+}
+
+// Each block runs with its chunk of the sequence current (dropout's masks); the first scatters
+// its input along the sequence, the last gathers its output.
+nn::Undo sequence_parallel_boundaries(nn::Module& model, const std::vector<std::string>& blocks,
+                                      const dist::ProcessGroupPtr& tp) {
+  std::vector<nn::Undo> undos;
+  try {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const bool first = i == 0, last = i + 1 == blocks.size();
+      nn::Module::ForwardWrapper w = [first, last, tp](
+                                         nn::Module&, const Tensor& x,
+                                         const std::function<Tensor(const Tensor&)>& fwd) {
+        const int W = tp->size();
+        ACC_CHECK_SHAPE(x.dim() == 3, "sequence_parallel: a block's input must be (B, T, C), got ",
+                        x.shape());
+        const int64_t T = first ? x.size(1) : x.size(1) * W;
+        ACC_CHECK_SHAPE(T % W == 0, "sequence_parallel: the sequence length ", T,
+                        " is not a multiple of tp ", W);
+        const Tensor in = first ? dist::scatter_along(x, 1, tp) : x;
+        nn::ForwardOptions o = nn::current_forward_options();
+        o.sequence_chunk = TensorChunk{1, tp->rank() * (T / W), T};
+        Tensor y;
+        {
+          nn::ForwardOptionsGuard guard(o);
+          y = fwd(in);
+        }
+        return last ? dist::gather_along(y, 1, tp) : y;
+      };
+      undos.push_back(nn::wrap_forward({model.submodule(blocks[i])}, w));
+    }
+  } catch (...) {
+    for (auto it = undos.rbegin(); it != undos.rend(); ++it) (*it)();
+    throw;
+  }
+  return [undos] {
+    for (auto it = undos.rbegin(); it != undos.rend(); ++it) (*it)();
+  };
+}
+
 }  // namespace
 
 nn::Undo shard_vocab_parallel(models::LanguageModel& lm, const dist::ProcessGroupPtr& tp,
@@ -254,7 +311,9 @@ nn::Undo shard_vocab_parallel(models::LanguageModel& lm, const dist::ProcessGrou
 }
 
 nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
-                               const dist::ProcessGroupPtr& tp, ParamLayouts* layouts) {
+                               const dist::ProcessGroupPtr& tp, ParamLayouts* layouts,
+                               const TensorParallelOptions& options,
+                               std::vector<std::string>* partial_over_tp) {
   ACC_CHECK(tp != nullptr, "tensor_parallel: the group is null");
   const int t = tp->size(), rank = tp->rank();
   std::vector<Shard> shards;
@@ -262,6 +321,8 @@ nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
   for (const auto& p : trace::find_mlp_patterns(trace)) add_mlp(model, p, t, shards);
   ACC_CHECK(!shards.empty(), "tensor_parallel: the model (", model.type_name(),
             ") has no attention or MLP pattern to shard");
+  std::vector<std::string> blocks;
+  if (options.sequence_parallel) blocks = sequence_parallel_blocks(model, shards);
   // The groups of ranks sharing kv heads: one split of tp per sharer count (collective over tp,
   // the same splits in the same order on every rank).
   std::map<int, dist::ProcessGroupPtr> sharer_groups;
@@ -286,6 +347,11 @@ nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
               ? nn::ModulePtr(std::make_shared<ColumnParallelLinear>(*s.whole, mine, tp, sharers))
               : nn::ModulePtr(std::make_shared<RowParallelLinear>(*s.whole, mine, tp));
       add_layouts(mine_layouts, s, mine, rank);
+      if (auto* c = dynamic_cast<ColumnParallelLinear*>(layer.get())) {
+        c->set_sequence_parallel(options.sequence_parallel);
+      } else if (auto* r = dynamic_cast<RowParallelLinear*>(layer.get())) {
+        r->set_sequence_parallel(options.sequence_parallel);
+      }
       nn::Undo undo = model.replace_module(s.path, layer);
       layers.push_back(layer);
       done.emplace_back(std::move(s), std::move(undo));
@@ -294,10 +360,30 @@ nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
     for (auto it = done.rbegin(); it != done.rend(); ++it) it->second();
     throw;
   }
+  nn::Undo boundaries;
+  if (options.sequence_parallel) {
+    try {
+      boundaries = sequence_parallel_boundaries(model, blocks, tp);
+    } catch (...) {
+      for (auto it = done.rbegin(); it != done.rend(); ++it) it->second();
+      throw;
+    }
+    if (partial_over_tp != nullptr) {
+      // The replicated parameters inside the blocks: they see this rank's chunk only.
+      for (const auto& [name, p] : model.named_parameters()) {
+        if (mine_layouts.count(name)) continue;
+        for (const auto& b : blocks) {
+          if (name.rfind(b + ".", 0) == 0) partial_over_tp->push_back(name);
+        }
+      }
+    }
+  }
   if (layouts != nullptr) layouts->insert(mine_layouts.begin(), mine_layouts.end());
   std::vector<std::string> names;
   for (const auto& [name, l] : mine_layouts) names.push_back(name);
-  return [done = std::move(done), layers = std::move(layers), tp, layouts, names]() mutable {
+  return [done = std::move(done), layers = std::move(layers), tp, layouts, names,
+          boundaries]() mutable {
+    if (boundaries) boundaries();
     if (layouts != nullptr) {
       for (const auto& n : names) layouts->erase(n);
     }

@@ -29,8 +29,23 @@ namespace acc::strategies {
 /// that the ranks do not divide), and a model without any attention or MLP pattern; the model is
 /// untouched then. `layouts` (optional) receives the layout of every sharded parameter, by name
 /// (grad_sync.hpp), and loses them again when the transform is undone.
+struct TensorParallelOptions {
+  /// Megatron's sequence parallelism (Korthikanti et al. 2022): between the tensor-parallel ops
+  /// the activations are split along the sequence (dimension 1) over tp. The first block's input
+  /// is scattered and the last block's output gathered; the column-parallel linears all-gather
+  /// their input and the row-parallel ones reduce-scatter their output, instead of the
+  /// all-reduces. Inside the blocks the norms, residual adds and dropout run on this rank's
+  /// chunk (dropout draws the whole sequence's masks: ForwardOptions::sequence_chunk), so the
+  /// replicated parameters there (norm weights, row-parallel biases) get partial gradients, to be
+  /// summed over tp (their names go to `partial_over_tp`). Every shard must lie in the blocks
+  /// (trace::find_blocks), T divisible by tp.
+  bool sequence_parallel = false;
+};
+
 nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
-                               const dist::ProcessGroupPtr& tp, ParamLayouts* layouts = nullptr);
+                               const dist::ProcessGroupPtr& tp, ParamLayouts* layouts = nullptr,
+                               const TensorParallelOptions& options = {},
+                               std::vector<std::string>* partial_over_tp = nullptr);
 
 /// Megatron's vocabulary split of a language model over `tp`: its token embedding becomes a
 /// VocabParallelEmbedding (a tied output projection stays tied: the embedding's attend gives this

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "acc/autograd/ops.hpp"
@@ -252,6 +253,7 @@ void Trainer::step() {
   for (const auto& fn : std::exchange(before_update_, {})) fn();
   GradSync& sync = *impl_->sync;
   sync.finish_backward();
+  sum_partial_gradients();
 
   // Global gradient norm from the placement table, each element counted once: when every rank
   // holds every gradient whole (replicas along dp, tp, ...), each sums its own copy; otherwise the
@@ -280,6 +282,27 @@ void Trainer::step() {
   optimizer_->step_scaled(
       options_.grad_clip > 0 ? optim::clip_coefficient(options_.grad_clip, last_grad_norm_) : 1.0);
   sync.end_step();
+}
+
+// Megatron sequence parallelism leaves the replicated parameters inside the blocks with a
+// partial gradient on each tp rank (its chunk of the sequence): summed over tp here, after the
+// data-parallel reduction (both are sums, so the order does not matter) and before anything reads
+// them. Every GradSync lays the tp ranks' local tensors out alike (their shapes are equal), so
+// each rank's piece of such a gradient meets the same piece on its tp peers.
+void Trainer::sum_partial_gradients() {
+  const std::vector<std::string>& partial = *impl_->plan.partial_over_tp;
+  if (partial.empty() || !context_ || context_->size(dist::MeshDim::kTp) == 1) return;
+  const std::set<std::string> names(partial.begin(), partial.end());
+  PlacementTable table;
+  impl_->sync->add_placements(table);
+  std::vector<dist::WorkPtr> works;
+  for (auto& e : table) {
+    if (e.kind != TensorKind::kGradient || !names.count(e.param) || !e.local.defined()) continue;
+    ACC_CHECK_AS(InternalError, e.local.is_contiguous(), "sequence_parallel: the gradient of '",
+                 e.name, "' is not contiguous, so it cannot be summed over tp in place");
+    works.push_back(context_->group(dist::MeshDim::kTp)->allreduce(e.local, dist::ReduceOp::kSum));
+  }
+  for (auto& w : works) w->wait();
 }
 
 void Trainer::before_next_update(std::function<void()> fn) {

@@ -112,12 +112,16 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) {
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  return dropout(x, p, training, gen, TensorChunk{});
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen, const TensorChunk& chunk) {
   detail::check_f32(x, "dropout", "x");
   ACC_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return x;
   Tensor mask = empty(x.shape(), x.options());
   if (!mask.is_meta()) {
-    uniform_(mask, 0.0, 1.0, gen);
+    uniform_(mask, 0.0, 1.0, chunk, gen);
     float* m = mask.data<float>();
     const float keep = static_cast<float>(1.0 / (1.0 - p)), pf = static_cast<float>(p);
     const int64_t n = mask.numel();

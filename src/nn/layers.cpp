@@ -73,7 +73,7 @@ Dropout::Dropout(double p, Generator& gen) : Module("Dropout"), p_(p), gen_(&gen
 }
 
 Tensor Dropout::forward(const Tensor& x) {
-  return dropout(x, p_, is_training(), *gen_);
+  return dropout(x, p_, is_training(), *gen_, current_forward_options().sequence_chunk);
 }
 
 }  // namespace acc::nn

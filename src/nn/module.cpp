@@ -438,9 +438,17 @@ Tensor Module::operator()(const Tensor& x) {
   // The wrapper may keep `fwd` and call it after this call has returned (acc::recompute replays
   // it in backward): it carries this call's forward options, so the replay computes what the
   // first run did (the same positions of a sequence shard).
+  // A sequence chunk current when `fwd` runs is kept: a wrapper that runs the forward on a chunk
+  // of the sequence (Megatron sequence parallelism) installs it around its call of fwd, also when
+  // an outer wrapper replays it.
   Tensor out = wrapper_ ? wrapper_(*this, x,
                                    [this, options = current_forward_options()](const Tensor& in) {
-                                     ForwardOptionsGuard guard(options);
+                                     ForwardOptions o = options;
+                                     const ForwardOptions& now = current_forward_options();
+                                     if (now.sequence_chunk.active()) {
+                                       o.sequence_chunk = now.sequence_chunk;
+                                     }
+                                     ForwardOptionsGuard guard(o);
                                      return forward(in);
                                    })
                         : forward(x);

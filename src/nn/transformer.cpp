@@ -118,8 +118,10 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bi
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   ACC_CHECK_SHAPE(x.dim() == 3 && x.size(2) == n_embd_, "CausalSelfAttention: expects (B, T, ",
                   n_embd_, "), got ", x.shape());
-  const int64_t B = x.size(0), T = x.size(1), HS = head_dim_;
+  const int64_t B = x.size(0), HS = head_dim_;
   Tensor qkv = c_attn_(x);  // (B, T, 3C), C = NH * HS: the heads c_attn holds
+  // The tokens as c_attn gives them: a sequence-parallel c_attn gathers x's chunk of them.
+  const int64_t T = qkv.dim() == 3 ? qkv.size(1) : x.size(1);
   const int64_t NH = heads_from_width(*this, "c_attn", qkv, B, T, HS, 3), C = NH * HS;
   auto parts = split(qkv, {C, C, C}, 2);
   // (B, T, C) -> (B, NH, T, HS): views only, the attention kernel reads the strides.
@@ -200,11 +202,13 @@ LlamaAttention::LlamaAttention(int64_t hidden_size, int64_t num_heads, int64_t n
 
 Tensor LlamaAttention::forward(const Tensor& x) {
   ACC_CHECK_SHAPE(x.dim() == 3, "LlamaAttention: expects (B, T, C), got ", x.shape());
-  const int64_t B = x.size(0), T = x.size(1), HS = head_dim_;
+  const int64_t B = x.size(0), HS = head_dim_;
   const int64_t offset = current_forward_options().position_offset;
-  check_positions(rope_cos_, offset, T);
-  // Heads as the projections give them: NH and NKV are this attention's (a shard's) own.
+  // Heads as the projections give them: NH and NKV are this attention's (a shard's) own; the
+  // tokens too (a sequence-parallel projection gathers x's chunk of them).
   Tensor qp = q_proj_(x);
+  const int64_t T = qp.dim() == 3 ? qp.size(1) : x.size(1);
+  check_positions(rope_cos_, offset, T);
   const int64_t NH = heads_from_width(*this, "q_proj", qp, B, T, HS);
   Tensor q = qp.view({B, T, NH, HS}).transpose(1, 2);
   Tensor kp = k_proj_(x);

@@ -117,6 +117,43 @@ Tensor& uniform_(Tensor& t, double low, double high, Generator& gen) {
   });
 }
 
+Tensor& uniform_(Tensor& t, double low, double high, const TensorChunk& chunk, Generator& gen) {
+  if (!chunk.active()) return uniform_(t, low, high, gen);
+  ACC_CHECK(low <= high, "uniform_: low ", low, " > high ", high);
+  ACC_CHECK_SHAPE(chunk.dim >= 0 && chunk.dim < t.dim() && chunk.offset >= 0 &&
+                      chunk.offset + t.size(chunk.dim) <= chunk.full,
+                  "uniform_: a chunk [", chunk.offset, ", ",
+                  chunk.offset + (t.dim() > chunk.dim && chunk.dim >= 0 ? t.size(chunk.dim) : 0),
+                  ") of ", chunk.full, " along dimension ", chunk.dim, " does not fit ", t.shape());
+  const float lo = static_cast<float>(low), span = static_cast<float>(high - low);
+  const int64_t rows = t.size(chunk.dim);
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < chunk.dim; ++d) outer *= t.size(d);
+  for (int64_t d = chunk.dim + 1; d < t.dim(); ++d) inner *= t.size(d);
+  const int64_t whole = outer * chunk.full * inner;
+  return fill_with(t, "uniform_", gen, [&](float* out, int64_t n, uint64_t seed, uint64_t base) {
+    // fill_with reserved the chunk's blocks from `base`; the rest of the whole's follow them.
+    gen.advance(static_cast<uint64_t>((whole + 3) / 4 - (n + 3) / 4));
+    parallel_for(outer * rows, 64, [&](int64_t r0, int64_t r1) {
+      uint32_t w[4];
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t o = r / rows, d = r % rows;
+        const int64_t g0 = (o * chunk.full + chunk.offset + d) * inner;
+        float* dst = out + r * inner;
+        int64_t block = -1;
+        for (int64_t j = 0; j < inner; ++j) {
+          const int64_t g = g0 + j;
+          if (g / 4 != block) {
+            block = g / 4;
+            Generator::philox(seed, base + static_cast<uint64_t>(block), w);
+          }
+          dst[j] = lo + span * u32_to_unit(w[g % 4]);
+        }
+      }
+    });
+  });
+}
+
 Tensor& normal_(Tensor& t, double mean, double std, Generator& gen) {
   ACC_CHECK(std >= 0, "normal_: std must be >= 0, got ", std);
   const float mu = static_cast<float>(mean), sd = static_cast<float>(std);

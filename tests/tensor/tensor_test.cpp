@@ -405,3 +405,35 @@ TEST(Kernels, SumToLeadingAndInnerDimensions) {
 
 }  // namespace
 }  // namespace acc
+
+namespace acc {
+namespace {
+
+// Sequence parallelism's dropout: the chunks of a tensor along a dimension, each drawn from a
+// generator in the same state, are the whole tensor's values bitwise, and the generators end in
+// the state the whole's draw leaves.
+TEST(Random, UniformOverChunksIsTheWholeBitwise) {
+  const Shape whole_shape{3, 8, 5};
+  Generator ref(99);
+  ref.advance(7);
+  Tensor whole = empty(whole_shape);
+  uniform_(whole, 0.0, 1.0, ref);
+  for (int parts : {2, 4}) {
+    std::vector<Tensor> chunks;
+    for (int r = 0; r < parts; ++r) {
+      Generator g(99);
+      g.advance(7);
+      Tensor c = empty({3, 8 / parts, 5});
+      uniform_(c, 0.0, 1.0, TensorChunk{1, r * (8 / parts), 8}, g);
+      EXPECT_EQ(g.offset(), ref.offset()) << parts << " parts, rank " << r;
+      chunks.push_back(c);
+    }
+    const Tensor joined = cat(chunks, 1);
+    EXPECT_EQ(joined.to_vector<float>(), whole.to_vector<float>()) << parts << " parts";
+  }
+  Tensor bad = empty({3, 4, 5});
+  EXPECT_THROW(uniform_(bad, 0.0, 1.0, TensorChunk{1, 6, 8}, ref), ShapeError);
+}
+
+}  // namespace
+}  // namespace acc

@@ -82,6 +82,10 @@ Tensor swiglu(const Tensor& gate, const Tensor& up);
 /// Elementwise x * (mask / (1 - p)) with mask ~ Bernoulli(1 - p); identity when !training or p ==
 /// 0.
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
+/// Dropout of x, the part `chunk` of a larger tensor: each element's mask is the one dropout of
+/// the whole would give it (uniform_ over a chunk), so sequence-parallel ranks together draw one
+/// process's masks.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen, const TensorChunk& chunk);
 
 // ---- normalisation (over the last dimension) ----
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);

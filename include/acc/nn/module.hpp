@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "acc/tensor/random.hpp"
 #include "acc/tensor/tensor.hpp"
 #include "acc/util/error.hpp"
 
@@ -58,6 +59,10 @@ struct ForwardOptions {
   /// of a longer sequence (a sequence shard), so learned positions (GPT wpe) and rotary positions
   /// (Llama RoPE) are those of tokens k ... k + T - 1. 0, the default, is a whole sequence.
   int64_t position_offset = 0;
+  /// Sequence parallelism: the activations of this forward are a chunk of the whole sequence's
+  /// (TensorChunk along the sequence dimension): Dropout draws each element's mask from its index
+  /// in the whole, as one process does. Inactive (full 0) by default.
+  TensorChunk sequence_chunk;
 };
 
 /// The options of the innermost ForwardOptionsGuard of this thread (the defaults outside any).

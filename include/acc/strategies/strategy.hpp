@@ -192,6 +192,7 @@ class Trainer {
 
  private:
   void check_ranks_agree();
+  void sum_partial_gradients();
   struct Impl;
   nn::ModulePtr model_;
   Strategy strategy_;

@@ -50,6 +50,21 @@ Tensor& uniform_(Tensor& t, double low, double high, Generator& gen = default_ge
 Tensor& normal_(Tensor& t, double mean, double std, Generator& gen = default_generator());
 Tensor rand(Shape shape, Generator& gen = default_generator(), TensorOptions options = {});
 Tensor randn(Shape shape, Generator& gen = default_generator(), TensorOptions options = {});
+/// A part of a larger tensor along one dimension: entries [offset, offset + size(dim)) of a
+/// dimension with `full` entries (sequence parallelism's shard of the activations). full == 0:
+/// the tensor is whole.
+struct TensorChunk {
+  int dim = 1;
+  int64_t offset = 0;
+  int64_t full = 0;
+  bool active() const { return full > 0; }
+};
+/// U[low, high) as uniform_ fills the whole tensor of which `t` is `chunk`: each element gets the
+/// value of its index in the whole (block base + g/4, word g%4) and the generator advances by the
+/// whole's blocks, so ranks holding different chunks draw one process's values and stay in step.
+/// Throws acc::ShapeError when the chunk does not fit t (dim outside it, the entries past full).
+Tensor& uniform_(Tensor& t, double low, double high, const TensorChunk& chunk,
+                 Generator& gen = default_generator());
 /// Integers uniform in [low, high), i64.
 Tensor randint(int64_t low, int64_t high, Shape shape, Generator& gen = default_generator());
 
