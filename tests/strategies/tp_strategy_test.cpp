@@ -309,6 +309,56 @@ TEST(TensorParallel, MegatronSequenceParallelWithDropoutEqualsOneProcess) {
                reference(gpt(0.1)), 1e-5);
 }
 
+// The collectives of one training step over tp, counted from the flight recorder, against what
+// the design predicts for L blocks (GPT, tied vocabulary-parallel head, tp over the whole world,
+// so the gradient norm's sum is over the same group):
+//   tp only     all-reduce: forward 1 (embedding) + 2L (row-parallel outputs) + 3 (the loss's
+//               max, sum of exponentials, target logit); backward 1 (the head's input) + 2L
+//               (column-parallel inputs); the step 1 (gradient norm).
+//   + megatron  all-gather: forward 2L + 1 (column inputs, the last block's output), backward
+//               2L + 1 (row outputs, the first block's input); reduce-scatter: 2L forward (row
+//               outputs), 2L backward (column inputs); all-reduce: forward 1 + 3, backward 1,
+//               the step 2L (the norm weights' partial gradients) + 1.
+std::map<std::string, int> collectives_of_a_step(const std::string& strategy) {
+  manual_seed(11);
+  Generator gen(5);
+  models::LanguageModelPtr model = models::create_model("gpt", gpt().config, gen);
+  auto trainer = strategies::apply(model, optim::AdamW::factory({.lr = 1e-2}),
+                                   strategies::parse_strategy(nlohmann::json::parse(strategy)), {});
+  data::BatchLoader loader(
+      tokens(kVocab),
+      {.batch_size = kGlobalBatch, .seq_len = kSeq, .order = data::SampleOrder::kSequential});
+  trainer->train_step(loader.next());  // warm-up: anything done once is not counted
+  dist::ProcessGroup& group = *trainer->context()->group(dist::MeshDim::kTp);
+  const uint64_t before = group.sequence_number();
+  trainer->train_step(loader.next());
+  const uint64_t after = group.sequence_number();
+  std::map<std::string, int> count;
+  for (const auto& r : group.flight_recorder().entries()) {
+    if (r.group == group.name() && !r.p2p && r.seq > before && r.seq <= after) ++count[r.op];
+  }
+  EXPECT_EQ(after - before, [&] {
+    uint64_t n = 0;
+    for (const auto& [op, k] : count) n += static_cast<uint64_t>(k);
+    return n;
+  }()) << "every collective of the step is in the recorder";
+  return count;
+}
+
+TEST(TensorParallel, CollectivesPerStepAreTheDesigns) {
+  if (world() < 2) GTEST_SKIP() << "no collectives at one rank";
+  const int L = 2;
+  // The loss's row maximum is the one max-reduction; every other reduction sums.
+  EXPECT_EQ(collectives_of_a_step(tp(world())),
+            (std::map<std::string, int>{{"allreduce.max", 1},
+                                        {"allreduce.sum", (1 + 2 * L + 2) + (1 + 2 * L) + 1}}));
+  EXPECT_EQ(collectives_of_a_step(tp(world(), megatron_sp())),
+            (std::map<std::string, int>{{"allgather", 2 * (2 * L + 1)},
+                                        {"reduce_scatter.sum", 2 * 2 * L},
+                                        {"allreduce.max", 1},
+                                        {"allreduce.sum", (1 + 2) + 1 + (2 * L + 1)}}));
+}
+
 TEST(TensorParallel, RefusesSplitsThatDoNotDivide) {
   if (world() < 2) GTEST_SKIP() << "needs tp >= 2";
   // GPT with 3 heads at tp 2: the heads are named.
