@@ -21,8 +21,11 @@
 //    (tp_transform.hpp, over tp_layers.hpp) and records their layouts (plan.layouts): the
 //    GradSyncs see local tensors, the Trainer lifts their placement entries into Shard(d) along tp
 //    with boxes (lift_layouts); grad_sync runs over the context's dp x cp group.
-//  - sequence_parallel: slot "sequence_parallel", requires tensor_parallel (or brings Ulysses'
-//    all-to-all of its own); a model transform on the norms/dropout regions between the tp ops.
+//  - sequence_parallel (sequence_parallel.cpp): slot "sequence_parallel", a kind per config.
+//    Ulysses sets the mesh's cp; a model transform wraps every attention core in all-to-alls over
+//    the context's cp group (sequence traded for heads and back), and it wraps plan.loss to run
+//    this cp rank's chunk of the sequence at its position offset. Megatron-SP (parsed, not built
+//    yet) will run over tp: a model transform on the norms/dropout regions between the tp ops.
 //  - pipeline_parallel: slot "pipeline_parallel"; a model transform that keeps only this stage's
 //    blocks (the placement table then has no entry for the others), and a schedule kind 1F1B that
 //    replaces the plain micro-batch loop in Trainer::train_step with sends/receives between stages.
@@ -107,6 +110,7 @@ MethodSpec amp_method();
 MethodSpec recompute_method();
 MethodSpec grad_accum_method();
 MethodSpec tensor_parallel_method();
+MethodSpec sequence_parallel_method();
 
 /// The bucket size from {"bucket_mb": x} (default 25), validated.
 int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& config);

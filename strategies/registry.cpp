@@ -13,9 +13,15 @@ namespace {
 
 const std::vector<MethodSpec>& registry() {
   // One line per method. The order is the order of method_names().
-  static const std::vector<MethodSpec> methods = {
-      ddp_method(), zero1_method(),     zero2_method(),      fsdp_method(),
-      amp_method(), recompute_method(), grad_accum_method(), tensor_parallel_method()};
+  static const std::vector<MethodSpec> methods = {ddp_method(),
+                                                  zero1_method(),
+                                                  zero2_method(),
+                                                  fsdp_method(),
+                                                  amp_method(),
+                                                  recompute_method(),
+                                                  grad_accum_method(),
+                                                  tensor_parallel_method(),
+                                                  sequence_parallel_method()};
   return methods;
 }
 
