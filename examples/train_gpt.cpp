@@ -286,8 +286,8 @@ int run(const Args& a) {
         strategies::apply(model, factory, strategy,
                           {.group = group, .grad_clip = a.grad_clip, .agreement = agreement});
     const dist::ParallelContextPtr& ctx = acc.trainer->context();
-    acc.data = {.rank = ctx ? ctx->dp_cp_group()->rank() : 0,
-                .ranks = ctx ? ctx->dp_cp_group()->size() : 1,
+    acc.data = {.rank = ctx ? ctx->data_rank() : 0,
+                .ranks = ctx ? ctx->data_world() : 1,
                 .global_batch = a.batch_size * group->size()};
     acc.model_hash = trace::model_trace_hash(a.model, config);
     acc.strategy = strategy;

@@ -21,8 +21,12 @@
 //    (tp_transform.hpp, over tp_layers.hpp) and records their layouts (plan.layouts): the
 //    GradSyncs see local tensors, the Trainer lifts their placement entries into Shard(d) along tp
 //    with boxes (lift_layouts); grad_sync runs over the context's dp x cp group.
-//  - sequence_parallel: slot "sequence_parallel", requires tensor_parallel (or brings Ulysses'
-//    all-to-all of its own); a model transform on the norms/dropout regions between the tp ops.
+//  - sequence_parallel (sequence_parallel.cpp): slot "sequence_parallel", a kind per config.
+//    Ulysses sets the mesh's cp; a model transform wraps every attention core in all-to-alls over
+//    the context's cp group (sequence traded for heads and back), and it wraps plan.loss to run
+//    this cp rank's chunk of the sequence at its position offset. Megatron-SP runs over tp: it
+//    asks tensor_parallel's transform for it (plan.megatron_sp), which splits the norm/dropout
+//    regions between the tp ops along the sequence.
 //  - pipeline_parallel: slot "pipeline_parallel"; a model transform that keeps only this stage's
 //    blocks (the placement table then has no entry for the others), and a schedule kind 1F1B that
 //    replaces the plain micro-batch loop in Trainer::train_step with sends/receives between stages.
@@ -84,6 +88,8 @@ struct TrainingPlan {
   /// tensor_parallel transform for it here; the transform names the parameters whose gradients
   /// are then partial over tp, which the Trainer sums over tp before anything reads them.
   std::shared_ptr<bool> megatron_sp = std::make_shared<bool>(false);
+  /// tensor_parallel's size (0: not in the strategy), set when it is applied with a context.
+  int tensor_parallel = 0;
   std::shared_ptr<std::vector<std::string>> partial_over_tp =
       std::make_shared<std::vector<std::string>>();
 };

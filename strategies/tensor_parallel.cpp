@@ -83,6 +83,7 @@ MethodSpec tensor_parallel_method() {
             if (!plan.context) return;  // validating the config only
             ACC_CHECK(plan.context->size(dist::MeshDim::kTp) == t, "tensor_parallel: size ", t,
                       " but the run's mesh is ", plan.context->mesh().to_string());
+            plan.tensor_parallel = t;
             if (t == 1) return;
             const dist::ProcessGroupPtr tp = plan.context->group(dist::MeshDim::kTp);
             std::shared_ptr<ParamLayouts> layouts = plan.layouts;

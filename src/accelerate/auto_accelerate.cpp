@@ -691,8 +691,8 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
       model, std::move(factory), result.strategy,
       {.group = group, .grad_clip = o.grad_clip, .agreement = o.agreement, .loss = o.loss});
   const dist::ParallelContextPtr& ctx = result.trainer->context();
-  result.data = {.rank = ctx ? ctx->dp_cp_group()->rank() : 0,
-                 .ranks = ctx ? ctx->dp_cp_group()->size() : 1,
+  result.data = {.rank = ctx ? ctx->data_rank() : 0,
+                 .ranks = ctx ? ctx->data_world() : 1,
                  .global_batch = o.global_batch};
   return result;
 }

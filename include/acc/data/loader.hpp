@@ -35,8 +35,10 @@ class Loader {
 };
 
 struct Shard {
+  // Ranks of one tp, cp or pp group read the same samples (a cp rank cuts its tokens out of them):
+  // the data is split along dp only (dist::ParallelContext::data_rank / data_world).
   int rank = 0;              // this rank's data-parallel coordinate
-  int ranks = 1;             // data-parallel ranks (dp x cp of the mesh)
+  int ranks = 1;             // data-parallel ranks (dp of the mesh)
   int64_t global_batch = 1;  // samples per optimizer step over all of them
 
   /// global_batch / ranks. Throws acc::ValueError naming the values when it does not divide, or

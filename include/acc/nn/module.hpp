@@ -62,7 +62,7 @@ struct ForwardOptions {
   /// Sequence parallelism: the activations of this forward are a chunk of the whole sequence's
   /// (TensorChunk along the sequence dimension): Dropout draws each element's mask from its index
   /// in the whole, as one process does. Inactive (full 0) by default.
-  TensorChunk sequence_chunk;
+  TensorChunk sequence_chunk = {};
 };
 
 /// The options of the innermost ForwardOptionsGuard of this thread (the defaults outside any).

@@ -18,6 +18,10 @@
 //   tensor_parallel  {"size": t}: Megatron 1D tensor parallelism over the mesh dimension tp (the
 //               attention's q|k|v and the MLP's first linears column-parallel, the output
 //               projections row-parallel, heads split), dp = ranks / t for the methods above
+//   sequence_parallel  {"kind": "ulysses", "size": s}: DeepSpeed-Ulysses over the mesh dimension
+//               cp (each rank holds T/s tokens; all-to-alls trade sequence for heads around every
+//               attention core); needs a data-parallel method (gradients averaged over dp x cp).
+//               {"kind": "megatron"} is parsed but refused: not built yet
 // Units (fsdp, checkpoint, amp): {"units": ["encoder.layers", "head"]} names the modules (a
 // ModuleList stands for its children); without it, the model's repeated blocks; a model with
 // neither is one fsdp unit, and checkpoint refuses it by name. Any nn::Module trains this way, with
