@@ -14,10 +14,9 @@ namespace {
 // A trace of the model at `depth` blocks for a micro-batch, on the meta device (a module that is
 // not the registry's: whole, whatever the depth asked).
 trace::Trace shallow_trace(const trace::ModelRef& model, int64_t depth, int64_t micro_batch,
-                           int64_t seq_len, int64_t recompute_blocks, bool bf16) {
+                           int64_t seq_len, const trace::TraceOptions& activations) {
   if (!model.extrapolates()) depth = model.num_layers();
-  return model.trace(depth, micro_batch, seq_len, activation_trace_options(recompute_blocks, bf16))
-      .trace;
+  return model.trace(depth, micro_batch, seq_len, activations).trace;
 }
 
 struct Times {
@@ -81,21 +80,22 @@ std::vector<GemmShape> CostModel::shapes_to_measure(const trace::ModelRef& model
                                                     int64_t seq_len) {
   std::set<GemmShape> shapes;
   for (const int64_t b : micro_batches) {
-    for (const auto& s : gemm_shapes(shallow_trace(model, 1, b, seq_len, 0, false))) {
+    for (const auto& s : gemm_shapes(shallow_trace(model, 1, b, seq_len, {}))) {
       shapes.insert(s);
     }
   }
   return {shapes.begin(), shapes.end()};
 }
 
-const CostModel::PassCost& CostModel::pass(int64_t micro_batch, int64_t recompute_blocks,
-                                           bool bf16) {
-  const auto key = std::make_tuple(micro_batch, recompute_blocks, bf16);
+const CostModel::PassCost& CostModel::pass(int64_t micro_batch, const trace::TraceOptions& a) {
+  const int64_t recompute_blocks = a.recompute_blocks;
+  const auto key = std::make_tuple(micro_batch, static_cast<int>(a.recompute), recompute_blocks,
+                                   a.bf16_activations);
   if (auto it = passes_.find(key); it != passes_.end()) return it->second;
   PassCost p;
   if (!model_.extrapolates()) {
     // A module traced whole: its own figures, recomputation included.
-    const trace::Trace t = shallow_trace(model_, 0, micro_batch, seq_len_, recompute_blocks, bf16);
+    const trace::Trace t = shallow_trace(model_, 0, micro_batch, seq_len_, a);
     const Times c = trace_times(t, machine_);
     p.num_blocks = model_.num_layers();
     p.forward_s = c.forward;
@@ -107,13 +107,17 @@ const CostModel::PassCost& CostModel::pass(int64_t micro_batch, int64_t recomput
   }
   // cost(L, n) = base + L * block + n * recompute, from traces of 1 and 2 blocks (and one block
   // recomputed when the candidate recomputes any).
-  const trace::Trace t1 = shallow_trace(model_, 1, micro_batch, seq_len_, 0, bf16);
-  const trace::Trace t2 = shallow_trace(model_, 2, micro_batch, seq_len_, 0, bf16);
+  trace::TraceOptions plain = a;
+  plain.recompute = trace::Recompute::kNone;
+  plain.recompute_blocks = 0;
+  const trace::Trace t1 = shallow_trace(model_, 1, micro_batch, seq_len_, plain);
+  const trace::Trace t2 = shallow_trace(model_, 2, micro_batch, seq_len_, plain);
   const Times c1 = trace_times(t1, machine_), c2 = trace_times(t2, machine_);
   Times rc;
-  if (recompute_blocks != 0) {
-    const Times r1 =
-        trace_times(shallow_trace(model_, 1, micro_batch, seq_len_, 1, bf16), machine_);
+  if (a.recompute != trace::Recompute::kNone && recompute_blocks != 0) {
+    trace::TraceOptions first = a;
+    first.recompute_blocks = 1;
+    const Times r1 = trace_times(shallow_trace(model_, 1, micro_batch, seq_len_, first), machine_);
     rc = {r1.forward - c1.forward, r1.backward - c1.backward};
   }
   p.num_blocks = model_.num_layers();
@@ -129,7 +133,7 @@ const CostModel::PassCost& CostModel::pass(int64_t micro_batch, int64_t recomput
 
 TimePrediction CostModel::predict(const Candidate& c) {
   const strategies::StepEffects& e = c.effects;
-  const PassCost& p = pass(c.micro_batch, e.recompute_blocks, e.bf16_activations);
+  const PassCost& p = pass(c.micro_batch, activation_trace_options(e));
   TimePrediction t;
   const double k = static_cast<double>(e.micro_batches);
   t.compute_s = contention_ * k * (p.forward_s + p.backward_s);

@@ -161,11 +161,13 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
   return out;
 }
 
-trace::TraceOptions activation_trace_options(int64_t recompute_blocks, bool bf16_activations) {
+trace::TraceOptions activation_trace_options(const strategies::StepEffects& e) {
   trace::TraceOptions t;
-  t.recompute = recompute_blocks != 0 ? trace::Recompute::kBlock : trace::Recompute::kNone;
-  t.recompute_blocks = recompute_blocks;
-  t.bf16_activations = bf16_activations;
+  if (e.recompute_blocks != 0) {
+    t.recompute = e.selective_recompute ? trace::Recompute::kSelective : trace::Recompute::kBlock;
+  }
+  t.recompute_blocks = e.recompute_blocks;
+  t.bf16_activations = e.bf16_activations;
   return t;
 }
 
@@ -186,10 +188,12 @@ MemoryModel::MemoryModel(std::string model_type, nlohmann::json config, int64_t 
 MemoryModel::MemoryModel(trace::ModelRef model, int64_t seq_len, std::string optimizer)
     : model_(std::move(model)), seq_len_(seq_len), optimizer_(std::move(optimizer)) {}
 
-const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, int64_t recompute_blocks,
-                                             bool bf16, std::optional<double> in_flight_fraction,
+const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, const strategies::StepEffects& e,
+                                             std::optional<double> in_flight_fraction,
                                              bool accumulated) {
-  const auto key = std::make_tuple(micro_batch, recompute_blocks, bf16,
+  const trace::TraceOptions activations = activation_trace_options(e);
+  const auto key = std::make_tuple(micro_batch, static_cast<int>(activations.recompute),
+                                   activations.recompute_blocks, activations.bf16_activations,
                                    in_flight_fraction.value_or(-1.0), accumulated);
   auto it = needs_.find(key);
   if (it != needs_.end()) return it->second;
@@ -199,19 +203,18 @@ const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, int64_t recomp
                                           .accumulated = accumulated};
   }
   return needs_
-      .emplace(key, trace::estimate_training_need(model_, micro_batch, seq_len_,
-                                                  activation_trace_options(recompute_blocks, bf16),
+      .emplace(key, trace::estimate_training_need(model_, micro_batch, seq_len_, activations,
                                                   optimizer_, blockwise))
       .first->second;
 }
 
 int64_t MemoryModel::num_blocks() {
-  return need(1, 0, false).num_layers;
+  return need(1, strategies::StepEffects{}).num_layers;
 }
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {
   const strategies::StepEffects& e = c.effects;
-  const trace::TrainingNeed& n = need(c.micro_batch, e.recompute_blocks, e.bf16_activations);
+  const trace::TrainingNeed& n = need(c.micro_batch, e);
   const int64_t W = c.world;
   const int64_t P = n.memory.parameters, G = n.memory.gradients, O = n.memory.optimizer_state;
   // Gradients and activations at the step's peak (the trace's figure, one rank, whole model,
@@ -248,8 +251,7 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
                                 static_cast<double>(W));
     const int64_t base = resident + m.buffers;
     if (e.micro_batches == 1) {
-      m.peak = base + need(c.micro_batch, e.recompute_blocks, e.bf16_activations, in_flight)
-                          .blockwise_live_peak;
+      m.peak = base + need(c.micro_batch, e, in_flight).blockwise_live_peak;
       return m;
     }
     // Gradient accumulation: the micro-batches that do not synchronise keep every whole gradient
@@ -257,8 +259,7 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
     // into them), and the last one reduces block by block on top of them.
     m.peak = base + (n.memory.peak - P - O);
     if (e.micro_batches > 2) m.peak = std::max(m.peak, base + G + n.memory.activations_peak);
-    const trace::TrainingNeed& last =
-        need(c.micro_batch, e.recompute_blocks, e.bf16_activations, in_flight, true);
+    const trace::TrainingNeed& last = need(c.micro_batch, e, in_flight, true);
     m.peak = std::max(m.peak, base + last.blockwise_live_peak);
     return m;
   }

@@ -132,8 +132,9 @@ std::vector<nlohmann::json> bucket_choices(const SearchContext&);
 
 /// The plan of a parsed strategy, starting from `loss` (which methods may wrap or replace). Methods
 /// apply in strategy order, except tensor_parallel, first (its loss is the one others wrap); model
-/// transforms run in that order too, tensor_parallel's first (the others wrap
-/// blocks and cores whose linears it replaces; it traces the model as the user built it).
+/// transforms run in that order too, except tensor_parallel's, first (the others wrap blocks and
+/// cores whose linears it replaces; it traces the model as the user built it), and
+/// sequence_parallel's, last (Ulysses' all-to-alls outermost around the attention cores).
 TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, LossFn loss = {},
                        data::Batch sample_batch = {}, bool default_loss = false);
 

@@ -195,6 +195,11 @@ TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, Loss
   std::stable_partition(
       plan.model_transforms.begin(), plan.model_transforms.end(),
       [](const TrainingPlan::Transform& t) { return t.method == "tensor_parallel"; });
+  // Ulysses' all-to-alls go around every other wrapper of the attention cores (installed last,
+  // they are outermost), so a selective recomputation replays the core alone, not the messages.
+  std::stable_partition(
+      plan.model_transforms.begin(), plan.model_transforms.end(),
+      [](const TrainingPlan::Transform& t) { return t.method != "sequence_parallel"; });
   return plan;
 }
 

@@ -1,9 +1,11 @@
 #include "tp_layers.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/functional.hpp"
+#include "acc/tensor/kernels.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc::strategies {
@@ -137,47 +139,65 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                " rows of logits ", logits.shape());
   ACC_CHECK(vocab_size >= 1 && vocab_size <= cols * W, "vocab_parallel_cross_entropy: vocab_size ",
             vocab_size, " is outside [1, ", cols * W, "] (", cols, " columns x ", W, " ranks)");
+  ACC_CHECK_AS(TypeError, !logits.is_meta(),
+               "vocab_parallel_cross_entropy: meta logits (tracing through the vocabulary-parallel "
+               "loss is not supported)");
   const int64_t first = group->rank() * cols;  // this rank's first column
-  const Tensor z2 = logits.reshape({rows, cols});
-  // Host-side constants: the valid columns, the target's column here (if any), the counted rows.
+  const int64_t valid = std::clamp<int64_t>(vocab_size - first, 0, cols);
+  // Each row's target as a column of this rank (-1: another rank's or ignored), and the rows
+  // counted in the mean.
   const auto tgt = targets.contiguous().to_vector<int64_t>();
-  std::vector<float> valid(static_cast<size_t>(cols)), onehot(static_cast<size_t>(rows * cols), 0),
-      counted(static_cast<size_t>(rows), 0);
-  for (int64_t c = 0; c < cols; ++c) valid[static_cast<size_t>(c)] = first + c < vocab_size;
+  std::vector<int64_t> local(static_cast<size_t>(rows), -1);
+  std::vector<float> counted(static_cast<size_t>(rows), 0.f);
   int64_t count = 0;
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t t = tgt[static_cast<size_t>(i)];
     if (t == ignore_index) continue;
     ACC_CHECK(t >= 0 && t < vocab_size, "vocab_parallel_cross_entropy: target ", t, " at row ", i,
               " is outside [0, ", vocab_size, ")");
-    counted[static_cast<size_t>(i)] = 1;
+    counted[static_cast<size_t>(i)] = 1.f;
     ++count;
-    if (t >= first && t < first + cols) onehot[static_cast<size_t>(i * cols + t - first)] = 1;
+    if (t >= first && t < first + valid) local[static_cast<size_t>(i)] = t - first;
   }
-  // The row max over every rank's valid columns: a constant shift.
-  Tensor m;
+  // Fused: the row maxima over every rank's valid columns (one max-reduction), then this rank's
+  // sums of exponentials and target logits (one sum-reduction of both); the logits are never
+  // gathered and nothing is communicated in backward. lse = max + log(sum of exponentials).
+  const Tensor z = logits.contiguous();
+  Tensor mx = empty({rows});
+  kernels::vocab_ce_max(mx.data<float>(), z.data<float>(), rows, cols, valid);
+  if (W > 1) group->allreduce(mx, dist::ReduceOp::kMax)->wait();
+  Tensor sums = empty({2 * rows});
+  kernels::vocab_ce_sums(sums.data<float>(), z.data<float>(), mx.data<float>(), local.data(), rows,
+                         cols, valid);
+  if (W > 1) group->allreduce(sums, dist::ReduceOp::kSum)->wait();
+  Tensor lse = empty({rows});
+  double total = 0;
   {
-    NoGradGuard ng;
-    std::vector<float> local(static_cast<size_t>(rows), -3.0e38f);
-    const auto z = z2.contiguous().to_vector<float>();
+    const float* m = mx.data<float>();
+    const float* s = sums.data<float>();
+    float* l = lse.data<float>();
     for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t c = 0; c < cols; ++c) {
-        if (valid[static_cast<size_t>(c)] != 0) {
-          local[static_cast<size_t>(i)] =
-              std::max(local[static_cast<size_t>(i)], z[static_cast<size_t>(i * cols + c)]);
-        }
-      }
+      const float log_sum = std::log(s[i]);
+      l[i] = m[i] + log_sum;
+      if (counted[static_cast<size_t>(i)] != 0.f) total += log_sum - s[rows + i];
     }
-    m = from_vector(local, {rows, 1});
-    if (W > 1) group->allreduce(m, dist::ReduceOp::kMax)->wait();
   }
-  const Tensor shifted = sub(z2, m);
-  const Tensor sum_exp =
-      dist::reduce_from_group(sum(mul(exp(shifted), from_vector(valid, {1, cols})), 1), group);
-  const Tensor target_logit =
-      dist::reduce_from_group(sum(mul(shifted, from_vector(onehot, {rows, cols})), 1), group);
-  const Tensor per_row = mul(sub(log(sum_exp), target_logit), from_vector(counted, {rows}));
-  return scale(sum(per_row), count > 0 ? 1.0 / static_cast<double>(count) : 0.0);
+  Tensor out = empty({});
+  *out.data<float>() = static_cast<float>(count > 0 ? total / static_cast<double>(count) : 0.0);
+  autograd::record_op(
+      "VocabParallelCrossEntropyBackward", {logits}, {out},
+      [z, lse, local = std::move(local), counted = std::move(counted), rows, cols, valid, count](
+          const std::vector<Tensor>& g, const std::vector<bool>&) {
+        Tensor dz = empty(z.shape());
+        const float scale =
+            count > 0 ? static_cast<float>(g[0].item() / static_cast<double>(count)) : 0.f;
+        std::vector<float> dloss(counted.size());
+        for (size_t i = 0; i < counted.size(); ++i) dloss[i] = counted[i] * scale;
+        kernels::vocab_ce_backward(dz.data<float>(), z.data<float>(), lse.data<float>(),
+                                   local.data(), dloss.data(), rows, cols, valid);
+        return std::vector<Tensor>{dz};
+      });
+  return out;
 }
 
 }  // namespace acc::strategies

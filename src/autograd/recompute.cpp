@@ -12,33 +12,56 @@ Tensor recompute(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x
   // on, so the block runs normally (a model's first block input requires grad through the
   // embedding, so this is the rare case of a frozen front).
   if (!GradMode::is_enabled() || !x.requires_grad()) return fn(x);
+  return recompute([fn](const std::vector<Tensor>& in) { return fn(in[0]); }, {x});
+}
+
+Tensor recompute(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                 const std::vector<Tensor>& inputs) {
+  ACC_CHECK(!inputs.empty(), "recompute: expects at least one input, got none");
+  if (!autograd::any_requires_grad(inputs)) return fn(inputs);
   Generator& gen = default_generator();
   const uint64_t seed = gen.seed(), offset = gen.offset();
   Tensor out;
   {
     NoGradGuard no_grad;
-    out = fn(x);
+    out = fn(inputs);
   }
-  if (out.is_same(x)) out = x.detach();  // an identity block: give the node its own output
-  // The node's input is x; parameters inside fn are reached by the inner backward.
-  Tensor saved = x.detach();
-  autograd::record_op(
-      "RecomputeBackward", {x}, {out},
-      [fn, saved, seed, offset](const std::vector<Tensor>& g, const std::vector<bool>&) {
-        Generator& gen = default_generator();
-        const uint64_t now_seed = gen.seed(), now_offset = gen.offset();
-        gen.set_state(seed, offset);
-        Tensor input = saved.detach();
-        input.set_requires_grad(true);
-        Tensor y;
-        {
-          GradModeGuard grad_on(true);
-          y = fn(input);
-        }
-        gen.set_state(now_seed, now_offset);
-        if (y.requires_grad()) autograd::backward({y}, {g[0]});
-        return std::vector<Tensor>{input.grad()};
-      });
+  // An identity function: give the node its own output.
+  for (const Tensor& x : inputs) {
+    if (out.is_same(x)) out = x.detach();
+  }
+  // The node's inputs are `inputs`; parameters inside fn are reached by the inner backward.
+  std::vector<Tensor> saved;
+  std::vector<bool> wants_grad;
+  for (const Tensor& x : inputs) {
+    saved.push_back(x.detach());
+    wants_grad.push_back(x.requires_grad());
+  }
+  autograd::record_op("RecomputeBackward", inputs, {out},
+                      [fn, saved, wants_grad, seed, offset](const std::vector<Tensor>& g,
+                                                            const std::vector<bool>&) {
+                        Generator& gen = default_generator();
+                        const uint64_t now_seed = gen.seed(), now_offset = gen.offset();
+                        gen.set_state(seed, offset);
+                        std::vector<Tensor> again;
+                        for (size_t i = 0; i < saved.size(); ++i) {
+                          Tensor input = saved[i].detach();
+                          if (wants_grad[i]) input.set_requires_grad(true);
+                          again.push_back(std::move(input));
+                        }
+                        Tensor y;
+                        {
+                          GradModeGuard grad_on(true);
+                          y = fn(again);
+                        }
+                        gen.set_state(now_seed, now_offset);
+                        if (y.requires_grad()) autograd::backward({y}, {g[0]});
+                        std::vector<Tensor> grads;
+                        for (size_t i = 0; i < again.size(); ++i) {
+                          grads.push_back(wants_grad[i] ? again[i].grad() : Tensor());
+                        }
+                        return grads;
+                      });
   return out;
 }
 

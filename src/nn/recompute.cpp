@@ -4,6 +4,8 @@
 
 #include "acc/autograd/recompute.hpp"
 #include "acc/autograd/saved.hpp"
+#include "acc/nn/transformer.hpp"
+#include "acc/util/error.hpp"
 
 namespace acc::nn {
 namespace {
@@ -45,6 +47,30 @@ Undo recompute_blocks(Module& root, const std::vector<std::string>& blocks) {
       [](Module&, const Tensor& x, const std::function<Tensor(const Tensor&)>& fwd) {
         return recompute(fwd, x);
       });
+}
+
+Undo recompute_attention_cores(Module& root, const std::vector<std::string>& blocks) {
+  const AttentionCoreWrapper checkpointed = [](const AttentionCore& inner, const Tensor& q,
+                                               const Tensor& k, const Tensor& v) {
+    // By value: the recomputation replays `inner` in backward, after this call has returned.
+    return recompute([inner](const std::vector<Tensor>& in) { return inner(in[0], in[1], in[2]); },
+                     {q, k, v});
+  };
+  const std::vector<ModulePtr> modules = submodules(root, blocks);
+  std::vector<Undo> undos;
+  auto undo_all = [](std::vector<Undo>& u) {
+    for (auto it = u.rbegin(); it != u.rend(); ++it) (*it)();
+    u.clear();
+  };
+  for (size_t i = 0; i < modules.size(); ++i) {
+    try {
+      undos.push_back(wrap_attention_cores(*modules[i], checkpointed));
+    } catch (const ValueError& e) {
+      undo_all(undos);
+      ACC_THROW(ValueError, "selective recomputation: block '", blocks[i], "': ", e.what());
+    }
+  }
+  return [undos = std::move(undos), undo_all]() mutable { undo_all(undos); };
 }
 
 Undo bf16_activation_blocks(Module& root, const std::vector<std::string>& blocks) {

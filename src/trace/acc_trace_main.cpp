@@ -81,10 +81,10 @@ int main(int argc, char** argv) {
       ->check(integer(1));
   app.add_option("--json", json_out, "write the whole trace as JSON");
   app.add_option("--dot", dot_out, "write the graph as Graphviz DOT");
-  app.add_option("--recompute", recompute, "none | block")->capture_default_str();
+  app.add_option("--recompute", recompute, "none | block | selective")->capture_default_str();
   app.add_option("--recompute-blocks", recompute_blocks,
-                 "with --recompute block: how many blocks from the first (-1: all), as the "
-                 "checkpoint strategy's {\"blocks\": N}")
+                 "with --recompute block or selective: how many blocks from the first (-1: all), "
+                 "as the checkpoint strategy's {\"blocks\": N}")
       ->check(integer(-1))
       ->capture_default_str();
   app.add_flag("--bf16-activations", bf16_activations,

@@ -264,7 +264,7 @@ TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t 
 
   const int64_t n = need.num_layers;
   // Recomputation of the first k of n blocks mixes two kinds of block; all or none is one kind.
-  const bool partial = options.recompute == Recompute::kBlock && options.recompute_blocks >= 0 &&
+  const bool partial = options.recompute != Recompute::kNone && options.recompute_blocks >= 0 &&
                        options.recompute_blocks < n;
   const int64_t k = partial ? options.recompute_blocks : 0;
   TraceOptions uniform = options;

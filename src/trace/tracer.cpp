@@ -33,11 +33,21 @@ const char* phase_name(Phase p) {
 Recompute parse_recompute(const std::string& name) {
   if (name == "none") return Recompute::kNone;
   if (name == "block") return Recompute::kBlock;
-  ACC_THROW(ValueError, "unknown recompute choice '", name, "' (expected none or block)");
+  if (name == "selective") return Recompute::kSelective;
+  ACC_THROW(ValueError, "unknown recompute choice '", name,
+            "' (expected none, block or selective)");
 }
 
 const char* recompute_name(Recompute r) {
-  return r == Recompute::kNone ? "none" : "block";
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kBlock:
+      return "block";
+    case Recompute::kSelective:
+      return "selective";
+  }
+  return "none";
 }
 
 // Builds the Graph from the observer callbacks of one trace.
@@ -239,7 +249,7 @@ class MetaSwap {
 
 // The strategies' block wrappers applied while alive, through the code paths of the `amp` and
 // `checkpoint` methods: bf16 activations in every repeated block (inner), then recomputation of
-// the first `options.recompute_blocks` of them (all with -1).
+// the first `options.recompute_blocks` of them (all with -1), whole or their attention cores.
 class BlockWrappers {
  public:
   BlockWrappers(nn::Module& root, const TraceOptions& options) {
@@ -253,7 +263,9 @@ class BlockWrappers {
         options.recompute_blocks < static_cast<int64_t>(blocks.size())) {
       blocks.resize(static_cast<size_t>(options.recompute_blocks));
     }
-    unwraps_.push_back(nn::recompute_blocks(root, blocks));
+    unwraps_.push_back(options.recompute == Recompute::kSelective
+                           ? nn::recompute_attention_cores(root, blocks)
+                           : nn::recompute_blocks(root, blocks));
   }
   ~BlockWrappers() {
     for (auto it = unwraps_.rbegin(); it != unwraps_.rend(); ++it) (*it)();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "acc/models/models.hpp"
@@ -35,8 +36,8 @@ std::string error_of(const SpaceOptions& o, int64_t blocks = 4) {
 
 TEST(Space, OneRankSpaceHasNoGradSyncAndEveryOtherCombination) {
   const auto cands = enumerate_candidates(opts(1, 8), 4);
-  // checkpoint: none, half, all (3) x grad_accum: none, 2, 4, 8 (4); amp not allowed.
-  EXPECT_EQ(cands.size(), 12u);
+  // checkpoint: none, half, all, selective (4) x grad_accum: none, 2, 4, 8 (4); amp not allowed.
+  EXPECT_EQ(cands.size(), 16u);
   std::set<std::string> seen;
   for (const auto& c : cands) {
     EXPECT_TRUE(seen.insert(c.describe()).second) << "twice: " << c.describe();
@@ -48,13 +49,14 @@ TEST(Space, OneRankSpaceHasNoGradSyncAndEveryOtherCombination) {
   }
   EXPECT_TRUE(seen.count("single process"));
   EXPECT_TRUE(seen.count("checkpoint{\"blocks\":\"all\"} + grad_accum{\"steps\":8}"));
+  EXPECT_TRUE(seen.count("checkpoint{\"kind\":\"selective\"}"));
 }
 
 TEST(Space, SeveralRanksAlwaysSynchroniseGradients) {
   const auto cands = enumerate_candidates(opts(2, 8, true), 4);
-  // grad_sync: ddp x2 buckets, zero1 x2, zero2 x2, fsdp (7) x amp (2) x checkpoint (3) x
+  // grad_sync: ddp x2 buckets, zero1 x2, zero2 x2, fsdp (7) x amp (2) x checkpoint (4) x
   // grad_accum on 4 per rank: none, 2, 4 (3).
-  EXPECT_EQ(cands.size(), 7u * 2 * 3 * 3);
+  EXPECT_EQ(cands.size(), 7u * 2 * 4 * 3);
   for (const auto& c : cands) {
     int sync = 0;
     for (const auto& m : c.strategy) {
@@ -64,7 +66,7 @@ TEST(Space, SeveralRanksAlwaysSynchroniseGradients) {
   }
   const auto only_fsdp_amp =
       enumerate_candidates(opts(2, 8, true, {"ddp", "zero1", "zero2"}, {"amp"}), 4);
-  EXPECT_EQ(only_fsdp_amp.size(), 3u * 3);
+  EXPECT_EQ(only_fsdp_amp.size(), 4u * 3);
   for (const auto& c : only_fsdp_amp) {
     EXPECT_EQ(c.strategy.front().name, "fsdp");
     EXPECT_TRUE(c.effects.bf16_communication);
@@ -100,6 +102,7 @@ TEST(MemoryModel, OneRankPredictionsMatchTheMeasuredPeak) {
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>((i * 37) % 256);
   data::Batch batch{from_vector(idx, {B, T}), from_vector(idx, {B, T})};
   double worst = 0;
+  std::map<std::string, std::pair<int64_t, int64_t>> peaks;  // predicted, measured
   for (const auto& c : cands) {
     const MemoryPrediction p = mm.predict(c);
     const DryRunResult r = dry_run(*model, optim::AdamW::factory({.lr = 1e-3}), c, batch, nullptr,
@@ -109,8 +112,22 @@ TEST(MemoryModel, OneRankPredictionsMatchTheMeasuredPeak) {
     worst = std::max(worst, err);
     EXPECT_LE(err, 0.05) << c.describe() << ": predicted " << p.peak << ", measured "
                          << r.peak_bytes;
+    peaks[c.describe()] = {p.peak, r.peak_bytes};
   }
   std::printf("one rank: %zu candidates, worst peak error %.2f%%\n", cands.size(), 100 * worst);
+  // Selective recomputation (the attention cores) sits between none and whole blocks, predicted
+  // and measured: it drops what the cores save and keeps the rest.
+  const auto none = peaks.at("single process"), full = peaks.at("checkpoint{\"blocks\":\"all\"}"),
+             selective = peaks.at("checkpoint{\"kind\":\"selective\"}");
+  std::printf(
+      "peak bytes predicted/measured: none %lld/%lld, selective %lld/%lld, full %lld/%lld\n",
+      static_cast<long long>(none.first), static_cast<long long>(none.second),
+      static_cast<long long>(selective.first), static_cast<long long>(selective.second),
+      static_cast<long long>(full.first), static_cast<long long>(full.second));
+  EXPECT_LT(selective.second, none.second);
+  EXPECT_GT(selective.second, full.second);
+  EXPECT_LT(selective.first, none.first);
+  EXPECT_GT(selective.first, full.first);
 }
 
 }  // namespace
@@ -149,8 +166,12 @@ TEST(CostModel, EffectsMoveThePredictionTheWayTheyShould) {
   EXPECT_GT(ddp.compute_s, 0);
   EXPECT_GT(ddp.comm_s, 0);
   EXPECT_NEAR(ddp.step_s, ddp.compute_s + ddp.optimizer_s + ddp.exposed_comm_s, 1e-12);
-  EXPECT_LT(amp.comm_s, ddp.comm_s);                   // bf16 gradients: half the bytes
-  EXPECT_GT(ckpt.compute_s, ddp.compute_s);            // the forward again in backward
+  EXPECT_LT(amp.comm_s, ddp.comm_s);         // bf16 gradients: half the bytes
+  EXPECT_GT(ckpt.compute_s, ddp.compute_s);  // the forward again in backward
+  // The attention cores again in backward: more than none, less than whole blocks.
+  const TimePrediction selective = find("ddp + checkpoint{\"kind\":\"selective\"}");
+  EXPECT_GT(selective.compute_s, ddp.compute_s);
+  EXPECT_LT(selective.compute_s, ckpt.compute_s);
   EXPECT_LT(zero1.optimizer_s, ddp.optimizer_s);       // half the optimizer state per rank
   EXPECT_GT(zero1.comm_s, ddp.comm_s);                 // plus the parameters' all-gather
   EXPECT_GT(fsdp.exposed_comm_s, ddp.exposed_comm_s);  // gathers before every block, waited for

@@ -64,6 +64,15 @@ TEST(Strategy, BadEntriesNameTheEntryAndTheReason) {
   expect_error(nlohmann::json::parse(R"([{"name": "amp", "config": {"dtype": "fp16"}}])"),
                "dtype must be \"bf16\"");
   expect_error(nlohmann::json::parse(R"([{"name": "ddp", "extra": 1}])"), "unknown field 'extra'");
+  expect_error(nlohmann::json::parse(R"([{"name": "checkpoint", "config": {"kind": "partial"}}])"),
+               "checkpoint: kind must be \"full\" or \"selective\", got \"partial\"");
+  expect_error(nlohmann::json::parse(R"([{"name": "checkpoint", "config": {"kind": 2}}])"),
+               "kind must be \"full\" or \"selective\", got 2");
+  expect_error(nlohmann::json::parse(R"([{"name": "checkpoint", "config": {"kind": "selective",
+                                                                   "blocks": -1}}])"),
+               "blocks must be a count >= 0 or \"all\", got -1");
+  EXPECT_NO_THROW(parse_strategy(nlohmann::json::parse(
+      R"([{"name": "checkpoint", "config": {"kind": "full", "blocks": 1}}])")));
   EXPECT_THROW(strategies::parse_strategy_arg("[{\"name\": "), ValueError);
   EXPECT_THROW(strategies::parse_strategy_arg("/nonexistent/strategy.json"), IoError);
 }
@@ -161,8 +170,9 @@ TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
   }
   EXPECT_EQ(choices["grad_accum"],
             (std::vector<nlohmann::json>{{{"steps", 2}}, {{"steps", 4}}, {{"steps", 8}}}));
-  EXPECT_EQ(choices["checkpoint"],
-            (std::vector<nlohmann::json>{{{"blocks", 2}}, {{"blocks", "all"}}}));
+  EXPECT_EQ(
+      choices["checkpoint"],
+      (std::vector<nlohmann::json>{{{"blocks", 2}}, {{"blocks", "all"}}, {{"kind", "selective"}}}));
   for (const auto& m : methods) {
     EXPECT_EQ(m.needs_ranks, m.slot == "grad_sync") << m.name;
     EXPECT_EQ(m.needs_bf16, m.name == "amp") << m.name;
@@ -180,6 +190,10 @@ TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
   const auto fsdp = effects_of("fsdp", nlohmann::json::object());
   EXPECT_TRUE(fsdp.shard_parameters && fsdp.shard_gradients && fsdp.shard_optimizer_state);
   EXPECT_EQ(effects_of("checkpoint", {{"blocks", "all"}}).recompute_blocks, 4);
+  EXPECT_FALSE(effects_of("checkpoint", {{"blocks", "all"}}).selective_recompute);
+  const auto selective = effects_of("checkpoint", {{"kind", "selective"}, {"blocks", 3}});
+  EXPECT_EQ(selective.recompute_blocks, 3);
+  EXPECT_TRUE(selective.selective_recompute);
   EXPECT_EQ(effects_of("grad_accum", {{"steps", 4}}).micro_batches, 4);
   EXPECT_TRUE(effects_of("amp", nlohmann::json::object()).bf16_communication);
 }

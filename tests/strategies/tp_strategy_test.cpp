@@ -312,12 +312,13 @@ TEST(TensorParallel, MegatronSequenceParallelWithDropoutEqualsOneProcess) {
 // The collectives of one training step over tp, counted from the flight recorder, against what
 // the design predicts for L blocks (GPT, tied vocabulary-parallel head, tp over the whole world,
 // so the gradient norm's sum is over the same group):
-//   tp only     all-reduce: forward 1 (embedding) + 2L (row-parallel outputs) + 3 (the loss's
-//               max, sum of exponentials, target logit); backward 1 (the head's input) + 2L
+//   tp only     all-reduce: forward 1 (embedding) + 2L (row-parallel outputs) + 2 (the loss's
+//               row maxima; its sums of exponentials and target logits, fused into one);
+//               backward 1 (the head's input) + 2L
 //               (column-parallel inputs); the step 1 (gradient norm).
 //   + megatron  all-gather: forward 2L + 1 (column inputs, the last block's output), backward
 //               2L + 1 (row outputs, the first block's input); reduce-scatter: 2L forward (row
-//               outputs), 2L backward (column inputs); all-reduce: forward 1 + 3, backward 1,
+//               outputs), 2L backward (column inputs); all-reduce: forward 1 + 2, backward 1,
 //               the step 2L (the norm weights' partial gradients) + 1.
 std::map<std::string, int> collectives_of_a_step(const std::string& strategy) {
   manual_seed(11);
@@ -351,12 +352,12 @@ TEST(TensorParallel, CollectivesPerStepAreTheDesigns) {
   // The loss's row maximum is the one max-reduction; every other reduction sums.
   EXPECT_EQ(collectives_of_a_step(tp(world())),
             (std::map<std::string, int>{{"allreduce.max", 1},
-                                        {"allreduce.sum", (1 + 2 * L + 2) + (1 + 2 * L) + 1}}));
+                                        {"allreduce.sum", (1 + 2 * L + 1) + (1 + 2 * L) + 1}}));
   EXPECT_EQ(collectives_of_a_step(tp(world(), megatron_sp())),
             (std::map<std::string, int>{{"allgather", 2 * (2 * L + 1)},
                                         {"reduce_scatter.sum", 2 * 2 * L},
                                         {"allreduce.max", 1},
-                                        {"allreduce.sum", (1 + 2) + 1 + (2 * L + 1)}}));
+                                        {"allreduce.sum", (1 + 1) + 1 + (2 * L + 1)}}));
 }
 
 TEST(TensorParallel, RefusesSplitsThatDoNotDivide) {

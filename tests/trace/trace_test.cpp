@@ -8,6 +8,7 @@
 
 #include "acc/autograd/recompute.hpp"
 #include "acc/models/models.hpp"
+#include "acc/nn/recompute.hpp"
 #include "acc/optim/adam.hpp"
 #include "acc/tensor/allocator.hpp"
 #include "acc/trace/dump.hpp"
@@ -298,6 +299,10 @@ TEST_P(MemoryEstimate, PredictsMeasuredPeakWithinHalfAPercent) {
           [](nn::Module&, const Tensor& x, const auto& fwd) { return recompute(fwd, x); });
     }
   }
+  nn::Undo undo_selective;
+  if (mc.recompute == trace::Recompute::kSelective) {
+    undo_selective = nn::recompute_attention_cores(*model, trace::find_blocks(*model).at(0).blocks);
+  }
   optim::AdamW opt(model->named_parameters());
   opt.zero_grad();
   memory::reset_peak();
@@ -309,6 +314,7 @@ TEST_P(MemoryEstimate, PredictsMeasuredPeakWithinHalfAPercent) {
   }
   const int64_t measured = memory::peak_bytes() - base;
   for (auto& [block, w] : saved) block->set_forward_wrapper(w);
+  if (undo_selective) undo_selective();
   const double err = std::abs(static_cast<double>(est.peak - measured)) / measured;
   EXPECT_LT(err, 0.005) << mc.name << ": estimated " << est.peak << " measured " << measured;
   RecordProperty("relative_error", std::to_string(err));
@@ -320,7 +326,9 @@ INSTANTIATE_TEST_SUITE_P(
                     MemCase{"gpt_b8_t64", "gpt", 8, 64, trace::Recompute::kNone},
                     MemCase{"gpt_b4_t64_recompute", "gpt", 4, 64, trace::Recompute::kBlock},
                     MemCase{"gpt_b16_t16_recompute", "gpt", 16, 16, trace::Recompute::kBlock},
+                    MemCase{"gpt_b4_t64_selective", "gpt", 4, 64, trace::Recompute::kSelective},
                     MemCase{"llama_b4_t32", "llama", 4, 32, trace::Recompute::kNone},
+                    MemCase{"llama_b8_t64_selective", "llama", 8, 64, trace::Recompute::kSelective},
                     MemCase{"llama_b8_t64_recompute", "llama", 8, 64, trace::Recompute::kBlock},
                     MemCase{"llama_b2_t64", "llama", 2, 64, trace::Recompute::kNone}),
     [](const testing::TestParamInfo<MemCase>& info) { return info.param.name; });
@@ -339,8 +347,29 @@ TEST(Trace, RecomputeLowersTheActivationPeak) {
   EXPECT_GT(trace::estimate_compute(tb).total(), trace::estimate_compute(tn).total());
 }
 
+// Selective recomputation drops what the attention cores keep for backward (the fused kernel's
+// output and row statistics) and keeps the rest: between none and whole blocks. Its recomputed
+// cores add forward FLOPs, fewer than whole blocks do.
+TEST(Trace, SelectiveRecomputationSitsBetweenNoneAndWholeBlocks) {
+  models::GPT gpt(small_gpt(4));
+  Tensor idx = tokens(8, 64, 128);
+  auto traced = [&](trace::Recompute r) { return trace::trace(gpt, {idx, idx}, {.recompute = r}); };
+  const trace::Trace tn = traced(trace::Recompute::kNone), tb = traced(trace::Recompute::kBlock),
+                     ts = traced(trace::Recompute::kSelective);
+  const auto none = trace::estimate_memory(tn), block = trace::estimate_memory(tb),
+             selective = trace::estimate_memory(ts);
+  EXPECT_LT(selective.activations_peak, none.activations_peak);
+  EXPECT_GT(selective.activations_peak, block.activations_peak);
+  const double cn = trace::estimate_compute(tn).total(), cb = trace::estimate_compute(tb).total(),
+               cs = trace::estimate_compute(ts).total();
+  EXPECT_GT(cs, cn);
+  EXPECT_LT(cs, cb);
+  EXPECT_EQ(trace::parse_recompute("selective"), trace::Recompute::kSelective);
+  EXPECT_STREQ(trace::recompute_name(trace::Recompute::kSelective), "selective");
+}
+
 TEST(Trace, BadOptionsAreRejected) {
-  EXPECT_THROW(trace::parse_recompute("selective"), ValueError);
+  EXPECT_THROW(trace::parse_recompute("partial"), ValueError);
   EXPECT_THROW(trace::optimizer_state_factor("lamb"), ValueError);
 }
 
@@ -416,7 +445,18 @@ INSTANTIATE_TEST_SUITE_P(
                              {.recompute = trace::Recompute::kBlock,
                               .recompute_blocks = 3,
                               .bf16_activations = true}},
+                    NeedCase{"gpt_selective", "gpt", {.recompute = trace::Recompute::kSelective}},
+                    NeedCase{"gpt_selective_2",
+                             "gpt",
+                             {.recompute = trace::Recompute::kSelective, .recompute_blocks = 2}},
+                    NeedCase{"gpt_bf16_selective_3",
+                             "gpt",
+                             {.recompute = trace::Recompute::kSelective,
+                              .recompute_blocks = 3,
+                              .bf16_activations = true}},
                     NeedCase{"llama", "llama", {}},
+                    NeedCase{
+                        "llama_selective", "llama", {.recompute = trace::Recompute::kSelective}},
                     NeedCase{"llama_recompute", "llama", {.recompute = trace::Recompute::kBlock}},
                     NeedCase{"llama_recompute_1",
                              "llama",

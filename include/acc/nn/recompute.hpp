@@ -23,6 +23,13 @@ Undo wrap_forward(const std::vector<ModulePtr>& modules, const Module::ForwardWr
 /// a submodule of `root`.
 Undo recompute_blocks(Module& root, const std::vector<std::string>& blocks);
 
+/// Selective recomputation (Korthikanti et al. 2022): inside each of `blocks` (dotted paths under
+/// `root`), every attention core (CausalSelfAttention, LlamaAttention: softmax(QK^T)V) keeps only
+/// its q, k, v during forward and runs again in backward (acc::recompute over the three); the
+/// projections, norms and MLP keep their activations. Throws acc::ValueError naming a path that is
+/// not a submodule of `root`, or naming the first block without an attention core.
+Undo recompute_attention_cores(Module& root, const std::vector<std::string>& blocks);
+
 /// amp's blocks: inside each of `blocks` the activations saved for backward are kept in bf16
 /// (autograd::SaveActivationsInBf16), and each block's output is rounded to bf16 (so is the
 /// gradient flowing back into it). Throws as recompute_blocks.

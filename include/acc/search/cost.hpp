@@ -64,14 +64,16 @@ class CostModel {
     int64_t block_parameters = 0;  // elements of one block
     int64_t num_blocks = 0;
   };
-  const PassCost& pass(int64_t micro_batch, int64_t recompute_blocks, bool bf16);
+  /// The forward and backward of a micro-batch with the candidate's activation options.
+  const PassCost& pass(int64_t micro_batch, const trace::TraceOptions& activations);
 
   trace::ModelRef model_;
   int64_t seq_len_;
   MachineCalibration machine_;
   CommCalibration comm_;
   double contention_ = 1.0;
-  std::map<std::tuple<int64_t, int64_t, bool>, PassCost> passes_;
+  // (micro-batch, recomputation, recomputed blocks, bf16 activations).
+  std::map<std::tuple<int64_t, int, int64_t, bool>, PassCost> passes_;
 };
 
 }  // namespace acc::search

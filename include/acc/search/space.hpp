@@ -61,8 +61,9 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& options, int64_t
 int64_t per_rank_batch(int64_t global_batch, int world);
 
 /// The trace options of a candidate's activation effects (StepEffects::recompute_blocks: 0 none,
-/// -1 all, else the first n blocks; bf16_activations), as the memory and the time model trace it.
-trace::TraceOptions activation_trace_options(int64_t recompute_blocks, bool bf16_activations);
+/// -1 all, else the first n blocks, whole or, with selective_recompute, their attention cores;
+/// bf16_activations), as the memory and the time model trace it.
+trace::TraceOptions activation_trace_options(const strategies::StepEffects& e);
 
 /// A candidate's predicted per-rank memory, bytes.
 struct MemoryPrediction {
@@ -76,7 +77,7 @@ struct MemoryPrediction {
 };
 
 /// Predicts memory for candidates of one model, caching the traced need per (micro-batch,
-/// recomputed blocks, bf16 activations).
+/// recomputation, recomputed blocks, bf16 activations).
 class MemoryModel {
  public:
   MemoryModel(std::string model_type, nlohmann::json config, int64_t seq_len,
@@ -86,7 +87,7 @@ class MemoryModel {
   MemoryPrediction predict(const Candidate& c);
   /// The traced need of a step of `micro_batch` samples with the candidate's activation options
   /// (and, given an in-flight fraction, its blockwise gradient peak: trace::BlockwiseGradients).
-  const trace::TrainingNeed& need(int64_t micro_batch, int64_t recompute_blocks, bool bf16,
+  const trace::TrainingNeed& need(int64_t micro_batch, const strategies::StepEffects& e,
                                   std::optional<double> in_flight_fraction = std::nullopt,
                                   bool accumulated = false);
   int64_t num_blocks();
@@ -95,7 +96,8 @@ class MemoryModel {
   trace::ModelRef model_;
   int64_t seq_len_;
   std::string optimizer_;
-  std::map<std::tuple<int64_t, int64_t, bool, double, bool>, trace::TrainingNeed> needs_;
+  // (micro-batch, recomputation, recomputed blocks, bf16, in-flight fraction, accumulated).
+  std::map<std::tuple<int64_t, int, int64_t, bool, double, bool>, trace::TrainingNeed> needs_;
 };
 
 }  // namespace acc::search

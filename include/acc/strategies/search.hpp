@@ -26,7 +26,9 @@ struct SearchContext {
 /// micro-batch, nothing recomputed, f32 throughout, no communication.
 struct StepEffects {
   // Activations (the trace's options).
-  int64_t recompute_blocks = 0;   // blocks recomputed in backward, from the first (-1: all)
+  int64_t recompute_blocks = 0;  // blocks recomputed in backward, from the first (-1: all)
+  /// Only those blocks' attention cores are recomputed (checkpoint {"kind": "selective"}).
+  bool selective_recompute = false;
   bool bf16_activations = false;  // saved activations inside blocks kept in bf16
   // Schedule.
   int micro_batches = 1;  // the per-rank batch is split into this many

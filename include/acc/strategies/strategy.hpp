@@ -13,7 +13,8 @@
 //   fsdp        ZeRO-3: parameters sharded too, gathered per unit for forward and backward
 //   amp         bf16 for block activations and gradient communication, fp32 master weights
 //   checkpoint  activation recomputation: {"blocks": N | "all"} of the units, from the first,
-//               keep only their inputs and recompute in backward
+//               keep only their inputs and recompute in backward ({"kind": "full"}, the
+//               default); {"kind": "selective"} recomputes only their attention cores from q, k, v
 //   grad_accum  k micro-batches per optimizer step, gradients synchronised on the last only
 //   tensor_parallel  {"size": t}: Megatron 1D tensor parallelism over the mesh dimension tp (the
 //               attention's q|k|v and the MLP's first linears column-parallel, the output

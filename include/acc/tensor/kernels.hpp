@@ -127,4 +127,17 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
                             const Index* targets, const float* dloss, int64_t N, int64_t V,
                             int64_t ignore_index);
 
+// ---- vocabulary-parallel cross-entropy: one rank's Vl columns of the logits (N, Vl), the first
+// `valid` of them real (the rest padding) ----
+// mx (N) = the row maxima over the valid columns (-3e38 when there are none).
+void vocab_ce_max(float* mx, const float* logits, int64_t N, int64_t Vl, int64_t valid);
+// sums (2N): [n] = sum over the valid columns of exp(x - mx[n]); [N + n] = x[tl[n]] - mx[n] when
+// the target's local column tl[n] >= 0 (on this rank), else 0.
+void vocab_ce_sums(float* sums, const float* logits, const float* mx, const int64_t* tl, int64_t N,
+                   int64_t Vl, int64_t valid);
+// dlogits (N, Vl) = (exp(x - lse[n]) - onehot(tl[n])) * dloss[n] on the valid columns, 0 on the
+// padding and on rows with dloss[n] == 0 (ignored targets).
+void vocab_ce_backward(float* dlogits, const float* logits, const float* lse, const int64_t* tl,
+                       const float* dloss, int64_t N, int64_t Vl, int64_t valid);
+
 }  // namespace acc::kernels

@@ -18,18 +18,19 @@
 
 namespace acc::trace {
 
-/// Activation recomputation applied while tracing: none, or every repeated block (the blocks
-/// find_blocks() reports) recomputed in backward.
-enum class Recompute { kNone, kBlock };
-/// "none" | "block"; throws acc::ValueError for anything else.
+/// Activation recomputation applied while tracing: none, the repeated blocks (the blocks
+/// find_blocks() reports) recomputed whole in backward (the `checkpoint` method's "full"), or only
+/// their attention cores (nn::recompute_attention_cores: the method's "selective").
+enum class Recompute { kNone, kBlock, kSelective };
+/// "none" | "block" | "selective"; throws acc::ValueError for anything else.
 Recompute parse_recompute(const std::string& name);
 const char* recompute_name(Recompute r);
 
 struct TraceOptions {
   bool backward = true;
   Recompute recompute = Recompute::kNone;
-  /// With kBlock: how many of the repeated blocks, from the first (-1: all), as the `checkpoint`
-  /// strategy method's {"blocks": N}.
+  /// With kBlock or kSelective: how many of the repeated blocks, from the first (-1: all), as the
+  /// `checkpoint` strategy method's {"blocks": N}.
   int64_t recompute_blocks = -1;
   /// Activations saved inside the repeated blocks kept in bf16, as the `amp` strategy method does.
   bool bf16_activations = false;

@@ -104,6 +104,47 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
   });
 }
 
+void vocab_ce_max(float* mx, const float* logits, int64_t N, int64_t Vl, int64_t valid) {
+  parallel_for(N, std::max<int64_t>(1, 16384 / std::max<int64_t>(Vl, 1)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t n = b; n < e; ++n) {
+                   mx[n] = valid > 0 ? vec::max(logits + n * Vl, valid) : -3.0e38f;
+                 }
+               });
+}
+
+void vocab_ce_sums(float* sums, const float* logits, const float* mx, const int64_t* tl, int64_t N,
+                   int64_t Vl, int64_t valid) {
+  parallel_for(
+      N, std::max<int64_t>(1, 16384 / std::max<int64_t>(Vl, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t n = b; n < e; ++n) {
+          const float* x = logits + n * Vl;
+          sums[n] = valid > 0 ? vec::sum_exp(x, mx[n], valid, n + 1 < e ? x + Vl : nullptr) : 0.f;
+          sums[N + n] = tl[n] >= 0 ? x[tl[n]] - mx[n] : 0.f;
+        }
+      });
+}
+
+void vocab_ce_backward(float* dlogits, const float* logits, const float* lse, const int64_t* tl,
+                       const float* dloss, int64_t N, int64_t Vl, int64_t valid) {
+  parallel_for(N, std::max<int64_t>(1, 16384 / std::max<int64_t>(Vl, 1)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t n = b; n < e; ++n) {
+                   const float* x = logits + n * Vl;
+                   float* d = dlogits + n * Vl;
+                   const float g = dloss[n], l = lse[n];
+                   if (g == 0.f) {  // an ignored row
+                     for (int64_t i = 0; i < Vl; ++i) d[i] = 0.f;
+                     continue;
+                   }
+                   for (int64_t i = 0; i < valid; ++i) d[i] = vec::exp(x[i] - l) * g;
+                   for (int64_t i = valid; i < Vl; ++i)
+                     d[i] = 0.f;  // padding: in no loss, no gradient
+                   if (tl[n] >= 0) d[tl[n]] -= g;
+                 }
+               });
+}
+
 void rope_forward(float* out, const float* x, const float* cos, const float* sin, int64_t R,
                   int64_t T, int64_t HS, bool inverse) {
   const int64_t half = HS / 2;
