@@ -45,7 +45,7 @@ trace::Trace trace_for_patterns(nn::Module& model, const data::Batch& sample, co
         empty({1, std::min<int64_t>(4, lm->max_seq_len())}, {DType::kInt64, Device::kMeta});
     return trace::trace(*lm, {idx, idx});
   }
-  ACC_CHECK(sample.size() >= 1 && loss, "tensor_parallel: the model (", model.type_name(),
+  ACC_CHECK(!sample.tensors().empty() && loss, "tensor_parallel: the model (", model.type_name(),
             ") is no language model, so its attention and MLP patterns are found by tracing it on "
             "a sample batch: give ApplyOptions::sample_batch (auto_accelerate passes its own)");
   std::vector<std::string> names;

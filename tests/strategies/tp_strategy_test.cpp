@@ -14,10 +14,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
+#include "acc/autograd/ops.hpp"
 #include "acc/data/token_data.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
+#include "acc/nn/transformer.hpp"
 #include "acc/optim/adam.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/util/error.hpp"
@@ -358,6 +361,88 @@ TEST(TensorParallel, CollectivesPerStepAreTheDesigns) {
                                         {"reduce_scatter.sum", 2 * 2 * L},
                                         {"allreduce.max", 1},
                                         {"allreduce.sum", (1 + 1) + 1 + (2 * L + 1)}}));
+}
+
+// A transformer of the user's own (not a language model of the zoo): an embedding of its features,
+// two nn::GPTBlocks in a ModuleList, a classifier head and the user's loss. tensor_parallel finds
+// its blocks' attention and MLP by tracing it on the sample batch through that loss and splits
+// them as it splits GPT's; the embedding and head stay whole (the loss is the user's).
+struct Tagger : nn::Module {
+  Tagger() : Module("Tagger") {
+    Generator gen(3);
+    in = register_module("in", std::make_shared<nn::Linear>(8, 32, true, gen));
+    blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
+    for (int i = 0; i < 2; ++i) {
+      blocks->push_back(
+          std::make_shared<nn::GPTBlock>(32, 4, false, nn::Activation::kGeluTanh, 0.0, gen));
+    }
+    out = register_module("out", std::make_shared<nn::Linear>(32, 5, true, gen));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = in(x);
+    for (const auto& b : *blocks) h = (*b)(h);
+    return out(h);
+  }
+  nn::Child<nn::Linear> in, out;
+  nn::Child<nn::ModuleList> blocks;
+};
+
+// Per-token tags (B, T): the class of each position's features.
+data::Batch tagger_batch(int64_t step, int dp, int dp_rank) {
+  Generator gen(static_cast<uint64_t>(100 + step));
+  const Tensor x = randn({kGlobalBatch, 8, 8}, gen);
+  const auto v = x.to_vector<float>();
+  std::vector<int64_t> tags(static_cast<size_t>(kGlobalBatch * 8));
+  for (size_t i = 0; i < tags.size(); ++i) tags[i] = v[i * 8] > 0 ? (v[i * 8 + 1] > 0 ? 1 : 2) : 3;
+  const data::Batch whole({{"x", x}, {"tags", from_vector(tags, {kGlobalBatch, 8})}});
+  return whole.split(dp, "tagger")[static_cast<size_t>(dp_rank)];
+}
+
+TrainRun train_tagger(const std::string& strategy_json, const dist::ProcessGroupPtr& group) {
+  auto model = std::make_shared<Tagger>();
+  const strategies::LossFn loss = [](nn::Module& m, const data::Batch& b) {
+    const Tensor logits = m(b["x"]);
+    return cross_entropy(logits.reshape({-1, 5}), b["tags"].reshape({-1}));
+  };
+  auto trainer = strategies::apply(
+      model, optim::AdamW::factory({.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1}),
+      strategies::parse_strategy(nlohmann::json::parse(strategy_json)),
+      {.group = group, .grad_clip = 1.0, .loss = loss, .sample_batch = tagger_batch(0, 1, 0)});
+  const int dp = trainer->context() ? trainer->context()->data_world() : 1;
+  const int dp_rank = trainer->context() ? trainer->context()->data_rank() : 0;
+  TrainRun r;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    r.losses.push_back(trainer->train_step(tagger_batch(s, dp, dp_rank)));
+    r.norms.push_back(trainer->last_grad_norm());
+  }
+  r.params = trainer->full_parameters();
+  r.table = trainer->placements();
+  return r;
+}
+
+TEST(TensorParallel, AUserTransformerIsSplitFromItsTrace) {
+  static const TrainRun ref = train_tagger("[]", self_group());
+  const TrainRun got = train_tagger(tp(world()), dist::ProcessGroup::world());
+  expect_close(got, ref, 1e-5);
+  expect_covered(got.table);
+  if (world() == 1) return;
+  std::set<std::string> split;
+  for (const auto& e : got.table) {
+    if (e.kind == dist::TensorKind::kParameter && !e.is_whole()) split.insert(e.param);
+  }
+  EXPECT_EQ(split.size(), 2u * 4) << "c_attn, attn.c_proj, c_fc and mlp.c_proj of 2 blocks split";
+  // Without the sample batch a module is not traced: named.
+  try {
+    strategies::apply(std::make_shared<Tagger>(), optim::AdamW::factory({.lr = 1e-2}),
+                      strategies::parse_strategy(nlohmann::json::parse(tp(world()))),
+                      {.loss = [](nn::Module& m, const data::Batch& b) {
+                        return cross_entropy(m(b["x"]).reshape({-1, 5}), b["tags"].reshape({-1}));
+                      }});
+    FAIL() << "traced without a sample batch";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("give ApplyOptions::sample_batch"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(TensorParallel, RefusesSplitsThatDoNotDivide) {
