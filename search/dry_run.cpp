@@ -96,9 +96,11 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
                   "candidate trains it in place");
         snapshot.emplace(model);
       }
-      auto trainer =
-          strategies::apply(target, factory, candidate.strategy,
-                            {.group = own, .grad_clip = options.grad_clip, .loss = options.loss});
+      auto trainer = strategies::apply(target, factory, candidate.strategy,
+                                       {.group = own,
+                                        .grad_clip = options.grad_clip,
+                                        .loss = options.loss,
+                                        .sample_batch = batch});
       for (int i = 0; i < options.warmup_steps + options.measured_steps; ++i) {
         Timer t;
         r.losses.push_back(trainer->train_step(batch));

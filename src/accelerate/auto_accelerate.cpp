@@ -687,9 +687,12 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
     }
     return nlohmann::json();
   });
-  result.trainer = strategies::apply(
-      model, std::move(factory), result.strategy,
-      {.group = group, .grad_clip = o.grad_clip, .agreement = o.agreement, .loss = o.loss});
+  result.trainer = strategies::apply(model, std::move(factory), result.strategy,
+                                     {.group = group,
+                                      .grad_clip = o.grad_clip,
+                                      .agreement = o.agreement,
+                                      .loss = o.loss,
+                                      .sample_batch = o.sample_batch.value_or(data::Batch())});
   const dist::ParallelContextPtr& ctx = result.trainer->context();
   result.data = {.rank = ctx ? ctx->data_rank() : 0,
                  .ranks = ctx ? ctx->data_world() : 1,
