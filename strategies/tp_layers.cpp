@@ -6,6 +6,7 @@
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/functional.hpp"
 #include "acc/tensor/kernels.hpp"
+#include "acc/tensor/threading.hpp"
 #include "acc/util/error.hpp"
 
 namespace acc::strategies {
@@ -107,24 +108,63 @@ Tensor VocabParallelHead::forward(const Tensor& x) {
   return linear(dist::copy_to_group(x, group_), weight_);
 }
 
+namespace {
+
+// Rows local[n] of `table` where local[n] >= 0, zero rows elsewhere: (N, C). Backward adds each
+// looked-up row's gradient into its table row. One op, so nothing but the ids is kept for
+// backward (a lookup multiplied by a mask would keep the lookup's whole output alive).
+Tensor masked_lookup(const Tensor& table, std::vector<int64_t> local) {
+  const auto N = static_cast<int64_t>(local.size());
+  const int64_t C = table.size(1);
+  Tensor out = zeros({N, C});
+  {
+    const Tensor t = table.contiguous();
+    const float* src = t.data<float>();
+    float* dst = out.data<float>();
+    parallel_for(N, std::max<int64_t>(1, 8192 / std::max<int64_t>(C, 1)),
+                 [&](int64_t b, int64_t e) {
+                   for (int64_t n = b; n < e; ++n) {
+                     const int64_t row = local[static_cast<size_t>(n)];
+                     if (row >= 0) std::copy(src + row * C, src + (row + 1) * C, dst + n * C);
+                   }
+                 });
+  }
+  autograd::record_op("VocabParallelEmbeddingBackward", {table}, {out},
+                      [local = std::move(local), shape = table.shape(), C](
+                          const std::vector<Tensor>& g, const std::vector<bool>&) {
+                        Tensor dt = zeros(shape);
+                        const Tensor gc = g[0].contiguous();
+                        const float* src = gc.data<float>();
+                        float* dst = dt.data<float>();
+                        // In id order: the sum into a row is the same whatever the threads.
+                        for (size_t n = 0; n < local.size(); ++n) {
+                          if (local[n] < 0) continue;
+                          float* row = dst + local[n] * C;
+                          const float* gr = src + static_cast<int64_t>(n) * C;
+                          for (int64_t c = 0; c < C; ++c) row[c] += gr[c];
+                        }
+                        return std::vector<Tensor>{dt};
+                      });
+  return out;
+}
+
+}  // namespace
+
 Tensor VocabParallelEmbedding::forward(const Tensor& idx) {
   const Tensor& table = weight();
+  // Traced (meta ids): the shapes and the all-reduce; which rows are this rank's needs the values.
+  if (idx.is_meta()) return dist::reduce_from_group(embedding(idx, table), group_);
   const int64_t rows = table.size(0);
   const auto ids = idx.contiguous().to_vector<int64_t>();
-  std::vector<int64_t> local(ids.size());
-  std::vector<float> here(ids.size());
+  std::vector<int64_t> local(ids.size(), -1);
   for (size_t i = 0; i < ids.size(); ++i) {
     ACC_CHECK(ids[i] >= 0 && ids[i] < vocab_, "VocabParallelEmbedding: id ", ids[i],
               " at position ", i, " is outside [0, ", vocab_, ")");
-    const bool mine = ids[i] >= first_ && ids[i] < first_ + rows;
-    local[i] = mine ? ids[i] - first_ : 0;
-    here[i] = mine ? 1.0f : 0.0f;
+    if (ids[i] >= first_ && ids[i] < first_ + rows) local[i] = ids[i] - first_;
   }
-  Shape mask_shape = idx.shape();
-  mask_shape.push_back(1);
-  const Tensor out =
-      mul(embedding(from_vector(local, idx.shape()), table), from_vector(here, mask_shape));
-  return dist::reduce_from_group(out, group_);
+  Shape out_shape = idx.shape();
+  out_shape.push_back(table.size(1));
+  return dist::reduce_from_group(masked_lookup(table, std::move(local)).view(out_shape), group_);
 }
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_size,
@@ -139,9 +179,17 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
                " rows of logits ", logits.shape());
   ACC_CHECK(vocab_size >= 1 && vocab_size <= cols * W, "vocab_parallel_cross_entropy: vocab_size ",
             vocab_size, " is outside [1, ", cols * W, "] (", cols, " columns x ", W, " ranks)");
-  ACC_CHECK_AS(TypeError, !logits.is_meta(),
-               "vocab_parallel_cross_entropy: meta logits (tracing through the vocabulary-parallel "
-               "loss is not supported)");
+  if (logits.is_meta()) {
+    // Traced: the loss and its gradient's shapes (the row statistics' reductions are 3 x rows
+    // floats, left out of the trace's communication).
+    Tensor out = empty({}, logits.options());
+    autograd::record_op("VocabParallelCrossEntropyBackward", {logits}, {out},
+                        [z = logits](const std::vector<Tensor>&, const std::vector<bool>&) {
+                          // z held as the real op holds the logits until backward.
+                          return std::vector<Tensor>{empty(z.shape(), z.options())};
+                        });
+    return out;
+  }
   const int64_t first = group->rank() * cols;  // this rank's first column
   const int64_t valid = std::clamp<int64_t>(vocab_size - first, 0, cols);
   // Each row's target as a column of this rank (-1: another rank's or ignored), and the rows

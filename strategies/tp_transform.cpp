@@ -152,6 +152,16 @@ void put_back(Tensor& whole, const Tensor& local, int64_t dim,
   }
 }
 
+// While the shards train, a replaced module's whole tensors hold no memory (tensor parallelism is
+// there to split them): their storage is released, as fsdp releases a unit's (0 bytes on the meta
+// device: any read fails), and given back, zeroed, before the undo writes the gathered values in.
+void release_whole(Tensor& t) {
+  if (t.defined()) repoint(t, std::make_shared<Storage>(0, Device::kMeta), 0);
+}
+void restore_whole(Tensor& t) {
+  if (t.defined()) repoint_to_own(t, zeros(t.shape()));
+}
+
 // The one module of type T under `model` that `pick` accepts; "" when none, acc::ValueError naming
 // them when several.
 template <class T, class Pick>
@@ -297,12 +307,16 @@ nn::Undo shard_vocab_parallel(models::LanguageModel& lm, const dist::ProcessGrou
           vocab_layout(head->weight().shape(), phead->first_row(), rows);
     }
   }
+  release_whole(emb->weight());
+  if (head) release_whole(head->weight());
   return [emb, pemb, head, phead, undo_emb, undo_head, tp, layouts, names] {
     if (layouts != nullptr) {
       for (const auto& n : names) layouts->erase(n);
     }
+    restore_whole(emb->weight());
     put_back_vocab(emb->weight(), pemb->weight(), tp);
     if (phead) {
+      restore_whole(head->weight());
       put_back_vocab(head->weight(), phead->weight(), tp);
       undo_head();
     }
@@ -379,6 +393,10 @@ nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
     }
   }
   if (layouts != nullptr) layouts->insert(mine_layouts.begin(), mine_layouts.end());
+  for (auto& [shard, undo] : done) {
+    release_whole(shard.whole->weight());
+    release_whole(shard.whole->bias());
+  }
   std::vector<std::string> names;
   for (const auto& [name, l] : mine_layouts) names.push_back(name);
   return [done = std::move(done), layers = std::move(layers), tp, layouts, names,
@@ -392,6 +410,8 @@ nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
       Shard& s = done[i].first;
       nn::Module& layer = *layers[i];
       Tensor w = layer.find_tensor("weight");
+      restore_whole(s.whole->weight());
+      restore_whole(s.whole->bias());
       put_back(s.whole->weight(), w, s.column ? 0 : 1, s.blocks, tp);
       if (s.column && s.whole->bias().defined()) {
         put_back(s.whole->bias(), layer.find_tensor("bias"), 0, s.blocks, tp);

@@ -68,6 +68,9 @@ Tensor allgather_dim(const Tensor& x, int64_t dim, ProcessGroup& g) {
   const Shape whole = with_size(x.shape(), dim, x.size(dim) * g.size());
   Tensor out;
   if (x.is_meta()) {
+    // What the real path holds at once, so a trace's peak sees it: the received blocks and, along
+    // a dimension other than 0, the joined copy.
+    Tensor flat = dim != 0 ? empty({numel_of(whole)}, x.options()) : Tensor();
     out = empty(whole, x.options());
   } else {
     Tensor xc = x.detach().contiguous();
@@ -84,6 +87,13 @@ Tensor reduce_scatter_dim(const Tensor& x, int64_t dim, int64_t piece, ProcessGr
   const Shape mine = with_size(x.shape(), dim, piece);
   Tensor out;
   if (x.is_meta()) {
+    // As the real path: along a dimension other than 0, the blocks are copied out (chunks, then
+    // their concatenation) and the concatenation stays while this rank's piece is received.
+    Tensor in;
+    if (dim != 0) {
+      Tensor chunks = empty(x.shape(), x.options());
+      in = empty(x.shape(), x.options());
+    }
     out = empty(mine, x.options());
   } else {
     Tensor in = blocks_along(x.detach().contiguous(), dim, g.size());
