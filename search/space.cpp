@@ -71,7 +71,8 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
   const strategies::SearchContext ctx{.world = o.world,
                                       .num_blocks = num_blocks,
                                       .per_rank_batch = o.global_batch / o.world,
-                                      .allow_bf16 = o.allow_bf16};
+                                      .allow_bf16 = o.allow_bf16,
+                                      .has_attention = o.has_attention};
 
   // Groups of options: one per exclusive slot, one per other method; registry order.
   std::vector<std::vector<Option>> groups;

@@ -83,7 +83,7 @@ MethodSpec recompute_method() {
                 if (ctx.num_blocks >= 2) out.push_back({{"blocks", ctx.num_blocks / 2}});
                 if (ctx.num_blocks >= 1) {
                   out.push_back({{"blocks", "all"}});
-                  out.push_back({{"kind", "selective"}});
+                  if (ctx.has_attention) out.push_back({{"kind", "selective"}});
                 }
                 return out;
               },

@@ -102,6 +102,7 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
   so.allow_bf16 = o.allow_bf16;
   so.excluded = o.excluded;
   so.included = o.included;
+  so.has_attention = model.has_attention();
   s.candidates = search::enumerate_candidates(so, memory.num_blocks());
   for (const auto& c : s.candidates) {
     Row r{&c, memory.predict(c), std::nullopt, search::Status::kFits, "", std::nullopt};

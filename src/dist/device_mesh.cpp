@@ -120,7 +120,15 @@ ParallelContext::ParallelContext(DeviceMesh mesh, ProcessGroupPtr world)
         color = color * mesh_.size(d) + coord_.at(d);
       }
     }
-    return world_->split(color, key, name);
+    // Named by its dimension and where it lies along the others ("tp of dp=1"), so a hang report
+    // or a flight-recorder dump says which of the groups along a dimension stalled.
+    std::string where;
+    for (MeshDim d : kMeshDims) {
+      if (std::find(dims.begin(), dims.end(), d) != dims.end() || mesh_.size(d) == 1) continue;
+      where += (where.empty() ? " of " : " ") + std::string(mesh_dim_name(d)) + "=" +
+               std::to_string(coord_.at(d));
+    }
+    return world_->split(color, key, name + where);
   };
   for (MeshDim d : kMeshDims) {
     ProcessGroupPtr& g = groups_[static_cast<size_t>(d)];

@@ -1,5 +1,7 @@
 #include "acc/trace/model_ref.hpp"
 
+#include "acc/nn/transformer.hpp"
+
 #include "acc/models/language_model.hpp"
 #include "acc/trace/dump.hpp"
 #include "acc/trace/estimate.hpp"
@@ -58,6 +60,14 @@ ModelRef ModelRef::module(nn::ModulePtr module, data::Batch sample, BatchLoss lo
 
 bool ModelRef::is_registry() const {
   return impl_->module == nullptr;
+}
+
+bool ModelRef::has_attention() const {
+  if (is_registry()) return true;
+  for (const auto& [name, m] : impl_->module->named_modules()) {
+    if (dynamic_cast<const nn::AttentionCoreHooks*>(m.get()) != nullptr) return true;
+  }
+  return false;
 }
 const std::string& ModelRef::type() const {
   return impl_->type;

@@ -484,6 +484,11 @@ TEST(ParallelContext, GroupsFollowTheLayout) {
   for (int q = (r / tp) * tp; q < (r / tp) * tp + tp; ++q) expect += q;
   EXPECT_EQ(t.item(), expect);
   EXPECT_EQ(ctx.group(dist::MeshDim::kDp)->members()[ctx.coordinate(dist::MeshDim::kDp)], r);
+  // Named by dimension and place, so hang reports and dumps say which group along tp stalled.
+  if (W == 4) {
+    EXPECT_EQ(ctx.group(dist::MeshDim::kTp)->name(), "tp of dp=" + std::to_string(r / 2));
+    EXPECT_EQ(ctx.group(dist::MeshDim::kDp)->name(), "dp of tp=" + std::to_string(r % 2));
+  }
   // A data-parallel context: the world along dp, named as before the mesh.
   const auto dp = dist::ParallelContext::data_parallel(dist::ProcessGroup::world());
   EXPECT_EQ(dp->group(dist::MeshDim::kDp).get(), dist::ProcessGroup::world().get());

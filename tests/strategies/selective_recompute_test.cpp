@@ -20,6 +20,7 @@
 #include "acc/strategies/strategy.hpp"
 #include "acc/tensor/allocator.hpp"
 #include "acc/util/error.hpp"
+#include "lm_runs.hpp"
 
 namespace acc {
 namespace {
@@ -28,35 +29,16 @@ constexpr int64_t kGlobalBatch = 4, kSeq = 16, kSteps = 5, kVocab = 64;
 
 const char* kSelective = R"({"name": "checkpoint", "config": {"kind": "selective"}})";
 
-dist::ProcessGroupPtr self_group() {
-  static dist::ProcessGroupPtr g = [] {
-    auto w = dist::ProcessGroup::world();
-    return w->split(w->rank(), 0, "self");
-  }();
-  return g;
-}
-
-int world() {
-  return dist::ProcessGroup::world()->size();
-}
+using test::ModelSpec;
+using test::self_group;
+using test::TrainRun;
+using test::world;
 
 std::shared_ptr<const data::TokenFile> tokens() {
-  static auto t = [] {
-    std::vector<uint32_t> v(static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1));
-    uint32_t x = 2468;
-    for (size_t i = 0; i < v.size(); ++i) {
-      x = x * 1103515245u + 12345u;
-      v[i] = (x >> 16) % 4 == 0 ? (x >> 8) % kVocab : (i == 0 ? 0 : (v[i - 1] * 3 + 5) % kVocab);
-    }
-    return std::make_shared<const data::TokenFile>(std::move(v), "<synthetic>", kVocab);
-  }();
+  static auto t = test::synthetic_tokens(
+      static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1), kVocab, 2468, 3, 5);
   return t;
 }
-
-struct ModelSpec {
-  std::string type;
-  nlohmann::json config;
-};
 
 // 4 heads, so tp 2 splits them; dropout on, so the replay's generator state matters.
 ModelSpec gpt() {
@@ -81,53 +63,20 @@ ModelSpec llama() {
            {"max_position_embeddings", kSeq}}};
 }
 
-struct TrainRun {
-  std::vector<float> losses, norms;
-  std::vector<std::pair<std::string, Tensor>> params;
-};
-
 TrainRun train(const ModelSpec& spec, const std::string& strategy_json,
                const dist::ProcessGroupPtr& group) {
-  manual_seed(13);
-  Generator gen(17);
-  models::LanguageModelPtr model = models::create_model(spec.type, spec.config, gen);
-  const optim::AdamW::Options opts{.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1};
-  auto trainer = strategies::apply(model, optim::AdamW::factory(opts),
-                                   strategies::parse_strategy(nlohmann::json::parse(strategy_json)),
-                                   {.group = group, .grad_clip = 1.0});
-  const int dp_rank = trainer->context() ? trainer->context()->data_rank() : 0;
-  const int dp = trainer->context() ? trainer->context()->data_world() : 1;
-  data::BatchLoader loader(tokens(), {.batch_size = kGlobalBatch / dp,
-                                      .seq_len = kSeq,
-                                      .order = data::SampleOrder::kSequential,
-                                      .rank = dp_rank,
-                                      .world = dp});
-  TrainRun r;
-  for (int64_t s = 0; s < kSteps; ++s) {
-    r.losses.push_back(static_cast<float>(trainer->train_step(loader.next())));
-    r.norms.push_back(static_cast<float>(trainer->last_grad_norm()));
-  }
-  r.params = trainer->full_parameters();
-  return r;
+  return test::train_lm(spec, strategy_json, group,
+                        {.tokens = tokens(),
+                         .global_batch = kGlobalBatch,
+                         .seq_len = kSeq,
+                         .steps = kSteps,
+                         .manual_seed = 13,
+                         .model_seed = 17});
 }
 
 void expect_bitwise(const TrainRun& got, const TrainRun& want) {
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < got.losses.size(); ++i) {
-    EXPECT_EQ(got.losses[i], want.losses[i]) << "loss, step " << i;
-    EXPECT_EQ(got.norms[i], want.norms[i]) << "grad norm, step " << i;
-  }
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (size_t i = 0; i < got.params.size(); ++i) {
-    const auto& [name, p] = got.params[i];
-    ASSERT_EQ(name, want.params[i].first);
-    const auto a = p.contiguous().to_vector<float>();
-    const auto b = want.params[i].second.contiguous().to_vector<float>();
-    ASSERT_EQ(a.size(), b.size()) << name;
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-        << name << " differs from the run without recomputation";
-  }
-  // The runs trained: the parameters moved and the losses are finite.
+  test::expect_same_training(got, want, 0, 0, /*bitwise=*/true);
+  // The runs trained: the losses moved.
   EXPECT_NE(got.losses.front(), got.losses.back());
 }
 

@@ -25,41 +25,28 @@
 #include "acc/strategies/strategy.hpp"
 #include "acc/util/error.hpp"
 #include "every_rank_table.hpp"
+#include "lm_runs.hpp"
 
 namespace acc {
 namespace {
 
 constexpr int64_t kGlobalBatch = 4, kSeq = 16, kSteps = 8, kVocab = 64;
 
-dist::ProcessGroupPtr self_group() {
-  static dist::ProcessGroupPtr g = [] {
-    auto w = dist::ProcessGroup::world();
-    return w->split(w->rank(), 0, "self");
-  }();
-  return g;
-}
+using test::ModelSpec;
+using test::self_group;
+using test::TrainRun;
+using test::world;
 
-// A learnable stream of ids below `vocab`: mostly a fixed successor, with some noise.
+// The learnable stream below `vocab` every run of a vocabulary reads.
 std::shared_ptr<const data::TokenFile> tokens(int64_t vocab) {
   static std::map<int64_t, std::shared_ptr<const data::TokenFile>> files;
   auto& t = files[vocab];
   if (!t) {
-    std::vector<uint32_t> v(static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1));
-    const auto V = static_cast<uint32_t>(vocab);
-    uint32_t x = 4321;
-    for (size_t i = 0; i < v.size(); ++i) {
-      x = x * 1103515245u + 12345u;
-      v[i] = (x >> 16) % 4 == 0 ? (x >> 8) % V : (i == 0 ? 0 : (v[i - 1] * 5 + 1) % V);
-    }
-    t = std::make_shared<const data::TokenFile>(std::move(v), "<synthetic>", V);
+    t = test::synthetic_tokens(static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1),
+                               vocab, 4321, 5, 1);
   }
   return t;
 }
-
-struct ModelSpec {
-  std::string type;
-  nlohmann::json config;
-};
 
 // 4 heads, so tp 2 and 4 both split them; the MLP widths divide by 4. No biases: a key bias has
 // an exactly-zero gradient whose fp32 noise Adam amplifies into any tolerance (equivalence_test.cpp
@@ -89,66 +76,19 @@ ModelSpec llama(int kv, int64_t vocab = kVocab) {
            {"max_position_embeddings", kSeq}}};
 }
 
-struct TrainRun {
-  std::vector<double> losses, norms;
-  std::vector<std::pair<std::string, Tensor>> params;
-  dist::PlacementTable table;  // after the last step
-};
-
 TrainRun train(const ModelSpec& spec, const std::string& strategy_json,
                const dist::ProcessGroupPtr& group, strategies::LossFn loss = nullptr) {
-  manual_seed(11);
-  Generator gen(5);
-  models::LanguageModelPtr model = models::create_model(spec.type, spec.config, gen);
-  const optim::AdamW::Options opts{.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1};
-  auto trainer = strategies::apply(model, optim::AdamW::factory(opts),
-                                   strategies::parse_strategy(nlohmann::json::parse(strategy_json)),
-                                   {.group = group, .grad_clip = 1.0, .loss = loss});
-  const int dp_rank = trainer->context() ? trainer->context()->data_rank() : 0;
-  const int dp = trainer->context() ? trainer->context()->data_world() : 1;
-  data::BatchLoader loader(tokens(spec.config.at("vocab_size").get<int64_t>()),
-                           {.batch_size = kGlobalBatch / dp,
-                            .seq_len = kSeq,
-                            .order = data::SampleOrder::kSequential,
-                            .rank = dp_rank,
-                            .world = dp});
-  TrainRun r;
-  for (int64_t s = 0; s < kSteps; ++s) {
-    r.losses.push_back(trainer->train_step(loader.next()));
-    r.norms.push_back(trainer->last_grad_norm());
-  }
-  r.params = trainer->full_parameters();
-  r.table = trainer->placements();
-  return r;
+  return test::train_lm(spec, strategy_json, group,
+                        {.tokens = tokens(spec.config.at("vocab_size").get<int64_t>()),
+                         .global_batch = kGlobalBatch,
+                         .seq_len = kSeq,
+                         .steps = kSteps,
+                         .loss = std::move(loss)});
 }
 
-int world() {
-  return dist::ProcessGroup::world()->size();
-}
-
+// The file comment's tolerances; without `params`, the losses only (amp against amp).
 void expect_close(const TrainRun& got, const TrainRun& want, double loss_tol, bool params = true) {
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < got.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], loss_tol * std::abs(want.losses[i])) << "step " << i;
-  }
-  if (!params) return;
-  for (size_t i = 0; i < got.norms.size(); ++i) {
-    EXPECT_NEAR(got.norms[i], want.norms[i], 1e-5 * want.norms[i] + 1e-7)
-        << "grad norm, step " << i;
-  }
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (size_t i = 0; i < got.params.size(); ++i) {
-    const auto& [name, p] = got.params[i];
-    const auto& [ref_name, ref] = want.params[i];
-    ASSERT_EQ(name, ref_name);
-    ASSERT_EQ(p.shape(), ref.shape()) << name;
-    const auto a = p.contiguous().to_vector<float>(), b = ref.contiguous().to_vector<float>();
-    double worst = 0;
-    for (size_t k = 0; k < a.size(); ++k) {
-      worst = std::max(worst, std::abs(a[k] - b[k]) - (5e-5 + 1e-4 * std::abs(b[k])));
-    }
-    EXPECT_LE(worst, 0.0) << name << ": beyond 5e-5 + 1e-4 |p| by " << worst;
-  }
+  test::expect_same_training(got, want, loss_tol, params ? 5e-5 : -1);
 }
 
 void expect_covered(const dist::PlacementTable& mine) {

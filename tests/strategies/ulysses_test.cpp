@@ -18,41 +18,27 @@
 #include "acc/optim/adam.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/util/error.hpp"
+#include "lm_runs.hpp"
 
 namespace acc {
 namespace {
 
 constexpr int64_t kGlobalBatch = 4, kSeq = 16, kSteps = 6, kVocab = 64;
 
-dist::ProcessGroupPtr self_group() {
-  static dist::ProcessGroupPtr g = [] {
-    auto w = dist::ProcessGroup::world();
-    return w->split(w->rank(), 0, "self");
-  }();
-  return g;
-}
-
-int world() {
-  return dist::ProcessGroup::world()->size();
-}
+using test::ModelSpec;
+using test::self_group;
+using test::TrainRun;
+using test::world;
 
 std::shared_ptr<const data::TokenFile> tokens() {
-  static auto t = [] {
-    std::vector<uint32_t> v(static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1));
-    uint32_t x = 977;
-    for (size_t i = 0; i < v.size(); ++i) {
-      x = x * 1103515245u + 12345u;
-      v[i] = (x >> 16) % 4 == 0 ? (x >> 8) % kVocab : (i == 0 ? 0 : (v[i - 1] * 7 + 3) % kVocab);
-    }
-    return std::make_shared<const data::TokenFile>(std::move(v), "<synthetic>", kVocab);
-  }();
+  static auto t = test::synthetic_tokens(
+      static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1), kVocab, 977, 7, 3);
   return t;
 }
 
-struct ModelSpec {
-  std::string type;
-  nlohmann::json config;
-};
+test::RunOptions run_options() {
+  return {.tokens = tokens(), .global_batch = kGlobalBatch, .seq_len = kSeq, .steps = kSteps};
+}
 
 // 4 heads: ulysses 2 and 4 split them, and tp 2 x ulysses 2 too. No biases (tp_strategy_test.cpp
 // says why).
@@ -82,63 +68,21 @@ ModelSpec llama(int kv) {
 std::unique_ptr<strategies::Trainer> make_trainer(const ModelSpec& spec,
                                                   const std::string& strategy_json,
                                                   const dist::ProcessGroupPtr& group) {
-  manual_seed(11);
-  Generator gen(5);
-  models::LanguageModelPtr model = models::create_model(spec.type, spec.config, gen);
-  const optim::AdamW::Options opts{.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1};
-  return strategies::apply(model, optim::AdamW::factory(opts),
-                           strategies::parse_strategy(nlohmann::json::parse(strategy_json)),
-                           {.group = group, .grad_clip = 1.0});
+  return test::make_trainer(spec, strategy_json, group, run_options());
 }
 
 data::BatchLoader loader_for(const strategies::Trainer& trainer) {
-  const int dp_rank = trainer.context() ? trainer.context()->data_rank() : 0;
-  const int dp = trainer.context() ? trainer.context()->data_world() : 1;
-  return data::BatchLoader(tokens(), {.batch_size = kGlobalBatch / dp,
-                                      .seq_len = kSeq,
-                                      .order = data::SampleOrder::kSequential,
-                                      .rank = dp_rank,
-                                      .world = dp});
+  return test::loader_for(trainer, run_options());
 }
-
-struct TrainRun {
-  std::vector<double> losses, norms;
-  std::vector<std::pair<std::string, Tensor>> params;
-};
 
 TrainRun train(const ModelSpec& spec, const std::string& strategy_json,
                const dist::ProcessGroupPtr& group) {
-  auto trainer = make_trainer(spec, strategy_json, group);
-  data::BatchLoader loader = loader_for(*trainer);
-  TrainRun r;
-  for (int64_t s = 0; s < kSteps; ++s) {
-    r.losses.push_back(trainer->train_step(loader.next()));
-    r.norms.push_back(trainer->last_grad_norm());
-  }
-  r.params = trainer->full_parameters();
-  return r;
+  return test::train_lm(spec, strategy_json, group, run_options());
 }
 
+// Losses and gradient norms within 1e-5 relative, parameters within 2e-5 + 1e-4 |p|.
 void expect_close(const TrainRun& got, const TrainRun& want) {
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < got.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i])) << "step " << i;
-    EXPECT_NEAR(got.norms[i], want.norms[i], 1e-5 * want.norms[i] + 1e-7)
-        << "grad norm, step " << i;
-  }
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (size_t i = 0; i < got.params.size(); ++i) {
-    const auto& [name, p] = got.params[i];
-    const auto& [ref_name, ref] = want.params[i];
-    ASSERT_EQ(name, ref_name);
-    ASSERT_EQ(p.shape(), ref.shape()) << name;
-    const auto a = p.contiguous().to_vector<float>(), b = ref.contiguous().to_vector<float>();
-    double worst = 0;
-    for (size_t k = 0; k < a.size(); ++k) {
-      worst = std::max(worst, std::abs(a[k] - b[k]) - (2e-5 + 1e-4 * std::abs(b[k])));
-    }
-    EXPECT_LE(worst, 0.0) << name << ": beyond 2e-5 + 1e-4 |p| by " << worst;
-  }
+  test::expect_same_training(got, want, 1e-5, 2e-5);
 }
 
 const TrainRun& reference(const ModelSpec& spec, const std::string& strategy = "[]") {

@@ -36,6 +36,9 @@ struct SpaceOptions {
   bool allow_bf16 = false;
   std::vector<std::string> excluded;  // methods never tried
   std::vector<std::string> included;  // methods every candidate has
+  /// The model has attention cores (trace::ModelRef::has_attention): else selective
+  /// recomputation is not tried (it would have nothing to recompute and is refused).
+  bool has_attention = true;
 };
 
 struct Candidate {

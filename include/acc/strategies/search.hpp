@@ -19,6 +19,7 @@ struct SearchContext {
   int64_t num_blocks = 0;      // the model's repeated blocks (trace::find_blocks)
   int64_t per_rank_batch = 0;  // samples per rank per optimizer step (global batch / world)
   bool allow_bf16 = false;     // the user allows bf16 (amp)
+  bool has_attention = true;   // the model has attention cores (selective recomputation)
 };
 
 /// What the methods of a candidate do to one training step, filled in by their `effects`; the

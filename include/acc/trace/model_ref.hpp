@@ -55,6 +55,10 @@ class ModelRef {
   /// Whether traces of a few blocks stand for the whole model (registry only); a module is traced
   /// whole.
   bool extrapolates() const { return is_registry(); }
+  /// Whether the model's blocks hold attention cores (nn::AttentionCoreHooks) that selective
+  /// recomputation can recompute: a registry model (the zoo's transformers) always; a module when
+  /// one of its submodules is an attention of nn's.
+  bool has_attention() const;
   /// The samples per batch of the module's sample (0 for the registry).
   int64_t sample_size() const;
 
