@@ -3,6 +3,7 @@
 // this rank updates, and the step schedule.
 
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <set>
 #include <utility>
@@ -25,12 +26,23 @@ struct Trainer::Impl {
   std::unique_ptr<GradSync> sync;
   std::vector<OptimPiece> pieces;
 
+  // The GradSync's parameter and gradient entries, then `more` (optimizer state written in the
+  // same local terms), in global terms: tensor-parallel shards as boxes of their parameters
+  // (lift_layouts). What the norm, full_parameters() and placements() read.
+  PlacementTable global_placements(const dist::ParallelContext* ctx,
+                                   PlacementTable more = {}) const {
+    PlacementTable table;
+    sync->add_placements(table);
+    table.insert(table.end(), std::make_move_iterator(more.begin()),
+                 std::make_move_iterator(more.end()));
+    return lift_layouts(std::move(table), *plan.layouts, ctx);
+  }
+
   // Everything the plan did to the model, undone in reverse.
   void teardown() {
     pieces.clear();
     sync.reset();
-    for (auto it = undos.rbegin(); it != undos.rend(); ++it) (*it)();
-    undos.clear();
+    nn::undo_all(std::exchange(undos, {}))();
   }
 };
 
@@ -259,9 +271,7 @@ void Trainer::step() {
   // holds every gradient whole (replicas along dp, tp, ...), each sums its own copy; otherwise the
   // pieces of replica 0 are summed over the world (a tensor replicated along tp is then counted
   // by its tp-rank-0 copy only, not tp times).
-  PlacementTable grads;
-  sync.add_placements(grads);
-  grads = lift_layouts(std::move(grads), *impl_->plan.layouts, context_.get());
+  const PlacementTable grads = impl_->global_placements(context_.get());
   const bool sharded = dist::any_sharded(grads, TensorKind::kGradient);
   double norm_sq = 0;
   for (const auto& e : grads) {
@@ -310,8 +320,7 @@ void Trainer::before_next_update(std::function<void()> fn) {
 }
 
 PlacementTable Trainer::placements() const {
-  PlacementTable table;
-  impl_->sync->add_placements(table);
+  PlacementTable state_entries;
   std::map<std::string, Shape> shapes;
   for (const auto& [name, p] : model_->named_parameters()) shapes[name] = p.shape();
   std::map<std::string, Tensor> state;
@@ -335,10 +344,10 @@ PlacementTable Trainer::placements() const {
       e.replica = piece.replica;
       e.replicas = piece.replicas;
       e.local = it->second;
-      table.push_back(std::move(e));
+      state_entries.push_back(std::move(e));
     }
   }
-  return lift_layouts(std::move(table), *impl_->plan.layouts, context_.get());
+  return impl_->global_placements(context_.get(), std::move(state_entries));
 }
 
 MemoryReport Trainer::memory_report() const {
@@ -359,9 +368,7 @@ MemoryReport Trainer::memory_report() const {
 // and one sum over the world assembles them (the pieces are disjoint, so the sum adds zeros only
 // and is exact).
 std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
-  PlacementTable table;
-  impl_->sync->add_placements(table);
-  table = lift_layouts(std::move(table), *impl_->plan.layouts, context_.get());
+  const PlacementTable table = impl_->global_placements(context_.get());
   const bool partial = dist::any_sharded(table, TensorKind::kParameter);
   const nn::NamedTensors params = model_->named_parameters();
   // The global shapes (a tensor-parallel shard's local tensor is smaller), from the layouts: a
