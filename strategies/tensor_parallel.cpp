@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "acc/trace/model_ref.hpp"
 #include "acc/util/error.hpp"
 #include "method.hpp"
 #include "tp_layers.hpp"
@@ -48,18 +49,7 @@ trace::Trace trace_for_patterns(nn::Module& model, const data::Batch& sample, co
   ACC_CHECK(!sample.tensors().empty() && loss, "tensor_parallel: the model (", model.type_name(),
             ") is no language model, so its attention and MLP patterns are found by tracing it on "
             "a sample batch: give ApplyOptions::sample_batch (auto_accelerate passes its own)");
-  std::vector<std::string> names;
-  std::vector<Tensor> inputs;
-  for (const auto& [name, t] : sample.tensors()) {
-    names.push_back(name);
-    inputs.push_back(empty(t.shape(), {t.dtype(), Device::kMeta}));
-  }
-  trace::LossFn run = [names, loss](nn::Module& m, const std::vector<Tensor>& in) {
-    std::vector<data::Batch::Entry> entries;
-    for (size_t i = 0; i < in.size(); ++i) entries.emplace_back(names[i], in[i]);
-    return loss(m, data::Batch(std::move(entries)));
-  };
-  return trace::trace(model, run, inputs);
+  return trace::trace_on_batch(model, sample, loss);
 }
 
 }  // namespace

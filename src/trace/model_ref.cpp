@@ -89,6 +89,24 @@ std::string ModelRef::layers_key() const {
   return is_registry() ? models::config_num_layers_key(impl_->type) : "blocks";
 }
 
+Trace trace_on_batch(nn::Module& module, const data::Batch& sample, const BatchLoss& loss,
+                     int64_t batch, const TraceOptions& options) {
+  std::vector<std::string> names;
+  std::vector<Tensor> inputs;
+  for (const auto& [name, t] : sample.tensors()) {
+    Shape shape = t.shape();
+    if (batch > 0) shape[0] = batch;
+    names.push_back(name);
+    inputs.push_back(empty(shape, {t.dtype(), Device::kMeta}));
+  }
+  const LossFn run = [&](nn::Module& m, const std::vector<Tensor>& in) {
+    std::vector<data::Batch::Entry> entries;
+    for (size_t i = 0; i < in.size(); ++i) entries.emplace_back(names[i], in[i]);
+    return loss(m, data::Batch(std::move(entries)));
+  };
+  return trace(module, run, inputs, options);
+}
+
 ModelRef::Traced ModelRef::trace(int64_t layers, int64_t batch, int64_t seq_len,
                                  const TraceOptions& options) const {
   ACC_CHECK(batch >= 1, "trace: the batch must have >= 1 sample, got ", batch);
@@ -104,21 +122,7 @@ ModelRef::Traced ModelRef::trace(int64_t layers, int64_t batch, int64_t seq_len,
   }
   ACC_CHECK(layers == impl_->num_layers, "trace: a module is traced whole (", impl_->num_layers,
             " repeated block(s)), not at ", layers);
-  std::vector<std::string> names;
-  std::vector<Tensor> inputs;
-  for (const auto& [name, t] : impl_->sample.tensors()) {
-    Shape shape = t.shape();
-    shape[0] = batch;
-    names.push_back(name);
-    inputs.push_back(empty(shape, {t.dtype(), Device::kMeta}));
-  }
-  const BatchLoss& loss = impl_->loss;
-  LossFn run = [&](nn::Module& m, const std::vector<Tensor>& in) {
-    std::vector<data::Batch::Entry> entries;
-    for (size_t i = 0; i < in.size(); ++i) entries.emplace_back(names[i], in[i]);
-    return loss(m, data::Batch(std::move(entries)));
-  };
-  out.trace = ::acc::trace::trace(*impl_->module, run, inputs, options);
+  out.trace = trace_on_batch(*impl_->module, impl_->sample, impl_->loss, batch, options);
   out.blocks = find_blocks(*impl_->module);
   return out;
 }

@@ -30,6 +30,13 @@ namespace acc::trace {
 /// A micro-batch -> its mean loss (strategies::LossFn has the same type).
 using BatchLoss = std::function<Tensor(nn::Module&, const data::Batch&)>;
 
+/// Traces `module` on meta inputs shaped like `sample`'s tensors (dimension 0 resized to `batch`
+/// samples; 0 keeps the sample's), through `loss` given them as a Batch under the sample's names:
+/// what a module's ModelRef traces, and what a strategy that finds patterns in a user's module
+/// traces. Throws what the module and the loss throw.
+Trace trace_on_batch(nn::Module& module, const data::Batch& sample, const BatchLoss& loss,
+                     int64_t batch = 0, const TraceOptions& options = {});
+
 class ModelRef {
  public:
   /// A language model of the registry. Throws what models::create_meta_model throws for a bad
