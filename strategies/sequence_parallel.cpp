@@ -159,9 +159,7 @@ Undo wrap_ulysses(nn::Module& model, const dist::ProcessGroupPtr& cp) {
   std::vector<Undo> undos;
   for (const auto& entry : cores)
     undos.push_back(entry.second->wrap_core(ulysses_core(entry.first, cp)));
-  return [undos = std::move(undos)] {
-    for (auto it = undos.rbegin(); it != undos.rend(); ++it) (*it)();
-  };
+  return nn::undo_all(std::move(undos));
 }
 
 // Counted targets (not acc::cross_entropy's ignore index) in columns [from, from + n).

@@ -38,8 +38,7 @@ std::shared_ptr<nn::Linear> linear_at(nn::Module& model, const std::string& path
 
 int64_t head_dim_of(nn::Module& model, const std::string& scope) {
   const nn::ModulePtr m = model.submodule(scope);
-  if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m.get())) return a->head_dim();
-  if (auto* a = dynamic_cast<nn::LlamaAttention*>(m.get())) return a->head_dim();
+  if (auto* a = dynamic_cast<nn::AttentionCoreHooks*>(m.get())) return a->head_dim();
   ACC_THROW(ValueError, "tensor_parallel: the attention '", scope, "' is a ", m->type_name(),
             ", whose head size is unknown (nn::CausalSelfAttention and nn::LlamaAttention are "
             "sharded)");
@@ -243,12 +242,10 @@ nn::Undo sequence_parallel_boundaries(nn::Module& model, const std::vector<std::
       undos.push_back(nn::wrap_forward({model.submodule(blocks[i])}, w));
     }
   } catch (...) {
-    for (auto it = undos.rbegin(); it != undos.rend(); ++it) (*it)();
+    nn::undo_all(std::move(undos))();
     throw;
   }
-  return [undos] {
-    for (auto it = undos.rbegin(); it != undos.rend(); ++it) (*it)();
-  };
+  return nn::undo_all(std::move(undos));
 }
 
 }  // namespace

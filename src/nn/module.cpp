@@ -184,6 +184,15 @@ std::string child_names(const std::vector<std::shared_ptr<detail::ChildSlot>>& c
 }
 }  // namespace
 
+Undo undo_all(std::vector<Undo> undos) {
+  return [undos = std::move(undos)]() mutable {
+    for (auto it = undos.rbegin(); it != undos.rend(); ++it) {
+      if (*it) (*it)();
+    }
+    undos.clear();
+  };
+}
+
 ModulePtr Module::submodule(const std::string& path) const {
   ModulePtr cur = handle(this);
   size_t start = 0;

@@ -58,19 +58,15 @@ Undo recompute_attention_cores(Module& root, const std::vector<std::string>& blo
   };
   const std::vector<ModulePtr> modules = submodules(root, blocks);
   std::vector<Undo> undos;
-  auto undo_all = [](std::vector<Undo>& u) {
-    for (auto it = u.rbegin(); it != u.rend(); ++it) (*it)();
-    u.clear();
-  };
   for (size_t i = 0; i < modules.size(); ++i) {
     try {
       undos.push_back(wrap_attention_cores(*modules[i], checkpointed));
     } catch (const ValueError& e) {
-      undo_all(undos);
+      undo_all(std::move(undos))();
       ACC_THROW(ValueError, "selective recomputation: block '", blocks[i], "': ", e.what());
     }
   }
-  return [undos = std::move(undos), undo_all]() mutable { undo_all(undos); };
+  return undo_all(std::move(undos));
 }
 
 Undo bf16_activation_blocks(Module& root, const std::vector<std::string>& blocks) {

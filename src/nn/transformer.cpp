@@ -98,9 +98,7 @@ Undo wrap_attention_cores(Module& root, const AttentionCoreWrapper& wrapper) {
   ACC_CHECK(
       !undos.empty(), "the model (", root.type_name(),
       ") has no attention (nn::CausalSelfAttention or nn::LlamaAttention) whose core to wrap");
-  return [undos = std::move(undos)] {
-    for (auto it = undos.rbegin(); it != undos.rend(); ++it) (*it)();
-  };
+  return undo_all(std::move(undos));
 }
 
 CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, bool bias, double dropout,

@@ -50,6 +50,9 @@ using NamedModules = std::vector<std::pair<std::string, ModulePtr>>;
 /// order of the transforms: a later one may hold what the earlier one put in place. Dropping an
 /// Undo without calling it leaves the transform in place.
 using Undo = std::function<void()>;
+/// Several undos as one: runs them in reverse order (the last transform first), once; empty ones
+/// are skipped.
+Undo undo_all(std::vector<Undo> undos);
 
 /// Options of one forward call that modules deep inside it read, without every block's
 /// operator()(x) taking arguments (strategies wrap blocks as Tensor -> Tensor functions).

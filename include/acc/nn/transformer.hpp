@@ -34,6 +34,10 @@ using AttentionCoreWrapper = std::function<Tensor(const AttentionCore& inner, co
 /// What CausalSelfAttention and LlamaAttention share: their core, and the wrappers around it.
 class AttentionCoreHooks {
  public:
+  virtual ~AttentionCoreHooks() = default;
+  /// HS: the features of one head, fixed when the attention is built (what a head split or a
+  /// sequence split counts heads by).
+  virtual int64_t head_dim() const = 0;
   /// Installs `wrapper` outermost. Returns the undo, which removes it (undo in reverse order).
   Undo wrap_core(AttentionCoreWrapper wrapper);
   /// The plain core: the fused flash attention, or the reference matmul/softmax path.
@@ -64,7 +68,7 @@ class CausalSelfAttention : public Module, public AttentionCoreHooks {
                       Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
   /// HS = n_embd / n_head, fixed at construction.
-  int64_t head_dim() const { return head_dim_; }
+  int64_t head_dim() const override { return head_dim_; }
 
  private:
   int64_t n_embd_, head_dim_;
@@ -123,7 +127,7 @@ class LlamaAttention : public Module, public AttentionCoreHooks {
   LlamaAttention(int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                  std::pair<Tensor, Tensor> rope, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
-  int64_t head_dim() const { return head_dim_; }
+  int64_t head_dim() const override { return head_dim_; }
 
   /// Rotary embedding of q or k heads (B, H, T, HS) at positions [offset, offset + T): what
   /// forward applies with offset = current_forward_options().position_offset. Rows of the same
