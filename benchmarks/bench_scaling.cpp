@@ -35,11 +35,7 @@ namespace {
 using acc::bench::median;
 
 nlohmann::json config_for(const std::string& name) {
-  const std::string dir = ACC_SOURCE_DIR "/examples/configs/";
-  if (name == "gpt17m") return acc::models::read_json_file(dir + "gpt_17m.json");
-  if (name == "gpt90m") return acc::models::read_json_file(dir + "gpt_90m.json");
-  if (name == "llama17m") return acc::models::read_json_file(dir + "llama_d512.json");
-  return acc::models::read_json_file(name);
+  return acc::bench::named_config(name, ACC_SOURCE_DIR "/examples/configs/");
 }
 
 }  // namespace
