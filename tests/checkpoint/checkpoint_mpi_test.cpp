@@ -51,14 +51,7 @@ models::LanguageModelPtr make_model(uint64_t seed) {
 
 // Step s's global batch, rank r's share of it among n ranks.
 data::Batch batch(int64_t step, int n, int r) {
-  const int64_t b = kGlobalBatch / n;
-  std::vector<int64_t> idx(static_cast<size_t>(b * kSeq)), tgt(idx.size());
-  for (size_t i = 0; i < idx.size(); ++i) {
-    const int64_t g = (r * b) * kSeq + static_cast<int64_t>(i);  // position in the global batch
-    idx[i] = (g * 7 + step * 13) % 64;
-    tgt[i] = (g * 11 + step * 5 + 3) % 64;
-  }
-  return {from_vector(idx, {b, kSeq}), from_vector(tgt, {b, kSeq})};
+  return test::batch_share(step, n, r, kGlobalBatch, kSeq, 64);
 }
 
 std::unique_ptr<strategies::Trainer> trainer(models::LanguageModelPtr m, const std::string& method,

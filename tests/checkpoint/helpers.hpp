@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "acc/checkpoint/checkpoint.hpp"
+#include "acc/data/batch.hpp"
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
 
@@ -26,6 +28,20 @@ inline dist::ProcessGroupPtr first(int n) {
     g = w->split(w->rank() < n ? 0 : 1, w->rank(), "first" + std::to_string(n));
   }
   return g;
+}
+
+/// Step `step`'s global batch of `global_batch` sequences of `seq` ids below `vocab` (a fixed
+/// function of the position and the step), rank r's share of it among n (data-parallel) ranks.
+inline data::Batch batch_share(int64_t step, int n, int r, int64_t global_batch, int64_t seq,
+                               int64_t vocab) {
+  const int64_t b = global_batch / n;
+  std::vector<int64_t> idx(static_cast<size_t>(b * seq)), tgt(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) {
+    const int64_t g = (r * b) * seq + static_cast<int64_t>(i);  // position in the global batch
+    idx[i] = (g * 7 + step * 13) % vocab;
+    tgt[i] = (g * 11 + step * 5 + 3) % vocab;
+  }
+  return {from_vector(idx, {b, seq}), from_vector(tgt, {b, seq})};
 }
 
 /// A directory for this test named by rank 0, the same on every rank.

@@ -42,14 +42,7 @@ models::LanguageModelPtr make_model(uint64_t seed) {
 
 // Step s's global batch, data-parallel rank r's share of it among n.
 data::Batch batch(int64_t step, int n, int r) {
-  const int64_t b = kGlobalBatch / n;
-  std::vector<int64_t> idx(static_cast<size_t>(b * kSeq)), tgt(idx.size());
-  for (size_t i = 0; i < idx.size(); ++i) {
-    const int64_t g = (r * b) * kSeq + static_cast<int64_t>(i);
-    idx[i] = (g * 7 + step * 13) % kVocab;
-    tgt[i] = (g * 11 + step * 5 + 3) % kVocab;
-  }
-  return {from_vector(idx, {b, kSeq}), from_vector(tgt, {b, kSeq})};
+  return test::batch_share(step, n, r, kGlobalBatch, kSeq, kVocab);
 }
 
 std::unique_ptr<strategies::Trainer> trainer(models::LanguageModelPtr m, const std::string& s,

@@ -57,6 +57,19 @@ struct ModelSpec {
   nlohmann::json config;
 };
 
+/// A 2-layer Llama of hidden size 32 with 4 query heads over `kv` key/value heads (kv 2:
+/// grouped-query attention, 2 query heads each).
+inline ModelSpec tiny_llama(int kv, int64_t vocab, int64_t max_positions) {
+  return {"llama",
+          {{"hidden_size", 32},
+           {"intermediate_size", 48},
+           {"num_hidden_layers", 2},
+           {"num_attention_heads", 4},
+           {"num_key_value_heads", kv},
+           {"vocab_size", vocab},
+           {"max_position_embeddings", max_positions}}};
+}
+
 /// How a run trains: the global batch (split over the trainer's data-parallel ranks: tp and cp
 /// ranks read the same samples), its sequence length, the steps, the seeds of the model's build
 /// (manual_seed, then a Generator) and the user's loss (none: the model's own).

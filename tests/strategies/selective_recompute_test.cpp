@@ -53,14 +53,7 @@ ModelSpec gpt() {
 
 // Grouped-query attention: 2 key/value heads for 4 query heads.
 ModelSpec llama() {
-  return {"llama",
-          {{"hidden_size", 32},
-           {"intermediate_size", 48},
-           {"num_hidden_layers", 2},
-           {"num_attention_heads", 4},
-           {"num_key_value_heads", 2},
-           {"vocab_size", kVocab},
-           {"max_position_embeddings", kSeq}}};
+  return test::tiny_llama(2, kVocab, kSeq);
 }
 
 TrainRun train(const ModelSpec& spec, const std::string& strategy_json,

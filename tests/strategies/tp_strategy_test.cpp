@@ -66,14 +66,7 @@ ModelSpec gpt(double dropout = 0.0, int64_t vocab = kVocab) {
 // Llama with `kv` key/value heads of 4 query heads: kv 4 splits as the query heads do, kv 2 at
 // tp 4 puts each kv head on the two ranks whose query heads use it.
 ModelSpec llama(int kv, int64_t vocab = kVocab) {
-  return {"llama",
-          {{"hidden_size", 32},
-           {"intermediate_size", 48},
-           {"num_hidden_layers", 2},
-           {"num_attention_heads", 4},
-           {"num_key_value_heads", kv},
-           {"vocab_size", vocab},
-           {"max_position_embeddings", kSeq}}};
+  return test::tiny_llama(kv, vocab, kSeq);
 }
 
 TrainRun train(const ModelSpec& spec, const std::string& strategy_json,

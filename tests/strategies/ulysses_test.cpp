@@ -55,14 +55,7 @@ ModelSpec gpt(int heads = 4) {
 
 // 4 query heads over `kv` key/value heads (kv 2: grouped-query attention, 2 query heads each).
 ModelSpec llama(int kv) {
-  return {"llama",
-          {{"hidden_size", 32},
-           {"intermediate_size", 48},
-           {"num_hidden_layers", 2},
-           {"num_attention_heads", 4},
-           {"num_key_value_heads", kv},
-           {"vocab_size", kVocab},
-           {"max_position_embeddings", kSeq}}};
+  return test::tiny_llama(kv, kVocab, kSeq);
 }
 
 std::unique_ptr<strategies::Trainer> make_trainer(const ModelSpec& spec,
