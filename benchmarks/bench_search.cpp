@@ -35,6 +35,7 @@
 #include <set>
 
 #include "acc/accelerate.hpp"
+#include "acc/autograd/ops.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
@@ -145,6 +146,16 @@ int main(int argc, char** argv) {
     Generator gen = Generator(7).for_rank(world->rank());
     const data::Batch batch{randint(0, model->vocab_size(), {b, seq}, gen),
                             randint(0, model->vocab_size(), {b, seq}, gen)};
+    // A candidate's batch: global / its dp samples (its tp and cp ranks read the same ones), the
+    // rank's batch repeated.
+    auto batch_of = [&batch, b](int64_t n) {
+      if (n == b) return batch;
+      std::vector<data::Batch::Entry> entries;
+      for (const auto& [name, t] : batch.tensors()) {
+        entries.emplace_back(name, cat(std::vector<Tensor>(static_cast<size_t>(n / b), t), 0));
+      }
+      return data::Batch(std::move(entries));
+    };
 
     search::SpaceOptions so;
     so.world = W;
@@ -208,8 +219,11 @@ int main(int argc, char** argv) {
     for (const auto& row : report.at("candidates")) by_name[row.at("name")] = &row;
     std::vector<Row> rows;
     for (const auto& c : candidates) {
-      const nlohmann::json& row = *by_name.at(c.describe());
-      if (row.at("status") == "rejected") continue;
+      // A layout the model cannot run is one row (its layout alone) for all its combinations.
+      const auto found = by_name.find(c.describe());
+      if (found == by_name.end()) continue;
+      const nlohmann::json& row = *found->second;
+      if (row.at("status") == "rejected" || row.at("status") == "excluded") continue;
       Row r;
       r.candidate = &c;
       r.name = c.describe();
@@ -224,8 +238,9 @@ int main(int argc, char** argv) {
     for (int round = 0; round < rounds; ++round) {
       for (size_t k = 0; k < rows.size(); ++k) {
         Row& r = rows[round % 2 == 0 ? k : rows.size() - 1 - k];
-        const auto m = search::dry_run(*model, factory, *r.candidate, batch, world,
-                                       {.warmup_steps = warmup, .measured_steps = steps});
+        const auto m =
+            search::dry_run(*model, factory, *r.candidate, batch_of(r.candidate->per_rank_batch),
+                            world, {.warmup_steps = warmup, .measured_steps = steps});
         const size_t i = static_cast<size_t>(&r - rows.data());
         if (m.status == search::Status::kOk) times[i].push_back(m.step_seconds);
         if (round == 0 || m.status != search::Status::kOk) r.measured = m;
@@ -273,11 +288,12 @@ int main(int argc, char** argv) {
     // the others') and two timed steps; every step starts from a barrier.
     std::vector<float> mine;  // [turn][candidate][2] seconds of this rank
     for (int turn = 0; turn < retime_turns; ++turn) {
-      for (auto& tr : trainers) {
+      for (size_t k = 0; k < trainers.size(); ++k) {
+        const data::Batch mine_batch = batch_of(retimed[k]->per_rank_batch);
         for (int s = 0; s < 3; ++s) {
           world->barrier()->wait();
           Timer t;
-          tr->train_step(batch);
+          trainers[k]->train_step(mine_batch);
           if (s > 0) mine.push_back(static_cast<float>(t.elapsed_s()));
         }
       }

@@ -141,11 +141,13 @@ StrategyCache StrategyCache::from_json(const nlohmann::json& j, const std::strin
     (figures == std::string("predicted") ? c.predicted : c.measured) = v;
   }
   f.no_others();
-  ACC_CHECK(c.key.global_batch % c.key.world == 0 &&
-                (c.key.global_batch / c.key.world) % c.micro_batch == 0,
-            what, ": field 'micro_batch' ", c.micro_batch,
+  // The per-rank batch is the global batch over the strategy's data-parallel ranks (its tp and cp
+  // ranks read the same samples).
+  const int dp = strategies::mesh_for(c.strategy, c.key.world).dp;
+  ACC_CHECK(c.key.global_batch % dp == 0 && (c.key.global_batch / dp) % c.micro_batch == 0, what,
+            ": field 'micro_batch' ", c.micro_batch,
             " does not divide the per-rank batch of global batch ", c.key.global_batch, " over ",
-            c.key.world, " rank(s)");
+            dp, " data-parallel rank(s)");
   return c;
 }
 

@@ -21,9 +21,12 @@ trace::Trace shallow_trace(const trace::ModelRef& model, int64_t depth, int64_t 
 
 struct Times {
   double forward = 0, backward = 0;
+  double comm_forward = 0, comm_backward = 0;
 };
 
-Times trace_times(const trace::Trace& t, const MachineCalibration& m) {
+// `comm_for(size)`: the fits of a group of that size.
+template <typename CommFor>
+Times trace_times(const trace::Trace& t, const MachineCalibration& m, const CommFor& comm_for) {
   Times out;
   for (const auto& g : gemm_counts(t)) {
     const double s = m.gemm_seconds(g.shape);
@@ -36,6 +39,15 @@ Times trace_times(const trace::Trace& t, const MachineCalibration& m) {
   for (auto v : graph.ops()) {
     const trace::Vertex& op = graph.vertex(v);
     if (is_gemm_op(op.op)) continue;  // priced above, from gemm_counts
+    if (op.comm) {
+      const CommRecord& r = *op.comm;
+      if (r.group_size <= 1) continue;
+      const std::string kind =
+          r.kind == CommKind::kAlltoall ? "allgather" : std::string(comm_kind_name(r.kind));
+      const double s = comm_for(r.group_size).seconds(kind, r.bytes);
+      (op.phase == trace::Phase::kForward ? out.comm_forward : out.comm_backward) += s;
+      continue;
+    }
     double s = m.memory_seconds(op.bytes_read + op.bytes_written);
     if (op.flops > 0 && best_gflops > 0)
       s = std::max(s, static_cast<double>(op.flops) / (best_gflops * 1e9));
@@ -87,21 +99,43 @@ std::vector<GemmShape> CostModel::shapes_to_measure(const trace::ModelRef& model
   return {shapes.begin(), shapes.end()};
 }
 
-const CostModel::PassCost& CostModel::pass(int64_t micro_batch, const trace::TraceOptions& a) {
+void CostModel::add_group_calibration(CommCalibration comm) {
+  const int size = comm.world;
+  group_comm_[size] = std::move(comm);
+}
+
+const CommCalibration& CostModel::comm_for(int size) const {
+  auto it = group_comm_.find(size);
+  return it != group_comm_.end() ? it->second : comm_;
+}
+
+const CostModel::PassCost& CostModel::pass(const Candidate& cand, const trace::TraceOptions& a) {
+  const int64_t micro_batch = cand.micro_batch;
   const int64_t recompute_blocks = a.recompute_blocks;
-  const auto key = std::make_tuple(micro_batch, static_cast<int>(a.recompute), recompute_blocks,
-                                   a.bf16_activations);
+  const std::string layout = cand.layout_key();
+  const auto key = std::make_tuple(layout, micro_batch, static_cast<int>(a.recompute),
+                                   recompute_blocks, a.bf16_activations);
   if (auto it = passes_.find(key); it != passes_.end()) return it->second;
+  // The model as the candidate's rank runs it (its shards and its tp / cp communication).
+  auto lit = layouts_.find(layout);
+  if (lit == layouts_.end()) lit = layouts_.emplace(layout, layout_model(model_, cand)).first;
+  const trace::ModelRef& model = lit->second;
+  auto times = [this](const trace::Trace& t) {
+    return trace_times(t, machine_,
+                       [this](int size) -> const CommCalibration& { return comm_for(size); });
+  };
   PassCost p;
-  if (!model_.extrapolates()) {
+  if (!model.extrapolates()) {
     // A module traced whole: its own figures, recomputation included.
-    const trace::Trace t = shallow_trace(model_, 0, micro_batch, seq_len_, a);
-    const Times c = trace_times(t, machine_);
-    p.num_blocks = model_.num_layers();
+    const trace::Trace t = shallow_trace(model, 0, micro_batch, seq_len_, a);
+    const Times c = times(t);
+    p.num_blocks = model.num_layers();
     p.forward_s = c.forward;
     p.backward_s = c.backward;
+    p.comm_forward_s = c.comm_forward;
+    p.comm_backward_s = c.comm_backward;
     p.parameters = t.num_parameters;
-    const auto groups = model_.trace(p.num_blocks, 1, seq_len_, {}).blocks;
+    const auto groups = model.trace(p.num_blocks, 1, seq_len_, {}).blocks;
     p.block_parameters = groups.empty() ? 0 : groups.front().parameters_per_block;
     return passes_.emplace(key, p).first->second;
   }
@@ -110,22 +144,28 @@ const CostModel::PassCost& CostModel::pass(int64_t micro_batch, const trace::Tra
   trace::TraceOptions plain = a;
   plain.recompute = trace::Recompute::kNone;
   plain.recompute_blocks = 0;
-  const trace::Trace t1 = shallow_trace(model_, 1, micro_batch, seq_len_, plain);
-  const trace::Trace t2 = shallow_trace(model_, 2, micro_batch, seq_len_, plain);
-  const Times c1 = trace_times(t1, machine_), c2 = trace_times(t2, machine_);
+  const trace::Trace t1 = shallow_trace(model, 1, micro_batch, seq_len_, plain);
+  const trace::Trace t2 = shallow_trace(model, 2, micro_batch, seq_len_, plain);
+  const Times c1 = times(t1), c2 = times(t2);
   Times rc;
   if (a.recompute != trace::Recompute::kNone && recompute_blocks != 0) {
     trace::TraceOptions first = a;
     first.recompute_blocks = 1;
-    const Times r1 = trace_times(shallow_trace(model_, 1, micro_batch, seq_len_, first), machine_);
-    rc = {r1.forward - c1.forward, r1.backward - c1.backward};
+    const Times r1 = times(shallow_trace(model, 1, micro_batch, seq_len_, first));
+    rc = {r1.forward - c1.forward, r1.backward - c1.backward, r1.comm_forward - c1.comm_forward,
+          r1.comm_backward - c1.comm_backward};
   }
-  p.num_blocks = model_.num_layers();
+  p.num_blocks = model.num_layers();
   const double L = static_cast<double>(p.num_blocks);
   const int64_t n_rc =
       recompute_blocks < 0 ? p.num_blocks : std::min(recompute_blocks, p.num_blocks);
-  p.forward_s = c1.forward + (L - 1) * (c2.forward - c1.forward) + n_rc * rc.forward;
-  p.backward_s = c1.backward + (L - 1) * (c2.backward - c1.backward) + n_rc * rc.backward;
+  auto extrapolate = [&](double one, double two, double recomputed) {
+    return one + (L - 1) * (two - one) + static_cast<double>(n_rc) * recomputed;
+  };
+  p.forward_s = extrapolate(c1.forward, c2.forward, rc.forward);
+  p.backward_s = extrapolate(c1.backward, c2.backward, rc.backward);
+  p.comm_forward_s = extrapolate(c1.comm_forward, c2.comm_forward, rc.comm_forward);
+  p.comm_backward_s = extrapolate(c1.comm_backward, c2.comm_backward, rc.comm_backward);
   p.block_parameters = t2.num_parameters - t1.num_parameters;
   p.parameters = t1.num_parameters + (p.num_blocks - 1) * p.block_parameters;
   return passes_.emplace(key, p).first->second;
@@ -133,12 +173,17 @@ const CostModel::PassCost& CostModel::pass(int64_t micro_batch, const trace::Tra
 
 TimePrediction CostModel::predict(const Candidate& c) {
   const strategies::StepEffects& e = c.effects;
-  const PassCost& p = pass(c.micro_batch, activation_trace_options(e));
+  const PassCost& p = pass(c, activation_trace_options(e));
   TimePrediction t;
   const double k = static_cast<double>(e.micro_batches);
   t.compute_s = contention_ * k * (p.forward_s + p.backward_s);
   t.backward_s = contention_ * p.backward_s;
-  const int64_t W = c.world;
+  // The layout's own communication (tp, cp): inside the forward and backward, waited for.
+  const double layout_comm = k * (p.comm_forward_s + p.comm_backward_s);
+  t.comm_s += layout_comm;
+  t.exposed_comm_s += layout_comm;
+  const int W = c.data_parallel_ranks();
+  const CommCalibration& comm = comm_for(W);
   const int64_t local = e.shard_optimizer_state ? (p.parameters + W - 1) / W : p.parameters;
   t.optimizer_s =
       contention_ * machine_.memory_seconds(28 * local);  // AdamW: p, g, m, v read; p, m, v written
@@ -151,7 +196,7 @@ TimePrediction CostModel::predict(const Candidate& c) {
         // A block's parameters (f32) gathered before its forward and its backward, per
         // micro-batch; the caller waits for each.
         const double n = k * 2.0 * static_cast<double>(p.num_blocks) + 1.0;
-        const double s = n * comm_.seconds(col.op, p.block_parameters * 4);
+        const double s = n * comm.seconds(col.op, p.block_parameters * 4);
         t.comm_s += s;
         t.exposed_comm_s += s;
         continue;
@@ -166,7 +211,7 @@ TimePrediction CostModel::predict(const Candidate& c) {
         messages = std::max<int64_t>(1, (total + per_msg - 1) / per_msg);
       }
       const int64_t msg = (total + messages - 1) / messages;
-      const double one = comm_.seconds(col.op, msg);
+      const double one = comm.seconds(col.op, msg);
       const double s = static_cast<double>(messages) * one;
       t.comm_s += s;
       if (col.when == When::kBackward) {

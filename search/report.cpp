@@ -276,6 +276,8 @@ const char* status_colour(Status status) {
       return "#D55E00";
     case Status::kRejected:
       return "#CC79A7";
+    case Status::kExcluded:
+      return "#6b6b6b";
     case Status::kFits:
       break;
   }
@@ -488,7 +490,10 @@ std::string time_scatter(const Report& r) {
 std::string memory_time(const Report& r) {
   std::string s = svg_open("memory-time", "predicted memory against predicted step time");
   std::vector<const Row*> timed, untimed;
-  for (const Row& row : r.rows) (row.step_s ? timed : untimed).push_back(&row);
+  for (const Row& row : r.rows) {
+    if (row.status == Status::kExcluded) continue;  // no memory to stand at: the table says why
+    (row.step_s ? timed : untimed).push_back(&row);
+  }
   const double left = 72, top = 30, bottom = kHeight - 96;
   const double strip = untimed.empty() ? 0 : 74;  // the rejected strip's width
   const double right = kWidth - 24 - strip;
@@ -635,7 +640,7 @@ th { background: #f3f3f3; position: sticky; top: 0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.name { white-space: nowrap; }
 tr.chosen td { background: #dcebf7; font-weight: 600; }
-tr.rejected td { color: #777; }
+tr.rejected td, tr.excluded td { color: #777; }
 span.status { display: inline-block; padding: 0 6px; border-radius: 3px; color: #fff;
               font-size: 12px; }
 span.chosen-tag { color: #0072B2; font-weight: 700; margin-left: 6px; }
@@ -646,8 +651,11 @@ std::string seconds(double s) {
 }
 
 std::string summary(const Report& r) {
-  size_t rejected = 0;
-  for (const Row& row : r.rows) rejected += row.status == Status::kRejected;
+  size_t rejected = 0, excluded = 0;
+  for (const Row& row : r.rows) {
+    rejected += row.status == Status::kRejected;
+    excluded += row.status == Status::kExcluded;
+  }
   std::string s = "<dl class=\"summary\">\n";
   const auto item = [&](const std::string& k, const std::string& v_html) {
     s += "<dt>" + esc(k) + "</dt><dd>" + v_html + "</dd>\n";
@@ -670,8 +678,11 @@ std::string summary(const Report& r) {
                                            std::to_string(r.seq_len) + " tokens"
                                      : std::to_string(r.global_batch) + " samples");
   item("memory budget", esc(bytes(r.budget_bytes)) + " per rank");
-  item("candidates", std::to_string(r.rows.size()) + " (" + std::to_string(rejected) +
-                         " rejected by memory, " + std::to_string(r.dry_runs) + " dry-run)");
+  item("candidates", std::to_string(r.rows.size()) + " (" +
+                         (excluded > 0 ? std::to_string(excluded) + " excluded by their layout, "
+                                       : std::string()) +
+                         std::to_string(rejected) + " rejected by memory, " +
+                         std::to_string(r.dry_runs) + " dry-run)");
   std::string timing;
   if (r.calibration_s) {
     timing += "calibration " + seconds(*r.calibration_s);
@@ -694,14 +705,16 @@ std::string table(const Report& r) {
     std::string cls = "candidate";
     if (row.chosen) cls += " chosen";
     if (row.status == Status::kRejected) cls += " rejected";
+    if (row.status == Status::kExcluded) cls += " excluded";
     s += "<tr class=\"" + cls + "\" data-candidate=\"" + std::to_string(row.number) + "\">";
     s += "<td class=\"num\">" + std::to_string(row.number) + "</td>";
     s += "<td class=\"name\">" + esc(row.name) +
          (row.chosen ? "<span class=\"chosen-tag\">chosen</span>" : "") + "</td>";
     s += "<td class=\"num\">" + std::to_string(row.micro_batch) + "</td>";
     s += "<td class=\"num\">" + (row.step_s ? esc(ms(*row.step_s)) : "-") + "</td>";
-    s += "<td class=\"num\" title=\"" + esc(row.memory.dump()) + "\">" +
-         esc(bytes(row.peak_bytes)) + "</td>";
+    s += row.status == Status::kExcluded ? std::string("<td class=\"num\">-</td>")
+                                         : "<td class=\"num\" title=\"" + esc(row.memory.dump()) +
+                                               "\">" + esc(bytes(row.peak_bytes)) + "</td>";
     const bool ok = row.measured_ok();
     s += "<td class=\"num\">" + (ok ? esc(ms(row.measured->step_s)) : "-") + "</td>";
     // An out-of-memory run's peak says by how much it went over.

@@ -34,6 +34,11 @@ std::string Candidate::describe() const {
   return strategies::describe(strategy);
 }
 
+std::string Candidate::layout_key() const {
+  const strategies::Strategy layout = strategies::layout_of(strategy);
+  return layout.empty() ? "" : strategies::to_json(layout).dump();
+}
+
 int64_t per_rank_batch(int64_t global_batch, int world) {
   ACC_CHECK(world >= 1, "search: world size must be >= 1, got ", world);
   ACC_CHECK(global_batch >= 1, "search: global batch must be >= 1, got ", global_batch);
@@ -68,9 +73,12 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
               "' both fill the slot '", m.slot,
               "', which takes one method: include at most one of them");
   }
+  // A layout may take every rank into one tp or cp group (dp 1, the whole batch per rank): the
+  // methods' choices go up to the global batch, and the candidates keep those that divide their
+  // own per-rank batch.
   const strategies::SearchContext ctx{.world = o.world,
                                       .num_blocks = num_blocks,
-                                      .per_rank_batch = o.global_batch / o.world,
+                                      .per_rank_batch = o.global_batch,
                                       .allow_bf16 = o.allow_bf16,
                                       .has_attention = o.has_attention};
 
@@ -131,8 +139,10 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
       if (opt->method) s.push_back({opt->method->name, opt->config});
     }
     bool valid = true;
+    dist::DeviceMesh mesh;
     try {
       strategies::parse_strategy(strategies::to_json(s));  // the composition rules
+      mesh = strategies::mesh_for(s, o.world);             // tp x cp dividing the world
     } catch (const ValueError&) {
       valid = false;
     }
@@ -140,7 +150,8 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
       Candidate c;
       c.strategy = s;
       c.world = o.world;
-      c.per_rank_batch = ctx.per_rank_batch;
+      c.mesh = mesh;
+      c.per_rank_batch = o.global_batch / mesh.dp;
       // The gradient synchronisation reads what the others set (bf16 communication).
       for (const bool ranks_pass : {false, true}) {
         for (const auto* opt : chosen) {
@@ -151,7 +162,8 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
         }
       }
       c.micro_batch = c.per_rank_batch / c.effects.micro_batches;
-      out.push_back(std::move(c));
+      // Micro-batches offered for a larger per-rank batch than this candidate's.
+      if (c.per_rank_batch % c.effects.micro_batches == 0) out.push_back(std::move(c));
     }
     size_t g = 0;
     while (g < groups.size() && ++pick[g] == groups[g].size()) pick[g++] = 0;
@@ -160,6 +172,14 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
   ACC_CHECK(!out.empty(), "search: no candidate is left (excluded ", o.excluded.size(),
             " method(s), included ", o.included.size(), ")");
   return out;
+}
+
+trace::ModelRef layout_model(const trace::ModelRef& model, const Candidate& c) {
+  // A registry model trains on its own next-token loss, which a split vocabulary replaces with
+  // the vocabulary-parallel one; a module on the user's loss.
+  trace::ModelRef::Rewrite rewrite =
+      strategies::layout_rewrite(c.strategy, c.world, model.is_registry());
+  return rewrite ? model.rewritten(std::move(rewrite)) : model;
 }
 
 trace::TraceOptions activation_trace_options(const strategies::StepEffects& e) {
@@ -192,8 +212,41 @@ MemoryModel::MemoryModel(trace::ModelRef model, int64_t seq_len, std::string opt
 const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, const strategies::StepEffects& e,
                                              std::optional<double> in_flight_fraction,
                                              bool accumulated) {
+  return need("", micro_batch, e, in_flight_fraction, accumulated);
+}
+
+const trace::ModelRef& MemoryModel::model_for(const Candidate& c) {
+  const std::string key = c.layout_key();
+  if (key.empty()) return model_;
+  auto it = layouts_.find(key);
+  if (it == layouts_.end()) {
+    it = layouts_.emplace(key, layout_model(model_, c)).first;
+  }
+  return it->second;
+}
+
+std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
+  const std::string key = c.layout_key();
+  if (key.empty()) return std::nullopt;
+  auto it = refusals_.find(key);
+  if (it != refusals_.end()) return it->second;
+  std::optional<std::string> refusal;
+  try {
+    (void)model_for(c).trace(model_.extrapolates() ? 1 : model_.num_layers(), 1, seq_len_, {});
+  } catch (const ValueError& e) {  // a split that does not divide, a model it is not built for
+    refusal = e.what();
+  } catch (const ShapeError& e) {
+    refusal = e.what();
+  }
+  return refusals_.emplace(key, refusal).first->second;
+}
+
+const trace::TrainingNeed& MemoryModel::need(const std::string& layout, int64_t micro_batch,
+                                             const strategies::StepEffects& e,
+                                             std::optional<double> in_flight_fraction,
+                                             bool accumulated) {
   const trace::TraceOptions activations = activation_trace_options(e);
-  const auto key = std::make_tuple(micro_batch, static_cast<int>(activations.recompute),
+  const auto key = std::make_tuple(layout, micro_batch, static_cast<int>(activations.recompute),
                                    activations.recompute_blocks, activations.bf16_activations,
                                    in_flight_fraction.value_or(-1.0), accumulated);
   auto it = needs_.find(key);
@@ -203,8 +256,9 @@ const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, const strategi
     blockwise = trace::BlockwiseGradients{.in_flight_fraction = *in_flight_fraction,
                                           .accumulated = accumulated};
   }
+  const trace::ModelRef& model = layout.empty() ? model_ : layouts_.at(layout);
   return needs_
-      .emplace(key, trace::estimate_training_need(model_, micro_batch, seq_len_, activations,
+      .emplace(key, trace::estimate_training_need(model, micro_batch, seq_len_, activations,
                                                   optimizer_, blockwise))
       .first->second;
 }
@@ -215,8 +269,17 @@ int64_t MemoryModel::num_blocks() {
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {
   const strategies::StepEffects& e = c.effects;
+  // The model as the candidate's rank runs it (its tensor-parallel shards, its share of the
+  // sequence), which the data-parallel methods then shard over dp x cp.
+  (void)model_for(c);
+  const std::string layout = c.layout_key();
+  auto need = [&](int64_t micro_batch, const strategies::StepEffects& fx,
+                  std::optional<double> in_flight = std::nullopt,
+                  bool accumulated = false) -> const trace::TrainingNeed& {
+    return this->need(layout, micro_batch, fx, in_flight, accumulated);
+  };
   const trace::TrainingNeed& n = need(c.micro_batch, e);
-  const int64_t W = c.world;
+  const int64_t W = c.data_parallel_ranks();
   const int64_t P = n.memory.parameters, G = n.memory.gradients, O = n.memory.optimizer_state;
   // Gradients and activations at the step's peak (the trace's figure, one rank, whole model,
   // gradients starting from none). With several micro-batches the later ones run with the

@@ -8,7 +8,8 @@
 namespace acc::search {
 namespace {
 
-constexpr std::array<std::pair<Status, const char*>, 6> kStatusNames = {{
+constexpr std::array<std::pair<Status, const char*>, 7> kStatusNames = {{
+    {Status::kExcluded, "excluded"},
     {Status::kRejected, "rejected"},
     {Status::kFits, "fits"},
     {Status::kRanked, "ranked"},

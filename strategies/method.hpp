@@ -112,6 +112,13 @@ struct MethodSpec {
   /// A method that owns a mesh dimension sets its size (tensor_parallel: tp); the Trainer builds
   /// the run's mesh from them (mesh_for).
   std::function<void(const nlohmann::json&, dist::DeviceMesh&)> mesh;
+  /// Its model transform changes what a rank holds and computes (tensor_parallel's shards,
+  /// sequence_parallel's split sequence): the search traces a candidate through it
+  /// (layout_rewrite) rather than pricing one rank holding everything.
+  bool layout = false;
+  /// Checks the config against the whole strategy (a method that needs another), after every
+  /// entry parsed: acc::ValueError naming both.
+  std::function<void(const nlohmann::json&, const Strategy&)> check_with;
 };
 
 MethodSpec ddp_method();

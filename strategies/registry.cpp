@@ -135,6 +135,15 @@ Strategy parse_strategy(const nlohmann::json& j) {
     }
     s.push_back(std::move(m));
   }
+  for (size_t i = 0; i < s.size(); ++i) {
+    const MethodSpec* spec = find(s[i].name);
+    if (!spec->check_with) continue;
+    try {
+      spec->check_with(s[i].config, s);
+    } catch (const ValueError& err) {
+      ACC_THROW(ValueError, "strategy entry ", i, " ('", s[i].name, "'): ", err.what());
+    }
+  }
   return s;
 }
 
@@ -201,6 +210,37 @@ TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, Loss
       plan.model_transforms.begin(), plan.model_transforms.end(),
       [](const TrainingPlan::Transform& t) { return t.method != "sequence_parallel"; });
   return plan;
+}
+
+Strategy layout_of(const Strategy& s) {
+  Strategy layout;
+  for (const auto& m : s) {
+    const MethodSpec* spec = find(m.name);
+    ACC_CHECK(spec != nullptr, "unknown method '", m.name, "' (known: ", known_names(), ")");
+    if (spec->layout) layout.push_back(m);
+  }
+  return layout;
+}
+
+trace::ModelRef::Rewrite layout_rewrite(const Strategy& s, int world, bool default_loss) {
+  const Strategy layout = layout_of(s);
+  if (layout.empty()) return {};
+  const dist::ParallelContextPtr context = dist::ParallelContext::meta(mesh_for(s, world), 0);
+  return [layout, context, default_loss](nn::Module& model, const data::Batch& sample,
+                                         const trace::BatchLoss& loss) {
+    // The undos write into the plan's tables (the layouts they recorded): it lives as they do.
+    auto plan = std::make_shared<const TrainingPlan>(
+        make_plan(layout, context, loss, sample, default_loss));
+    std::vector<Undo> undos;
+    try {
+      for (const auto& t : plan->model_transforms) undos.push_back(t.apply(model));
+    } catch (...) {
+      nn::undo_all(std::move(undos))();
+      throw;
+    }
+    Undo undo = [plan, all = nn::undo_all(std::move(undos))] { all(); };
+    return std::make_pair(std::move(undo), trace::BatchLoss(plan->loss));
+  };
 }
 
 dist::DeviceMesh mesh_for(const Strategy& s, int world) {

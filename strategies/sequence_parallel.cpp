@@ -31,6 +31,7 @@
 // with no counted token at all is refused by name (its mean is 0/0). This assumes the loss is
 // the token mean a language model's next-token loss is.
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -194,6 +195,10 @@ LossFn ulysses_loss(LossFn inner, int rank, int s) {
     const int64_t chunk = T / s;
     const data::Batch mine(idx.narrow(1, rank * chunk, chunk),
                            targets.narrow(1, rank * chunk, chunk));
+    if (targets.is_meta()) {  // a trace (the search's): shapes only, every target counted
+      nn::ForwardOptionsGuard guard({.position_offset = rank * chunk});
+      return inner(model, mine);
+    }
     const int64_t n = counted_targets(targets, rank * chunk, chunk);
     const int64_t total = counted_targets(targets, 0, T);
     for (int r = 0; r < s; ++r) {
@@ -255,19 +260,37 @@ MethodSpec sequence_parallel_method() {
                     return;
                 }
               },
-          // Not searched yet, as tensor_parallel: the cost and memory models do not price its
-          // all-to-alls or its activations split along the sequence.
-          .search_choices = [](const SearchContext&) { return std::vector<nlohmann::json>{}; },
-          .effects =
-              [](const nlohmann::json&, const SearchContext&, StepEffects&) {
-                ACC_THROW(InternalError,
-                          "sequence_parallel: the search does not price it yet (it has no "
-                          "choices)");
+          // The search tries Megatron-SP (a candidate with tensor_parallel: the composition
+          // rule below drops the others) and Ulysses over every size that divides the world; the
+          // transforms' own checks (heads, kv heads, the sequence, a language model) exclude a
+          // candidate with their reason when the search traces it. As tensor_parallel, no
+          // effects of its own: the trace of the rank's model holds its all-to-alls,
+          // all-gathers and reduce-scatters and its activations split along the sequence.
+          .search_choices =
+              [](const SearchContext& ctx) {
+                std::vector<nlohmann::json> out;
+                if (ctx.world > 1) out.push_back({{"kind", "megatron"}});
+                for (int s = 2; s <= ctx.world; s *= 2) {
+                  if (ctx.world % s == 0) out.push_back({{"kind", "ulysses"}, {"size", s}});
+                }
+                return out;
               },
+          .effects = [](const nlohmann::json&, const SearchContext&, StepEffects&) {},
           .mesh =
               [](const nlohmann::json& c, dist::DeviceMesh& mesh) {
                 const SequenceParallelConfig config = config_from(c);
                 if (config.kind == SequenceParallelKind::kUlysses) mesh.cp = config.size;
+              },
+          .layout = true,
+          .check_with =
+              [](const nlohmann::json& c, const Strategy& whole) {
+                if (config_from(c).kind != SequenceParallelKind::kMegatron) return;
+                const bool tp = std::any_of(whole.begin(), whole.end(), [](const Method& m) {
+                  return m.name == "tensor_parallel";
+                });
+                ACC_CHECK(tp,
+                          "sequence_parallel: kind megatron splits the sequence over "
+                          "tensor_parallel's ranks: add tensor_parallel to the strategy");
               }};
 }
 

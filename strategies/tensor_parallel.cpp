@@ -130,17 +130,23 @@ MethodSpec tensor_parallel_method() {
                                                   tp);
             };
           },
-      // Not searched yet: the cost and memory models do not price its collectives or its
-      // sharded state, so the search would rank it as one rank's step. Until they do, no
-      // choice (the search lists it as "it has no choice in this run"), and its effects are
-      // never asked for.
-      .search_choices = [](const SearchContext&) { return std::vector<nlohmann::json>{}; },
-      .effects =
-          [](const nlohmann::json&, const SearchContext&, StepEffects&) {
-            ACC_THROW(InternalError,
-                      "tensor_parallel: the search does not price it yet (it has no choices)");
+      // The search tries every size that divides the world (2, 4, ... ranks per group); the
+      // head, kv-head, ffn and vocabulary splits are the transform's own checks, which the
+      // search meets when it traces the candidate (layout_rewrite) and lists with their reason.
+      // Nothing to add to a step's effects: the candidate is priced from the trace of the model
+      // as its rank runs it (its shards, its tp collectives), and the data-parallel methods act
+      // on that rank's shards over dp.
+      .search_choices =
+          [](const SearchContext& ctx) {
+            std::vector<nlohmann::json> out;
+            for (int t = 2; t <= ctx.world; t *= 2) {
+              if (ctx.world % t == 0) out.push_back({{"size", t}});
+            }
+            return out;
           },
-      .mesh = [](const nlohmann::json& c, dist::DeviceMesh& mesh) { mesh.tp = size_from(c); }};
+      .effects = [](const nlohmann::json&, const SearchContext&, StepEffects&) {},
+      .mesh = [](const nlohmann::json& c, dist::DeviceMesh& mesh) { mesh.tp = size_from(c); },
+      .layout = true};
 }
 
 }  // namespace acc::strategies

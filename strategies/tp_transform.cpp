@@ -1,6 +1,7 @@
 #include "tp_transform.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -310,11 +311,17 @@ nn::Undo shard_vocab_parallel(models::LanguageModel& lm, const dist::ProcessGrou
     if (layouts != nullptr) {
       for (const auto& n : names) layouts->erase(n);
     }
-    restore_whole(emb->weight());
-    put_back_vocab(emb->weight(), pemb->weight(), tp);
+    // As the layers' undo: no gather while an exception unwinds (the tables stay released).
+    const bool gather = std::uncaught_exceptions() == 0;
+    if (gather) {
+      restore_whole(emb->weight());
+      put_back_vocab(emb->weight(), pemb->weight(), tp);
+    }
     if (phead) {
-      restore_whole(head->weight());
-      put_back_vocab(head->weight(), phead->weight(), tp);
+      if (gather) {
+        restore_whole(head->weight());
+        put_back_vocab(head->weight(), phead->weight(), tp);
+      }
       undo_head();
     }
     undo_emb();
@@ -339,12 +346,15 @@ nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
   std::map<int, dist::ProcessGroupPtr> sharer_groups;
   for (const auto& s : shards) {
     if (s.sharers > 1 && !sharer_groups.count(s.sharers)) {
-      sharer_groups[s.sharers] =
-          tp->split(rank / s.sharers, rank % s.sharers, "tp_kv" + std::to_string(s.sharers));
+      const std::string name = "tp_kv" + std::to_string(s.sharers);
+      sharer_groups[s.sharers] = tp->is_meta()
+                                     ? dist::ProcessGroup::meta(s.sharers, rank % s.sharers, name)
+                                     : tp->split(rank / s.sharers, rank % s.sharers, name);
     }
   }
-  // Every tp rank shards the same whole model: tp rank 0's.
-  if (t > 1) broadcast_model_state(model, *tp);
+  // Every tp rank shards the same whole model: tp rank 0's (a meta group, which the search's
+  // traces run over, has no values to agree on).
+  if (t > 1 && !tp->is_meta()) broadcast_model_state(model, *tp);
   // Everything checked: now the replacements (undone in reverse if one throws).
   std::vector<std::pair<Shard, nn::Undo>> done;
   std::vector<std::shared_ptr<nn::Module>> layers;
@@ -403,7 +413,11 @@ nn::Undo shard_tensor_parallel(nn::Module& model, const trace::Trace& trace,
       for (const auto& n : names) layouts->erase(n);
     }
     // The trained shards back into the whole linears (every rank alike), then the wholes back.
-    for (size_t i = 0; i < done.size(); ++i) {
+    // While an exception unwinds (a failed step tearing its Trainer down), another rank may never
+    // reach the gathers, and an fsdp under this has left the shards released: the wholes stay
+    // released too (0 bytes; any use fails with a device error naming the op), as fsdp's do.
+    const bool gather = std::uncaught_exceptions() == 0;
+    for (size_t i = 0; gather && i < done.size(); ++i) {
       Shard& s = done[i].first;
       nn::Module& layer = *layers[i];
       Tensor w = layer.find_tensor("weight");

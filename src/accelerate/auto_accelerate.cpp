@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
+#include <map>
 #include <set>
 
+#include "acc/autograd/ops.hpp"
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/search/cost.hpp"
@@ -39,12 +42,27 @@ data::Batch random_batch(int64_t b, int64_t t, int64_t vocab) {
   return {from_vector(idx, {b, t}), from_vector(tgt, {b, t})};
 }
 
+// `n` samples from `batch`, repeated (a candidate whose tp or cp ranks read the same samples
+// reads global / dp of them, a multiple of the job's share).
+data::Batch batch_for(const data::Batch& batch, int64_t n) {
+  const int64_t have = batch.size();
+  if (n == have) return batch;
+  ACC_CHECK(n > 0 && n % have == 0, "auto_accelerate: a candidate's batch of ", n,
+            " samples is no multiple of this rank's ", have);
+  NoGradGuard no_grad;
+  std::vector<data::Batch::Entry> entries;
+  for (const auto& [name, t] : batch.tensors()) {
+    entries.emplace_back(name, cat(std::vector<Tensor>(static_cast<size_t>(n / have), t), 0));
+  }
+  return data::Batch(std::move(entries));
+}
+
 struct Row {
   const Candidate* candidate;
   search::MemoryPrediction memory;
   std::optional<search::TimePrediction> time;
-  /// kRejected (memory) | kFits (not costed: a cache was used) | kRanked | kOk | kOom | kError
-  /// (the last three after a dry-run)
+  /// kExcluded (its layout cannot run the model) | kRejected (memory) | kFits (not costed: a cache
+  /// was used) | kRanked | kOk | kOom | kError (the last three after a dry-run)
   search::Status status = search::Status::kFits;
   std::string reason;
   std::optional<search::DryRunResult> measured;
@@ -58,12 +76,13 @@ constexpr double kMemoryMargin = 0.05;
 // Every candidate of the run with its predicted memory; those over the budget rejected.
 struct Space {
   std::vector<Candidate> candidates;
+  std::deque<Candidate> excluded;  // one per layout that cannot run the model (rows point here)
   std::vector<Row> rows;
   int64_t budget = 0;
   int64_t smallest = -1;  // the least predicted peak of any candidate
   bool any_fits() const {
     return std::any_of(rows.begin(), rows.end(),
-                       [](const Row& r) { return r.status != search::Status::kRejected; });
+                       [](const Row& r) { return !search::is_refused(r.status); });
   }
 };
 
@@ -104,7 +123,22 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
   so.included = o.included;
   so.has_attention = model.has_attention();
   s.candidates = search::enumerate_candidates(so, memory.num_blocks());
+  // A layout (tensor_parallel, sequence_parallel) that cannot run the model is listed once, with
+  // its transform's reason; its other combinations are left out.
+  std::set<std::string> excluded_layouts;
   for (const auto& c : s.candidates) {
+    if (const auto refusal = memory.layout_refusal(c)) {
+      if (!excluded_layouts.insert(c.layout_key()).second) continue;
+      Candidate& shown = s.excluded.emplace_back(c);  // the row names the layout alone
+      shown.strategy = strategies::layout_of(c.strategy);
+      s.rows.push_back({&shown,
+                        {},
+                        std::nullopt,
+                        search::Status::kExcluded,
+                        shown.describe() + ": " + *refusal,
+                        std::nullopt});
+      continue;
+    }
     Row r{&c, memory.predict(c), std::nullopt, search::Status::kFits, "", std::nullopt};
     s.smallest = s.smallest < 0 ? r.memory.peak : std::min(s.smallest, r.memory.peak);
     if (static_cast<double>(r.memory.peak) * (1 + kMemoryMargin) > static_cast<double>(s.budget)) {
@@ -124,19 +158,56 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
   return s;
 }
 
+// The α-β fits of the groups the candidates communicate over besides the whole job (a tp or cp
+// group, and dp x cp beside them), one per size: measured on contiguous groups of that size (as
+// tp's are; groups of one size over this machine's shared memory behave alike), rank 0's fits
+// kept by every rank so that all of them rank the candidates alike.
+std::vector<search::CommCalibration> calibrate_groups(const Space& s, dist::ProcessGroup& world) {
+  std::set<int> sizes;
+  for (const auto& r : s.rows) {
+    if (search::is_refused(r.status)) continue;
+    const dist::DeviceMesh& m = r.candidate->mesh;
+    for (const int size : {m.tp, m.cp, m.dp * m.cp}) {
+      if (size > 1 && size < world.size()) sizes.insert(size);
+    }
+  }
+  std::vector<search::CommCalibration> out;
+  const int rank = world.rank();
+  for (const int size : sizes) {
+    const dist::ProcessGroupPtr g =
+        world.split(rank / size, rank % size, "calibration of " + std::to_string(size));
+    const search::CommCalibration mine =
+        search::calibrate_collectives(*g, {4 << 10, 256 << 10, 4 << 20}, 0.01);
+    out.push_back(search::CommCalibration::from_json(
+        nlohmann::json::parse(dist::broadcast_text(world, mine.to_json().dump()))));
+  }
+  return out;
+}
+
 // The machine's calibration for the micro-batches of the candidates that fit (rank 0 measures or
 // reads its cache, the others get it), then each such candidate's predicted time; returns them
 // best first.
 std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const AccelerateOptions& o,
                                dist::ProcessGroup* group, const search::CommCalibration& comm,
+                               const std::vector<search::CommCalibration>& group_comm,
                                search::MachineCalibration& machine, double& contention,
                                bool& contention_cached) {
-  std::set<int64_t> micro;
+  // The GEMM shapes of each layout's rank (tensor-parallel shards multiply smaller matrices).
+  std::map<std::string, std::pair<const Candidate*, std::set<int64_t>>> micro;
   for (const auto& r : s.rows) {
-    if (r.status != search::Status::kRejected) micro.insert(r.candidate->micro_batch);
+    if (search::is_refused(r.status)) continue;
+    auto& [first, sizes] = micro[r.candidate->layout_key()];
+    if (first == nullptr) first = r.candidate;
+    sizes.insert(r.candidate->micro_batch);
   }
-  const std::vector<search::GemmShape> shapes =
-      search::CostModel::shapes_to_measure(model, {micro.begin(), micro.end()}, o.seq_len);
+  std::vector<search::GemmShape> shapes;
+  for (const auto& [layout, of] : micro) {
+    const auto more = search::CostModel::shapes_to_measure(
+        search::layout_model(model, *of.first), {of.second.begin(), of.second.end()}, o.seq_len);
+    shapes.insert(shapes.end(), more.begin(), more.end());
+  }
+  std::sort(shapes.begin(), shapes.end());
+  shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
   search::CalibrationOptions co;
   co.cache_dir = o.cache_dir;
   if (!group || group->rank() == 0) machine = search::load_or_calibrate_machine(shapes, co);
@@ -147,9 +218,10 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
     contention = search::contention_for_job(*group, machine, shapes, co, &contention_cached);
   }
   search::CostModel cost(model, o.seq_len, machine, comm, contention);
+  for (const auto& g : group_comm) cost.add_group_calibration(g);
   std::vector<Row*> ranked;
   for (auto& r : s.rows) {
-    if (r.status == search::Status::kRejected) continue;
+    if (search::is_refused(r.status)) continue;
     r.time = cost.predict(*r.candidate);
     r.status = search::Status::kRanked;
     ranked.push_back(&r);
@@ -263,7 +335,7 @@ int replan(const Space& s, const search::StrategyCache& cache) {
   std::tuple<int, double, int> best_score;
   for (size_t i = 0; i < s.rows.size(); ++i) {
     const Row& r = s.rows[i];
-    if (r.status == search::Status::kRejected) continue;
+    if (search::is_refused(r.status)) continue;
     int names = 0, exact = 0;
     for (const auto& m : cache.strategy) {
       for (const auto& n : r.candidate->strategy) {
@@ -307,7 +379,7 @@ LoadDecision decide_from_load(const AccelerateOptions& o, const Space& s,
     d.row = find_row(s, cache.strategy);
     if (d.row < 0) {
       stale = "its strategy " + cache.name + " is not in this run's candidate space";
-    } else if (s.rows[static_cast<size_t>(d.row)].status == search::Status::kRejected) {
+    } else if (search::is_refused(s.rows[static_cast<size_t>(d.row)].status)) {
       stale = "its strategy " + cache.name + ": " + s.rows[static_cast<size_t>(d.row)].reason;
     } else {
       d.action = LoadDecision::Action::kUse;
@@ -467,8 +539,9 @@ nlohmann::json plan_strategy(const trace::ModelRef& model, int world, const Acce
   // they do not (one rank per machine, or cores enough for all).
   double contention = 1.0;
   bool contention_cached = true;
+  // No groups to measure: a tp or cp group is priced at the job's fits (cost.hpp).
   std::vector<Row*> ranked =
-      rank_by_time(s, model, o, nullptr, comm, machine, contention, contention_cached);
+      rank_by_time(s, model, o, nullptr, comm, {}, machine, contention, contention_cached);
   const Row* best = ranked.front();
   nlohmann::json report = {
       {"source", search::source_name(search::Source::kPlan)},
@@ -549,7 +622,7 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
   if (decision.action == LoadDecision::Action::kUse ||
       (decision.action == LoadDecision::Action::kGiven && decision.row >= 0)) {
     best = &s.rows.at(static_cast<size_t>(decision.row));
-    ACC_CHECK(best->status != search::Status::kRejected, "auto_accelerate: the strategy given (",
+    ACC_CHECK(!search::is_refused(best->status), "auto_accelerate: the strategy given (",
               best->candidate->describe(), ") does not fit: ", best->reason);
     result.strategy = best->candidate->strategy;
     report["source"] = search::source_name(decision.source);
@@ -579,12 +652,14 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
       // needs no more, and at 6 sizes x 20 ms it was 12-30 steps of a small model's search.
       comm = search::calibrate_collectives(*group, {4 << 10, 256 << 10, 4 << 20}, 0.01);
     }
+    const std::vector<search::CommCalibration> group_comm =
+        group && world > 1 ? calibrate_groups(s, *group) : std::vector<search::CommCalibration>{};
     const double comm_s = calib.elapsed_s();
     search::MachineCalibration machine;
     double contention = 1.0;
     bool contention_cached = true;
-    std::vector<Row*> ranked =
-        rank_by_time(s, ref, o, group.get(), comm, machine, contention, contention_cached);
+    std::vector<Row*> ranked = rank_by_time(s, ref, o, group.get(), comm, group_comm, machine,
+                                            contention, contention_cached);
     const double calibration_s = calib.elapsed_s();
     if (leader) {
       logging::debug(
@@ -617,7 +692,8 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
       // A collective waits at most 10 predicted steps (10 s at least) for the slowest rank.
       const auto limit = std::chrono::milliseconds(
           static_cast<int64_t>(1e3 * std::max(10.0, 10 * r->time->step_s)));
-      r->measured = search::dry_run(*model, factory, *r->candidate, batch, group,
+      r->measured = search::dry_run(*model, factory, *r->candidate,
+                                    batch_for(batch, r->candidate->per_rank_batch), group,
                                     {.warmup_steps = o.warmup_steps,
                                      .measured_steps = o.measured_steps,
                                      .memory_budget = s.budget,

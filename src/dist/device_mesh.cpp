@@ -128,6 +128,13 @@ ParallelContext::ParallelContext(DeviceMesh mesh, ProcessGroupPtr world)
       where += (where.empty() ? " of " : " ") + std::string(mesh_dim_name(d)) + "=" +
                std::to_string(coord_.at(d));
     }
+    // A meta world (ParallelContext::meta) has no communicator to split: its groups are meta
+    // groups of the same sizes, names and ranks.
+    if (world_->is_meta()) {
+      int size = 1;
+      for (MeshDim d : dims) size *= mesh_.size(d);
+      return ProcessGroup::meta(size, key, name + where);
+    }
     return world_->split(color, key, name + where);
   };
   for (MeshDim d : kMeshDims) {
@@ -135,7 +142,7 @@ ParallelContext::ParallelContext(DeviceMesh mesh, ProcessGroupPtr world)
     if (mesh_.size(d) == world_->size()) {
       g = world_;
     } else if (mesh_.size(d) == 1) {
-      g = self_group();
+      g = world_->is_meta() ? ProcessGroup::meta(1, 0, "self") : self_group();
     } else {
       g = split_along({d}, mesh_dim_name(d));
     }
@@ -155,6 +162,12 @@ std::shared_ptr<const ParallelContext> ParallelContext::data_parallel(ProcessGro
   ACC_CHECK(group != nullptr, "parallel context: no group");
   const int n = group->size();
   return std::make_shared<const ParallelContext>(DeviceMesh::data_parallel(n), std::move(group));
+}
+
+std::shared_ptr<const ParallelContext> ParallelContext::meta(DeviceMesh mesh, int rank) {
+  mesh.check(mesh.product());
+  return std::make_shared<const ParallelContext>(mesh,
+                                                 ProcessGroup::meta(mesh.product(), rank, "world"));
 }
 
 const ProcessGroupPtr& ParallelContext::group(MeshDim d) const {

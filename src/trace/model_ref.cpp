@@ -20,6 +20,8 @@ struct ModelRef::Impl {
   nn::ModulePtr module;
   data::Batch sample;
   BatchLoss loss;
+  // How a candidate's rank runs the model (ModelRef::rewritten), if set.
+  Rewrite rewrite;
 };
 
 ModelRef ModelRef::registry(std::string type, nlohmann::json config) {
@@ -107,8 +109,66 @@ Trace trace_on_batch(nn::Module& module, const data::Batch& sample, const BatchL
   return trace(module, run, inputs, options);
 }
 
+ModelRef ModelRef::rewritten(Rewrite rewrite) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->rewrite = std::move(rewrite);
+  ModelRef r;
+  r.impl_ = std::move(impl);
+  return r;
+}
+
+namespace {
+
+// Traces `model` on `sample` (resized to `batch` samples, 0: as it is) through `loss`, rewritten
+// first when a rewrite is given (undone after, also when the trace throws).
+ModelRef::Traced trace_rewritten(nn::Module& model, const data::Batch& sample,
+                                 const BatchLoss& loss, int64_t batch, const TraceOptions& options,
+                                 const ModelRef::Rewrite& rewrite) {
+  ModelRef::Traced out;
+  if (!rewrite) {
+    out.trace = trace_on_batch(model, sample, loss, batch, options);
+    out.blocks = find_blocks(model);
+    return out;
+  }
+  // The rewrite cuts its shards from meta weights (a module's own values untouched, no memory):
+  // its undo gathers them back into those, and then the real storages return.
+  MetaStorageGuard meta_weights(model);
+  auto [undo, rewritten_loss] = rewrite(model, sample, loss);
+  struct UndoGuard {
+    nn::Undo& undo;
+    ~UndoGuard() {
+      if (undo) undo();
+    }
+  } guard{undo};
+  out.trace = trace_on_batch(model, sample, rewritten_loss, batch, options);
+  out.blocks = find_blocks(model);  // the rank's blocks: their parameters are its shards
+  return out;
+}
+
+}  // namespace
+
 ModelRef::Traced ModelRef::trace(int64_t layers, int64_t batch, int64_t seq_len,
                                  const TraceOptions& options) const {
+  ACC_CHECK(batch >= 1, "trace: the batch must have >= 1 sample, got ", batch);
+  if (!impl_->rewrite) return trace_as_is(layers, batch, seq_len, options);
+  DefaultDeviceGuard meta(Device::kMeta);  // what the forward creates is meta too
+  if (is_registry()) {
+    auto model = models::create_meta_model(impl_->type, impl_->config, layers);
+    const int64_t T = seq_len > 0 ? seq_len : model->max_seq_len();
+    const Tensor idx = empty({batch, T}, {DType::kInt64, Device::kMeta});
+    const BatchLoss next_token = [](nn::Module& m, const data::Batch& b) {
+      return dynamic_cast<models::LanguageModel&>(m).loss(b.idx(), b.targets());
+    };
+    return trace_rewritten(*model, data::Batch(idx, idx), next_token, 0, options, impl_->rewrite);
+  }
+  ACC_CHECK(layers == impl_->num_layers, "trace: a module is traced whole (", impl_->num_layers,
+            " repeated block(s)), not at ", layers);
+  return trace_rewritten(*impl_->module, impl_->sample, impl_->loss, batch, options,
+                         impl_->rewrite);
+}
+
+ModelRef::Traced ModelRef::trace_as_is(int64_t layers, int64_t batch, int64_t seq_len,
+                                       const TraceOptions& options) const {
   ACC_CHECK(batch >= 1, "trace: the batch must have >= 1 sample, got ", batch);
   DefaultDeviceGuard meta(Device::kMeta);  // what the forward creates is meta too
   Traced out;
@@ -122,16 +182,14 @@ ModelRef::Traced ModelRef::trace(int64_t layers, int64_t batch, int64_t seq_len,
   }
   ACC_CHECK(layers == impl_->num_layers, "trace: a module is traced whole (", impl_->num_layers,
             " repeated block(s)), not at ", layers);
-  out.trace = trace_on_batch(*impl_->module, impl_->sample, impl_->loss, batch, options);
-  out.blocks = find_blocks(*impl_->module);
-  return out;
+  return trace_rewritten(*impl_->module, impl_->sample, impl_->loss, batch, options, {});
 }
 
 std::string ModelRef::hash() const {
   if (is_registry()) return model_trace_hash(impl_->type, impl_->config);
   const nlohmann::json facts = {{"model_type", impl_->type},
                                 {"config", impl_->config},
-                                {"trace", to_json(trace(impl_->num_layers, 1, 0, {}).trace)}};
+                                {"trace", to_json(trace_as_is(impl_->num_layers, 1, 0, {}).trace)}};
   return fnv1a64_hex(facts.dump());
 }
 

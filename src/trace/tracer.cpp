@@ -196,40 +196,20 @@ class Recorder : public detail::OpObserver {
 
 std::atomic<uint64_t> Recorder::next_session_{1};
 
-namespace {
+struct MetaStorageGuard::Saved {
+  Tensor tensor;
+  std::shared_ptr<Storage> storage;
+  int64_t offset;
+  Shape strides;
+  std::shared_ptr<TensorImpl> grad;
+};
 
-// Swaps every parameter and buffer of a module onto fresh meta storage for the lifetime of the
-// guard (gradients set aside too), and puts everything back afterwards.
-class MetaSwap {
- public:
-  MetaSwap(nn::Module& m, Recorder& rec) {
-    for (auto& [name, t] : m.named_parameters()) swap(t, name, rec, VertexKind::kParameter);
-    for (auto& [name, t] : m.named_buffers()) swap(t, name, rec, VertexKind::kParameter);
-  }
-  ~MetaSwap() {
-    for (auto& s : saved_) {
-      TensorImpl* impl = s.tensor.impl();
-      impl->storage = s.storage;
-      impl->offset = s.offset;
-      impl->strides = s.strides;
-      if (impl->autograd) impl->autograd->grad = s.grad;
-    }
-  }
-  MetaSwap(const MetaSwap&) = delete;
-  MetaSwap& operator=(const MetaSwap&) = delete;
-
- private:
-  struct Saved {
-    Tensor tensor;
-    std::shared_ptr<Storage> storage;
-    int64_t offset;
-    Shape strides;
-    std::shared_ptr<TensorImpl> grad;
-  };
-
-  void swap(Tensor& t, const std::string& name, Recorder& rec, VertexKind kind) {
-    // A set, not a scan of saved_: a model with 10^5 parameters spent seconds here.
-    if (!swapped_.insert(t.impl()).second) return;  // tied: already swapped
+MetaStorageGuard::MetaStorageGuard(
+    nn::Module& m, const std::function<void(const std::string&, const Tensor&)>& on_swap) {
+  // A set, not a scan of saved_: a model with 10^5 parameters spent seconds here.
+  std::unordered_set<const TensorImpl*> swapped;
+  auto swap = [&](Tensor& t, const std::string& name) {
+    if (!swapped.insert(t.impl()).second) return;  // tied: already swapped
     TensorImpl* impl = t.impl();
     Saved s{t, impl->storage, impl->offset, impl->strides, nullptr};
     if (impl->autograd) {
@@ -240,12 +220,23 @@ class MetaSwap {
     impl->storage = std::make_shared<Storage>(t.nbytes(), Device::kMeta);
     impl->offset = 0;
     impl->strides = contiguous_strides(impl->shape);
-    rec.add_source(kind, name, t);
-  }
+    if (on_swap) on_swap(name, t);
+  };
+  for (auto& [name, t] : m.named_parameters()) swap(t, name);
+  for (auto& [name, t] : m.named_buffers()) swap(t, name);
+}
 
-  std::vector<Saved> saved_;
-  std::unordered_set<const TensorImpl*> swapped_;  // identity within this guard only
-};
+MetaStorageGuard::~MetaStorageGuard() {
+  for (auto& s : saved_) {
+    TensorImpl* impl = s.tensor.impl();
+    impl->storage = s.storage;
+    impl->offset = s.offset;
+    impl->strides = s.strides;
+    if (impl->autograd) impl->autograd->grad = s.grad;
+  }
+}
+
+namespace {
 
 // The strategies' block wrappers applied while alive, through the code paths of the `amp` and
 // `checkpoint` methods: bf16 activations in every repeated block (inner), then recomputation of
@@ -306,7 +297,9 @@ Trace trace(nn::Module& module, const LossFn& loss_fn, const std::vector<Tensor>
   Recorder rec(t.graph);
   {
     detail::ObserverGuard observe(&rec);
-    MetaSwap swap(module, rec);
+    MetaStorageGuard swap(module, [&rec](const std::string& name, const Tensor& t) {
+      rec.add_source(VertexKind::kParameter, name, t);
+    });
     BlockWrappers wrappers(module, options);
     std::vector<Tensor> inputs;
     for (size_t i = 0; i < sample_inputs.size(); ++i) {

@@ -79,9 +79,19 @@ def check(directory):
             "no candidate was dry-run" not in text_of(svgs["time-scatter"]):
         errors.append("time-scatter: no point and no 'no candidate was dry-run' notice")
 
+    # Excluded candidates (a layout that cannot run the model) have no memory to stand at: a row
+    # with its reason, no point.
+    excluded = [c for c in candidates if c["status"] == "excluded"]
+    excluded_rows = [row for row in rows if "excluded" in classes(row)]
+    if len(excluded_rows) != len(excluded):
+        errors.append("%d excluded rows, report.json has %d" % (len(excluded_rows), len(excluded)))
+    for row, c in zip(excluded_rows, excluded):
+        if c.get("reason", "") not in text_of(row):
+            errors.append("the excluded row of %r does not give its reason" % c["name"])
     plane = points("memory-time")
-    if len(plane) < len(candidates):
-        errors.append("memory-time: %d points for %d candidates" % (len(plane), len(candidates)))
+    if len(plane) < len(candidates) - len(excluded):
+        errors.append("memory-time: %d points for %d candidates"
+                      % (len(plane), len(candidates) - len(excluded)))
     if "memory-time" in svgs:
         budget = [el for el in svgs["memory-time"].iter() if el.get("id") == "budget-line"]
         if len(budget) != 1:

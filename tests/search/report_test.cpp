@@ -50,7 +50,7 @@ nlohmann::json candidate(const std::string& name, int64_t micro_batch, const std
                       {"micro_batch", micro_batch},
                       {"predicted", {{"memory", memory(peak)}}},
                       {"status", status}};
-  if (status != "rejected") c["predicted"]["time"] = time(step_s);
+  if (status != "rejected" && status != "excluded") c["predicted"]["time"] = time(step_s);
   return c;
 }
 
@@ -89,6 +89,12 @@ nlohmann::json realistic_report() {
   auto rejected2 = candidate("zero1", 8, "rejected", 27 * kMiB, 0);
   rejected2["reason"] = "predicted peak 27.00 MiB over the budget of 24.00 MiB";
   rows.push_back(rejected2);
+  // A layout that cannot run the model: listed once with its transform's reason, never priced.
+  auto excluded = candidate("tensor_parallel{\"size\":4}", 4, "excluded", 0, 0);
+  excluded["reason"] =
+      "tensor_parallel{\"size\":4}: tensor_parallel: attention 'transformer.h.0.attn' has 6 "
+      "heads, not a multiple of tp 4";
+  rows.push_back(excluded);
   return {{"chosen", {{{"name", "zero2"}, {"config", nlohmann::json::object()}}}},
           {"chosen_name", "zero2 + grad_accum{\"steps\":2}"},
           {"world", 2},
@@ -170,6 +176,10 @@ TEST(Report, WritesJsonAndAPageTheStrictCheckerAccepts) {
   EXPECT_NE(chosen_row, std::string::npos);
   EXPECT_LT(html.find("ddp + checkpoint"), html.find("zero1 + checkpoint"));
   EXPECT_GT(html.find("<tr class=\"candidate rejected\""), html.find("zero1 + checkpoint"));
+  // The excluded layout: a row of its own with its reason, counted apart, on no chart.
+  EXPECT_NE(html.find("<tr class=\"candidate excluded\""), std::string::npos);
+  EXPECT_NE(html.find("has 6 heads, not a multiple of tp 4"), std::string::npos);
+  EXPECT_NE(html.find("1 excluded by their layout, 2 rejected by memory"), std::string::npos);
 }
 
 TEST(Report, CheckerRejectsABrokenPage) {

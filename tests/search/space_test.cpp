@@ -53,7 +53,9 @@ TEST(Space, OneRankSpaceHasNoGradSyncAndEveryOtherCombination) {
 }
 
 TEST(Space, SeveralRanksAlwaysSynchroniseGradients) {
-  const auto cands = enumerate_candidates(opts(2, 8, true), 4);
+  // The data-parallel family alone (the layouts are counted in the next test).
+  const std::vector<std::string> layouts = {"tensor_parallel", "sequence_parallel"};
+  const auto cands = enumerate_candidates(opts(2, 8, true, layouts), 4);
   // grad_sync: ddp x2 buckets, zero1 x2, zero2 x2, fsdp (7) x amp (2) x checkpoint (4) x
   // grad_accum on 4 per rank: none, 2, 4 (3).
   EXPECT_EQ(cands.size(), 7u * 2 * 4 * 3);
@@ -64,13 +66,48 @@ TEST(Space, SeveralRanksAlwaysSynchroniseGradients) {
     }
     EXPECT_EQ(sync, 1) << c.describe();
   }
-  const auto only_fsdp_amp =
-      enumerate_candidates(opts(2, 8, true, {"ddp", "zero1", "zero2"}, {"amp"}), 4);
+  const auto only_fsdp_amp = enumerate_candidates(
+      opts(2, 8, true, {"ddp", "zero1", "zero2", "tensor_parallel", "sequence_parallel"}, {"amp"}),
+      4);
   EXPECT_EQ(only_fsdp_amp.size(), 4u * 3);
   for (const auto& c : only_fsdp_amp) {
     EXPECT_EQ(c.strategy.front().name, "fsdp");
     EXPECT_TRUE(c.effects.bf16_communication);
   }
+}
+
+// tensor_parallel and sequence_parallel declare the sizes that divide the world; Megatron-SP
+// comes only with tensor_parallel, and tp x cp must divide the world. A candidate's per-rank batch
+// is the global batch over its dp ranks (its tp and cp ranks read the same samples).
+TEST(Space, LayoutsAreTheSizesThatDivideTheWorld) {
+  for (const int world : {2, 4}) {
+    std::map<std::string, std::set<int64_t>> layouts;  // layout -> per-rank batches seen
+    for (const auto& c : enumerate_candidates(opts(world, 8), 4)) {
+      layouts[strategies::describe(strategies::layout_of(c.strategy))].insert(c.per_rank_batch);
+      EXPECT_EQ(c.mesh.product(), world) << c.describe();
+      EXPECT_EQ(c.per_rank_batch, 8 / c.mesh.dp) << c.describe();
+      EXPECT_EQ(c.data_parallel_ranks(), c.mesh.dp * c.mesh.cp) << c.describe();
+    }
+    std::set<std::string> names;
+    for (const auto& [name, batches] : layouts) names.insert(name);
+    const std::string tp2 = "tensor_parallel{\"size\":2}", tp4 = "tensor_parallel{\"size\":4}";
+    const std::string megatron = "sequence_parallel{\"kind\":\"megatron\"}";
+    auto ulysses = [](int s) {
+      return "sequence_parallel{\"kind\":\"ulysses\",\"size\":" + std::to_string(s) + "}";
+    };
+    std::set<std::string> want = {"single process", tp2, tp2 + " + " + megatron, ulysses(2)};
+    if (world == 4) {
+      want.insert({tp4, tp4 + " + " + megatron, ulysses(4), tp2 + " + " + ulysses(2)});
+    }
+    EXPECT_EQ(names, want) << "world " << world;
+    EXPECT_EQ(layouts[tp2], (std::set<int64_t>{8 / (world / 2)})) << "world " << world;
+  }
+  // Megatron-SP without tensor_parallel is refused by the composition rules, by name.
+  const std::string msg = test::error_of<ValueError>([] {
+    strategies::parse_strategy(nlohmann::json::parse(
+        R"([{"name": "ddp"}, {"name": "sequence_parallel", "config": {"kind": "megatron"}}])"));
+  });
+  EXPECT_NE(msg.find("add tensor_parallel to the strategy"), std::string::npos) << msg;
 }
 
 TEST(Space, BadOptionsNameTheValue) {
@@ -181,6 +218,94 @@ TEST(CostModel, EffectsMoveThePredictionTheWayTheyShould) {
     const TimePrediction t = one.predict(c);
     EXPECT_EQ(t.comm_s, 0) << c.describe();
   }
+}
+
+// The candidate of `cands` described as `name`.
+const Candidate& candidate(const std::vector<Candidate>& cands, const std::string& name) {
+  for (const auto& c : cands) {
+    if (c.describe() == name) return c;
+  }
+  throw std::runtime_error("no candidate " + name);
+}
+
+// A layout is checked by tracing the model through it (meta groups: no MPI, no ranks): a split
+// that does not divide is refused with the transform's own reason, once per layout; one that
+// divides is priced from the trace of its rank, whose parameters are its shards.
+TEST(MemoryModel, ALayoutIsPricedFromTheTraceOfItsRankAndRefusedWithItsReason) {
+  const nlohmann::json six_heads = {
+      {"n_layer", 2}, {"n_head", 6}, {"n_embd", 48}, {"vocab_size", 250}, {"block_size", 32}};
+  MemoryModel mm("gpt", six_heads, 32);
+  const auto cands = enumerate_candidates(opts(4, 8), mm.num_blocks());
+  const Candidate& tp4 = candidate(cands, "ddp + tensor_parallel{\"size\":4}");
+  const Candidate& tp2 = candidate(cands, "ddp + tensor_parallel{\"size\":2}");
+  const Candidate& u4 =
+      candidate(cands, "ddp + sequence_parallel{\"kind\":\"ulysses\",\"size\":4}");
+  const Candidate& ddp = candidate(cands, "ddp");
+  const auto refused = mm.layout_refusal(tp4);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_NE(refused->find("6 heads, not a multiple of tp 4"), std::string::npos) << *refused;
+  const auto u4_refused = mm.layout_refusal(u4);
+  ASSERT_TRUE(u4_refused.has_value());
+  EXPECT_NE(u4_refused->find("6"), std::string::npos) << *u4_refused;
+  EXPECT_FALSE(mm.layout_refusal(tp2).has_value());
+  EXPECT_FALSE(mm.layout_refusal(ddp).has_value());
+
+  // tp2 holds half of every split tensor: the blocks' linear weights, the column-parallel biases
+  // (q|k|v's and the MLP's first) and the token embedding (250 rows: no padding at tp 2; tied to
+  // the head). Row-parallel biases, norms and positions stay whole.
+  int64_t split = 0;
+  for (const auto& [name, p] : models::create_model("gpt", six_heads)->named_parameters()) {
+    const bool linear = name.find("c_attn") != std::string::npos ||
+                        name.find("c_proj") != std::string::npos ||
+                        name.find("c_fc") != std::string::npos;
+    const bool bias = name.size() > 5 && name.substr(name.size() - 5) == ".bias";
+    const bool row_bias = bias && name.find("c_proj") != std::string::npos;
+    if ((linear && !row_bias) || name.find("wte") != std::string::npos) split += p.numel();
+  }
+  const MemoryPrediction whole = mm.predict(ddp), half = mm.predict(tp2);
+  EXPECT_EQ(whole.parameters - half.parameters, 4 * split / 2)
+      << "whole " << whole.parameters << ", tp2 " << half.parameters;
+  EXPECT_GT(half.activations_peak, 0);
+}
+
+TEST(CostModel, ALayoutsCommunicationIsPricedAtItsGroupsFit) {
+  const nlohmann::json config = tiny_gpt();
+  const int64_t T = 32;
+  MachineCalibration m;
+  m.memory_gbps = 20;
+  CommCalibration world;
+  world.world = 4;
+  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}) {
+    world.ops[op] = {50e-6, 1e-9};
+  }
+  const auto cands = enumerate_candidates(opts(4, 8), 4);
+  const Candidate& tp2 = candidate(cands, "ddp + tensor_parallel{\"size\":2}");
+  const Candidate& sp = candidate(
+      cands, "ddp + tensor_parallel{\"size\":2} + sequence_parallel{\"kind\":\"megatron\"}");
+  const Candidate& ddp = candidate(cands, "ddp");
+  for (const auto& s : CostModel::shapes_to_measure(
+           layout_model(trace::ModelRef::registry("gpt", config), tp2), {4}, T)) {
+    m.gemm_gflops[s] = 100;
+  }
+  for (const auto& s : CostModel::shapes_to_measure("gpt", config, {2}, T)) m.gemm_gflops[s] = 100;
+  CostModel cm("gpt", config, T, m, world);
+  const TimePrediction at_world = cm.predict(tp2);
+  // The tp all-reduces: 4 per block (2 forward, 2 backward) and the loss's, all waited for.
+  EXPECT_GT(at_world.comm_s, cm.predict(ddp).comm_s);
+  // A fit measured on groups of 2 ranks prices the tp group (and the dp group of 2 beside it).
+  CommCalibration pairs = world;
+  pairs.world = 2;
+  for (auto& [op, fit] : pairs.ops) fit = {5e-6, 1e-10};
+  cm.add_group_calibration(pairs);
+  EXPECT_EQ(&cm.comm_for(2), &cm.comm_for(2));
+  EXPECT_EQ(cm.comm_for(2).ops.at("allreduce").alpha_s, 5e-6);
+  EXPECT_EQ(cm.comm_for(4).ops.at("allreduce").alpha_s, 50e-6);
+  const TimePrediction at_pairs = cm.predict(tp2);
+  EXPECT_LT(at_pairs.comm_s, at_world.comm_s);
+  EXPECT_NEAR(at_pairs.step_s, at_pairs.compute_s + at_pairs.optimizer_s + at_pairs.exposed_comm_s,
+              1e-12);
+  // Megatron-SP trades each all-reduce for an all-gather and a reduce-scatter of the same bytes.
+  EXPECT_GT(cm.predict(sp).comm_s, 0);
 }
 
 }  // namespace

@@ -157,17 +157,23 @@ TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
     ASSERT_TRUE(m.choices) << m.name;
     ASSERT_TRUE(m.effects) << m.name;
     choices[m.name] = m.choices(ctx);
-    // tensor_parallel and sequence_parallel are not searched until the cost model prices them
-    // (tensor_parallel.cpp, sequence_parallel.cpp).
-    EXPECT_EQ(choices[m.name].empty(), m.name == "tensor_parallel" || m.name == "sequence_parallel")
-        << m.name;
+    EXPECT_FALSE(choices[m.name].empty()) << m.name;
     for (const auto& c : choices[m.name]) {
-      // Every choice is a valid config of the method.
-      EXPECT_NO_THROW(
-          strategies::parse_strategy(nlohmann::json::array({{{"name", m.name}, {"config", c}}})))
-          << m.name << " " << c.dump();
+      // Every choice is a valid config of the method (Megatron-SP with the tensor_parallel it
+      // runs over).
+      nlohmann::json s = nlohmann::json::array({{{"name", m.name}, {"config", c}}});
+      if (m.name == "sequence_parallel" && c.at("kind") == "megatron") {
+        s.push_back({{"name", "tensor_parallel"}, {"config", {{"size", 2}}}});
+      }
+      EXPECT_NO_THROW(strategies::parse_strategy(s)) << m.name << " " << c.dump();
     }
   }
+  // The sizes that divide the world (2 here); the layouts' other splits are their transforms'
+  // checks, met when the search traces a candidate (search/space.cpp's layout_refusal).
+  EXPECT_EQ(choices["tensor_parallel"], (std::vector<nlohmann::json>{{{"size", 2}}}));
+  EXPECT_EQ(
+      choices["sequence_parallel"],
+      (std::vector<nlohmann::json>{{{"kind", "megatron"}}, {{"kind", "ulysses"}, {"size", 2}}}));
   EXPECT_EQ(choices["grad_accum"],
             (std::vector<nlohmann::json>{{{"steps", 2}}, {{"steps", 4}}, {{"steps", 8}}}));
   EXPECT_EQ(

@@ -403,5 +403,29 @@ TEST(TensorParallel, RefusesSplitsThatDoNotDivide) {
   }
 }
 
+// A step that fails on every rank (a batch grad_accum cannot split) tears its Trainer down while
+// the exception unwinds: no gather runs (another rank might never reach it), fsdp's shards and
+// tensor_parallel's wholes stay released, and the error reaches the caller instead of a terminate
+// from the undo (seen once: the search's dry-runs of fsdp + tensor_parallel).
+TEST(TensorParallel, AFailedStepUnderFsdpTearsDownWithoutGathering) {
+  if (world() < 2) GTEST_SKIP() << "needs tp >= 2";
+  auto model = models::create_model(gpt().type, gpt().config);
+  const Tensor wte = model->find_tensor("transformer.wte.weight");
+  std::vector<int64_t> ids(2 * 8, 3);
+  const data::Batch two(from_vector(ids, {2, 8}), from_vector(ids, {2, 8}));
+  const std::string strategy =
+      tp(2, R"({"name": "fsdp"}, {"name": "grad_accum", "config": {"steps": 4}})");
+  try {
+    auto trainer = strategies::apply(model, optim::AdamW::factory({.lr = 1e-3}),
+                                     strategies::parse_strategy(nlohmann::json::parse(strategy)),
+                                     {.group = dist::ProcessGroup::world()});
+    trainer->train_step(two);
+    FAIL() << "a batch of 2 split into 4 micro-batches";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not split into 4"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(wte.is_meta()) << "the table was gathered while the error unwound";
+}
+
 }  // namespace
 }  // namespace acc

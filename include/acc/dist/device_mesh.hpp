@@ -69,6 +69,12 @@ class ParallelContext {
   /// dp = the group's size, every other dimension 1: a strategy applied with a plain group.
   static std::shared_ptr<const ParallelContext> data_parallel(ProcessGroupPtr group);
 
+  /// Rank `rank` of `mesh` with meta groups only (ProcessGroup::meta: sizes, ranks and the names
+  /// a real context gives them, no communicator, no MPI): how one process traces what that rank
+  /// runs (the search's trace of a tensor-parallel candidate, a plan for a cluster not at hand).
+  /// Throws what DeviceMesh::check and coordinate_of throw.
+  static std::shared_ptr<const ParallelContext> meta(DeviceMesh mesh, int rank);
+
   const DeviceMesh& mesh() const { return mesh_; }
   const ProcessGroupPtr& world() const { return world_; }
   int rank() const { return world_->rank(); }

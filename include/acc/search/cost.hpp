@@ -9,11 +9,21 @@
 //               in the trace. The model's depth comes from traces of 1 and 2 blocks, extrapolated
 //               linearly (the blocks repeat), so any depth costs milliseconds.
 //   optimizer = AdamW's pass over this rank's shard: 7 words read or written per parameter.
-//   comm      = the candidate's collectives (StepEffects) at the α-β fits of the job's group
+//   comm      = the candidate's collectives (StepEffects) at the α-β fits of its dp x cp group
 //               (CommCalibration), bucket by bucket; gradient buckets overlap the backward of the
 //               last micro-batch except the last bucket; fsdp's gathers wait before each block
 //               (exposed), twice per micro-batch; after-step gathers are exposed.
+//             + the communication vertices of the trace of the candidate's rank (a tensor- or
+//               sequence-parallel layout: its all-reduces, all-gathers, reduce-scatters and
+//               all-to-alls over tp and cp, forward and backward), each at the fit of its group's
+//               size, all exposed (the compute waits for them), per micro-batch. An all-to-all
+//               is priced at the all-gather fit of its bytes (each rank sends (n - 1) / n of its
+//               buffer either way; calibrate_collectives does not measure all-to-alls).
 //   step      = micro_batches x compute + optimizer + exposed comm.
+//
+// The fits by group size: add_group_calibration() gives one measured on groups of that size
+// (auto_accelerate measures tp- and cp-sized groups of the job); a size without one is priced at
+// the fit of the job's whole group (an offline plan has no other).
 
 #include <map>
 #include <string>
@@ -47,6 +57,10 @@ class CostModel {
   CostModel(trace::ModelRef model, int64_t seq_len, MachineCalibration machine,
             CommCalibration comm, double contention = 1.0);
   TimePrediction predict(const Candidate& c);
+  /// The α-β fits measured on groups of `comm.world` ranks (a tp or cp group of the job).
+  void add_group_calibration(CommCalibration comm);
+  /// The fits for a group of `size` ranks: measured on that size, else the job's.
+  const CommCalibration& comm_for(int size) const;
 
   /// The GEMM shapes of a micro-batch step (for calibrating before predicting).
   static std::vector<GemmShape> shapes_to_measure(const std::string& model_type,
@@ -60,20 +74,23 @@ class CostModel {
  private:
   struct PassCost {
     double forward_s = 0, backward_s = 0;
-    int64_t parameters = 0;        // elements of the whole model
-    int64_t block_parameters = 0;  // elements of one block
+    double comm_forward_s = 0, comm_backward_s = 0;  // the trace's own communication
+    int64_t parameters = 0;                          // elements of the whole model
+    int64_t block_parameters = 0;                    // elements of one block
     int64_t num_blocks = 0;
   };
   /// The forward and backward of a micro-batch with the candidate's activation options.
-  const PassCost& pass(int64_t micro_batch, const trace::TraceOptions& activations);
+  const PassCost& pass(const Candidate& c, const trace::TraceOptions& activations);
 
   trace::ModelRef model_;
+  std::map<std::string, trace::ModelRef> layouts_;  // Candidate::layout_key -> its model
+  std::map<int, CommCalibration> group_comm_;       // by group size
   int64_t seq_len_;
   MachineCalibration machine_;
   CommCalibration comm_;
   double contention_ = 1.0;
-  // (micro-batch, recomputation, recomputed blocks, bf16 activations).
-  std::map<std::tuple<int64_t, int, int64_t, bool>, PassCost> passes_;
+  // (layout, micro-batch, recomputation, recomputed blocks, bf16 activations).
+  std::map<std::tuple<std::string, int64_t, int, int64_t, bool>, PassCost> passes_;
 };
 
 }  // namespace acc::search

@@ -21,6 +21,7 @@
 #include <tuple>
 #include <vector>
 
+#include "acc/dist/device_mesh.hpp"
 #include "acc/strategies/search.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/trace/estimate.hpp"
@@ -45,10 +46,17 @@ struct Candidate {
   strategies::Strategy strategy;
   strategies::StepEffects effects;
   int world = 1;
-  int64_t per_rank_batch = 0;
-  int64_t micro_batch = 0;  // samples per forward/backward on a rank
+  /// The strategy's mesh over the world (strategies::mesh_for): the data-parallel methods shard
+  /// and communicate over dp x cp; the ranks of one tp or cp group read the same samples.
+  dist::DeviceMesh mesh;
+  int64_t per_rank_batch = 0;  // samples per rank per step: global batch / dp
+  int64_t micro_batch = 0;     // samples per forward/backward on a rank
   /// "zero2 + amp + checkpoint{blocks:2} + grad_accum{steps:4}" ("single process" when empty).
   std::string describe() const;
+  /// Ranks the data-parallel methods shard over and reduce gradients over: dp x cp.
+  int data_parallel_ranks() const { return mesh.dp * mesh.cp; }
+  /// The candidate's layout methods (strategies::layout_of) as a key: "" when it has none.
+  std::string layout_key() const;
 };
 
 /// Every candidate for a model of `num_blocks` repeated blocks. Throws acc::ValueError naming the
@@ -62,6 +70,11 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& options, int64_t
 /// values ("search: global batch 7 does not split evenly over 2 ranks") when world < 1,
 /// global_batch < 1 or it does not divide.
 int64_t per_rank_batch(int64_t global_batch, int world);
+
+/// The model as the candidate's rank runs it: `model` itself, or traced through the candidate's
+/// layout methods (strategies::layout_rewrite over its mesh: tensor_parallel's shards and
+/// collectives, sequence_parallel's share of the sequence).
+trace::ModelRef layout_model(const trace::ModelRef& model, const Candidate& c);
 
 /// The trace options of a candidate's activation effects (StepEffects::recompute_blocks: 0 none,
 /// -1 all, else the first n blocks, whole or, with selective_recompute, their attention cores;
@@ -94,13 +107,28 @@ class MemoryModel {
                                   std::optional<double> in_flight_fraction = std::nullopt,
                                   bool accumulated = false);
   int64_t num_blocks();
+  /// Why the candidate's layout (tensor_parallel, sequence_parallel) cannot run this model, as its
+  /// transform says when the model is traced through it ("tensor_parallel: ... has 6 heads, not a
+  /// multiple of tp 4"); nullopt when it can (or the candidate has no layout). Checked once per
+  /// layout.
+  std::optional<std::string> layout_refusal(const Candidate& c);
 
  private:
+  // The model as the candidate's rank runs it: the model itself, or traced through its layout.
+  const trace::ModelRef& model_for(const Candidate& c);
+  const trace::TrainingNeed& need(const std::string& layout, int64_t micro_batch,
+                                  const strategies::StepEffects& e,
+                                  std::optional<double> in_flight_fraction, bool accumulated);
+
   trace::ModelRef model_;
   int64_t seq_len_;
   std::string optimizer_;
-  // (micro-batch, recomputation, recomputed blocks, bf16, in-flight fraction, accumulated).
-  std::map<std::tuple<int64_t, int, int64_t, bool, double, bool>, trace::TrainingNeed> needs_;
+  std::map<std::string, trace::ModelRef> layouts_;  // layout_key -> the model rewritten
+  std::map<std::string, std::optional<std::string>> refusals_;
+  // (layout, micro-batch, recomputation, recomputed blocks, bf16, in-flight fraction,
+  // accumulated).
+  std::map<std::tuple<std::string, int64_t, int, int64_t, bool, double, bool>, trace::TrainingNeed>
+      needs_;
 };
 
 }  // namespace acc::search

@@ -6,13 +6,19 @@
 
 namespace acc::search {
 
-/// A candidate's state: priced and rejected by the memory model, left unpriced beside a strategy
-/// from a cache (fits), ranked by the time model, or its dry-run's outcome (ok, oom, error).
-enum class Status { kRejected, kFits, kRanked, kOk, kOom, kError };
-/// "rejected", "fits", "ranked", "ok", "oom", "error" (the words of reports).
+/// A candidate's state: excluded before pricing (its layout cannot run the model: a head count
+/// tensor_parallel's size does not divide), priced and rejected by the memory model, left unpriced
+/// beside a strategy from a cache (fits), ranked by the time model, or its dry-run's outcome (ok,
+/// oom, error).
+enum class Status { kExcluded, kRejected, kFits, kRanked, kOk, kOom, kError };
+/// "excluded", "rejected", "fits", "ranked", "ok", "oom", "error" (the words of reports).
 const char* status_name(Status s);
 /// The Status named `text`. Throws acc::ValueError naming `what` and the text otherwise.
 Status parse_status(const std::string& text, const std::string& what);
+/// Excluded or rejected: never priced for time, never run.
+inline bool is_refused(Status s) {
+  return s == Status::kExcluded || s == Status::kRejected;
+}
 /// After a dry-run (ok, oom, error).
 inline bool is_measured(Status s) {
   return s == Status::kOk || s == Status::kOom || s == Status::kError;

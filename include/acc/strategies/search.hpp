@@ -15,11 +15,14 @@ namespace acc::strategies {
 
 /// What the search knows of the run when it asks a method for its choices.
 struct SearchContext {
-  int world = 1;               // ranks of the data-parallel group
-  int64_t num_blocks = 0;      // the model's repeated blocks (trace::find_blocks)
-  int64_t per_rank_batch = 0;  // samples per rank per optimizer step (global batch / world)
-  bool allow_bf16 = false;     // the user allows bf16 (amp)
-  bool has_attention = true;   // the model has attention cores (selective recomputation)
+  int world = 1;           // ranks of the data-parallel group
+  int64_t num_blocks = 0;  // the model's repeated blocks (trace::find_blocks)
+  /// The most samples a rank may take per optimizer step: the global batch (a tensor- or
+  /// sequence-parallel layout may hold every rank in one group). Choices up to it are offered; a
+  /// candidate whose own per-rank batch (global / its dp) one does not divide is left out.
+  int64_t per_rank_batch = 0;
+  bool allow_bf16 = false;    // the user allows bf16 (amp)
+  bool has_attention = true;  // the model has attention cores (selective recomputation)
 };
 
 /// What the methods of a candidate do to one training step, filled in by their `effects`; the

@@ -22,7 +22,8 @@
 //   sequence_parallel  {"kind": "ulysses", "size": s}: DeepSpeed-Ulysses over the mesh dimension
 //               cp (each rank holds T/s tokens; all-to-alls trade sequence for heads around every
 //               attention core); needs a data-parallel method (gradients averaged over dp x cp).
-//               {"kind": "megatron"} is parsed but refused: not built yet
+//               {"kind": "megatron"}: Megatron-SP over tensor_parallel's ranks (needs it), the
+//               norm and dropout regions between the tp ops split along the sequence
 // Units (fsdp, checkpoint, amp): {"units": ["encoder.layers", "head"]} names the modules (a
 // ModuleList stands for its children); without it, the model's repeated blocks; a model with
 // neither is one fsdp unit, and checkpoint refuses it by name. Any nn::Module trains this way, with
@@ -54,6 +55,7 @@
 #include "acc/dist/sharding.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/optim/optimizer.hpp"
+#include "acc/trace/model_ref.hpp"
 
 namespace acc::strategies {
 
@@ -128,6 +130,21 @@ struct ApplyOptions {
 /// tp), dp the rest. Throws acc::ValueError naming the strategy, the sizes and the world when they
 /// do not divide it.
 dist::DeviceMesh mesh_for(const Strategy& s, int world);
+
+/// The methods of `s` that change what a rank holds and computes (tensor_parallel,
+/// sequence_parallel), in order: the candidates of a search that share them share a layout.
+Strategy layout_of(const Strategy& s);
+
+/// How rank 0 of `s`'s mesh over `world` ranks runs the model, for the search's traces
+/// (trace::ModelRef::rewritten): the model transforms of the methods that change what a rank holds
+/// and computes (tensor_parallel, sequence_parallel) applied over meta groups
+/// (dist::ParallelContext::meta: nothing communicates), and the loss that rank's plan runs (the
+/// vocabulary-parallel cross-entropy when `default_loss` and the vocabulary is split, Ulysses'
+/// sequence chunk). Activation methods (amp, checkpoint) are left to the trace's options, and the
+/// data-parallel ones to the search's effects. Empty when no method of `s` changes the layout.
+/// Throws what mesh_for throws; the rewrite throws the transforms' own refusals (acc::ValueError:
+/// "has 6 heads, not a multiple of tp 4") when it runs.
+trace::ModelRef::Rewrite layout_rewrite(const Strategy& s, int world, bool default_loss);
 
 /// Bytes held by each kind of training state on this rank, measured from the tensors themselves.
 struct MemoryReport {

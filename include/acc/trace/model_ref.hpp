@@ -69,6 +69,17 @@ class ModelRef {
   /// The samples per batch of the module's sample (0 for the registry).
   int64_t sample_size() const;
 
+  /// Rewrites the model before each of its traces as one rank of a parallel layout runs it (the
+  /// search's tensor- and sequence-parallel candidates: strategies::layout_rewrite): given the
+  /// model about to be traced (a registry model's meta copy, a module itself), the batch it is
+  /// traced on and its loss, transforms the model and returns the undo and the loss to trace
+  /// through. The undo runs after the trace, also when it throws.
+  using Rewrite = std::function<std::pair<nn::Undo, BatchLoss>(nn::Module&, const data::Batch&,
+                                                               const BatchLoss&)>;
+  /// This model traced through `rewrite` (none: as it is). hash() and the facts above stay this
+  /// model's: the rewrite is how a candidate runs it, not another model.
+  ModelRef rewritten(Rewrite rewrite) const;
+
   struct Traced {
     Trace trace;
     std::vector<BlockGroup> blocks;  // find_blocks of the traced model
@@ -82,6 +93,9 @@ class ModelRef {
   std::string hash() const;
 
  private:
+  Traced trace_as_is(int64_t layers, int64_t batch, int64_t seq_len,
+                     const TraceOptions& options) const;
+
   struct Impl;
   std::shared_ptr<const Impl> impl_;
 };

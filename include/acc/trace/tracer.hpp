@@ -46,6 +46,26 @@ struct Trace {
   TraceOptions options;
 };
 
+/// Swaps every parameter and buffer of a module onto fresh meta storage (shapes kept, no memory)
+/// for its lifetime, gradients set aside too, and puts everything back when it goes: what trace()
+/// does around its run, and what a caller does around a transform it only traces (the search's
+/// tensor-parallel rewrite of a user's module: its shards are cut from meta weights, and gathered
+/// back into them by the undo, before the real storages return). `on_swap` sees each tensor
+/// swapped, once (tied tensors are one).
+class MetaStorageGuard {
+ public:
+  explicit MetaStorageGuard(
+      nn::Module& m,
+      const std::function<void(const std::string& name, const Tensor& t)>& on_swap = {});
+  ~MetaStorageGuard();
+  MetaStorageGuard(const MetaStorageGuard&) = delete;
+  MetaStorageGuard& operator=(const MetaStorageGuard&) = delete;
+
+ private:
+  struct Saved;
+  std::vector<Saved> saved_;
+};
+
 /// Computes the loss to back-propagate from the (meta) inputs.
 using LossFn = std::function<Tensor(nn::Module&, const std::vector<Tensor>&)>;
 
