@@ -860,7 +860,8 @@ nlohmann::json analyze_p2p(const std::vector<std::optional<nlohmann::json>>& rep
       const int sender = sends ? rank : peer, receiver = sends ? peer : rank;
       if (!told.insert({group, sender, receiver, seq}).second) continue;
       const std::string what = dir + " seq " + std::to_string(seq) + (sends ? " to" : " from") +
-                               " rank " + std::to_string(peer) + " of group '" + group + "'";
+                               " rank " + std::to_string(peer) + " of " +
+                               dist::describe_group_name(group);
       nlohmann::json item = {{"group", group}, {"op", dir},    {"seq", seq},
                              {"rank", rank},   {"peer", peer}, {"tag", ch.tag}};
       std::string text = "rank " + std::to_string(rank) + " waits in " + what;
@@ -990,7 +991,8 @@ nlohmann::json analyze_hang(const std::vector<std::optional<nlohmann::json>>& re
     groups.push_back(
         {{"group", name}, {"op", op}, {"seq", *stuck}, {"waiting", waiting}, {"lagging", lagging}});
     parts.push_back(ranks_text(waiting) + " wait" + (waiting.size() == 1 ? "s" : "") + " in " + op +
-                    " seq " + std::to_string(*stuck) + " of group '" + name + "'" + lag_text);
+                    " seq " + std::to_string(*stuck) + " of " + dist::describe_group_name(name) +
+                    lag_text);
   }
   const nlohmann::json p2p = analyze_p2p(reports, culprits, parts);
   if (groups.empty() && p2p.empty()) {

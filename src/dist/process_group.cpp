@@ -29,6 +29,14 @@ std::chrono::milliseconds default_timeout() {
   return duration_ms(env::get_seconds("ACC_COMM_TIMEOUT_SEC").value_or(300.0));
 }
 
+std::string describe_group_name(const std::string& name) {
+  // A mesh group's name is "<dimension> of <coordinates>" (ParallelContext's split_along): quoted
+  // whole, "group 'tp of dp=1'" read as one name that says nothing of which group along tp.
+  const size_t of = name.find(" of ");
+  if (of == std::string::npos || of == 0) return ::acc::detail::str_cat("group '", name, "'");
+  return ::acc::detail::str_cat("group '", name.substr(0, of), "'", name.substr(of));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Work
 
@@ -105,8 +113,8 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
         std::memory_order_relaxed);
   }
   if (state_ == State::kFailed) {
-    ACC_THROW(CommError, label_, " on group '", group_, "' failed on rank ", rank_, " of ", size_,
-              ": ", error_);
+    ACC_THROW(CommError, label_, " on ", describe_group_name(group_), " failed on rank ", rank_,
+              " of ", size_, ": ", error_);
   }
   if (!finished) {
     const char* where = state_ == State::kQueued ? "queued behind earlier operations" : "started";
@@ -122,9 +130,9 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
 }
 
 std::string Work::detail_str(std::chrono::milliseconds limit, const char* where) const {
-  return ::acc::detail::str_cat(label_, " on group '", group_, "' did not complete within ",
-                                limit.count(), " ms on rank ", rank_, " of ", size_, " (", where,
-                                ")");
+  return ::acc::detail::str_cat(label_, " on ", describe_group_name(group_),
+                                " did not complete within ", limit.count(), " ms on rank ", rank_,
+                                " of ", size_, " (", where, ")");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -406,10 +414,12 @@ struct PgAccess {
     }
     // Marked before the op is recorded or issued: fault injection stops a rank right here.
     progress::phase(progress::Phase::kCollective, [&] {
-      if (!p2p) return ::acc::detail::str_cat(op, " seq ", seq, " of group '", s.name, "'");
+      if (!p2p) {
+        return ::acc::detail::str_cat(op, " seq ", seq, " of ", describe_group_name(s.name));
+      }
       return ::acc::detail::str_cat(op, " seq ", seq,
                                     *p2p == P2PDirection::kSend ? " to " : " from ",
-                                    peer_name(s, peer), " of group '", s.name, "'");
+                                    peer_name(s, peer), " of ", describe_group_name(s.name));
     });
     FlightRecord r;
     r.group = s.name;

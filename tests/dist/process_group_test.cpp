@@ -345,6 +345,23 @@ TEST(ProcessGroup, TimeoutNamesTheOperationAndGroup) {
   EXPECT_EQ(t.to_vector<float>()[0], static_cast<float>(W));
 }
 
+// One text for a group in every timeout, failure and hang report: a mesh group's dimension quoted
+// and its place along the other dimensions after it; any other name quoted whole.
+TEST(ProcessGroup, DescribeGroupNameQuotesAMeshGroupsDimensionAndNotItsPlace) {
+  struct Case {
+    const char* name;
+    const char* text;
+  };
+  for (const Case& c : {Case{"tp of dp=1", "group 'tp' of dp=1"},
+                        Case{"dp of pp=0 tp=1", "group 'dp' of pp=0 tp=1"},
+                        Case{"dp_cp of pp=1 tp=0", "group 'dp_cp' of pp=1 tp=0"},
+                        Case{"world", "group 'world'"}, Case{"self", "group 'self'"},
+                        Case{"dp_cp", "group 'dp_cp'"}, Case{"p2p_order", "group 'p2p_order'"},
+                        Case{"", "group ''"}, Case{" of dp=1", "group ' of dp=1'"}}) {
+    EXPECT_EQ(dist::describe_group_name(c.name), c.text) << c.name;
+  }
+}
+
 TEST(ProcessGroup, MpiErrorsBecomeCommErrors) {
   const int W = world().size(), r = world().rank();
   if (W == 1) GTEST_SKIP() << "needs two ranks";
@@ -510,6 +527,31 @@ TEST(ParallelContext, TheDpCpGroupJoinsBothDimensions) {
   Tensor t = full({1}, r);
   cp_tp.dp_cp_group()->allreduce(t)->wait();
   EXPECT_EQ(t.item(), (r % 2) + (r % 2 + 2));
+}
+
+// Rank 3 joins its tp all-reduce late: rank 2, its one peer, times out naming the group by its
+// dimension and place (the tp group of dp=1, not that of ranks 0 and 1, which completes), the
+// collective and its sequence number; the all-reduce then completes after all.
+TEST(ParallelContext, ATimeoutNamesTheMeshGroupByItsDimensionAndPlace) {
+  const int W = world().size(), r = world().rank();
+  if (W != 4) GTEST_SKIP() << "needs 4 ranks";
+  const dist::ParallelContext ctx(dist::DeviceMesh{.dp = 2, .tp = 2}, dist::ProcessGroup::world());
+  ProcessGroup& tp = *ctx.group(dist::MeshDim::kTp);
+  Tensor t = full({8}, r);
+  if (r == 2) {
+    auto w = tp.allreduce(t, ReduceOp::kSum, {.timeout = 300ms});
+    const std::string msg = test::error_of<TimeoutError>([&] { w->wait(); });
+    const std::string want = "allreduce.sum (seq " + std::to_string(w->seq()) +
+                             ") on group 'tp' of dp=1 did not complete within 300 ms on rank 0 "
+                             "of 2 (";
+    EXPECT_EQ(msg.rfind(want, 0), 0u) << msg;
+    w->wait(30s);
+  } else {
+    if (r == 3) std::this_thread::sleep_for(1500ms);
+    tp.allreduce(t)->wait();
+  }
+  EXPECT_EQ(t.to_vector<float>()[0], r < 2 ? 0.0f + 1.0f : 2.0f + 3.0f);
+  world().barrier()->wait();
 }
 
 TEST(ParallelContext, ImpossibleMeshesAreRejected) {

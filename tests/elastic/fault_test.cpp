@@ -198,7 +198,8 @@ TEST(Faults, BadSpecsAreNamed) {
 }
 
 nlohmann::json report(int rank, int64_t step, const std::string& phase, const std::string& what,
-                      uint64_t last_completed, const std::vector<uint64_t>& in_flight) {
+                      uint64_t last_completed, const std::vector<uint64_t>& in_flight,
+                      const std::string& group = "dp") {
   nlohmann::json flights = nlohmann::json::array();
   for (uint64_t s : in_flight)
     flights.push_back({{"op", "allreduce.sum"}, {"seq", s}, {"state", "started"}});
@@ -207,7 +208,7 @@ nlohmann::json report(int rank, int64_t step, const std::string& phase, const st
           {"phase", phase},
           {"what", what},
           {"groups",
-           {{{"group", "dp"}, {"last_completed_seq", last_completed}, {"in_flight", flights}}}}};
+           {{{"group", group}, {"last_completed_seq", last_completed}, {"in_flight", flights}}}}};
 }
 
 TEST(HangAnalysis, NamesTheWaitersTheLaggardAndTheSilent) {
@@ -257,7 +258,8 @@ struct Msg {
 };
 nlohmann::json pp_report(int rank, int64_t step, const std::string& phase,
                          const std::vector<std::pair<Msg, uint64_t>>& done,
-                         const std::vector<Msg>& in_flight, const std::string& entering = "") {
+                         const std::vector<Msg>& in_flight, const std::string& entering = "",
+                         const std::string& group = "pp") {
   nlohmann::json flights = nlohmann::json::array(), p2p = nlohmann::json::array();
   for (const Msg& m : in_flight) {
     flights.push_back({{"op", m.dir},
@@ -280,7 +282,7 @@ nlohmann::json pp_report(int rank, int64_t step, const std::string& phase,
           {"phase", phase},
           {"entering", entering},
           {"groups",
-           {{{"group", "pp"},
+           {{{"group", group},
              {"members", {0, 1, 2}},
              {"issued_seq", 7},
              {"last_completed_seq", 7},
@@ -328,6 +330,32 @@ TEST(HangAnalysis, AMessageBothSidesWaitInIsToldOnceWithItsTags) {
   ASSERT_EQ(a["p2p"].size(), 1u);
   EXPECT_EQ(a["p2p"][0]["peer_tag"], 0);
   EXPECT_EQ(a["p2p"][0]["peer_waiting"], true);
+}
+
+// A mesh group's report names it "tp of dp=1" (dist::ParallelContext): the analysis says which
+// group along tp stalled as "group 'tp' of dp=1", for a collective and for a message alike, and
+// keeps the name itself in its JSON.
+TEST(HangAnalysis, NamesAMeshGroupByItsDimensionAndPlace) {
+  nlohmann::json lagging = report(1, 6, "forward", "", 40, {}, "tp of dp=1");
+  lagging["entering"] = "allreduce.sum seq 41 of group 'tp' of dp=1";
+  const auto a = analyze_hang({report(0, 6, "forward", "", 40, {41}, "tp of dp=1"), lagging});
+  EXPECT_EQ(a["summary"],
+            "rank 0 waits in allreduce.sum seq 41 of group 'tp' of dp=1; rank 1 last completed seq "
+            "40 and is in forward at step 6, about to issue allreduce.sum seq 41 of group 'tp' of "
+            "dp=1");
+  ASSERT_EQ(a["groups"].size(), 1u);
+  EXPECT_EQ(a["groups"][0]["group"], "tp of dp=1");
+  const auto p = analyze_hang(
+      {pp_report(0, 5, "backward", {{{"send", 1, 14}, 14}}, {}, "", "pp of tp=1"),
+       pp_report(1, 5, "forward", {{{"recv", 0, 14}, 14}, {{"send", 2, 13}, 13}}, {},
+                 "send seq 14 to rank 2 of group 'pp' of tp=1", "pp of tp=1"),
+       pp_report(2, 5, "forward", {{{"recv", 1, 14}, 13}}, {{"recv", 1, 14}}, "", "pp of tp=1")});
+  EXPECT_EQ(p["summary"],
+            "rank 2 waits in recv seq 14 from rank 1 of group 'pp' of tp=1; rank 1 last issued "
+            "send seq 13 to rank 2 and is in forward at step 5, about to issue send seq 14 to rank "
+            "2 of group 'pp' of tp=1");
+  ASSERT_EQ(p["p2p"].size(), 1u);
+  EXPECT_EQ(p["p2p"][0]["group"], "pp of tp=1");
 }
 
 TEST(HangAnalysis, APartitionIsNamed) {

@@ -3,7 +3,8 @@
 // sequence number, within the timeout + 2 s of the stall, and the job ends with kHangExitCode; the
 // same job started again (same job directory) does not stall again. A slowed rank is named in
 // the straggler report and the job goes on. In a pipeline whose sending stage stalls, the
-// receiving rank is named waiting in its recv, by the message's own sequence number and peer.
+// receiving rank is named waiting in its recv, by the message's own sequence number and peer. In
+// a dp x tp mesh, the stalled tp group is named by its dimension and place ("group 'tp' of dp=1").
 
 #include <gtest/gtest.h>
 
@@ -19,6 +20,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr double kTimeoutS = 3.0;
+// mesh_stall's steps take milliseconds: a shorter timeout keeps its test to a few seconds.
+constexpr double kMeshTimeoutS = 1.5;
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);
@@ -142,6 +145,42 @@ TEST(HangDetector, NamesAStalledRecvByItsOwnSequenceNumberAndPeer) {
   EXPECT_NE(r.output.find("hang analysis: rank 1 waits in recv seq 4 from rank 0"),
             std::string::npos)
       << r.output;
+  fs::remove_all(job);
+}
+
+// A dp=2 x tp=2 mesh in which rank 3 stalls right before its tp all-reduce at step 2 (tp seq 3:
+// steps 0 and 1 were seq 1 and 2): rank 2, its tp peer, waits in it, and the analysis names the
+// group by its dimension and place, the collective, its sequence number and rank 3 as the rank
+// behind; ranks 0 and 1 completed theirs (the tp group of dp=0) and wait in the world's all-reduce.
+TEST(HangDetector, NamesAStalledMeshGroupByItsDimensionAndPlace) {
+  const fs::path job = acc::test::fresh_dir("hang_test_mesh");
+  const auto r = acc::test::run_command(
+      std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np 4" + " -x ACC_JOB_DIR=" +
+      job.string() + " -x ACC_HANG_TIMEOUT_SEC=" + std::to_string(kMeshTimeoutS) +
+      " -x ACC_FAULT=stall:rank=3:step=2:phase=collective " + MESH_STALL_BIN);
+  ASSERT_EQ(r.exit_code, acc::elastic::kHangExitCode) << r.output;
+  const fs::path run = run_dir(job);
+  const nlohmann::json a = read_json(run / "analysis.json");
+  const std::string tp_part =
+      "rank 2 waits in allreduce.sum seq 3 of group 'tp' of dp=1; rank 3 last completed seq 2 and "
+      "is in forward at step 2, about to issue allreduce.sum seq 3 of group 'tp' of dp=1";
+  EXPECT_NE(a["summary"].get<std::string>().find(tp_part), std::string::npos) << a.dump(1);
+  EXPECT_NE(r.output.find("hang analysis: " + tp_part), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("'tp of dp="), std::string::npos) << r.output;
+  // The JSON keeps the group's own name; the tp group of dp=0 has nothing in flight.
+  const nlohmann::json* tp = nullptr;
+  for (const nlohmann::json& g : a["groups"]) {
+    EXPECT_NE(g["group"], "tp of dp=0") << a.dump(1);
+    if (g["group"] == "tp of dp=1") tp = &g;
+  }
+  ASSERT_NE(tp, nullptr) << a.dump(1);
+  EXPECT_EQ((*tp)["op"], "allreduce.sum");
+  EXPECT_EQ((*tp)["seq"], 3);
+  EXPECT_EQ((*tp)["waiting"], nlohmann::json({2}));
+  ASSERT_EQ((*tp)["lagging"].size(), 1u) << tp->dump();
+  EXPECT_EQ((*tp)["lagging"][0]["rank"], 3);
+  EXPECT_EQ(read_json(run / "rank-3.json")["entering"],
+            "allreduce.sum seq 3 of group 'tp' of dp=1");
   fs::remove_all(job);
 }
 

@@ -55,6 +55,12 @@ std::chrono::milliseconds default_timeout();
 /// group; cheap enough to read every step (one relaxed atomic load). Never throws.
 double wait_seconds();
 
+/// How a timeout or failure, a flight-recorder dump and a hang report name the group `name`: a
+/// mesh group (dist::ParallelContext names it "<dimension> of <coordinates>", "tp of dp=1") as its
+/// dimension quoted and its place along the other dimensions, "group 'tp' of dp=1"; any other name
+/// quoted whole, "group 'world'". The one place that text is made. Never throws.
+std::string describe_group_name(const std::string& name);
+
 struct CollectiveOptions {
   /// nullopt: the group's timeout (ProcessGroup::split), else default_timeout().
   std::optional<std::chrono::milliseconds> timeout;
