@@ -38,7 +38,8 @@ struct AccelerateOptions {
   int64_t seq_len = 0;
   /// This rank's batch (global_batch / ranks samples) for the dry-runs, and for a module that is
   /// not a language model of the registry what the search traces (required then); random tokens
-  /// for a language model when unset.
+  /// for a language model when unset. A candidate whose tp or cp ranks read the same samples
+  /// (global / dp of them) is dry-run on it repeated.
   std::optional<data::Batch> sample_batch;
   /// The loss of a micro-batch (strategies::LossFn). Required for a module that is not a language
   /// model; a language model's next-token loss when empty.

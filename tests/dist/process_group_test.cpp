@@ -480,6 +480,29 @@ TEST(DeviceMesh, RanksAreLaidOutTpInnermostThenCpDpPp) {
   EXPECT_THROW(dist::parse_mesh_dim("ep"), ValueError);
 }
 
+// A meta context: any rank of any mesh in one process, its groups meta groups of the sizes, ranks
+// and names a real context gives them (what the search traces a candidate's rank over).
+TEST(ParallelContext, AMetaContextIsAnyRankOfAnyMeshWithoutCommunicators) {
+  const dist::DeviceMesh mesh{.dp = 2, .cp = 2, .tp = 2};
+  const auto ctx = dist::ParallelContext::meta(mesh, 5);  // dp 1, cp 0, tp 1
+  EXPECT_TRUE(ctx->world()->is_meta());
+  EXPECT_EQ(ctx->world_size(), 8);
+  EXPECT_EQ(ctx->rank(), 5);
+  const auto& tp = ctx->group(dist::MeshDim::kTp);
+  EXPECT_TRUE(tp->is_meta());
+  EXPECT_EQ(tp->size(), 2);
+  EXPECT_EQ(tp->rank(), 1);
+  EXPECT_EQ(tp->name(), "tp of dp=1 cp=0");
+  EXPECT_EQ(ctx->group(dist::MeshDim::kCp)->name(), "cp of dp=1 tp=1");
+  EXPECT_EQ(ctx->group(dist::MeshDim::kPp)->size(), 1);
+  EXPECT_TRUE(ctx->group(dist::MeshDim::kPp)->is_meta());
+  EXPECT_EQ(ctx->dp_cp_group()->size(), 4);
+  EXPECT_EQ(ctx->dp_cp_group()->rank(), 2);  // dp 1 x cp 2 + cp 0
+  EXPECT_EQ(ctx->data_rank(), 1);
+  EXPECT_THROW(dist::ParallelContext::meta(mesh, 8), ValueError);
+  EXPECT_THROW(dist::ParallelContext::meta(dist::DeviceMesh{.dp = 0}, 0), ValueError);
+}
+
 TEST(ParallelContext, GroupsFollowTheLayout) {
   const int W = world().size(), r = world().rank();
   // dp x tp with tp = 2 when possible.
