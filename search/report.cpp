@@ -710,7 +710,10 @@ std::string table(const Report& r) {
     s += "<td class=\"num\">" + std::to_string(row.number) + "</td>";
     s += "<td class=\"name\">" + esc(row.name) +
          (row.chosen ? "<span class=\"chosen-tag\">chosen</span>" : "") + "</td>";
-    s += "<td class=\"num\">" + std::to_string(row.micro_batch) + "</td>";
+    // An excluded layout stands for all its combinations: no one micro-batch.
+    s += "<td class=\"num\">" +
+         (row.status == Status::kExcluded ? std::string("-") : std::to_string(row.micro_batch)) +
+         "</td>";
     s += "<td class=\"num\">" + (row.step_s ? esc(ms(*row.step_s)) : "-") + "</td>";
     s += row.status == Status::kExcluded ? std::string("<td class=\"num\">-</td>")
                                          : "<td class=\"num\" title=\"" + esc(row.memory.dump()) +

@@ -135,7 +135,7 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
                         {},
                         std::nullopt,
                         search::Status::kExcluded,
-                        shown.describe() + ": " + *refusal,
+                        *refusal,  // the row's name is the layout
                         std::nullopt});
       continue;
     }

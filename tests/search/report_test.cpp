@@ -92,8 +92,7 @@ nlohmann::json realistic_report() {
   // A layout that cannot run the model: listed once with its transform's reason, never priced.
   auto excluded = candidate("tensor_parallel{\"size\":4}", 4, "excluded", 0, 0);
   excluded["reason"] =
-      "tensor_parallel{\"size\":4}: tensor_parallel: attention 'transformer.h.0.attn' has 6 "
-      "heads, not a multiple of tp 4";
+      "tensor_parallel: 'transformer.h.0.attn' has 6 heads, not a multiple of tp 4";
   rows.push_back(excluded);
   return {{"chosen", {{{"name", "zero2"}, {"config", nlohmann::json::object()}}}},
           {"chosen_name", "zero2 + grad_accum{\"steps\":2}"},
