@@ -212,7 +212,7 @@ MemoryModel::MemoryModel(trace::ModelRef model, int64_t seq_len, std::string opt
 const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, const strategies::StepEffects& e,
                                              std::optional<double> in_flight_fraction,
                                              bool accumulated) {
-  return need("", micro_batch, e, in_flight_fraction, accumulated);
+  return need(model_, "", micro_batch, e, in_flight_fraction, accumulated);
 }
 
 const trace::ModelRef& MemoryModel::model_for(const Candidate& c) {
@@ -241,7 +241,8 @@ std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
   return refusals_.emplace(key, refusal).first->second;
 }
 
-const trace::TrainingNeed& MemoryModel::need(const std::string& layout, int64_t micro_batch,
+const trace::TrainingNeed& MemoryModel::need(const trace::ModelRef& model,
+                                             const std::string& layout, int64_t micro_batch,
                                              const strategies::StepEffects& e,
                                              std::optional<double> in_flight_fraction,
                                              bool accumulated) {
@@ -256,7 +257,6 @@ const trace::TrainingNeed& MemoryModel::need(const std::string& layout, int64_t 
     blockwise = trace::BlockwiseGradients{.in_flight_fraction = *in_flight_fraction,
                                           .accumulated = accumulated};
   }
-  const trace::ModelRef& model = layout.empty() ? model_ : layouts_.at(layout);
   return needs_
       .emplace(key, trace::estimate_training_need(model, micro_batch, seq_len_, activations,
                                                   optimizer_, blockwise))
@@ -271,12 +271,12 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
   const strategies::StepEffects& e = c.effects;
   // The model as the candidate's rank runs it (its tensor-parallel shards, its share of the
   // sequence), which the data-parallel methods then shard over dp x cp.
-  (void)model_for(c);
+  const trace::ModelRef& model = model_for(c);
   const std::string layout = c.layout_key();
   auto need = [&](int64_t micro_batch, const strategies::StepEffects& fx,
                   std::optional<double> in_flight = std::nullopt,
                   bool accumulated = false) -> const trace::TrainingNeed& {
-    return this->need(layout, micro_batch, fx, in_flight, accumulated);
+    return this->need(model, layout, micro_batch, fx, in_flight, accumulated);
   };
   const trace::TrainingNeed& n = need(c.micro_batch, e);
   const int64_t W = c.data_parallel_ranks();

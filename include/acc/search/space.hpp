@@ -116,8 +116,9 @@ class MemoryModel {
  private:
   // The model as the candidate's rank runs it: the model itself, or traced through its layout.
   const trace::ModelRef& model_for(const Candidate& c);
-  const trace::TrainingNeed& need(const std::string& layout, int64_t micro_batch,
-                                  const strategies::StepEffects& e,
+  // `layout` keys the cache: the candidate's layout_key, whose model `model` is.
+  const trace::TrainingNeed& need(const trace::ModelRef& model, const std::string& layout,
+                                  int64_t micro_batch, const strategies::StepEffects& e,
                                   std::optional<double> in_flight_fraction, bool accumulated);
 
   trace::ModelRef model_;
