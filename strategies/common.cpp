@@ -10,6 +10,12 @@
 
 namespace acc::strategies {
 
+void GradSync::sync_accumulated() {
+  ACC_THROW(InternalError,
+            "this gradient synchronisation cannot reduce gradients accumulated "
+            "outside a synchronised backward (a pipeline schedule's)");
+}
+
 void broadcast_model_state(nn::Module& model, dist::ProcessGroup& group) {
   std::vector<dist::WorkPtr> works;
   NoGradGuard ng;
@@ -288,6 +294,7 @@ class Local : public GradSync {
   Local(nn::Module& m, const dist::ParallelContext* ctx)
       : model_(m), where_(whole_placement(ctx)) {}
   ~Local() override { model_.zero_grad(); }
+  void sync_accumulated() override { set_sync(true); }
   std::vector<OptimPiece> optimizer_pieces() override { return whole_pieces(model_, where_); }
   void add_placements(PlacementTable& table) const override {
     add_whole_params_and_grads(table, model_, where_);

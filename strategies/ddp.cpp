@@ -30,6 +30,10 @@ class Ddp : public GradSync {
   void finish_backward() override {
     if (sync_) reducer_->finish();
   }
+  void sync_accumulated() override {
+    set_sync(true);
+    reducer_->sync_now();
+  }
   std::vector<OptimPiece> optimizer_pieces() override { return whole_pieces(model_, where_); }
   void add_placements(PlacementTable& table) const override {
     add_whole_params_and_grads(table, model_, where_);

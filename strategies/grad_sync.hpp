@@ -58,6 +58,11 @@ class GradSync {
   /// After the backward of a micro-batch: waits for the reductions launched during it and attaches
   /// the synchronised gradients to the optimizer pieces. Idempotent.
   virtual void finish_backward() {}
+  /// After backward passes that all ran with set_sync(false) (a pipeline schedule's
+  /// micro-batches): synchronises the gradients accumulated so far as the last micro-batch's
+  /// backward would have, and attaches them (finish_backward then has nothing left to do). Throws
+  /// acc::InternalError for a method that cannot (fsdp: pipeline_parallel refuses it).
+  virtual void sync_accumulated();
   /// After the optimizer step (e.g. gather the updated parameter shards).
   virtual void end_step() {}
   /// This rank's optimizer pieces, in the model's parameter order.

@@ -27,9 +27,11 @@
 //    this cp rank's chunk of the sequence at its position offset. Megatron-SP runs over tp: it
 //    asks tensor_parallel's transform for it (plan.megatron_sp), which splits the norm/dropout
 //    regions between the tp ops along the sequence.
-//  - pipeline_parallel: slot "pipeline_parallel"; a model transform that keeps only this stage's
-//    blocks (the placement table then has no entry for the others), and a schedule kind 1F1B that
-//    replaces the plain micro-batch loop in Trainer::train_step with sends/receives between stages.
+//  - pipeline_parallel (pipeline_parallel.cpp): slot "pipeline_parallel", sets the mesh's pp; a
+//    model transform, applied last, that keeps only this rank's stages (the other modules become
+//    empty StageElsewhere, so the placement table has no entry for them), and plan.pipeline, whose
+//    validated schedule Trainer::train_step runs instead of the plain micro-batch loop
+//    (pipeline.hpp).
 // Each is one more file and one more line in registry.cpp; the composition rules gain the pairs
 // they exclude.
 
@@ -46,6 +48,8 @@
 #include "grad_sync.hpp"
 
 namespace acc::strategies {
+
+class Pipeline;  // pipeline.hpp
 
 /// Undoes a model transform (the one nn::Undo: wrappers, replacements and methods' transforms).
 using Undo = nn::Undo;
@@ -92,6 +96,8 @@ struct TrainingPlan {
   int tensor_parallel = 0;
   std::shared_ptr<std::vector<std::string>> partial_over_tp =
       std::make_shared<std::vector<std::string>>();
+  /// pipeline_parallel's runtime (null without it): the Trainer runs its schedule in train_step.
+  std::shared_ptr<Pipeline> pipeline;
 };
 
 struct MethodSpec {
@@ -130,6 +136,7 @@ MethodSpec recompute_method();
 MethodSpec grad_accum_method();
 MethodSpec tensor_parallel_method();
 MethodSpec sequence_parallel_method();
+MethodSpec pipeline_parallel_method();
 
 /// The bucket size from {"bucket_mb": x} (default 25), validated.
 int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& config);
@@ -141,7 +148,8 @@ std::vector<nlohmann::json> bucket_choices(const SearchContext&);
 /// apply in strategy order, except tensor_parallel, first (its loss is the one others wrap); model
 /// transforms run in that order too, except tensor_parallel's, first (the others wrap blocks and
 /// cores whose linears it replaces; it traces the model as the user built it), and
-/// sequence_parallel's, last (Ulysses' all-to-alls outermost around the attention cores).
+/// sequence_parallel's, last (Ulysses' all-to-alls outermost around the attention cores), then
+/// pipeline_parallel's (it cuts the model whose blocks the others wrapped).
 TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, LossFn loss = {},
                        data::Batch sample_batch = {}, bool default_loss = false);
 

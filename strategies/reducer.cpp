@@ -154,5 +154,9 @@ void BucketReducer::set_sync(bool sync) {
 void BucketReducer::finish() {
   state_->finish();
 }
+void BucketReducer::sync_now() {
+  state_->start_round();
+  state_->finish();
+}
 
 }  // namespace acc::strategies

@@ -39,6 +39,9 @@ class BucketReducer {
   /// waits for every reduction of this backward; with kAllreduce and kept parameter gradients,
   /// points each parameter's grad at its averaged slice of the bucket. Idempotent.
   void finish();
+  /// Reduces every bucket now from the gradients the parameters hold (after backward passes with
+  /// sync off), as a synchronised backward would have, and waits: finish() outside a backward.
+  void sync_now();
 
   struct State;
 

@@ -21,7 +21,8 @@ const std::vector<MethodSpec>& registry() {
                                                   recompute_method(),
                                                   grad_accum_method(),
                                                   tensor_parallel_method(),
-                                                  sequence_parallel_method()};
+                                                  sequence_parallel_method(),
+                                                  pipeline_parallel_method()};
   return methods;
 }
 
@@ -209,6 +210,9 @@ TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, Loss
   std::stable_partition(
       plan.model_transforms.begin(), plan.model_transforms.end(),
       [](const TrainingPlan::Transform& t) { return t.method != "sequence_parallel"; });
+  std::stable_partition(
+      plan.model_transforms.begin(), plan.model_transforms.end(),
+      [](const TrainingPlan::Transform& t) { return t.method != "pipeline_parallel"; });
   return plan;
 }
 

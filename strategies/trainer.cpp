@@ -17,6 +17,7 @@
 #include "acc/util/progress.hpp"
 #include "grad_sync.hpp"
 #include "method.hpp"
+#include "pipeline.hpp"
 
 namespace acc::strategies {
 
@@ -35,7 +36,15 @@ struct Trainer::Impl {
     sync->add_placements(table);
     table.insert(table.end(), std::make_move_iterator(more.begin()),
                  std::make_move_iterator(more.end()));
-    return lift_layouts(std::move(table), *plan.layouts, ctx);
+    table = lift_layouts(std::move(table), *plan.layouts, ctx);
+    if (plan.pipeline) plan.pipeline->lift(table);
+    return table;
+  }
+
+  // Pipeline stages hold different parameters: the norm and full_parameters() gather over the
+  // world even when every tensor a rank holds is whole.
+  bool pipelined(const dist::ParallelContext* ctx) const {
+    return plan.pipeline && ctx && ctx->size(dist::MeshDim::kPp) > 1;
   }
 
   // Everything the plan did to the model, undone in reverse.
@@ -60,7 +69,8 @@ dist::ParallelContextPtr context_of(const ApplyOptions& o, const Strategy& strat
     const dist::DeviceMesh& have = o.context->mesh();
     // The dimensions the strategy's methods own must be theirs; a context may add others the
     // strategy leaves alone (ranks along them hold replicas: mesh_test's replicated tp).
-    ACC_CHECK((want.tp == 1 || have.tp == want.tp) && (want.cp == 1 || have.cp == want.cp),
+    ACC_CHECK((want.tp == 1 || have.tp == want.tp) && (want.cp == 1 || have.cp == want.cp) &&
+                  (want.pp == 1 || have.pp == want.pp),
               "apply: the strategy ", describe(strategy), " runs on mesh ", want.to_string(),
               ", the context given has ", have.to_string());
     return o.context;
@@ -196,6 +206,7 @@ double Trainer::train_step(const data::Batch& batch) {
   ACC_CHECK(losses_in_step_ == 0, "train_step: a plain-loop step is open (loss() called ",
             losses_in_step_, " time(s) since the last step())");
   ACC_CHECK(batch.size() >= 1, "train_step: the batch has no samples (", batch.describe(), ")");
+  if (impl_->plan.pipeline) return pipeline_step(batch);
   const std::vector<data::Batch> parts =
       batch.split(micro_batches_, "train_step (micro-batches: grad_accum steps)");
   double loss_sum = 0;
@@ -225,11 +236,41 @@ double Trainer::train_step(const data::Batch& batch) {
   return loss;
 }
 
+// The pipeline's step: its schedule runs every micro-batch's forward and backward through this
+// rank's stages with the gradient synchronisation off; then the tied embedding's two copies sum
+// their gradients, the data-parallel method reduces what accumulated, and the update runs as in
+// the plain loop.
+double Trainer::pipeline_step(const data::Batch& batch) {
+  Pipeline& pipe = *impl_->plan.pipeline;
+  GradSync& sync = *impl_->sync;
+  model_->zero_grad();
+  sync.begin_step();
+  sync.set_sync(false);
+  const double loss_sum = pipe.run(batch);
+  pipe.reduce_tied_gradient(*model_);
+  sync.sync_accumulated();
+  update();
+  // The last stage's ranks computed the loss; the others add 0 over pp. Then the average over the
+  // ranks that read different data.
+  Tensor t =
+      from_vector(std::vector<float>{static_cast<float>(loss_sum / pipe.micro_batches())}, {1});
+  if (context_->size(dist::MeshDim::kPp) > 1) {
+    context_->group(dist::MeshDim::kPp)->allreduce(t, dist::ReduceOp::kSum)->wait();
+  }
+  if (context_->dp_cp_group()->size() > 1) {
+    context_->dp_cp_group()->allreduce(t, dist::ReduceOp::kAvg)->wait();
+  }
+  return t.item();
+}
+
 Tensor Trainer::loss(const Tensor& idx, const Tensor& targets) {
   return loss(data::Batch(idx, targets));
 }
 
 Tensor Trainer::loss(const data::Batch& micro_batch) {
+  ACC_CHECK(!impl_->plan.pipeline,
+            "Trainer::loss: the plain loop cannot run pipeline_parallel's schedule (each rank "
+            "holds only its stages): call train_step(batch), which runs it");
   ACC_CHECK(losses_in_step_ < micro_batches_, "Trainer::loss: call ", losses_in_step_ + 1,
             " in one step, but the strategy accumulates ", micro_batches_,
             " micro-batch(es) per step: call step() after the last one's backward");
@@ -261,6 +302,10 @@ void Trainer::step() {
             " loss() call(s) in this step, the strategy accumulates ", micro_batches_,
             " micro-batch(es) per step (grad_accum)");
   losses_in_step_ = 0;
+  update();
+}
+
+void Trainer::update() {
   progress::phase(progress::Phase::kUpdate);
   for (const auto& fn : std::exchange(before_update_, {})) fn();
   GradSync& sync = *impl_->sync;
@@ -272,7 +317,8 @@ void Trainer::step() {
   // pieces of replica 0 are summed over the world (a tensor replicated along tp is then counted
   // by its tp-rank-0 copy only, not tp times).
   const PlacementTable grads = impl_->global_placements(context_.get());
-  const bool sharded = dist::any_sharded(grads, TensorKind::kGradient);
+  const bool sharded =
+      dist::any_sharded(grads, TensorKind::kGradient) || impl_->pipelined(context_.get());
   double norm_sq = 0;
   for (const auto& e : grads) {
     if (e.kind != TensorKind::kGradient || !e.local.defined() || (sharded && e.replica != 0)) {
@@ -369,18 +415,24 @@ MemoryReport Trainer::memory_report() const {
 // and is exact).
 std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
   const PlacementTable table = impl_->global_placements(context_.get());
-  const bool partial = dist::any_sharded(table, TensorKind::kParameter);
-  const nn::NamedTensors params = model_->named_parameters();
-  // The global shapes (a tensor-parallel shard's local tensor is smaller), from the layouts: a
-  // rank whose fsdp chunks hold none of a parameter has no entry of it.
-  const ParamLayouts& layouts = *impl_->plan.layouts;
-  auto shape_of = [&](const std::string& name, const Tensor& p) {
-    auto it = layouts.find(name);
-    return it == layouts.end() ? p.shape() : it->second.global_shape;
-  };
+  const bool partial =
+      dist::any_sharded(table, TensorKind::kParameter) || impl_->pipelined(context_.get());
+  // The whole model's parameters and their global shapes: a tensor-parallel shard's local tensor
+  // is smaller (its layout has the global shape; a rank whose fsdp chunks hold none of a parameter
+  // has no entry of it), and a pipeline stage holds only its own (the pipeline recorded them all).
+  std::vector<std::pair<std::string, Shape>> shapes;
+  if (impl_->plan.pipeline && !impl_->plan.pipeline->whole_parameters().empty()) {
+    shapes = impl_->plan.pipeline->whole_parameters();
+  } else {
+    const ParamLayouts& layouts = *impl_->plan.layouts;
+    for (const auto& [name, p] : model_->named_parameters()) {
+      auto it = layouts.find(name);
+      shapes.emplace_back(name, it == layouts.end() ? p.shape() : it->second.global_shape);
+    }
+  }
   std::vector<std::pair<std::string, Tensor>> out;
   if (!partial) {
-    for (const auto& [name, p] : params) {
+    for (const auto& [name, shape] : shapes) {
       for (const auto& e : table) {
         if (e.kind == TensorKind::kParameter && e.name == name) out.emplace_back(name, e.local);
       }
@@ -389,9 +441,9 @@ std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
   }
   std::map<std::string, int64_t> offset;
   int64_t total = 0;
-  for (const auto& [name, p] : params) {
+  for (const auto& [name, shape] : shapes) {
     offset[name] = total;
-    total += numel_of(shape_of(name, p));
+    total += numel_of(shape);
   }
   NoGradGuard ng;
   Tensor flat = zeros({total});
@@ -406,8 +458,7 @@ std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
   if (context_ && context_->world_size() > 1) {
     context_->world()->allreduce(flat, dist::ReduceOp::kSum)->wait();
   }
-  for (const auto& [name, p] : params) {
-    const Shape shape = shape_of(name, p);
+  for (const auto& [name, shape] : shapes) {
     out.emplace_back(name, flat.narrow(0, offset.at(name), numel_of(shape)).view(shape));
   }
   return out;

@@ -81,6 +81,11 @@ class Zero : public GradSync {
     reducer_->finish();
     attach_piece_grads();
   }
+  void sync_accumulated() override {
+    set_sync(true);
+    reducer_->sync_now();
+    attach_piece_grads();
+  }
   void end_step() override {
     // Every rank's updated chunks to everyone.
     const BucketLayout& layout = reducer_->layout();

@@ -102,7 +102,11 @@ Tensor recv_from(const Shape& shape, TensorOptions options, int src, const Proce
         Tensor grad = g[0].detach();
         if (grad.dtype() != grad_options.dtype) grad = grad.to(grad_options.dtype);
         WorkPtr work = send_message(grad.contiguous(), src, gradient_tag(tag), *group);
-        if (work) work->wait();
+        if (work && DeferredSends::current() != nullptr) {
+          DeferredSends::current()->add(std::move(work));
+        } else if (work) {
+          work->wait();
+        }
         return Grads{};
       });
   node->set_scope(acc::detail::current_scope());
@@ -112,6 +116,37 @@ Tensor recv_from(const Shape& shape, TensorOptions options, int src, const Proce
   meta.grad_fn = node;
   meta.output_nr = 0;
   return out;
+}
+
+namespace {
+thread_local DeferredSends* installed = nullptr;
+}  // namespace
+
+DeferredSends::DeferredSends() {
+  ACC_CHECK(installed == nullptr,
+            "DeferredSends: one is already installed on this thread (nested pipeline steps?)");
+  installed = this;
+}
+
+DeferredSends::~DeferredSends() {
+  installed = nullptr;
+}
+
+DeferredSends* DeferredSends::current() {
+  return installed;
+}
+
+void DeferredSends::add(WorkPtr work) {
+  works_.push_back(std::move(work));
+}
+
+void DeferredSends::prune() {
+  std::erase_if(works_, [](const WorkPtr& w) { return w->is_completed(); });
+}
+
+void DeferredSends::wait() {
+  for (auto& w : works_) w->wait();
+  works_.clear();
 }
 
 }  // namespace acc::dist

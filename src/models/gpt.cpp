@@ -107,6 +107,12 @@ Tensor GPT::head(const Tensor& x) {
   return wte_->attend(h);
 }
 
+std::vector<std::string> GPT::embedding_modules() const {
+  std::vector<std::string> out = {"transformer.wte", "transformer.wpe"};
+  if (drop_) out.push_back("transformer.drop");
+  return out;
+}
+
 void GPT::set_fused_attention(bool fused) {
   fused_attention_ = fused;
   // Every attention in the tree, also one a replacement of its block or of itself holds.

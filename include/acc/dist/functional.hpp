@@ -59,9 +59,14 @@
 // the same peer must not block on the send: the peer may be sending to it at the same moment);
 // its backward waits for it before receiving the gradient. Without a gradient to come back (no
 // grad mode, or x not requiring grad) send_to waits for its message before returning. recv_from's
-// backward waits for its gradient's message (the peer's backward is receiving it). Every
+// backward waits for its gradient's message (the peer's backward is receiving it), unless a
+// DeferredSends is installed on the thread: then it posts the message, hands it over and goes on
+// (a pipeline schedule needs that: in Megatron's interleaved 1F1B two ranks send each other
+// gradients at the same moment, and two waiting sends would deadlock). Every
 // recv_from that requires grad must be reached by its stage's backward (its gradient is what the
 // peer's backward waits for).
+
+#include <vector>
 
 #include "acc/dist/process_group.hpp"
 #include "acc/tensor/tensor.hpp"
@@ -113,5 +118,32 @@ Tensor send_to(const Tensor& x, int dst, const ProcessGroupPtr& group, int tag =
 /// fails with acc::CommError naming both sizes.
 Tensor recv_from(const Shape& shape, TensorOptions options, int src, const ProcessGroupPtr& group,
                  int tag = 0);
+
+/// While one is alive, recv_from's backward on this thread does not wait for the gradient message
+/// it posts but adds it here; wait() waits for them all (a pipeline schedule calls it at the end of
+/// its step). Each keeps its tensor alive until it completes. Destroying one with messages not
+/// waited for drops them unwaited (the communication engine keeps their tensors: ProcessGroup's
+/// contract), which is what an exception unwinding a step does; the next message to or from that
+/// peer then times out naming it. One per thread at a time (acc::ValueError otherwise).
+class DeferredSends {
+ public:
+  DeferredSends();
+  ~DeferredSends();
+  DeferredSends(const DeferredSends&) = delete;
+  DeferredSends& operator=(const DeferredSends&) = delete;
+  /// Adds a posted message.
+  void add(WorkPtr work);
+  /// Drops the messages that completed (a schedule calls it between actions, so a long step does
+  /// not keep every gradient it sent).
+  void prune();
+  /// Waits for every message: throws what Work::wait throws (acc::TimeoutError naming the send).
+  void wait();
+  size_t pending() const { return works_.size(); }
+  /// The one installed on this thread (null when none).
+  static DeferredSends* current();
+
+ private:
+  std::vector<WorkPtr> works_;
+};
 
 }  // namespace acc::dist

@@ -41,6 +41,11 @@ class GPT : public LanguageModel {
   Tensor head(const Tensor& x) override;
   void set_fused_attention(bool fused) override;
   std::string tied_embedding_name() const override { return "transformer.wte.weight"; }
+  int64_t hidden_size() const override { return config_.n_embd; }
+  std::vector<std::string> embedding_modules() const override;
+  std::vector<std::string> head_modules() const override {
+    return {"transformer.ln_f", "transformer.wte"};
+  }
 
  private:
   GPTConfig config_;

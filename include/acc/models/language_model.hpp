@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "acc/nn/nn.hpp"
 
@@ -57,6 +58,15 @@ class LanguageModel : public nn::Module {
 
   /// The input embedding's weight when the output projection is tied to it ("" when untied).
   virtual std::string tied_embedding_name() const = 0;
+
+  /// C of the (B, T, C) hidden states between embed, the blocks and head: what a pipeline stage
+  /// receives from the one before it.
+  virtual int64_t hidden_size() const = 0;
+  /// The modules embed() uses and the modules head() uses, as dotted paths from the model (a tied
+  /// embedding is in both): what pipeline parallelism keeps on its first and on its last stage
+  /// beside their blocks. Every module of the model is one of these, a block, or holds them.
+  virtual std::vector<std::string> embedding_modules() const = 0;
+  virtual std::vector<std::string> head_modules() const = 0;
 
   /// Loads weights by name from a pretrained state (e.g. a safetensors file written by PyTorch).
   /// Every parameter of the model must be present with its shape. Entries PyTorch models carry

@@ -50,6 +50,11 @@ class Llama : public LanguageModel {
   std::string tied_embedding_name() const override {
     return lm_head_ ? "" : "model.embed_tokens.weight";
   }
+  int64_t hidden_size() const override { return config_.hidden_size; }
+  std::vector<std::string> embedding_modules() const override { return {"model.embed_tokens"}; }
+  std::vector<std::string> head_modules() const override {
+    return {"model.norm", lm_head_ ? "lm_head" : "model.embed_tokens"};
+  }
 
  private:
   LlamaConfig config_;

@@ -71,6 +71,7 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.0, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
+  double p() const { return p_; }
 
  private:
   double p_;

@@ -215,6 +215,8 @@ class Trainer {
  private:
   void check_ranks_agree();
   void sum_partial_gradients();
+  double pipeline_step(const data::Batch& batch);
+  void update();  // step() after its checks: synchronise, norm, clip, optimizer step
   struct Impl;
   nn::ModulePtr model_;
   Strategy strategy_;

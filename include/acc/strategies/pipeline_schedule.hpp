@@ -1,0 +1,83 @@
+#pragma once
+// Pipeline schedules as data (PyTorch pipelining's idea): for every rank of a pipeline, the
+// ordered list of what it computes, each action a forward or a backward of one micro-batch
+// through one stage. A schedule is built by a plain function of (ranks, virtual stages,
+// micro-batches), checked by validate() before anything runs, and then executed action by action
+// (strategies/pipeline_parallel.cpp); tests compare the builders with golden tables
+// (tests/strategies/data/schedule_*.txt).
+//
+// Stages: the model is cut into S = ranks x virtual consecutive stages; stage s lives on rank
+// s % ranks (virtual 1: stage r on rank r; Megatron's interleaving: rank r holds stages r,
+// r + ranks, ...). Messages: a forward of stage s > 0 receives its input from stage s - 1's rank,
+// a forward of stage s < S - 1 sends its output to stage s + 1's rank; a backward of stage
+// s < S - 1 receives its output's gradient from stage s + 1's rank, a backward of stage s > 0
+// sends its input's gradient to stage s - 1's rank. Messages between two ranks are matched by
+// their order (dist::send_to / recv_from), so both ends must list them in the same order.
+//
+//   kind         virtual   in flight on rank r (forwards whose backward has not run)
+//   gpipe        1         every micro-batch: all forwards, then all backwards
+//   1f1b         1         min(ranks - r, m): warm-up forwards, then one forward one backward
+//   interleaved  v >= 2    Megatron's interleaved 1F1B, m a multiple of ranks: warm-up
+//                          min(2 (ranks - r - 1) + (v - 1) ranks, m v) forwards, one more in
+//                          flight at most; bubble (ranks - 1) / (v m) against 1F1B's
+//                          (ranks - 1) / m
+
+#include <string>
+#include <vector>
+
+namespace acc::strategies {
+
+enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
+/// "gpipe", "1f1b", "interleaved".
+const char* schedule_kind_name(ScheduleKind k);
+/// The kind named `name`; acc::ValueError naming it and the known ones otherwise.
+ScheduleKind parse_schedule_kind(const std::string& name);
+
+enum class PipeStep { kForward, kBackward };
+
+struct PipeAction {
+  PipeStep step = PipeStep::kForward;
+  int micro_batch = 0;
+  int stage = 0;  // the global stage, 0 .. ranks x virtual - 1
+  bool operator==(const PipeAction&) const = default;
+};
+/// "F3" / "B3" (virtual 1), "F3@2" (micro-batch 3 through stage 2) otherwise.
+std::string to_string(const PipeAction& a, bool with_stage);
+
+struct PipelineSchedule {
+  ScheduleKind kind = ScheduleKind::kOneFOneB;
+  int ranks = 1;
+  int virtual_stages = 1;
+  int micro_batches = 1;
+  /// Per rank, its actions in order.
+  std::vector<std::vector<PipeAction>> actions;
+  /// Per rank, the most forwards it promises to hold in flight (their activations alive).
+  std::vector<int> max_in_flight;
+
+  int num_stages() const { return ranks * virtual_stages; }
+  int rank_of_stage(int stage) const { return stage % ranks; }
+  /// One line per rank: "rank 0: F0 F1 B0 F2 B1 F3 B2 B3" (the golden tables' format).
+  std::string to_string() const;
+};
+
+/// The schedule of `kind` for `ranks` ranks of `virtual_stages` stages each and `micro_batches`
+/// micro-batches per step. Throws acc::ValueError naming the value for ranks, virtual stages or
+/// micro-batches below 1, virtual_stages != 1 for gpipe and 1f1b, virtual_stages < 2 for
+/// interleaved, and for interleaved micro-batches that are not a multiple of ranks.
+PipelineSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages, int micro_batches);
+
+/// Checks a schedule before it runs; throws acc::ValueError naming the rank and the step (its
+/// index and action) of the first fault:
+///  - an action of a stage another rank holds, a micro-batch or stage out of range;
+///  - an action listed twice, or one missing (every micro-batch has one forward and one backward
+///    through every stage);
+///  - a backward before its forward on the same rank;
+///  - more forwards in flight than the rank's max_in_flight;
+///  - messages out of order: a rank that receives from another in an order the sender does not
+///    send in (the runtime matches them by order);
+///  - a deadlock: running the ranks' lists with receives that wait for their message and sends
+///    that do not wait (the runtime defers them: dist::DeferredSends), some rank can never go on
+///    (the message names every stuck rank and what it waits for).
+void validate(const PipelineSchedule& schedule);
+
+}  // namespace acc::strategies

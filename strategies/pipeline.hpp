@@ -1,0 +1,89 @@
+#pragma once
+// The pipeline_parallel method's runtime. Private to the strategies library.
+//
+// A Pipeline is built when the method applies (its schedule validated then), cuts the model when
+// its transform runs (this rank keeps the blocks of its stages, the embedding modules on the first
+// stage's rank and the head's on the last stage's; every other module is swapped for an empty
+// StageElsewhere, so the placement table has no entry for another stage's tensors), and runs its
+// rank's list of the schedule in Trainer::train_step.
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "acc/data/batch.hpp"
+#include "acc/dist/device_mesh.hpp"
+#include "acc/dist/functional.hpp"
+#include "acc/models/language_model.hpp"
+#include "acc/strategies/pipeline_schedule.hpp"
+#include "grad_sync.hpp"
+
+namespace acc::strategies {
+
+/// Stages a pipeline may have: each stage's messages carry its index as their tag.
+inline constexpr int kMaxStages = dist::kMaxP2PTag;
+
+/// The blocks a stage runs: [begin, end) of the model's blocks.
+struct StageBlocks {
+  int64_t begin = 0, end = 0;
+  bool operator==(const StageBlocks&) const = default;
+};
+
+/// `blocks` blocks of cost 1 each into `stages` contiguous non-empty stages, the first also paying
+/// `first_extra` (the embedding) and the last `last_extra` (the head and the loss), so that the
+/// largest stage's cost is least (ties: earlier stages take fewer blocks). Throws acc::ValueError
+/// naming the counts when there are fewer blocks than stages.
+std::vector<StageBlocks> balance_stages(int64_t blocks, int stages, double first_extra,
+                                        double last_extra);
+
+/// A language model's head (final norm, projection, cross-entropy) against one block, in forward
+/// FLOPs per token: V / (12 C + 2 T) (a block does 24 C^2 + 4 T C, the projection 2 C V). What the
+/// default cut charges the last stage; the embedding (a lookup) is charged nothing.
+double head_cost_in_blocks(const models::LanguageModel& model, int64_t seq_len);
+
+class Pipeline {
+ public:
+  /// `stages`: the user's cut (empty: balanced when the model is cut).
+  Pipeline(PipelineSchedule schedule, std::vector<StageBlocks> stages,
+           dist::ParallelContextPtr context);
+
+  /// The model transform: cuts `model` (a models::LanguageModel, acc::ValueError naming its type
+  /// otherwise) to this rank's stages, makes the tied embedding's group and starts the tied copy
+  /// equal to the first stage's. Undone by the returned Undo.
+  nn::Undo cut(nn::Module& model);
+
+  /// Runs this rank's list of the schedule over `batch` split into micro-batches; the gradients
+  /// of this rank's parameters accumulate (each micro-batch's loss scaled by 1/m). Returns the sum
+  /// of the micro-batches' losses on the last stage's rank, 0 elsewhere.
+  double run(const data::Batch& batch);
+  /// Sums the tied embedding's gradient over the first and last stage (before any data-parallel
+  /// reduction reads it). Nothing when untied or on one rank.
+  void reduce_tied_gradient(nn::Module& model) const;
+  /// The tied embedding's entries count as one tensor held on two stages: replica r of the first
+  /// stage's copies, R + r of the last's.
+  void lift(PlacementTable& table) const;
+
+  const PipelineSchedule& schedule() const { return schedule_; }
+  int micro_batches() const { return schedule_.micro_batches; }
+  /// The stages' blocks, once cut.
+  const std::vector<StageBlocks>& stages() const { return stages_; }
+  /// Every parameter of the whole model, by name and shape, in its order (recorded by cut()).
+  const std::vector<std::pair<std::string, Shape>>& whole_parameters() const { return whole_; }
+
+ private:
+  Tensor forward(const PipeAction& a, const data::Batch& micro_batch);
+  int rank_of_stage(int stage) const { return schedule_.rank_of_stage(stage); }
+
+  PipelineSchedule schedule_;
+  std::vector<StageBlocks> stages_;
+  dist::ParallelContextPtr context_;
+  dist::ProcessGroupPtr pp_;
+  int rank_ = 0;  // along pp
+  models::LanguageModel* model_ = nullptr;
+  std::vector<std::pair<std::string, Shape>> whole_;
+  std::string tied_;                       // the tied embedding's name when two stages hold it
+  dist::ProcessGroupPtr embedding_group_;  // its first and last stage's ranks
+};
+
+}  // namespace acc::strategies

@@ -1,0 +1,403 @@
+// The "pipeline_parallel" method: the model cut into stages between its blocks, over the mesh
+// dimension pp (outermost), run by a schedule (pipeline_schedule.hpp) whose messages are the
+// differentiable send_to / recv_from of acc/dist/functional.hpp.
+//
+// Config {"size": p, "schedule": "1f1b" | "interleaved" | "gpipe", "virtual": v,
+//         "micro_batches": m, "stages": [[0, 5], [6, 11]]}:
+//   size           ranks along pp (required);
+//   virtual        stages per rank (default 1); more than 1 needs the interleaved schedule;
+//   schedule       default 1f1b, interleaved when virtual > 1;
+//   micro_batches  per optimizer step (default p: the least that fills the pipeline once; the
+//                  bubble is (p - 1) / (m + p - 1) under 1F1B, so more is faster while the batch
+//                  allows: each rank's batch must split into m);
+//   stages         the user's cut: p x v [first, last] block ranges (inclusive), in order,
+//                  covering every block; without it the blocks are balanced (balance_stages) with
+//                  the head's cost charged to the last stage.
+//
+// What runs where: stage s on rank s % p of the pp group; the embedding modules with stage 0, the
+// head's (final norm, output projection) with the last stage; a tied embedding (GPT's wte) is then
+// held by both, started equal (broadcast from the first stage) and kept equal: an embedding group
+// of the two sums their gradients before the data-parallel reduction and the update, and the
+// placement table counts them as two replicas of one tensor (the norm counts it once).
+//
+// Decisions:
+//  - Gradients are reduced over dp after the schedule, not during its backwards (ddp's overlap
+//    needs one backward pass per step; a pipeline runs m per stage, and interleaved stages end
+//    theirs at different times). So the embedding group's sum comes first for free, before ZeRO's
+//    reduce-scatter splits the tied gradient into shards that do not line up across stages.
+//  - The loss is the language model's own next-token loss, computed on the last stage; a loss of
+//    the user's (ApplyOptions::loss) is refused, as is any other module than a LanguageModel.
+//  - Dropout is refused: each stage would draw its masks from its own generator in the schedule's
+//    order, not the one process's masks (the layout-dependent masks Megatron seeds per stage).
+//  - Composes with ddp, zero1, zero2 over dp, amp and checkpoint. Not yet with tensor_parallel,
+//    sequence_parallel (refused, naming them), fsdp (refused: use zero1/zero2) or grad_accum
+//    (micro_batches is the pipeline's accumulation).
+//  - The search does not try it yet (no choices): a strategy must name it.
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "acc/autograd/ops.hpp"
+#include "acc/dist/functional.hpp"
+#include "acc/util/error.hpp"
+#include "acc/util/progress.hpp"
+#include "method.hpp"
+#include "pipeline.hpp"
+
+namespace acc::strategies {
+namespace {
+
+// What a rank holds in place of a module another stage runs: nothing.
+class StageElsewhere : public nn::Module {
+ public:
+  StageElsewhere(std::string path, int rank)
+      : nn::Module("StageElsewhere"), path_(std::move(path)), rank_(rank) {}
+  Tensor forward(const Tensor&) override {
+    ACC_THROW(ValueError, "pipeline_parallel: '", path_, "' runs on pipeline rank ", rank_,
+              ", not on this one: a pipelined model runs through Trainer::train_step");
+  }
+
+ private:
+  std::string path_;
+  int rank_;
+};
+
+int int_in(const nlohmann::json& c, const char* key, int lo, int hi, int fallback) {
+  if (!c.contains(key)) return fallback;
+  const auto& v = c[key];
+  ACC_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi,
+            "pipeline_parallel: ", key, " must be an integer in [", lo, ", ", hi, "], got ",
+            v.dump());
+  return v.get<int>();
+}
+
+int size_from(const nlohmann::json& c) {
+  ACC_CHECK(
+      c.contains("size"),
+      "pipeline_parallel: config needs \"size\" (pipeline stages' ranks, e.g. {\"size\": 2})");
+  return int_in(c, "size", 1, 256, 1);
+}
+
+struct Config {
+  int size = 1, virtual_stages = 1, micro_batches = 1;
+  ScheduleKind kind = ScheduleKind::kOneFOneB;
+  std::vector<StageBlocks> stages;
+};
+
+Config parse(const nlohmann::json& c) {
+  Config out;
+  out.size = size_from(c);
+  out.virtual_stages = int_in(c, "virtual", 1, 64, 1);
+  out.micro_batches = int_in(c, "micro_batches", 1, 65536, out.size);
+  out.kind = out.virtual_stages > 1 ? ScheduleKind::kInterleaved : ScheduleKind::kOneFOneB;
+  if (c.contains("schedule")) {
+    ACC_CHECK(c["schedule"].is_string(), "pipeline_parallel: schedule must be a string, got ",
+              c["schedule"].dump());
+    out.kind = parse_schedule_kind(c["schedule"].get<std::string>());
+  }
+  const int S = out.size * out.virtual_stages;
+  ACC_CHECK(S <= kMaxStages, "pipeline_parallel: size ", out.size, " x virtual ",
+            out.virtual_stages, " = ", S, " stages, at most ", kMaxStages);
+  if (c.contains("stages")) {
+    const auto& st = c["stages"];
+    ACC_CHECK(st.is_array() && static_cast<int>(st.size()) == S, "pipeline_parallel: stages must ",
+              "list ", S, " [first, last] block ranges (size ", out.size, " x virtual ",
+              out.virtual_stages, "), got ", st.dump());
+    int64_t next = 0;
+    for (size_t i = 0; i < st.size(); ++i) {
+      const auto& r = st[i];
+      ACC_CHECK(
+          r.is_array() && r.size() == 2 && r[0].is_number_integer() && r[1].is_number_integer(),
+          "pipeline_parallel: stages[", i, "] must be [first, last] block indices, got ", r.dump());
+      const int64_t first = r[0].get<int64_t>(), last = r[1].get<int64_t>();
+      ACC_CHECK(first == next && last >= first, "pipeline_parallel: stages[", i, "] is ", r.dump(),
+                ", but the stages must cover the blocks in order without gaps: it must start at "
+                "block ",
+                next, " and end at or after it");
+      out.stages.push_back({first, last + 1});
+      next = last + 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<StageBlocks> balance_stages(int64_t blocks, int stages, double first_extra,
+                                        double last_extra) {
+  ACC_CHECK(stages >= 1 && blocks >= stages, "pipeline_parallel: ", blocks,
+            " blocks cannot be cut into ", stages, " stages (each stage needs a block)");
+  const auto S = static_cast<size_t>(stages);
+  const auto N = static_cast<size_t>(blocks);
+  auto cost = [&](size_t stage, size_t a, size_t b) {
+    return static_cast<double>(b - a) + (stage == 0 ? first_extra : 0.0) +
+           (stage + 1 == S ? last_extra : 0.0);
+  };
+  // best[i][a]: the least largest cost of stages i.. over blocks [a, N).
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(S + 1, std::vector<double>(N + 1, inf));
+  best[S][N] = 0;
+  for (size_t i = S; i-- > 0;) {
+    for (size_t a = 0; a < N; ++a) {
+      for (size_t b = a + 1; b <= N; ++b) {
+        best[i][a] = std::min(best[i][a], std::max(cost(i, a, b), best[i + 1][b]));
+      }
+    }
+  }
+  std::vector<StageBlocks> out;
+  size_t a = 0;
+  for (size_t i = 0; i < S; ++i) {
+    for (size_t b = a + 1; b <= N; ++b) {  // the fewest blocks that keep the optimum
+      if (std::max(cost(i, a, b), best[i + 1][b]) <= best[i][a] + 1e-12) {
+        out.push_back({static_cast<int64_t>(a), static_cast<int64_t>(b)});
+        a = b;
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+double head_cost_in_blocks(const models::LanguageModel& model, int64_t seq_len) {
+  const auto C = static_cast<double>(model.hidden_size());
+  const auto V = static_cast<double>(model.vocab_size());
+  return V / (12 * C + 2 * static_cast<double>(seq_len));
+}
+
+Pipeline::Pipeline(PipelineSchedule schedule, std::vector<StageBlocks> stages,
+                   dist::ParallelContextPtr context)
+    : schedule_(std::move(schedule)), stages_(std::move(stages)), context_(std::move(context)) {
+  pp_ = context_->group(dist::MeshDim::kPp);
+  rank_ = context_->coordinate(dist::MeshDim::kPp);
+  ACC_CHECK_INTERNAL(pp_->size() == schedule_.ranks && pp_->rank() == rank_,
+                     "pipeline_parallel: the pp group '", pp_->name(), "' has rank ", pp_->rank(),
+                     " of ", pp_->size(), ", the mesh says ", rank_, " of ", schedule_.ranks);
+}
+
+nn::Undo Pipeline::cut(nn::Module& model) {
+  auto* lm = dynamic_cast<models::LanguageModel*>(&model);
+  ACC_CHECK(lm != nullptr, "pipeline_parallel: the model (", model.type_name(),
+            ") is no models::LanguageModel: stages are cut between the blocks of a language "
+            "model's embed -> blocks -> head (a module of your own is not cut yet)");
+  const int S = schedule_.num_stages(), p = schedule_.ranks;
+  const int64_t N = static_cast<int64_t>(lm->blocks().size());
+  if (stages_.empty()) {
+    stages_ = balance_stages(N, S, 0.0, head_cost_in_blocks(*lm, lm->max_seq_len()));
+  }
+  ACC_CHECK(stages_.back().end == N, "pipeline_parallel: the stages cover blocks 0 to ",
+            stages_.back().end - 1, ", the model (", lm->model_type(), ") has ", N,
+            " blocks: the last stage must end at block ", N - 1);
+  for (const auto& [name, m] : model.named_modules()) {
+    const auto* drop = dynamic_cast<const nn::Dropout*>(m.get());
+    ACC_CHECK(drop == nullptr || drop->p() == 0, "pipeline_parallel: '", name,
+              "' is a dropout of p ", drop ? drop->p() : 0.0,
+              ": its masks would be drawn per stage in the schedule's order, not as one process "
+              "draws them (set the model's dropout to 0)");
+  }
+  whole_.clear();
+  for (const auto& [name, t] : model.named_parameters()) whole_.emplace_back(name, t.shape());
+
+  std::string blocks_path;
+  for (const auto& [name, m] : model.named_modules()) {
+    if (m.get() == &lm->blocks()) blocks_path = name;
+  }
+  ACC_CHECK_INTERNAL(!blocks_path.empty(), "pipeline_parallel: the blocks of ", lm->model_type(),
+                     " are not a module of the model");
+  const bool holds_first = rank_of_stage(0) == rank_;
+  const bool holds_last = rank_of_stage(S - 1) == rank_;
+  // What this rank does not run, and which rank does.
+  std::vector<std::pair<std::string, int>> elsewhere;
+  for (int s = 0; s < S; ++s) {
+    const StageBlocks& b = stages_[static_cast<size_t>(s)];
+    for (int64_t i = b.begin; i < b.end; ++i) {
+      if (rank_of_stage(s) != rank_) {
+        elsewhere.emplace_back(blocks_path + "." + std::to_string(i), rank_of_stage(s));
+      }
+    }
+  }
+  std::set<std::string> kept;
+  if (holds_first) {
+    for (const auto& m : lm->embedding_modules()) kept.insert(m);
+  }
+  if (holds_last) {
+    for (const auto& m : lm->head_modules()) kept.insert(m);
+  }
+  std::set<std::string> ends;
+  for (const auto& m : lm->embedding_modules()) ends.insert(m);
+  for (const auto& m : lm->head_modules()) ends.insert(m);
+  for (const auto& m : ends) {
+    if (kept.count(m)) continue;
+    const bool embedding = std::find(lm->embedding_modules().begin(), lm->embedding_modules().end(),
+                                     m) != lm->embedding_modules().end();
+    elsewhere.emplace_back(m, rank_of_stage(embedding ? 0 : S - 1));
+  }
+  // Every parameter must be in a block or in one of those modules, or no stage would train it.
+  for (const auto& [name, shape] : whole_) {
+    bool placed = name.rfind(blocks_path + ".", 0) == 0;
+    for (const auto& m : ends) placed = placed || name.rfind(m + ".", 0) == 0;
+    ACC_CHECK(placed, "pipeline_parallel: parameter '", name, "' of ", lm->model_type(),
+              " is in no block and in none of its embedding or head modules, so no stage holds it");
+  }
+  std::vector<nn::Undo> undos;
+  try {
+    for (const auto& [path, owner] : elsewhere) {
+      undos.push_back(model.replace_module(path, std::make_shared<StageElsewhere>(path, owner)));
+    }
+    // The tied embedding: one group over its two stages' ranks (the others pass a color of their
+    // own: world->split is collective over the world).
+    const std::string tied = lm->tied_embedding_name();
+    if (!tied.empty() && p > 1) {
+      const int inner = context_->world_size() / p;  // ranks per stage
+      const bool holds = holds_first || holds_last;
+      const int color = holds ? context_->rank() % inner : inner + context_->rank();
+      embedding_group_ = context_->world()->split(color, rank_, "embedding");
+      if (holds) {
+        tied_ = tied;
+        Tensor w = model.find_tensor(tied);
+        NoGradGuard ng;
+        embedding_group_->broadcast(w, 0)->wait();
+      }
+    }
+  } catch (...) {
+    nn::undo_all(std::move(undos))();
+    throw;
+  }
+  model_ = lm;
+  return [this, all = nn::undo_all(std::move(undos))] {
+    all();
+    model_ = nullptr;
+    tied_.clear();
+    embedding_group_.reset();
+  };
+}
+
+Tensor Pipeline::forward(const PipeAction& a, const data::Batch& micro_batch) {
+  const Tensor& idx = micro_batch.idx();
+  const int last = schedule_.num_stages() - 1;
+  Tensor x;
+  if (a.stage == 0) {
+    x = model_->embed(idx);
+  } else {
+    x = dist::recv_from({idx.size(0), idx.size(1), model_->hidden_size()},
+                        {DType::kFloat32, Device::kCPU, /*requires_grad=*/true},
+                        rank_of_stage(a.stage - 1), pp_, a.stage);
+  }
+  const StageBlocks& b = stages_[static_cast<size_t>(a.stage)];
+  nn::ModuleList& blocks = model_->blocks();
+  for (int64_t i = b.begin; i < b.end; ++i) x = (*blocks[static_cast<size_t>(i)])(x);
+  if (a.stage == last) return model_->loss_from_logits(model_->head(x), micro_batch.targets());
+  return dist::send_to(x, rank_of_stage(a.stage + 1), pp_, a.stage + 1);
+}
+
+double Pipeline::run(const data::Batch& batch) {
+  ACC_CHECK_INTERNAL(model_ != nullptr, "pipeline_parallel: run before the model was cut");
+  const int m = schedule_.micro_batches;
+  const std::vector<data::Batch> parts =
+      batch.split(m, "train_step (micro-batches: pipeline_parallel's micro_batches)");
+  const int last = schedule_.num_stages() - 1;
+  // The forward's output until its backward: the loss (last stage) or the send's handle.
+  std::map<std::pair<int, int>, Tensor> in_flight;
+  double loss_sum = 0;
+  dist::DeferredSends sends;
+  for (const PipeAction& a : schedule_.actions[static_cast<size_t>(rank_)]) {
+    sends.prune();
+    if (a.step == PipeStep::kForward) {
+      progress::phase(progress::Phase::kForward);
+      Tensor out = forward(a, parts[static_cast<size_t>(a.micro_batch)]);
+      if (a.stage == last) loss_sum += out.item();
+      in_flight[{a.micro_batch, a.stage}] = std::move(out);
+      continue;
+    }
+    progress::phase(progress::Phase::kBackward);
+    auto it = in_flight.find({a.micro_batch, a.stage});
+    ACC_CHECK_INTERNAL(it != in_flight.end(), "pipeline_parallel: ", to_string(a, true),
+                       " has no forward (the schedule was validated)");
+    Tensor out = std::move(it->second);
+    in_flight.erase(it);
+    if (a.stage == last) {
+      (m > 1 ? scale(out, 1.0 / m) : out).backward();
+    } else {
+      out.backward();  // receives the gradient, sends the input's back
+    }
+  }
+  sends.wait();
+  return loss_sum;
+}
+
+void Pipeline::reduce_tied_gradient(nn::Module& model) const {
+  if (tied_.empty()) return;
+  Tensor w = model.find_tensor(tied_);
+  Tensor g = w.grad();
+  NoGradGuard ng;
+  if (!g.defined()) {
+    g = zeros(w.shape());
+    w.set_grad(g);
+  }
+  ACC_CHECK_INTERNAL(g.is_contiguous(), "pipeline_parallel: the gradient of '", tied_,
+                     "' is not contiguous");
+  embedding_group_->allreduce(g, dist::ReduceOp::kSum)->wait();
+}
+
+void Pipeline::lift(PlacementTable& table) const {
+  if (tied_.empty()) return;
+  const bool first = rank_of_stage(0) == rank_;
+  for (auto& e : table) {
+    if (e.param != tied_) continue;
+    if (!first) e.replica += e.replicas;
+    e.replicas *= 2;
+  }
+}
+
+MethodSpec pipeline_parallel_method() {
+  return {
+      .name = "pipeline_parallel",
+      .slot = "pipeline_parallel",
+      .exclusive_slot = true,
+      .config_keys = {"size", "schedule", "virtual", "micro_batches", "stages"},
+      .apply =
+          [](const nlohmann::json& c, TrainingPlan& plan) {
+            Config cfg = parse(c);
+            PipelineSchedule schedule =
+                make_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches);
+            validate(schedule);
+            plan.micro_batches = cfg.micro_batches;
+            if (!plan.context)
+              return;  // validating the config only (or one process: m
+                       // micro-batches accumulated, the same computation)
+            ACC_CHECK(plan.context->size(dist::MeshDim::kPp) == cfg.size,
+                      "pipeline_parallel: size ", cfg.size, " but the run's mesh is ",
+                      plan.context->mesh().to_string());
+            ACC_CHECK(plan.default_loss,
+                      "pipeline_parallel: the last stage computes the language model's own "
+                      "next-token loss; a loss function of the user's (ApplyOptions::loss) is "
+                      "not run in stages yet");
+            auto pipe = std::make_shared<Pipeline>(std::move(schedule), std::move(cfg.stages),
+                                                   plan.context);
+            plan.pipeline = pipe;
+            plan.model_transforms.push_back(
+                {"pipeline_parallel", [pipe](nn::Module& model) -> Undo {
+                   Undo undo = pipe->cut(model);
+                   return [pipe, undo] { undo(); };
+                 }});
+          },
+      .needs_ranks = true,
+      .mesh = [](const nlohmann::json& c, dist::DeviceMesh& mesh) { mesh.pp = size_from(c); },
+      .check_with =
+          [](const nlohmann::json&, const Strategy& s) {
+            for (const auto& m : s) {
+              ACC_CHECK(m.name != "fsdp",
+                        "pipeline_parallel does not compose with fsdp (it gathers every unit of "
+                        "the whole model on each step): use zero1 or zero2 over dp");
+              ACC_CHECK(m.name != "grad_accum",
+                        "pipeline_parallel accumulates its own micro-batches: drop grad_accum and "
+                        "set pipeline_parallel's micro_batches");
+              ACC_CHECK(m.name != "tensor_parallel" && m.name != "sequence_parallel",
+                        "pipeline_parallel does not compose with ", m.name,
+                        " yet (issue 33's 3D layouts are not built)");
+            }
+          }};
+}
+
+}  // namespace acc::strategies

@@ -1,0 +1,288 @@
+// Pipeline schedules: the builders (plain functions over micro-batches, as Megatron's
+// schedules.py) and the validator that runs before any of them executes.
+
+#include "acc/strategies/pipeline_schedule.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "acc/util/error.hpp"
+
+namespace acc::strategies {
+
+const char* schedule_kind_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::kOneFOneB:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  for (ScheduleKind k :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved}) {
+    if (name == schedule_kind_name(k)) return k;
+  }
+  ACC_THROW(ValueError, "pipeline schedule '", name,
+            "' is unknown (known: gpipe, 1f1b, interleaved)");
+}
+
+std::string to_string(const PipeAction& a, bool with_stage) {
+  std::string s = (a.step == PipeStep::kForward ? "F" : "B") + std::to_string(a.micro_batch);
+  if (with_stage) s += "@" + std::to_string(a.stage);
+  return s;
+}
+
+std::string PipelineSchedule::to_string() const {
+  std::ostringstream os;
+  for (size_t r = 0; r < actions.size(); ++r) {
+    os << "rank " << r << ":";
+    for (const PipeAction& a : actions[r])
+      os << " " << strategies::to_string(a, virtual_stages > 1);
+    os << "\n";
+  }
+  return os.str();
+}
+
+namespace {
+
+// Megatron's interleaved order: the k-th forward (or backward) of a rank runs micro-batch
+// (k / (p v)) p + k % p through its chunk (k % (p v)) / p, counted from the last chunk for
+// backwards. Micro-batches go p at a time through every chunk before the next p start.
+PipeAction interleaved_action(PipeStep step, int k, int rank, int p, int v) {
+  const int group = k % (p * v);
+  int chunk = group / p;
+  if (step == PipeStep::kBackward) chunk = v - 1 - chunk;
+  return {step, (k / (p * v)) * p + k % p, chunk * p + rank};
+}
+
+}  // namespace
+
+PipelineSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages,
+                               int micro_batches) {
+  const char* name = schedule_kind_name(kind);
+  ACC_CHECK(ranks >= 1, "pipeline schedule ", name, ": ranks must be >= 1, got ", ranks);
+  ACC_CHECK(micro_batches >= 1, "pipeline schedule ", name, ": micro_batches must be >= 1, got ",
+            micro_batches);
+  if (kind == ScheduleKind::kInterleaved) {
+    ACC_CHECK(virtual_stages >= 2, "pipeline schedule interleaved: virtual must be >= 2, got ",
+              virtual_stages, " (with one stage per rank use 1f1b)");
+    ACC_CHECK(micro_batches % ranks == 0, "pipeline schedule interleaved: micro_batches ",
+              micro_batches, " must be a multiple of the pipeline's ", ranks,
+              " ranks (micro-batches go through every virtual stage ", ranks, " at a time)");
+  } else {
+    ACC_CHECK(virtual_stages == 1, "pipeline schedule ", name, ": virtual must be 1, got ",
+              virtual_stages, " (virtual stages need the interleaved schedule)");
+  }
+  PipelineSchedule s;
+  s.kind = kind;
+  s.ranks = ranks;
+  s.virtual_stages = virtual_stages;
+  s.micro_batches = micro_batches;
+  s.actions.resize(static_cast<size_t>(ranks));
+  s.max_in_flight.resize(static_cast<size_t>(ranks));
+  const int m = micro_batches, p = ranks, v = virtual_stages;
+  for (int r = 0; r < p; ++r) {
+    auto& out = s.actions[static_cast<size_t>(r)];
+    switch (kind) {
+      case ScheduleKind::kGPipe:
+        for (int i = 0; i < m; ++i) out.push_back({PipeStep::kForward, i, r});
+        for (int i = 0; i < m; ++i) out.push_back({PipeStep::kBackward, i, r});
+        s.max_in_flight[static_cast<size_t>(r)] = m;
+        break;
+      case ScheduleKind::kOneFOneB: {
+        const int warmup = std::min(p - r - 1, m);
+        for (int i = 0; i < warmup; ++i) out.push_back({PipeStep::kForward, i, r});
+        for (int i = 0; i < m - warmup; ++i) {
+          out.push_back({PipeStep::kForward, warmup + i, r});
+          out.push_back({PipeStep::kBackward, i, r});
+        }
+        for (int i = m - warmup; i < m; ++i) out.push_back({PipeStep::kBackward, i, r});
+        s.max_in_flight[static_cast<size_t>(r)] = std::min(p - r, m);
+        break;
+      }
+      case ScheduleKind::kInterleaved: {
+        const int total = m * v;
+        const int warmup = m == p ? total : std::min(2 * (p - r - 1) + (v - 1) * p, total);
+        for (int k = 0; k < warmup; ++k) {
+          out.push_back(interleaved_action(PipeStep::kForward, k, r, p, v));
+        }
+        for (int k = 0; k < total - warmup; ++k) {
+          out.push_back(interleaved_action(PipeStep::kForward, warmup + k, r, p, v));
+          out.push_back(interleaved_action(PipeStep::kBackward, k, r, p, v));
+        }
+        for (int k = total - warmup; k < total; ++k) {
+          out.push_back(interleaved_action(PipeStep::kBackward, k, r, p, v));
+        }
+        s.max_in_flight[static_cast<size_t>(r)] = std::min(warmup + 1, total);
+        break;
+      }
+    }
+  }
+  return s;
+}
+
+namespace {
+
+// One message of the pipeline: an activation (forward) or a gradient (backward) of a
+// micro-batch, between two stages.
+struct Message {
+  PipeStep step;
+  int micro_batch;
+  int from_stage;
+  bool operator<(const Message& o) const {
+    return std::tie(step, micro_batch, from_stage) < std::tie(o.step, o.micro_batch, o.from_stage);
+  }
+  bool operator==(const Message& o) const = default;
+};
+
+std::string describe(const Message& m) {
+  return std::string(m.step == PipeStep::kForward ? "the activation" : "the gradient") +
+         " of micro-batch " + std::to_string(m.micro_batch) + " from stage " +
+         std::to_string(m.from_stage);
+}
+
+std::string where(int rank, size_t index, const PipeAction& a) {
+  return "rank " + std::to_string(rank) + " step " + std::to_string(index) + " (" +
+         to_string(a, true) + ")";
+}
+
+// What an action receives (before it computes) and sends (after).
+struct Io {
+  bool receives = false, sends = false;
+  Message in, out;
+  int from_rank = -1, to_rank = -1;
+};
+
+Io io_of(const PipelineSchedule& s, const PipeAction& a) {
+  Io io;
+  const int last = s.num_stages() - 1;
+  if (a.step == PipeStep::kForward) {
+    if (a.stage > 0) {
+      io.receives = true;
+      io.in = {PipeStep::kForward, a.micro_batch, a.stage - 1};
+      io.from_rank = s.rank_of_stage(a.stage - 1);
+    }
+    if (a.stage < last) {
+      io.sends = true;
+      io.out = {PipeStep::kForward, a.micro_batch, a.stage};
+      io.to_rank = s.rank_of_stage(a.stage + 1);
+    }
+  } else {
+    if (a.stage < last) {
+      io.receives = true;
+      io.in = {PipeStep::kBackward, a.micro_batch, a.stage + 1};
+      io.from_rank = s.rank_of_stage(a.stage + 1);
+    }
+    if (a.stage > 0) {
+      io.sends = true;
+      io.out = {PipeStep::kBackward, a.micro_batch, a.stage};
+      io.to_rank = s.rank_of_stage(a.stage - 1);
+    }
+  }
+  return io;
+}
+
+}  // namespace
+
+void validate(const PipelineSchedule& s) {
+  const int p = s.ranks, S = s.num_stages(), m = s.micro_batches;
+  ACC_CHECK(p >= 1 && s.virtual_stages >= 1 && m >= 1, "pipeline schedule: ranks ", p, ", virtual ",
+            s.virtual_stages, " and micro_batches ", m, " must all be >= 1");
+  ACC_CHECK(
+      static_cast<int>(s.actions.size()) == p && static_cast<int>(s.max_in_flight.size()) == p,
+      "pipeline schedule: ", s.actions.size(), " action lists and ", s.max_in_flight.size(),
+      " in-flight bounds for ", p, " ranks");
+  // Each rank on its own: stages, duplicates, order of forward and backward, in-flight bound.
+  for (int r = 0; r < p; ++r) {
+    const auto& list = s.actions[static_cast<size_t>(r)];
+    std::set<std::tuple<PipeStep, int, int>> seen;
+    int in_flight = 0;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const PipeAction& a = list[i];
+      ACC_CHECK(a.micro_batch >= 0 && a.micro_batch < m && a.stage >= 0 && a.stage < S,
+                "pipeline schedule: ", where(r, i, a), " is outside ", m, " micro-batches and ", S,
+                " stages");
+      ACC_CHECK(s.rank_of_stage(a.stage) == r, "pipeline schedule: ", where(r, i, a),
+                " runs stage ", a.stage, ", which rank ", s.rank_of_stage(a.stage), " holds");
+      ACC_CHECK(seen.insert({a.step, a.micro_batch, a.stage}).second,
+                "pipeline schedule: ", where(r, i, a), " is listed twice");
+      if (a.step == PipeStep::kBackward) {
+        ACC_CHECK(seen.count({PipeStep::kForward, a.micro_batch, a.stage}),
+                  "pipeline schedule: ", where(r, i, a), " comes before its forward");
+        --in_flight;
+      } else {
+        ++in_flight;
+        ACC_CHECK(in_flight <= s.max_in_flight[static_cast<size_t>(r)],
+                  "pipeline schedule: ", where(r, i, a), " holds ", in_flight,
+                  " micro-batches in flight, the schedule ", "promises at most ",
+                  s.max_in_flight[static_cast<size_t>(r)]);
+      }
+    }
+    for (int st = r; st < S; st += p) {
+      for (int mb = 0; mb < m; ++mb) {
+        for (PipeStep step : {PipeStep::kForward, PipeStep::kBackward}) {
+          ACC_CHECK(seen.count({step, mb, st}), "pipeline schedule: rank ", r, " never runs ",
+                    to_string(PipeAction{step, mb, st}, true), " (",
+                    step == PipeStep::kForward ? "forward" : "backward", " of micro-batch ", mb,
+                    " through stage ", st, ")");
+        }
+      }
+    }
+  }
+  // Messages between each ordered pair of ranks, in the order each end lists them.
+  std::map<std::pair<int, int>, std::vector<std::pair<Message, std::string>>> sent, received;
+  for (int r = 0; r < p; ++r) {
+    const auto& list = s.actions[static_cast<size_t>(r)];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Io io = io_of(s, list[i]);
+      if (io.receives) received[{io.from_rank, r}].emplace_back(io.in, where(r, i, list[i]));
+      if (io.sends) sent[{r, io.to_rank}].emplace_back(io.out, where(r, i, list[i]));
+    }
+  }
+  for (const auto& [pair, recvs] : received) {
+    const auto& sends = sent[pair];
+    for (size_t n = 0; n < recvs.size() && n < sends.size(); ++n) {
+      ACC_CHECK(recvs[n].first == sends[n].first,
+                "pipeline schedule: unmatched message: ", recvs[n].second, " receives ",
+                describe(recvs[n].first), " as message ", n, " from rank ", pair.first,
+                ", but rank ", pair.first, "'s message ", n, " to rank ", pair.second, " is ",
+                describe(sends[n].first), " (", sends[n].second, ")");
+    }
+  }
+  // Run it: a receive waits for its message's send; sends never wait (the runtime posts them and
+  // waits for them at the end of the step: dist::DeferredSends).
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  std::set<Message> posted;  // messages sent so far
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < p; ++r) {
+      const auto& list = s.actions[static_cast<size_t>(r)];
+      auto& at = next[static_cast<size_t>(r)];
+      for (; at < list.size(); ++at, progress = true) {
+        const Io io = io_of(s, list[at]);
+        if (io.receives && !posted.count(io.in)) break;
+        if (io.sends) posted.insert(io.out);
+      }
+    }
+  }
+  std::string stuck;
+  for (int r = 0; r < p; ++r) {
+    const auto& list = s.actions[static_cast<size_t>(r)];
+    const size_t at = next[static_cast<size_t>(r)];
+    if (at == list.size()) continue;
+    const Io io = io_of(s, list[at]);
+    stuck += "; " + where(r, at, list[at]) + " waits to receive " + describe(io.in) +
+             " from rank " + std::to_string(io.from_rank);
+  }
+  ACC_CHECK(stuck.empty(), "pipeline schedule deadlocks", stuck);
+}
+
+}  // namespace acc::strategies
