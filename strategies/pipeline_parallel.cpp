@@ -217,21 +217,15 @@ nn::Undo Pipeline::cut(nn::Module& model) {
       }
     }
   }
-  std::set<std::string> kept;
-  if (holds_first) {
-    for (const auto& m : lm->embedding_modules()) kept.insert(m);
-  }
-  if (holds_last) {
-    for (const auto& m : lm->head_modules()) kept.insert(m);
-  }
-  std::set<std::string> ends;
-  for (const auto& m : lm->embedding_modules()) ends.insert(m);
-  for (const auto& m : lm->head_modules()) ends.insert(m);
+  const std::vector<std::string> embedding = lm->embedding_modules(), head = lm->head_modules();
+  std::set<std::string> kept, ends(embedding.begin(), embedding.end());
+  ends.insert(head.begin(), head.end());
+  if (holds_first) kept.insert(embedding.begin(), embedding.end());
+  if (holds_last) kept.insert(head.begin(), head.end());
   for (const auto& m : ends) {
     if (kept.count(m)) continue;
-    const bool embedding = std::find(lm->embedding_modules().begin(), lm->embedding_modules().end(),
-                                     m) != lm->embedding_modules().end();
-    elsewhere.emplace_back(m, rank_of_stage(embedding ? 0 : S - 1));
+    const bool in_embedding = std::find(embedding.begin(), embedding.end(), m) != embedding.end();
+    elsewhere.emplace_back(m, rank_of_stage(in_embedding ? 0 : S - 1));
   }
   // Every parameter must be in a block or in one of those modules, or no stage would train it.
   for (const auto& [name, shape] : whole_) {
