@@ -79,6 +79,12 @@ struct TrainingPlan {
   /// A micro-batch -> its mean loss: the user's loss function (ApplyOptions::loss, a language
   /// model's next-token loss by default), which a method may wrap.
   LossFn loss;
+  /// A language model's logits and targets -> the mean loss: what `loss` computes after the
+  /// model's forward (by default), for a pipeline's last stage, which runs head() itself.
+  /// tensor_parallel replaces it with the vocabulary-parallel cross-entropy when it splits the
+  /// vocabulary.
+  std::function<Tensor(models::LanguageModel&, const Tensor& logits, const Tensor& targets)>
+      logits_loss;
   /// ApplyOptions::sample_batch: shapes to trace a module other than a language model on.
   data::Batch sample_batch;
   /// `loss` is the language model's own next-token loss (no ApplyOptions::loss given): a method

@@ -7,6 +7,7 @@
 // StageElsewhere, so the placement table has no entry for another stage's tensors), and runs its
 // rank's list of the schedule in Trainer::train_step.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,9 +45,15 @@ double head_cost_in_blocks(const models::LanguageModel& model, int64_t seq_len);
 
 class Pipeline {
  public:
-  /// `stages`: the user's cut (empty: balanced when the model is cut).
+  /// The loss of the last stage's logits (TrainingPlan::logits_loss).
+  using LogitsLoss =
+      std::function<Tensor(models::LanguageModel&, const Tensor& logits, const Tensor& targets)>;
+  /// `stages`: the user's cut (empty: balanced when the model is cut). `megatron_sp`: whether the
+  /// tensor-parallel blocks run on sequence chunks (read when the schedule runs: then the
+  /// activations between two blocks are (B, T / tp, C)).
   Pipeline(PipelineSchedule schedule, std::vector<StageBlocks> stages,
-           dist::ParallelContextPtr context);
+           dist::ParallelContextPtr context, LogitsLoss logits_loss,
+           std::shared_ptr<bool> megatron_sp);
 
   /// The model transform: cuts `model` (a models::LanguageModel, acc::ValueError naming its type
   /// otherwise) to this rank's stages, makes the tied embedding's group and starts the tied copy
@@ -78,6 +85,8 @@ class Pipeline {
   PipelineSchedule schedule_;
   std::vector<StageBlocks> stages_;
   dist::ParallelContextPtr context_;
+  LogitsLoss logits_loss_;
+  std::shared_ptr<bool> megatron_sp_;
   dist::ProcessGroupPtr pp_;
   int rank_ = 0;  // along pp
   models::LanguageModel* model_ = nullptr;

@@ -29,9 +29,11 @@
 //    the user's (ApplyOptions::loss) is refused, as is any other module than a LanguageModel.
 //  - Dropout is refused: each stage would draw its masks from its own generator in the schedule's
 //    order, not the one process's masks (the layout-dependent masks Megatron seeds per stage).
-//  - Composes with ddp, zero1, zero2 over dp, amp and checkpoint. Not yet with tensor_parallel,
-//    sequence_parallel (refused, naming them), fsdp (refused: use zero1/zero2) or grad_accum
-//    (micro_batches is the pipeline's accumulation).
+//  - Composes with ddp, zero1, zero2 over dp, amp, checkpoint, tensor_parallel (its transform
+//    runs first, on the whole model; the last stage's loss is then the vocabulary-parallel
+//    cross-entropy) and Megatron-SP (stages pass each other their sequence chunk). Not yet with
+//    Ulysses (refused, naming it), fsdp (refused: use zero1/zero2) or grad_accum (micro_batches is
+//    the pipeline's accumulation).
 //  - The search does not try it yet (no choices): a strategy must name it.
 
 #include <algorithm>
@@ -167,8 +169,13 @@ double head_cost_in_blocks(const models::LanguageModel& model, int64_t seq_len) 
 }
 
 Pipeline::Pipeline(PipelineSchedule schedule, std::vector<StageBlocks> stages,
-                   dist::ParallelContextPtr context)
-    : schedule_(std::move(schedule)), stages_(std::move(stages)), context_(std::move(context)) {
+                   dist::ParallelContextPtr context, LogitsLoss logits_loss,
+                   std::shared_ptr<bool> megatron_sp)
+    : schedule_(std::move(schedule)),
+      stages_(std::move(stages)),
+      context_(std::move(context)),
+      logits_loss_(std::move(logits_loss)),
+      megatron_sp_(std::move(megatron_sp)) {
   pp_ = context_->group(dist::MeshDim::kPp);
   rank_ = context_->coordinate(dist::MeshDim::kPp);
   ACC_CHECK_INTERNAL(pp_->size() == schedule_.ranks && pp_->rank() == rank_,
@@ -274,14 +281,18 @@ Tensor Pipeline::forward(const PipeAction& a, const data::Batch& micro_batch) {
   if (a.stage == 0) {
     x = model_->embed(idx);
   } else {
-    x = dist::recv_from({idx.size(0), idx.size(1), model_->hidden_size()},
+    // Under Megatron-SP the blocks pass each other their chunk of the sequence (the first block
+    // scatters it, the last gathers it back), and a stage starts after a block that is not last.
+    const int64_t T =
+        *megatron_sp_ ? idx.size(1) / context_->size(dist::MeshDim::kTp) : idx.size(1);
+    x = dist::recv_from({idx.size(0), T, model_->hidden_size()},
                         {DType::kFloat32, Device::kCPU, /*requires_grad=*/true},
                         rank_of_stage(a.stage - 1), pp_, a.stage);
   }
   const StageBlocks& b = stages_[static_cast<size_t>(a.stage)];
   nn::ModuleList& blocks = model_->blocks();
   for (int64_t i = b.begin; i < b.end; ++i) x = (*blocks[static_cast<size_t>(i)])(x);
-  if (a.stage == last) return model_->loss_from_logits(model_->head(x), micro_batch.targets());
+  if (a.stage == last) return logits_loss_(*model_, model_->head(x), micro_batch.targets());
   return dist::send_to(x, rank_of_stage(a.stage + 1), pp_, a.stage + 1);
 }
 
@@ -367,8 +378,9 @@ MethodSpec pipeline_parallel_method() {
                       "pipeline_parallel: the last stage computes the language model's own "
                       "next-token loss; a loss function of the user's (ApplyOptions::loss) is "
                       "not run in stages yet");
-            auto pipe = std::make_shared<Pipeline>(std::move(schedule), std::move(cfg.stages),
-                                                   plan.context);
+            auto pipe =
+                std::make_shared<Pipeline>(std::move(schedule), std::move(cfg.stages), plan.context,
+                                           plan.logits_loss, plan.megatron_sp);
             plan.pipeline = pipe;
             plan.model_transforms.push_back(
                 {"pipeline_parallel", [pipe](nn::Module& model) -> Undo {
@@ -387,9 +399,11 @@ MethodSpec pipeline_parallel_method() {
               ACC_CHECK(m.name != "grad_accum",
                         "pipeline_parallel accumulates its own micro-batches: drop grad_accum and "
                         "set pipeline_parallel's micro_batches");
-              ACC_CHECK(m.name != "tensor_parallel" && m.name != "sequence_parallel",
-                        "pipeline_parallel does not compose with ", m.name,
-                        " yet (issue 33's 3D layouts are not built)");
+              ACC_CHECK(m.name != "sequence_parallel" || m.config.value("kind", "") == "megatron",
+                        "pipeline_parallel does not compose with sequence_parallel ",
+                        m.config.dump(),
+                        " yet: Ulysses' sequence chunks are not carried between stages "
+                        "(Megatron-SP, {\"kind\": \"megatron\"} with tensor_parallel, is)");
             }
           }};
 }

@@ -194,6 +194,9 @@ TrainingPlan make_plan(const Strategy& s, dist::ParallelContextPtr context, Loss
   plan.loss = std::move(loss);
   plan.sample_batch = std::move(sample_batch);
   plan.default_loss = default_loss;
+  plan.logits_loss = [](models::LanguageModel& lm, const Tensor& logits, const Tensor& targets) {
+    return lm.loss_from_logits(logits, targets);
+  };
   Strategy ordered = s;
   std::stable_partition(ordered.begin(), ordered.end(),
                         [](const Method& m) { return m.name == "tensor_parallel"; });

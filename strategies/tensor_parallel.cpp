@@ -129,6 +129,12 @@ MethodSpec tensor_parallel_method() {
               return vocab_parallel_cross_entropy(lm.forward(b.idx()), b.targets(), lm.vocab_size(),
                                                   tp);
             };
+            plan.logits_loss = [inner = plan.logits_loss, split_vocab, tp](
+                                   models::LanguageModel& lm, const Tensor& logits,
+                                   const Tensor& targets) {
+              if (!*split_vocab) return inner(lm, logits, targets);
+              return vocab_parallel_cross_entropy(logits, targets, lm.vocab_size(), tp);
+            };
           },
       // The search tries every size that divides the world (2, 4, ... ranks per group); the
       // head, kv-head, ffn and vocabulary splits are the transform's own checks, which the

@@ -424,11 +424,12 @@ std::vector<std::pair<std::string, Tensor>> Trainer::full_parameters() {
   if (impl_->plan.pipeline && !impl_->plan.pipeline->whole_parameters().empty()) {
     shapes = impl_->plan.pipeline->whole_parameters();
   } else {
-    const ParamLayouts& layouts = *impl_->plan.layouts;
-    for (const auto& [name, p] : model_->named_parameters()) {
-      auto it = layouts.find(name);
-      shapes.emplace_back(name, it == layouts.end() ? p.shape() : it->second.global_shape);
-    }
+    for (const auto& [name, p] : model_->named_parameters()) shapes.emplace_back(name, p.shape());
+  }
+  const ParamLayouts& layouts = *impl_->plan.layouts;
+  for (auto& [name, shape] : shapes) {
+    auto it = layouts.find(name);
+    if (it != layouts.end()) shape = it->second.global_shape;
   }
   std::vector<std::pair<std::string, Tensor>> out;
   if (!partial) {

@@ -37,19 +37,23 @@ using test::self_group;
 using test::TrainRun;
 using test::world;
 
-std::shared_ptr<const data::TokenFile> tokens() {
-  static auto t = test::synthetic_tokens(
-      static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1), kVocab, 4321, 5, 1);
+std::shared_ptr<const data::TokenFile> tokens(int64_t vocab = kVocab) {
+  static std::map<int64_t, std::shared_ptr<const data::TokenFile>> files;
+  auto& t = files[vocab];
+  if (!t) {
+    t = test::synthetic_tokens(static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1),
+                               vocab, 4321, 5, 1);
+  }
   return t;
 }
 
 // 4 blocks: pp 4 and pp 2 x virtual 2 each get one a stage. No biases (tp_strategy_test says why).
-ModelSpec gpt(double dropout = 0.0) {
+ModelSpec gpt(double dropout = 0.0, int64_t vocab = kVocab) {
   return {"gpt",
           {{"n_layer", 4},
            {"n_head", 4},
            {"n_embd", 32},
-           {"vocab_size", kVocab},
+           {"vocab_size", vocab},
            {"block_size", kSeq},
            {"bias", false},
            {"dropout", dropout}}};
@@ -63,9 +67,11 @@ ModelSpec llama() {
 
 TrainRun train(const ModelSpec& spec, const std::string& strategy_json,
                const dist::ProcessGroupPtr& group) {
-  return test::train_lm(
-      spec, strategy_json, group,
-      {.tokens = tokens(), .global_batch = kGlobalBatch, .seq_len = kSeq, .steps = kSteps});
+  return test::train_lm(spec, strategy_json, group,
+                        {.tokens = tokens(spec.config.at("vocab_size").get<int64_t>()),
+                         .global_batch = kGlobalBatch,
+                         .seq_len = kSeq,
+                         .steps = kSteps});
 }
 
 // One process accumulating `m` micro-batches, with `more` methods.
@@ -91,7 +97,12 @@ std::string pp(int p, const std::string& extra = "", const std::string& more = "
 }
 
 // The cases over the whole world: pp = world.
+// pp over the world: one block a stage at most (4 blocks).
+#define SKIP_BEYOND_FOUR_RANKS() \
+  if (world() > 4) GTEST_SKIP() << "4 blocks, " << world() << " ranks"
+
 TEST(PipelineParallel, GptTiedOneFOneBOverTheWorld) {
+  SKIP_BEYOND_FOUR_RANKS();
   const TrainRun got =
       train(gpt(), pp(world(), R"(, "micro_batches": 4)"), dist::ProcessGroup::world());
   test::expect_same_training(got, reference(gpt(), 4), 1e-5, 5e-5);
@@ -99,6 +110,7 @@ TEST(PipelineParallel, GptTiedOneFOneBOverTheWorld) {
 }
 
 TEST(PipelineParallel, LlamaOneFOneBOverTheWorld) {
+  SKIP_BEYOND_FOUR_RANKS();
   const TrainRun got =
       train(llama(), pp(world(), R"(, "micro_batches": 8)"), dist::ProcessGroup::world());
   test::expect_same_training(got, reference(llama(), 8), 1e-5, 5e-5);
@@ -106,6 +118,7 @@ TEST(PipelineParallel, LlamaOneFOneBOverTheWorld) {
 }
 
 TEST(PipelineParallel, GptGPipeOverTheWorld) {
+  SKIP_BEYOND_FOUR_RANKS();
   const TrainRun got = train(gpt(), pp(world(), R"(, "schedule": "gpipe", "micro_batches": 4)"),
                              dist::ProcessGroup::world());
   test::expect_same_training(got, reference(gpt(), 4), 1e-5, 5e-5);
@@ -151,7 +164,53 @@ TEST(PipelineParallel, LlamaPp2Dp2Zero1) {
   test::expect_same_training(got, reference(llama(), 2 * 4), 1e-5, 5e-5);
 }
 
+// 3D: tensor parallelism inside each stage. Its transform runs on the whole model first; the last
+// stage's loss is then the vocabulary-parallel cross-entropy, and the tied embedding's two copies
+// are the same rows on the first and last stage's ranks of one tp coordinate. Vocabulary 63 is
+// padded to 64 inside (one padding row, in no table and no norm).
+std::string tp2(const std::string& more = "") {
+  return R"({"name": "tensor_parallel", "config": {"size": 2}})" + more;
+}
+
+TEST(PipelineParallel, GptTp2Pp2PaddedVocabulary) {
+  if (world() != 4) GTEST_SKIP() << "tp 2 x pp 2 needs 4 ranks";
+  const TrainRun got =
+      train(gpt(0.0, 63), pp(2, R"(, "micro_batches": 4)", tp2()), dist::ProcessGroup::world());
+  test::expect_same_training(got, reference(gpt(0.0, 63), 4), 1e-5, 5e-5);
+  expect_covered(got.table);
+}
+
+// Megatron-SP: the stages pass each other (B, T / tp, C), and the norms' gradients are partial
+// over tp within every stage.
+TEST(PipelineParallel, LlamaTp2Pp2MegatronSp) {
+  if (world() != 4) GTEST_SKIP() << "tp 2 x pp 2 needs 4 ranks";
+  const TrainRun got =
+      train(llama(),
+            pp(2, R"(, "micro_batches": 4)",
+               tp2(R"(, {"name": "sequence_parallel", "config": {"kind": "megatron"}})")),
+            dist::ProcessGroup::world());
+  test::expect_same_training(got, reference(llama(), 4), 1e-5, 5e-5);
+  expect_covered(got.table);
+}
+
+// tp 2 x pp 2 x dp 2 at 8 ranks (oversubscribed), zero1 over dp, the first two blocks
+// recomputed.
+TEST(PipelineParallel, GptTp2Pp2Dp2Zero1At8Ranks) {
+  if (world() != 8) GTEST_SKIP() << "tp 2 x pp 2 x dp 2 needs 8 ranks";
+  const TrainRun got =
+      train(gpt(),
+            pp(2, R"(, "micro_batches": 2)",
+               tp2(R"(, {"name": "zero1"}, {"name": "checkpoint", "config": {"blocks": 2}})")),
+            dist::ProcessGroup::world());
+  // One element (transformer.h.2.attn.c_attn.weight) ends 5.25e-5 + 1e-4 |p| away, measured:
+  // its gradient is near zero, so the three layers of sums (tp's row-parallel outputs, the tied
+  // halves, dp) move Adam's normalised step more than elsewhere; the bound is 1e-4 here.
+  test::expect_same_training(got, reference(gpt(), 2 * 2), 1e-5, 1e-4);
+  expect_covered(got.table);
+}
+
 TEST(PipelineParallel, WithRecomputationOfEveryBlock) {
+  SKIP_BEYOND_FOUR_RANKS();
   const int p = std::min(world(), 2);
   const std::string dp = world() / p > 1 ? R"({"name": "zero1"}, )" : "";
   const TrainRun got = train(gpt(),
@@ -162,6 +221,7 @@ TEST(PipelineParallel, WithRecomputationOfEveryBlock) {
 }
 
 TEST(PipelineParallel, WithAmpAgainstAmpInOneProcess) {
+  SKIP_BEYOND_FOUR_RANKS();
   const std::string amp = R"({"name": "amp"})";
   const TrainRun got =
       train(gpt(), pp(world(), R"(, "micro_batches": 4)", amp), dist::ProcessGroup::world());
@@ -171,6 +231,7 @@ TEST(PipelineParallel, WithAmpAgainstAmpInOneProcess) {
 // The tied embedding's two copies (first and last stage) stay equal bit for bit: they start equal
 // (broadcast) and take the same summed gradient through the same update.
 TEST(PipelineParallel, TiedEmbeddingCopiesStayBitwiseEqual) {
+  SKIP_BEYOND_FOUR_RANKS();
   if (world() < 2) GTEST_SKIP() << "one stage holds the embedding once";
   auto trainer =
       test::make_trainer(gpt(), pp(world(), R"(, "micro_batches": 4)"), dist::ProcessGroup::world(),
@@ -200,6 +261,7 @@ TEST(PipelineParallel, TiedEmbeddingCopiesStayBitwiseEqual) {
 // A stage's placement table holds its own tensors only: block 0's on the first rank, the last
 // block's on the last, the tied embedding on both as two replicas of one tensor.
 TEST(PipelineParallel, EachStageHoldsOnlyItsOwnTensors) {
+  SKIP_BEYOND_FOUR_RANKS();
   if (world() < 2) GTEST_SKIP() << "one stage holds everything";
   auto trainer = test::make_trainer(gpt(), pp(world()), dist::ProcessGroup::world(),
                                     {.tokens = tokens(), .global_batch = kGlobalBatch});
@@ -227,6 +289,7 @@ void expect_refused(const std::function<void()>& fn, const std::string& what) {
 }
 
 TEST(PipelineParallel, RefusesWhatItCannotRunNamingIt) {
+  SKIP_BEYOND_FOUR_RANKS();
   auto group = dist::ProcessGroup::world();
   const test::RunOptions o{.tokens = tokens(), .global_batch = kGlobalBatch};
   expect_refused([&] { test::make_trainer(gpt(0.1), pp(world()), group, o); },
@@ -242,10 +305,11 @@ TEST(PipelineParallel, RefusesWhatItCannotRunNamingIt) {
       "drop grad_accum");
   expect_refused(
       [&] {
-        strategies::parse_strategy(nlohmann::json::parse(
-            pp(2, "", R"({"name": "tensor_parallel", "config": {"size": 2}})")));
+        strategies::parse_strategy(nlohmann::json::parse(pp(
+            2, "",
+            R"({"name": "sequence_parallel", "config": {"kind": "ulysses", "size": 2}}, {"name": "ddp"})")));
       },
-      "does not compose with tensor_parallel yet");
+      "Ulysses' sequence chunks are not carried between stages");
   expect_refused(
       [&] {
         strategies::parse_strategy(
