@@ -842,6 +842,21 @@ Channels channels_of(const nlohmann::json& report) {
 // side of the same pair (the peer's messages the other way, numbered alike). A peer that has not
 // issued the matching message is the culprit; one that has (both in flight) points at the link
 // or, with other tags, at a schedule that sends something else under that number.
+// " (stage 2)" for a world rank of a pipeline's group (a mesh group along pp: named "pp" or
+// "pp of ..."), its position along pp as rank `reporter`'s report lists the group's members; ""
+// for any other group. With virtual stages a rank holds several stages: the position is the first.
+std::string stage_of(const nlohmann::json& report, const std::string& group, int world_rank) {
+  if (group != "pp" && group.rfind("pp of ", 0) != 0) return "";
+  for (const auto& g : report.value("groups", nlohmann::json::array())) {
+    if (g.value("group", "") != group) continue;
+    const auto members = g.value("members", std::vector<int>{});
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (members[i] == world_rank) return " (stage " + std::to_string(i) + ")";
+    }
+  }
+  return "";
+}
+
 nlohmann::json analyze_p2p(const std::vector<std::optional<nlohmann::json>>& reports,
                            std::set<int>& culprits, std::vector<std::string>& parts) {
   std::vector<Channels> chans(reports.size());
@@ -859,12 +874,14 @@ nlohmann::json analyze_p2p(const std::vector<std::optional<nlohmann::json>>& rep
       const uint64_t seq = *ch.waiting;
       const int sender = sends ? rank : peer, receiver = sends ? peer : rank;
       if (!told.insert({group, sender, receiver, seq}).second) continue;
+      const nlohmann::json& mine = *reports[r];
       const std::string what = dir + " seq " + std::to_string(seq) + (sends ? " to" : " from") +
-                               " rank " + std::to_string(peer) + " of " +
-                               dist::describe_group_name(group);
+                               " rank " + std::to_string(peer) + stage_of(mine, group, peer) +
+                               " of " + dist::describe_group_name(group);
       nlohmann::json item = {{"group", group}, {"op", dir},    {"seq", seq},
                              {"rank", rank},   {"peer", peer}, {"tag", ch.tag}};
-      std::string text = "rank " + std::to_string(rank) + " waits in " + what;
+      std::string text =
+          "rank " + std::to_string(rank) + stage_of(mine, group, rank) + " waits in " + what;
       const bool peer_reported =
           peer >= 0 && static_cast<size_t>(peer) < reports.size() && reports[peer];
       if (!peer_reported) {

@@ -388,7 +388,9 @@ MethodSpec pipeline_parallel_method() {
                    return [pipe, undo] { undo(); };
                  }});
           },
-      .needs_ranks = true,
+      // Not searched yet: no choices (a strategy must name it), and so no effects to declare.
+      .search_choices = [](const SearchContext&) { return std::vector<nlohmann::json>{}; },
+      .effects = [](const nlohmann::json&, const SearchContext&, StepEffects&) {},
       .mesh = [](const nlohmann::json& c, dist::DeviceMesh& mesh) { mesh.pp = size_from(c); },
       .check_with =
           [](const nlohmann::json&, const Strategy& s) {

@@ -139,7 +139,9 @@ ParallelContext::ParallelContext(DeviceMesh mesh, ProcessGroupPtr world)
   };
   for (MeshDim d : kMeshDims) {
     ProcessGroupPtr& g = groups_[static_cast<size_t>(d)];
-    if (mesh_.size(d) == world_->size()) {
+    // pp gets a group of its own even over the whole world: named "pp", so a hang analysis names
+    // a pipeline's stages (dp keeps 'world', the name data-parallel runs always had).
+    if (mesh_.size(d) == world_->size() && d != MeshDim::kPp) {
       g = world_;
     } else if (mesh_.size(d) == 1) {
       g = world_->is_meta() ? ProcessGroup::meta(1, 0, "self") : self_group();

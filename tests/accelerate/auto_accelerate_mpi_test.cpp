@@ -116,8 +116,8 @@ TEST(AutoAccelerate, BudgetsAndBadOptionsAreClearErrors) {
   neg.mem_per_rank = -5;
   EXPECT_EQ(error_of(neg), "auto_accelerate: mem_per_rank must be >= 0 bytes, got -5");
   AccelerateOptions unknown = small_options();
-  unknown.excluded = {"pipeline_parallel"};
-  EXPECT_NE(error_of(unknown).find("unknown method 'pipeline_parallel' in excluded"),
+  unknown.excluded = {"expert_parallel"};
+  EXPECT_NE(error_of(unknown).find("unknown method 'expert_parallel' in excluded"),
             std::string::npos);
   AccelerateOptions odd = small_options();
   odd.global_batch = 7;

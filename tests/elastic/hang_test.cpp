@@ -148,6 +148,29 @@ TEST(HangDetector, NamesAStalledRecvByItsOwnSequenceNumberAndPeer) {
   fs::remove_all(job);
 }
 
+// A GPT in two pipeline_parallel stages (1F1B, 2 micro-batches): rank 0 sends 2 activations a
+// step (seq 1-6 in steps 0-2) and stalls before the first of step 3. Rank 1 waits in recv seq 7,
+// and the analysis names both ranks by their pipeline stage and the group by its dimension.
+TEST(HangDetector, NamesAStalledPipelineStage) {
+  const fs::path job = acc::test::fresh_dir("hang_test_stage");
+  const auto r = acc::test::run_command(
+      std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np 2" +
+      " -x ACC_JOB_DIR=" + job.string() + " -x ACC_HANG_TIMEOUT_SEC=" + std::to_string(kTimeoutS) +
+      " -x ACC_FAULT=stall:rank=0:step=3:phase=collective " + PIPELINE_STAGE_STALL_BIN);
+  ASSERT_EQ(r.exit_code, acc::elastic::kHangExitCode) << r.output;
+  const nlohmann::json a = read_json(run_dir(job) / "analysis.json");
+  const std::string part =
+      "rank 1 (stage 1) waits in recv seq 7 from rank 0 (stage 0) of group 'pp'; rank 0 last "
+      "issued send seq 6 to rank 1";
+  EXPECT_NE(a["summary"].get<std::string>().find(part), std::string::npos) << a.dump(1);
+  EXPECT_NE(r.output.find("hang analysis: " + part), std::string::npos) << r.output;
+  EXPECT_EQ(a["culprits"], nlohmann::json({0}));
+  ASSERT_EQ(a["p2p"].size(), 1u) << a.dump(1);
+  EXPECT_EQ(a["p2p"][0]["group"], "pp");
+  EXPECT_EQ(a["p2p"][0]["seq"], 7);
+  fs::remove_all(job);
+}
+
 // A dp=2 x tp=2 mesh in which rank 3 stalls right before its tp all-reduce at step 2 (tp seq 3:
 // steps 0 and 1 were seq 1 and 2): rank 2, its tp peer, waits in it, and the analysis names the
 // group by its dimension and place, the collective, its sequence number and rank 3 as the rank

@@ -112,8 +112,8 @@ TEST(Space, LayoutsAreTheSizesThatDivideTheWorld) {
 
 TEST(Space, BadOptionsNameTheValue) {
   EXPECT_EQ(error_of(opts(2, 7)), "search: global batch 7 does not split evenly over 2 ranks");
-  EXPECT_NE(error_of(opts(1, 8, false, {"pipeline_parallel"}))
-                .find("unknown method 'pipeline_parallel' in excluded (known: ddp, zero1"),
+  EXPECT_NE(error_of(opts(1, 8, false, {"expert_parallel"}))
+                .find("unknown method 'expert_parallel' in excluded (known: ddp, zero1"),
             std::string::npos);
   EXPECT_EQ(error_of(opts(1, 8, false, {}, {"amp"})),
             "search: included method 'amp' cannot be tried: bf16 is not allowed (allow_bf16)");

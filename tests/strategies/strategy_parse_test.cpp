@@ -157,7 +157,9 @@ TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
     ASSERT_TRUE(m.choices) << m.name;
     ASSERT_TRUE(m.effects) << m.name;
     choices[m.name] = m.choices(ctx);
-    EXPECT_FALSE(choices[m.name].empty()) << m.name;
+    // pipeline_parallel is not searched yet (its memory per stage and bubble are not modelled):
+    // a strategy must name it.
+    EXPECT_EQ(choices[m.name].empty(), m.name == "pipeline_parallel") << m.name;
     for (const auto& c : choices[m.name]) {
       // Every choice is a valid config of the method (Megatron-SP with the tensor_parallel it
       // runs over).

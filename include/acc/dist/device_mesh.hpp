@@ -61,7 +61,9 @@ struct DeviceMesh {
 class ParallelContext {
  public:
   /// Throws what DeviceMesh::check throws. A dimension of the world's size uses `world` itself (a
-  /// data-parallel run's groups are named 'world', as before the mesh); a dimension of size 1 a
+  /// data-parallel run's groups are named 'world', as before the mesh), except pp, which always
+  /// gets a group named after it (a hang analysis names a pipeline's stages by it); a dimension of
+  /// size 1 a
   /// group of this rank alone ('self'); the others a sub-group named after the dimension ("tp",
   /// "dp", ...), and "dp_cp" when both dp and cp are larger than 1.
   ParallelContext(DeviceMesh mesh, ProcessGroupPtr world);

@@ -24,6 +24,10 @@
 //               attention core); needs a data-parallel method (gradients averaged over dp x cp).
 //               {"kind": "megatron"}: Megatron-SP over tensor_parallel's ranks (needs it), the
 //               norm and dropout regions between the tp ops split along the sequence
+//   pipeline_parallel  {"size": p, "schedule": "1f1b" | "interleaved" | "gpipe", "virtual": v,
+//               "micro_batches": m, "stages": [[first, last], ...]}: a language model cut into
+//               p x v stages between its blocks over the mesh dimension pp, run by a validated
+//               schedule (acc/strategies/pipeline_schedule.hpp) in train_step
 // Units (fsdp, checkpoint, amp): {"units": ["encoder.layers", "head"]} names the modules (a
 // ModuleList stands for its children); without it, the model's repeated blocks; a model with
 // neither is one fsdp unit, and checkpoint refuses it by name. Any nn::Module trains this way, with
