@@ -1,0 +1,145 @@
+// bench_pipeline: the pipeline bubble, measured. One JSON line per schedule and a summary (rank 0).
+//
+//   mpirun -np 2 build/benchmarks/bench_pipeline --config gpt_small --layers 8 \
+//       --global-batch 16 --seq-len 64 --micro-batches 8 --rounds 5
+//
+// pipeline_parallel over all the ranks (p = the world), the same model, global batch and m
+// micro-batches, under 1F1B and under the interleaved schedule with 2 virtual stages a rank. Both
+// are built first, then timed in turns (1f1b, interleaved, 1f1b, ...), each turn one untimed step
+// and --steps timed ones; every step starts from a barrier.
+//
+// A rank's idle share of a step is the time it spends blocked in Work::wait during it
+// (acc::dist::wait_seconds, read from outside the library) over the step's wall time: waiting for
+// an activation or a gradient from its neighbour, for the step's last messages, and for the loss
+// the last stage computed. Its median over the timed steps is set against the schedule's bubble
+// as a share of the step, (p - 1) / (m + p - 1) for 1F1B and (p - 1) / (v m + p - 1) interleaved
+// (Narayanan et al. 2021: bubble (p - 1) / m and (p - 1) / (v m) of the ideal time), which assumes
+// stages of equal cost and free messages. More ranks than cores (p = 4 on 2 cores) share the cores
+// in the steady state, where every stage computes, and not in the warm-up and cool-down, where
+// only some do: the bubble then measures short of the formula.
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "acc/dist/dist.hpp"
+#include "acc/models/models.hpp"
+#include "acc/optim/adam.hpp"
+#include "acc/strategies/strategy.hpp"
+#include "acc/util/error.hpp"
+#include "bench_util.hpp"
+
+namespace {
+
+using acc::bench::median;
+
+struct Run {
+  std::string label;
+  int virtual_stages = 1;
+  std::unique_ptr<acc::strategies::Trainer> trainer;
+  std::vector<double> step_ms, idle_share;  // this rank's, per timed step
+  double predicted = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace acc;
+  dist::Session session(argc, argv);
+  CLI::App app{"bench_pipeline: the pipeline bubble of 1F1B and interleaved 1F1B, measured"};
+  std::string config = "gpt_small";
+  int64_t layers = 8, global_batch = 16, seq_len = 64;
+  int micro_batches = 8, warmup = 1, steps = 2, rounds = 5;
+  app.add_option("--config", config, "gpt17m, gpt90m, llama17m or a config file");
+  app.add_option("--layers", layers, "blocks (a multiple of 2 x ranks)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--global-batch", global_batch)->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", seq_len)->check(CLI::PositiveNumber);
+  app.add_option("--micro-batches", micro_batches)->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed steps per turn")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", steps, "timed steps per turn")->check(CLI::PositiveNumber);
+  app.add_option("--rounds", rounds, "turns of each schedule")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    auto world = dist::ProcessGroup::world();
+    const int p = world->size();
+    nlohmann::json cfg = bench::named_config(config, ACC_SOURCE_DIR "/examples/configs/");
+    const std::string type = cfg.contains("n_layer") ? "gpt" : "llama";
+    cfg[models::config_num_layers_key(type)] = layers;
+    ACC_CHECK(layers % (2 * p) == 0, "bench_pipeline: --layers ", layers,
+              " must be a multiple of 2 x ", p, " ranks (the interleaved run has 2 stages a rank)");
+    std::vector<Run> runs(2);
+    runs[0].label = "pp" + std::to_string(p) + "_1f1b_m" + std::to_string(micro_batches);
+    runs[1].label = "pp" + std::to_string(p) + "_interleaved_v2_m" + std::to_string(micro_batches);
+    runs[1].virtual_stages = 2;
+    for (Run& r : runs) {
+      manual_seed(1);
+      auto model = models::create_model(type, cfg);
+      nlohmann::json pp = {{"size", p}, {"micro_batches", micro_batches}};
+      if (r.virtual_stages > 1) pp["virtual"] = r.virtual_stages;
+      r.trainer = strategies::apply(
+          model, optim::AdamW::factory({}),
+          strategies::parse_strategy({{{"name", "pipeline_parallel"}, {"config", pp}}}));
+      const double v = r.virtual_stages;
+      r.predicted = (p - 1) / (v * micro_batches + p - 1);
+    }
+    Generator gen;
+    gen.set_state(7, 0);
+    const int64_t V = cfg.value("vocab_size", int64_t{256});
+    auto step = [&](Run& r, bool timed) {
+      data::Batch b{randint(0, V, {global_batch, seq_len}, gen),
+                    randint(0, V, {global_batch, seq_len}, gen)};
+      world->barrier()->wait();
+      const double wait0 = dist::wait_seconds();
+      const double t0 = dist::FlightRecorder::now_ms();
+      r.trainer->train_step(b);
+      const double ms = dist::FlightRecorder::now_ms() - t0;
+      if (!timed) return;
+      r.step_ms.push_back(ms);
+      r.idle_share.push_back((dist::wait_seconds() - wait0) * 1e3 / ms);
+    };
+    for (int round = 0; round < rounds; ++round) {
+      for (Run& r : runs) {
+        for (int i = 0; i < warmup; ++i) step(r, false);
+        for (int i = 0; i < steps; ++i) step(r, true);
+      }
+    }
+    nlohmann::json summary = {{"world", p}, {"micro_batches", micro_batches}, {"layers", layers}};
+    std::vector<double> idle_medians;
+    for (Run& r : runs) {
+      // Each rank's median step and idle share, gathered: a rank is a stage (a stage pair
+      // interleaved), so the per-rank list is the per-stage one.
+      Tensor mine = from_vector(std::vector<float>{static_cast<float>(median(r.step_ms)),
+                                                   static_cast<float>(median(r.idle_share))},
+                                {2});
+      Tensor all = zeros({2 * p});
+      world->allgather(all, mine)->wait();
+      const std::vector<float> v = all.to_vector<float>();
+      std::vector<double> idle, step_ms;
+      for (int k = 0; k < p; ++k) {
+        step_ms.push_back(v[static_cast<size_t>(2 * k)]);
+        idle.push_back(v[static_cast<size_t>(2 * k + 1)]);
+      }
+      const double idle_median = median(idle);
+      idle_medians.push_back(idle_median);
+      if (world->rank() == 0) {
+        const nlohmann::json line = {{"run", r.label},
+                                     {"median_step_ms", median(step_ms)},
+                                     {"idle_share_per_rank", idle},
+                                     {"median_idle_share", idle_median},
+                                     {"predicted_idle_share", r.predicted},
+                                     {"idle_over_predicted", idle_median / r.predicted},
+                                     {"timed_steps", r.step_ms.size()}};
+        std::printf("%s\n", line.dump().c_str());
+      }
+      summary[r.label + "_median_step_ms"] = median(step_ms);
+    }
+    summary["interleaved_over_1f1b_idle"] = idle_medians[1] / idle_medians[0];
+    summary["interleaved_over_1f1b_predicted"] = runs[1].predicted / runs[0].predicted;
+    if (world->rank() == 0) std::printf("%s\n", summary.dump().c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
