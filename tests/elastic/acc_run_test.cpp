@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -33,28 +34,35 @@ namespace {
 
 using acc::test::read_jsonl;
 
-// 4 ranks of ddp, 10 steps of the global batch 8, an async checkpoint every 2 steps.
-std::string train_args(const fs::path& dir) {
+const char* const kDdp = R"([{"name": "ddp"}])";
+// pp2 x dp2 (issue 33): two pipeline stages, each a pair of zero1 ranks.
+const char* const kPp2Dp2 =
+    R"([{"name": "pipeline_parallel", "config": {"size": 2, "micro_batches": 2}}, {"name": "zero1"}])";
+
+// 4 ranks of `strategy` (JSON without single quotes), 10 steps of the global batch 8, an async
+// checkpoint every 2 steps.
+std::string train_args(const fs::path& dir, const std::string& strategy = kDdp) {
   const std::string data = std::string(ACC_GOLDEN_DIR) + "/train_ref/tokens.u16.bin";
   return std::string(TRAIN_GPT_BIN) + " --model gpt --data " + data +
          " --data-format u16 --data-order sequential --seq-len 16 --global-batch 8 --steps 10"
-         " --lr 3e-3 --seed 5 --threads 1 --strategy '[{\"name\": \"ddp\"}]' --save-every 2"
-         " --resume auto --ckpt-dir " +
-         (dir / "ck").string() + " --log-json " + (dir / "log.jsonl").string();
+         " --lr 3e-3 --seed 5 --threads 1 --strategy '" +
+         strategy + "' --save-every 2 --resume auto --ckpt-dir " + (dir / "ck").string() +
+         " --log-json " + (dir / "log.jsonl").string();
 }
 
-std::vector<double> uninterrupted_losses() {
-  static const std::vector<double> losses = [] {
-    const fs::path dir = acc::test::fresh_dir("run_test_reference");
-    const auto r = acc::test::run_command(
-        std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np 4 " + train_args(dir));
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    std::vector<double> out;
-    for (const auto& l : read_jsonl(dir / "log.jsonl")) out.push_back(l["loss"].get<double>());
-    fs::remove_all(dir);
-    return out;
-  }();
-  return losses;
+std::vector<double> uninterrupted_losses(const std::string& strategy = kDdp) {
+  static std::map<std::string, std::vector<double>> runs;
+  auto it = runs.find(strategy);
+  if (it != runs.end()) return it->second;
+  const fs::path dir = acc::test::fresh_dir("run_test_reference");
+  const auto r =
+      acc::test::run_command(std::string(MPIEXEC_BIN) + " --oversubscribe --bind-to none -np 4 " +
+                             train_args(dir, strategy));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::vector<double> out;
+  for (const auto& l : read_jsonl(dir / "log.jsonl")) out.push_back(l["loss"].get<double>());
+  fs::remove_all(dir);
+  return runs[strategy] = out;
 }
 
 using acc::test::processes_of;
@@ -103,18 +111,19 @@ void expect_every_attempt_logged(const std::vector<nlohmann::json>& log,
   }
 }
 
-Job acc_run(const fs::path& dir, const std::string& env, int max_restarts = 2) {
+Job acc_run(const fs::path& dir, const std::string& env, int max_restarts = 2,
+            const std::string& strategy = kDdp) {
   Job j;
-  j.result =
-      acc::test::run_command(acc::test::local_acc_run(dir, 4, max_restarts, env, train_args(dir)));
+  j.result = acc::test::run_command(
+      acc::test::local_acc_run(dir, 4, max_restarts, env, train_args(dir, strategy)));
   j.incidents = read_jsonl(dir / "job" / "incidents.jsonl");
   j.all_log = read_jsonl(dir / "log.jsonl");
   j.log = last_attempt(j.all_log);
   return j;
 }
 
-void expect_losses_continue(const Job& j, int64_t resumed_at) {
-  const std::vector<double> want = uninterrupted_losses();
+void expect_losses_continue(const Job& j, int64_t resumed_at, const std::string& strategy = kDdp) {
+  const std::vector<double> want = uninterrupted_losses(strategy);
   ASSERT_EQ(want.size(), 10u);
   expect_every_attempt_logged(j.all_log, want);
   ASSERT_EQ(j.log.size(), want.size() - static_cast<size_t>(resumed_at));
@@ -142,6 +151,19 @@ TEST(AccRun, AKilledRankIsRestartedAndTheJobResumes) {
   EXPECT_LT(inc["time_to_first_step_s"].get<double>(), 10.0) << inc.dump();
   EXPECT_GE(inc["time_to_detect_s"].get<double>(), 0.0);
   expect_losses_continue(j, resumed);
+  fs::remove_all(dir);
+}
+
+// The same with a pipeline: rank 1 (stage 0 of dp rank 1) killed at step 5; the job resumes on 4
+// ranks in the same layout with bitwise the uninterrupted run's losses.
+TEST(AccRun, AKilledRankOfAPipelineIsRestartedAndTheJobResumes) {
+  const fs::path dir = acc::test::fresh_dir("run_test_kill_pp");
+  const Job j = acc_run(dir, "ACC_FAULT=kill:rank=1:step=5", 2, kPp2Dp2);
+  ASSERT_EQ(j.result.exit_code, 0) << j.result.output;
+  ASSERT_EQ(j.incidents.size(), 1u) << j.result.output;
+  const int64_t resumed = j.incidents[0]["resumed_at_step"].get<int64_t>();
+  EXPECT_TRUE(resumed == 2 || resumed == 4) << j.incidents[0].dump();
+  expect_losses_continue(j, resumed, kPp2Dp2);
   fs::remove_all(dir);
 }
 
