@@ -220,6 +220,16 @@ TEST(PipelineParallel, WithRecomputationOfEveryBlock) {
   test::expect_same_training(got, reference(gpt(), world() / p * 4), 1e-5, 5e-5);
 }
 
+// Selective recomputation (the attention cores only) inside every stage's blocks.
+TEST(PipelineParallel, WithSelectiveRecomputation) {
+  SKIP_BEYOND_FOUR_RANKS();
+  const TrainRun got = train(llama(),
+                             pp(world(), R"(, "micro_batches": 4)",
+                                R"({"name": "checkpoint", "config": {"kind": "selective"}})"),
+                             dist::ProcessGroup::world());
+  test::expect_same_training(got, reference(llama(), 4), 1e-5, 5e-5);
+}
+
 TEST(PipelineParallel, WithAmpAgainstAmpInOneProcess) {
   SKIP_BEYOND_FOUR_RANKS();
   const std::string amp = R"({"name": "amp"})";
