@@ -52,10 +52,33 @@ inline std::shared_ptr<const data::TokenFile> synthetic_tokens(size_t n, int64_t
   return std::make_shared<const data::TokenFile>(std::move(v), "<synthetic>", V);
 }
 
+/// The learnable stream below `vocab` (synthetic_tokens, seed 4321) of `n` ids, made once per
+/// (vocab, n) and shared by every run that reads it.
+inline std::shared_ptr<const data::TokenFile> learnable_tokens(int64_t vocab, size_t n) {
+  static std::map<std::pair<int64_t, size_t>, std::shared_ptr<const data::TokenFile>> files;
+  auto& t = files[{vocab, n}];
+  if (!t) t = synthetic_tokens(n, vocab, 4321, 5, 1);
+  return t;
+}
+
 struct ModelSpec {
   std::string type;
   nlohmann::json config;
 };
+
+/// A GPT of `layers` blocks, hidden size 32 and 4 heads (tp 2 and 4 split them; the MLP widths
+/// divide by 4), no biases: a key bias has an exactly-zero gradient whose fp32 noise Adam
+/// amplifies into any tolerance (equivalence_test.cpp says the same).
+inline ModelSpec tiny_gpt(int64_t layers, int64_t vocab, int64_t block_size, double dropout) {
+  return {"gpt",
+          {{"n_layer", layers},
+           {"n_head", 4},
+           {"n_embd", 32},
+           {"vocab_size", vocab},
+           {"block_size", block_size},
+           {"bias", false},
+           {"dropout", dropout}}};
+}
 
 /// A 2-layer Llama of hidden size 32 with 4 query heads over `kv` key/value heads (kv 2:
 /// grouped-query attention, 2 query heads each).

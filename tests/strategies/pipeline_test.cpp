@@ -38,25 +38,13 @@ using test::TrainRun;
 using test::world;
 
 std::shared_ptr<const data::TokenFile> tokens(int64_t vocab = kVocab) {
-  static std::map<int64_t, std::shared_ptr<const data::TokenFile>> files;
-  auto& t = files[vocab];
-  if (!t) {
-    t = test::synthetic_tokens(static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1),
-                               vocab, 4321, 5, 1);
-  }
-  return t;
+  return test::learnable_tokens(vocab,
+                                static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1));
 }
 
-// 4 blocks: pp 4 and pp 2 x virtual 2 each get one a stage. No biases (tp_strategy_test says why).
+// 4 blocks: pp 4 and pp 2 x virtual 2 each get one a stage.
 ModelSpec gpt(double dropout = 0.0, int64_t vocab = kVocab) {
-  return {"gpt",
-          {{"n_layer", 4},
-           {"n_head", 4},
-           {"n_embd", 32},
-           {"vocab_size", vocab},
-           {"block_size", kSeq},
-           {"bias", false},
-           {"dropout", dropout}}};
+  return test::tiny_gpt(4, vocab, kSeq, dropout);
 }
 
 ModelSpec llama() {

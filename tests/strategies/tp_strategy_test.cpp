@@ -39,28 +39,14 @@ using test::world;
 
 // The learnable stream below `vocab` every run of a vocabulary reads.
 std::shared_ptr<const data::TokenFile> tokens(int64_t vocab) {
-  static std::map<int64_t, std::shared_ptr<const data::TokenFile>> files;
-  auto& t = files[vocab];
-  if (!t) {
-    t = test::synthetic_tokens(static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1),
-                               vocab, 4321, 5, 1);
-  }
-  return t;
+  return test::learnable_tokens(vocab,
+                                static_cast<size_t>((kSteps + 1) * kGlobalBatch * kSeq + kSeq + 1));
 }
 
-// 4 heads, so tp 2 and 4 both split them; the MLP widths divide by 4. No biases: a key bias has
-// an exactly-zero gradient whose fp32 noise Adam amplifies into any tolerance (equivalence_test.cpp
-// says the same); the column- and row-parallel biases are checked against the whole Linear's in
-// tp_layers_test.cpp.
+// Two blocks (test::tiny_gpt: 4 heads, no biases); the column- and row-parallel biases are checked
+// against the whole Linear's in tp_layers_test.cpp.
 ModelSpec gpt(double dropout = 0.0, int64_t vocab = kVocab) {
-  return {"gpt",
-          {{"n_layer", 2},
-           {"n_head", 4},
-           {"n_embd", 32},
-           {"vocab_size", vocab},
-           {"block_size", kSeq},
-           {"bias", false},
-           {"dropout", dropout}}};
+  return test::tiny_gpt(2, vocab, kSeq, dropout);
 }
 
 // Llama with `kv` key/value heads of 4 query heads: kv 4 splits as the query heads do, kv 2 at

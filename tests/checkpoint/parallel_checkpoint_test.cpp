@@ -1,10 +1,16 @@
-// Checkpoints of tensor-parallel runs (issue 32), at 4 ranks: saved at tp2 x dp2 with zero2, then
+// Checkpoints of tensor- and pipeline-parallel runs (issues 32 and 33), at 4 ranks.
+//
+// Tensor parallel: saved at tp2 x dp2 with zero2, then
 // loaded into dp4 (zero2), tp4, one process, tp2 (on 2 ranks, ddp-less) and tp2 x dp2 (zero2)
 // again. After the load every parameter and optimizer-state region a rank holds equals the saved
 // tensor's bitwise, and one more step gives the saving run's next loss: bitwise in the same
 // layout, within 1e-5 relative in another (the reductions add in another order). The vocabulary
 // (61 tokens) does not divide by tp: the checkpoint and its safetensors export hold the 61 real
 // rows of the tied embedding, never the padding.
+//
+// Pipeline parallel: saved at pp2 x dp2 with zero1 (each stage writes only its own tensors; the
+// tied embedding, held by the first and the last stage, once), then loaded into pp2 x dp2 (zero1)
+// again, dp4 (zero1), pp4, pp2 x v2 on 2 ranks and one process, checked the same way.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -29,10 +35,11 @@ using test::read_whole;
 using test::remove_job_dir;
 constexpr int64_t kGlobalBatch = 4, kSeq = 16, kVocab = 61;
 const char* const kHash = "tp-test-model";
+const char* const kPpHash = "pp-test-model";  // the 4-block GPT
 
-models::LanguageModelPtr make_model(uint64_t seed) {
+models::LanguageModelPtr make_model(uint64_t seed, int64_t layers = 2) {
   manual_seed(seed);
-  return models::create_model("gpt", {{"n_layer", 2},
+  return models::create_model("gpt", {{"n_layer", layers},
                                       {"n_head", 4},
                                       {"n_embd", 32},
                                       {"vocab_size", kVocab},
@@ -127,6 +134,61 @@ TEST(TensorParallelCheckpoint, SavedAtTp2Dp2LoadsIntoEveryLayout) {
       EXPECT_EQ(t.to_vector<float>(), saved.at(name).to_vector<float>()) << name;
     }
     std::filesystem::remove(out);
+  }
+  remove_job_dir(root);
+}
+
+std::string pp(int p, const std::string& extra, const std::string& more = "") {
+  return R"([{"name": "pipeline_parallel", "config": {"size": )" + std::to_string(p) + extra +
+         "}}" + more + "]";
+}
+
+TEST(PipelineCheckpoint, SavedAtPp2Dp2LoadsIntoEveryLayout) {
+  auto world = dist::ProcessGroup::world();
+  if (world->size() != 4) GTEST_SKIP() << "pp2 x dp2 needs 4 ranks";
+  const int rank = world->rank();
+  for (int n : {1, 2, 4}) first(n);  // collective: every rank makes them in the same order
+  const std::string root = job_dir("pp");
+  const std::string saving = pp(2, R"(, "micro_batches": 2)", R"(, {"name": "zero1"})");
+  double next_loss = 0;
+  {
+    auto t = trainer(make_model(7, 4), saving, first(4));
+    for (int64_t s = 0; s < 2; ++s) step_of(*t, s);
+    save_trainer(root, 2, *t, kPpHash, {{"note", "pp"}});
+    next_loss = step_of(*t, 2);
+  }
+  next_loss = exchange(next_loss, 0);
+  const std::string dir = *resolve(root);
+  const std::map<std::string, Tensor> saved = read_whole(dir);
+  EXPECT_EQ(saved.count("lm_head.weight"), 0u) << "the head is tied to wte";
+  EXPECT_EQ(saved.count("transformer.h.3.mlp.c_fc.weight"), 1u) << "the last stage's blocks";
+
+  struct Layout {
+    int ranks;
+    std::string strategy;
+  };
+  const std::vector<Layout> layouts = {
+      {4, saving},
+      {4, R"([{"name": "zero1"}])"},
+      {4, pp(4, R"(, "micro_batches": 4)")},
+      {2, pp(2, R"(, "virtual": 2, "micro_batches": 2)")},
+      {1, "[]"},
+  };
+  for (const Layout& l : layouts) {
+    const std::string what = std::to_string(l.ranks) + " ranks " + l.strategy;
+    if (rank < l.ranks) {
+      auto t = trainer(make_model(99, 4), l.strategy, first(l.ranks));  // another init
+      const Metadata meta = load_trainer(dir, *t, kPpHash);
+      EXPECT_EQ(meta.step, 2) << what;
+      expect_holds(*t, saved, what);
+      const double loss = step_of(*t, 2);
+      if (l.strategy == saving) {
+        EXPECT_EQ(loss, next_loss) << what;
+      } else {
+        EXPECT_NEAR(loss, next_loss, 1e-5 * std::abs(next_loss)) << what;
+      }
+    }
+    world->barrier()->wait();
   }
   remove_job_dir(root);
 }
