@@ -70,6 +70,38 @@ double exchange(double v, int root) {  // bit-exact, over the world
   return std::bit_cast<double>(t.to_vector<int64_t>()[0]);
 }
 
+// A layout to load a checkpoint into: `ranks` ranks (the first of the world) under `strategy`.
+struct Layout {
+  int ranks;
+  std::string strategy;
+};
+
+// Loads the checkpoint at `dir` (saved at step 2 under layouts[0], the next loss `next_loss`) into
+// each layout, on a model of `layers` blocks initialised otherwise: every region a rank holds
+// equals `saved` bitwise, and the next step's loss is `next_loss`, bitwise in the saving layout,
+// within 1e-5 relative in another. Collective over the world.
+void expect_loads(const std::string& dir, const char* hash, int64_t layers,
+                  const std::map<std::string, Tensor>& saved, double next_loss,
+                  const std::vector<Layout>& layouts) {
+  auto world = dist::ProcessGroup::world();
+  for (const Layout& l : layouts) {
+    const std::string what = std::to_string(l.ranks) + " ranks " + l.strategy;
+    if (world->rank() < l.ranks) {
+      auto t = trainer(make_model(99, layers), l.strategy, first(l.ranks));
+      const Metadata meta = load_trainer(dir, *t, hash);
+      EXPECT_EQ(meta.step, 2) << what;
+      expect_holds(*t, saved, what);
+      const double loss = step_of(*t, 2);
+      if (l.strategy == layouts.front().strategy) {
+        EXPECT_EQ(loss, next_loss) << what;
+      } else {
+        EXPECT_NEAR(loss, next_loss, 1e-5 * std::abs(next_loss)) << what;
+      }
+    }
+    world->barrier()->wait();
+  }
+}
+
 const char* const kTp2Zero2 =
     R"([{"name": "tensor_parallel", "config": {"size": 2}}, {"name": "zero2"}])";
 
@@ -90,37 +122,18 @@ TEST(TensorParallelCheckpoint, SavedAtTp2Dp2LoadsIntoEveryLayout) {
   const std::string dir = *resolve(root);
   const std::map<std::string, Tensor> saved = read_whole(dir);
   for (const TensorInfo& t : read_metadata(dir).tensors) {
-    if (t.param == "transformer.wte.weight") EXPECT_EQ(t.shape, (Shape{kVocab, 32})) << t.name;
+    if (t.param == "transformer.wte.weight") {
+      EXPECT_EQ(t.shape, (Shape{kVocab, 32})) << t.name;
+    }
   }
   EXPECT_EQ(saved.count("lm_head.weight"), 0u) << "the head is tied to wte";
 
-  struct Layout {
-    int ranks;
-    std::string strategy;
-  };
-  const std::vector<Layout> layouts = {
-      {4, kTp2Zero2},
-      {4, R"([{"name": "zero2"}])"},
-      {4, R"([{"name": "tensor_parallel", "config": {"size": 4}}])"},
-      {2, R"([{"name": "tensor_parallel", "config": {"size": 2}}])"},
-      {1, "[]"},
-  };
-  for (const Layout& l : layouts) {
-    const std::string what = std::to_string(l.ranks) + " ranks " + l.strategy;
-    if (rank < l.ranks) {
-      auto t = trainer(make_model(99), l.strategy, first(l.ranks));  // another init
-      const Metadata meta = load_trainer(dir, *t, kHash);
-      EXPECT_EQ(meta.step, 2) << what;
-      expect_holds(*t, saved, what);
-      const double loss = step_of(*t, 2);
-      if (l.strategy == kTp2Zero2) {
-        EXPECT_EQ(loss, next_loss) << what;
-      } else {
-        EXPECT_NEAR(loss, next_loss, 1e-5 * std::abs(next_loss)) << what;
-      }
-    }
-    world->barrier()->wait();
-  }
+  expect_loads(dir, kHash, 2, saved, next_loss,
+               {{4, kTp2Zero2},
+                {4, R"([{"name": "zero2"}])"},
+                {4, R"([{"name": "tensor_parallel", "config": {"size": 4}}])"},
+                {2, R"([{"name": "tensor_parallel", "config": {"size": 2}}])"},
+                {1, "[]"}});
 
   // The export: every parameter whole, the embedding's 61 rows and nothing of the padding.
   if (rank == 0) {
@@ -146,7 +159,6 @@ std::string pp(int p, const std::string& extra, const std::string& more = "") {
 TEST(PipelineCheckpoint, SavedAtPp2Dp2LoadsIntoEveryLayout) {
   auto world = dist::ProcessGroup::world();
   if (world->size() != 4) GTEST_SKIP() << "pp2 x dp2 needs 4 ranks";
-  const int rank = world->rank();
   for (int n : {1, 2, 4}) first(n);  // collective: every rank makes them in the same order
   const std::string root = job_dir("pp");
   const std::string saving = pp(2, R"(, "micro_batches": 2)", R"(, {"name": "zero1"})");
@@ -163,33 +175,12 @@ TEST(PipelineCheckpoint, SavedAtPp2Dp2LoadsIntoEveryLayout) {
   EXPECT_EQ(saved.count("lm_head.weight"), 0u) << "the head is tied to wte";
   EXPECT_EQ(saved.count("transformer.h.3.mlp.c_fc.weight"), 1u) << "the last stage's blocks";
 
-  struct Layout {
-    int ranks;
-    std::string strategy;
-  };
-  const std::vector<Layout> layouts = {
-      {4, saving},
-      {4, R"([{"name": "zero1"}])"},
-      {4, pp(4, R"(, "micro_batches": 4)")},
-      {2, pp(2, R"(, "virtual": 2, "micro_batches": 2)")},
-      {1, "[]"},
-  };
-  for (const Layout& l : layouts) {
-    const std::string what = std::to_string(l.ranks) + " ranks " + l.strategy;
-    if (rank < l.ranks) {
-      auto t = trainer(make_model(99, 4), l.strategy, first(l.ranks));  // another init
-      const Metadata meta = load_trainer(dir, *t, kPpHash);
-      EXPECT_EQ(meta.step, 2) << what;
-      expect_holds(*t, saved, what);
-      const double loss = step_of(*t, 2);
-      if (l.strategy == saving) {
-        EXPECT_EQ(loss, next_loss) << what;
-      } else {
-        EXPECT_NEAR(loss, next_loss, 1e-5 * std::abs(next_loss)) << what;
-      }
-    }
-    world->barrier()->wait();
-  }
+  expect_loads(dir, kPpHash, 4, saved, next_loss,
+               {{4, saving},
+                {4, R"([{"name": "zero1"}])"},
+                {4, pp(4, R"(, "micro_batches": 4)")},
+                {2, pp(2, R"(, "virtual": 2, "micro_batches": 2)")},
+                {1, "[]"}});
   remove_job_dir(root);
 }
 
