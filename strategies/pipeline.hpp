@@ -79,7 +79,11 @@ class Pipeline {
   const std::vector<std::pair<std::string, Shape>>& whole_parameters() const { return whole_; }
 
  private:
-  Tensor forward(const PipeAction& a, const data::Batch& micro_batch);
+  // Forward of `a`; `input`: its activation's receive (stage > 0), posted by run().
+  Tensor forward(const PipeAction& a, const data::Batch& micro_batch, dist::PostedRecv* input);
+  dist::PostedRecv post_input(const PipeAction& a, const data::Batch& micro_batch);
+  // (B, T, C) of the activations between stages for a micro-batch (T / tp under Megatron-SP).
+  Shape activation_shape(const data::Batch& micro_batch) const;
   int rank_of_stage(int stage) const { return schedule_.rank_of_stage(stage); }
 
   PipelineSchedule schedule_;

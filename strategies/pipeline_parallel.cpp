@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "acc/autograd/ops.hpp"
@@ -274,21 +275,25 @@ nn::Undo Pipeline::cut(nn::Module& model) {
   };
 }
 
-Tensor Pipeline::forward(const PipeAction& a, const data::Batch& micro_batch) {
+Shape Pipeline::activation_shape(const data::Batch& micro_batch) const {
   const Tensor& idx = micro_batch.idx();
+  // Under Megatron-SP the blocks pass each other their chunk of the sequence (the first block
+  // scatters it, the last gathers it back), and a stage starts after a block that is not last.
+  const int64_t T = *megatron_sp_ ? idx.size(1) / context_->size(dist::MeshDim::kTp) : idx.size(1);
+  return {idx.size(0), T, model_->hidden_size()};
+}
+
+// The receive of `a`'s input activation (a forward of a stage > 0).
+dist::PostedRecv Pipeline::post_input(const PipeAction& a, const data::Batch& micro_batch) {
+  return dist::post_recv(activation_shape(micro_batch),
+                         {DType::kFloat32, Device::kCPU, /*requires_grad=*/true},
+                         rank_of_stage(a.stage - 1), pp_, a.stage);
+}
+
+Tensor Pipeline::forward(const PipeAction& a, const data::Batch& micro_batch,
+                         dist::PostedRecv* input) {
   const int last = schedule_.num_stages() - 1;
-  Tensor x;
-  if (a.stage == 0) {
-    x = model_->embed(idx);
-  } else {
-    // Under Megatron-SP the blocks pass each other their chunk of the sequence (the first block
-    // scatters it, the last gathers it back), and a stage starts after a block that is not last.
-    const int64_t T =
-        *megatron_sp_ ? idx.size(1) / context_->size(dist::MeshDim::kTp) : idx.size(1);
-    x = dist::recv_from({idx.size(0), T, model_->hidden_size()},
-                        {DType::kFloat32, Device::kCPU, /*requires_grad=*/true},
-                        rank_of_stage(a.stage - 1), pp_, a.stage);
-  }
+  Tensor x = a.stage == 0 ? model_->embed(micro_batch.idx()) : dist::recv_from(std::move(*input));
   const StageBlocks& b = stages_[static_cast<size_t>(a.stage)];
   nn::ModuleList& blocks = model_->blocks();
   for (int64_t i = b.begin; i < b.end; ++i) x = (*blocks[static_cast<size_t>(i)])(x);
@@ -302,15 +307,62 @@ double Pipeline::run(const data::Batch& batch) {
   const std::vector<data::Batch> parts =
       batch.split(m, "train_step (micro-batches: pipeline_parallel's micro_batches)");
   const int last = schedule_.num_stages() - 1;
+  const std::vector<PipeAction>& list = schedule_.actions[static_cast<size_t>(rank_)];
+  auto part = [&](const PipeAction& a) -> const data::Batch& {
+    return parts[static_cast<size_t>(a.micro_batch)];
+  };
+  // The next forward's input is received while this rank computes: its receive is posted as the
+  // one before it is taken. Only when no gradient comes from the rank the activations come from
+  // (one stage a rank, or more than 2 ranks): messages from one rank are matched in the order
+  // they are posted, and a gradient's receive is posted by the backward that needs it.
+  // Measured with bench_pipeline (benchmarks/README.md).
+  const bool ahead = schedule_.virtual_stages == 1 || schedule_.ranks > 2;
+  std::optional<std::pair<size_t, dist::PostedRecv>> posted;  // (action index, its receive)
+  auto post_from = [&](size_t from) {
+    for (size_t j = from; j < list.size(); ++j) {
+      if (list[j].step == PipeStep::kForward && list[j].stage > 0) {
+        posted.emplace(j, post_input(list[j], part(list[j])));
+        return;
+      }
+    }
+  };
   // The forward's output until its backward: the loss (last stage) or the send's handle.
   std::map<std::pair<int, int>, Tensor> in_flight;
   double loss_sum = 0;
   dist::DeferredSends sends;
-  for (const PipeAction& a : schedule_.actions[static_cast<size_t>(rank_)]) {
+  // Likewise the next backward's gradient (from the next stage's rank), posted as each backward
+  // that received one ends: send_to's backward takes it.
+  dist::PostedGradients gradients;
+  auto post_gradient_from = [&](size_t from) {
+    for (size_t j = from; j < list.size(); ++j) {
+      const PipeAction& b = list[j];
+      if (b.step != PipeStep::kBackward || b.stage == last) continue;
+      // The gradient of the activation this stage sent the next one.
+      gradients.post(activation_shape(part(b)), {DType::kFloat32, Device::kCPU, false},
+                     rank_of_stage(b.stage + 1), pp_, b.stage + 1);
+      return;
+    }
+  };
+  if (ahead) {
+    post_from(0);
+    post_gradient_from(0);
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const PipeAction& a = list[i];
     sends.prune();
     if (a.step == PipeStep::kForward) {
       progress::phase(progress::Phase::kForward);
-      Tensor out = forward(a, parts[static_cast<size_t>(a.micro_batch)]);
+      std::optional<dist::PostedRecv> input;
+      if (a.stage > 0) {
+        if (posted && posted->first == i) {
+          input = std::move(posted->second);
+          posted.reset();
+          post_from(i + 1);
+        } else {
+          input = post_input(a, part(a));
+        }
+      }
+      Tensor out = forward(a, part(a), input ? &*input : nullptr);
       if (a.stage == last) loss_sum += out.item();
       in_flight[{a.micro_batch, a.stage}] = std::move(out);
       continue;
@@ -325,6 +377,7 @@ double Pipeline::run(const data::Batch& batch) {
       (m > 1 ? scale(out, 1.0 / m) : out).backward();
     } else {
       out.backward();  // receives the gradient, sends the input's back
+      if (ahead) post_gradient_from(i + 1);
     }
   }
   sends.wait();

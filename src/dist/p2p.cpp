@@ -2,6 +2,8 @@
 // activation travels with ProcessGroup tag 2 x tag, its gradient back with 2 x tag + 1.
 
 #include <memory>
+#include <optional>
+#include <tuple>
 
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/functional.hpp"
@@ -48,6 +50,24 @@ Tensor recv_message(const Shape& shape, TensorOptions options, int peer, int mpi
   return t;
 }
 
+// A receive of a message of `shape` from `peer` with ProcessGroup tag `mpi_tag`, posted (nothing
+// for meta); reported to the tracer.
+PostedRecv post_message(const Shape& shape, TensorOptions options, int peer, int tag, int mpi_tag,
+                        const ProcessGroupPtr& group) {
+  PostedRecv p;
+  p.src = peer;
+  p.tag = tag;
+  p.group = group;
+  p.options = options;
+  TensorOptions buffer_options = options;
+  buffer_options.requires_grad = false;
+  NoGradGuard no_grad;
+  p.buffer = empty(shape, buffer_options);
+  if (!p.buffer.is_meta()) p.work = group->recv(p.buffer, peer, mpi_tag);
+  detail::report_comm(CommKind::kRecv, *group, static_cast<int64_t>(p.buffer.nbytes()), peer);
+  return p;
+}
+
 }  // namespace
 
 Tensor send_to(const Tensor& x, int dst, const ProcessGroupPtr& group, int tag) {
@@ -68,6 +88,15 @@ Tensor send_to(const Tensor& x, int dst, const ProcessGroupPtr& group, int tag) 
         // The activation went first: by the time the gradient comes the peer has it, so this
         // wait ends at once unless the peer never received it (then it times out naming it).
         if (work) work->wait();
+        if (PostedGradients* posted = PostedGradients::current()) {
+          if (std::optional<PostedRecv> r = posted->take(group->name(), dst, tag)) {
+            if (r->work) r->work->wait();
+            ACC_CHECK_SHAPE(r->buffer.shape() == shape, "send_to: the gradient posted for tag ",
+                            tag, " from rank ", dst, " has shape ", r->buffer.shape(),
+                            ", the activation sent was ", shape);
+            return Grads{r->buffer};
+          }
+        }
         return Grads{recv_message(shape, options, dst, gradient_tag(tag), *group)};
       });
   // No gradient will come back to wait in: wait for the message here (a one-way send cannot be
@@ -76,8 +105,8 @@ Tensor send_to(const Tensor& x, int dst, const ProcessGroupPtr& group, int tag) 
   return handle;
 }
 
-Tensor recv_from(const Shape& shape, TensorOptions options, int src, const ProcessGroupPtr& group,
-                 int tag) {
+PostedRecv post_recv(const Shape& shape, TensorOptions options, int src,
+                     const ProcessGroupPtr& group, int tag) {
   check_p2p(group, src, tag, "recv_from", "source");
   ACC_CHECK_TYPE(options.dtype == DType::kFloat32 || options.dtype == DType::kBFloat16,
                  "recv_from: dtype must be f32 or bf16, got ", options.dtype);
@@ -85,12 +114,16 @@ Tensor recv_from(const Shape& shape, TensorOptions options, int src, const Proce
                  options.device, " tensor cannot be received on group '", group->name(),
                  "', a meta group (rank ", group->rank(), " of ", group->size(),
                  ", no communicator): pass device kMeta");
+  return post_message(shape, options, src, tag, activation_tag(tag), group);
+}
+
+Tensor recv_from(PostedRecv posted) {
+  if (posted.work) posted.work->wait();
+  Tensor out = posted.buffer;
+  const ProcessGroupPtr group = posted.group;
+  const int src = posted.src, tag = posted.tag;
+  const TensorOptions options = posted.options;
   const bool wants_grad = options.requires_grad && GradMode::is_enabled();
-  Tensor out;
-  {
-    NoGradGuard no_grad;
-    out = recv_message(shape, options, src, activation_tag(tag), *group);
-  }
   // The op as the tracer sees it (record_op records no node: the op has no inputs).
   autograd::record_op("RecvFromBackward", {}, {out}, nullptr);
   if (!wants_grad) return out;
@@ -118,9 +151,48 @@ Tensor recv_from(const Shape& shape, TensorOptions options, int src, const Proce
   return out;
 }
 
+Tensor recv_from(const Shape& shape, TensorOptions options, int src, const ProcessGroupPtr& group,
+                 int tag) {
+  return recv_from(post_recv(shape, options, src, group, tag));
+}
+
 namespace {
 thread_local DeferredSends* installed = nullptr;
+thread_local PostedGradients* installed_gradients = nullptr;
 }  // namespace
+
+PostedGradients::PostedGradients() {
+  ACC_CHECK(installed_gradients == nullptr,
+            "PostedGradients: one is already installed on this thread (nested pipeline steps?)");
+  installed_gradients = this;
+}
+
+PostedGradients::~PostedGradients() {
+  installed_gradients = nullptr;
+}
+
+PostedGradients* PostedGradients::current() {
+  return installed_gradients;
+}
+
+void PostedGradients::post(const Shape& shape, TensorOptions options, int dst,
+                           const ProcessGroupPtr& group, int tag) {
+  check_p2p(group, dst, tag, "send_to", "destination");
+  options.requires_grad = false;
+  posted_.emplace_back(std::make_tuple(group->name(), dst, tag),
+                       post_message(shape, options, dst, tag, gradient_tag(tag), group));
+}
+
+std::optional<PostedRecv> PostedGradients::take(const std::string& group, int peer, int tag) {
+  const auto key = std::make_tuple(group, peer, tag);
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if (it->first != key) continue;
+    PostedRecv r = std::move(it->second);
+    posted_.erase(it);
+    return r;
+  }
+  return std::nullopt;
+}
 
 DeferredSends::DeferredSends() {
   ACC_CHECK(installed == nullptr,

@@ -66,6 +66,9 @@
 // recv_from that requires grad must be reached by its stage's backward (its gradient is what the
 // peer's backward waits for).
 
+#include <optional>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "acc/dist/process_group.hpp"
@@ -118,6 +121,52 @@ Tensor send_to(const Tensor& x, int dst, const ProcessGroupPtr& group, int tag =
 /// fails with acc::CommError naming both sizes.
 Tensor recv_from(const Shape& shape, TensorOptions options, int src, const ProcessGroupPtr& group,
                  int tag = 0);
+
+/// A receive posted ahead of the recv_from that takes it, so that the message arrives while the
+/// caller computes (a pipeline stage posts its next activation's receive as it takes this one).
+/// Posting it takes its place in the order of messages from `src` (the file comment): every
+/// message from `src` that comes before it must be posted before it.
+struct PostedRecv {
+  Tensor buffer;  // the message, once the work completes
+  WorkPtr work;   // null for a meta tensor
+  int src = -1;
+  int tag = 0;
+  ProcessGroupPtr group;
+  TensorOptions options;
+};
+/// Posts the receive recv_from(shape, options, src, group, tag) would make, without waiting.
+/// Throws as recv_from does.
+PostedRecv post_recv(const Shape& shape, TensorOptions options, int src,
+                     const ProcessGroupPtr& group, int tag = 0);
+/// recv_from of a posted receive: waits for it, and with posted.options.requires_grad (and grad
+/// mode on) carries the backward that sends its gradient back to the source.
+Tensor recv_from(PostedRecv posted);
+
+/// Gradient receives posted ahead of the send_to backwards that take them. While one is installed
+/// on the thread, send_to's backward takes the oldest receive posted here for its group, peer and
+/// tag instead of posting its own, so the gradient can arrive while the caller computes (a
+/// pipeline stage posts its next backward's as it runs this one). The order rule of PostedRecv
+/// holds: post them in the order the peer sends. Destroying one drops what is left unwaited (the
+/// engine keeps the buffers). One per thread at a time (acc::ValueError otherwise).
+class PostedGradients {
+ public:
+  PostedGradients();
+  ~PostedGradients();
+  PostedGradients(const PostedGradients&) = delete;
+  PostedGradients& operator=(const PostedGradients&) = delete;
+  /// Posts the receive of the gradient of x, sent by send_to(x, dst, group, tag): `shape` and
+  /// `options` are x's.
+  void post(const Shape& shape, TensorOptions options, int dst, const ProcessGroupPtr& group,
+            int tag = 0);
+  /// The oldest receive posted for (group, peer, tag), removed; nullopt when none.
+  std::optional<PostedRecv> take(const std::string& group, int peer, int tag);
+  size_t pending() const { return posted_.size(); }
+  /// The one installed on this thread (null when none).
+  static PostedGradients* current();
+
+ private:
+  std::vector<std::pair<std::tuple<std::string, int, int>, PostedRecv>> posted_;
+};
 
 /// While one is alive, recv_from's backward on this thread does not wait for the gradient message
 /// it posts but adds it here; wait() waits for them all (a pipeline schedule calls it at the end of
