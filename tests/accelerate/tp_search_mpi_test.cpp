@@ -102,7 +102,9 @@ TEST(TpSearch, ABudgetOnlyALayoutMeetsIsMetByTensorParallelism) {
   EXPECT_TRUE(has_layout(r.report.at("chosen"))) << r.report.at("chosen_name");
   int ranked_layouts = 0;
   for (const auto& row : r.report.at("candidates")) {
-    if (row.at("status") == "rejected") EXPECT_TRUE(row.contains("reason"));
+    if (row.at("status") == "rejected") {
+      EXPECT_TRUE(row.contains("reason"));
+    }
     if (has_layout(row.at("strategy")) && row.at("status") != "rejected" &&
         row.at("status") != "excluded") {
       ++ranked_layouts;

@@ -290,7 +290,8 @@ nlohmann::json pp_report(int rank, int64_t step, const std::string& phase,
              {"p2p", p2p}}}}};
 }
 
-// Rank 2 waits in recv seq 14 from rank 1; rank 1 has sent 13 messages to rank 2 and stopped in
+// Rank 2 waits in recv seq 14 from rank 1 (on the pipeline's group 'pp' both are named by their
+// stage, their place among its members); rank 1 has sent 13 messages to rank 2 and stopped in
 // forward right before its 14th. Its gradient messages to rank 0 (recv seq 14 from rank 0 is
 // done) and the group's collectives (seq 7 everywhere) are no part of it.
 TEST(HangAnalysis, NamesAStalledRecvByItsOwnNumberAndThePeerThatDidNotSend) {
@@ -299,10 +300,11 @@ TEST(HangAnalysis, NamesAStalledRecvByItsOwnNumberAndThePeerThatDidNotSend) {
                     pp_report(1, 5, "forward", {{{"recv", 0, 14}, 14}, {{"send", 2, 13}, 13}}, {},
                               "send seq 14 to rank 2 of group 'pp'"),
                     pp_report(2, 5, "forward", {{{"recv", 1, 14}, 13}}, {{"recv", 1, 14}})});
-  EXPECT_EQ(a["summary"],
-            "rank 2 waits in recv seq 14 from rank 1 of group 'pp'; rank 1 last issued send seq 13 "
-            "to rank 2 and is in forward at step 5, about to issue send seq 14 to rank 2 of group "
-            "'pp'");
+  EXPECT_EQ(
+      a["summary"],
+      "rank 2 (stage 2) waits in recv seq 14 from rank 1 (stage 1) of group 'pp'; rank 1 last "
+      "issued send seq 13 to rank 2 and is in forward at step 5, about to issue send seq 14 "
+      "to rank 2 of group 'pp'");
   EXPECT_EQ(a["culprits"], nlohmann::json({1}));
   EXPECT_EQ(a["groups"], nlohmann::json::array());
   ASSERT_EQ(a["p2p"].size(), 1u);
@@ -324,8 +326,9 @@ TEST(HangAnalysis, AMessageBothSidesWaitInIsToldOnceWithItsTags) {
       analyze_hang({pp_report(0, 2, "forward", {{{"send", 1, 3}, 2}}, {{"send", 1, 3, 1}}),
                     pp_report(1, 2, "forward", {{{"recv", 0, 3}, 2}}, {{"recv", 0, 3, 0}})});
   EXPECT_EQ(a["summary"],
-            "rank 0 waits in send seq 3 to rank 1 of group 'pp'; rank 1 waits in its recv seq 3 "
-            "with tag 0, this one has tag 1 (the two ranks pair different messages)");
+            "rank 0 (stage 0) waits in send seq 3 to rank 1 (stage 1) of group 'pp'; rank 1 waits "
+            "in its recv seq 3 with tag 0, this one has tag 1 (the two ranks pair different "
+            "messages)");
   EXPECT_EQ(a["culprits"], nlohmann::json::array());
   ASSERT_EQ(a["p2p"].size(), 1u);
   EXPECT_EQ(a["p2p"][0]["peer_tag"], 0);
@@ -351,9 +354,9 @@ TEST(HangAnalysis, NamesAMeshGroupByItsDimensionAndPlace) {
                  "send seq 14 to rank 2 of group 'pp' of tp=1", "pp of tp=1"),
        pp_report(2, 5, "forward", {{{"recv", 1, 14}, 13}}, {{"recv", 1, 14}}, "", "pp of tp=1")});
   EXPECT_EQ(p["summary"],
-            "rank 2 waits in recv seq 14 from rank 1 of group 'pp' of tp=1; rank 1 last issued "
-            "send seq 13 to rank 2 and is in forward at step 5, about to issue send seq 14 to rank "
-            "2 of group 'pp' of tp=1");
+            "rank 2 (stage 2) waits in recv seq 14 from rank 1 (stage 1) of group 'pp' of tp=1; "
+            "rank 1 last issued send seq 13 to rank 2 and is in forward at step 5, about to issue "
+            "send seq 14 to rank 2 of group 'pp' of tp=1");
   ASSERT_EQ(p["p2p"].size(), 1u);
   EXPECT_EQ(p["p2p"][0]["group"], "pp of tp=1");
 }

@@ -181,7 +181,9 @@ TEST(TensorParallel, AUserLossKeepsTheVocabularyWhole) {
   expect_close(got, reference(gpt()), 1e-5);
   expect_covered(got.table);
   for (const auto& e : got.table) {
-    if (e.param == "transformer.wte.weight") EXPECT_TRUE(e.is_whole()) << e.name;
+    if (e.param == "transformer.wte.weight") {
+      EXPECT_TRUE(e.is_whole()) << e.name;
+    }
   }
   if (world() == 1) return;
   try {
