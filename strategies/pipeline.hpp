@@ -77,6 +77,8 @@ class Pipeline {
   const std::vector<StageBlocks>& stages() const { return stages_; }
   /// Every parameter of the whole model, by name and shape, in its order (recorded by cut()).
   const std::vector<std::pair<std::string, Shape>>& whole_parameters() const { return whole_; }
+  /// The tied embedding's group over its first and last stage (null when none on this rank).
+  const dist::ProcessGroupPtr& embedding_group() const { return embedding_group_; }
 
  private:
   // Forward of `a`; `input`: its activation's receive (stage > 0), posted by run().

@@ -361,6 +361,14 @@ void Trainer::sum_partial_gradients() {
   for (auto& w : works) w->wait();
 }
 
+std::vector<dist::ProcessGroupPtr> Trainer::method_groups() const {
+  std::vector<dist::ProcessGroupPtr> out;
+  if (impl_->plan.pipeline && impl_->plan.pipeline->embedding_group()) {
+    out.push_back(impl_->plan.pipeline->embedding_group());
+  }
+  return out;
+}
+
 void Trainer::before_next_update(std::function<void()> fn) {
   before_update_.push_back(std::move(fn));
 }

@@ -41,6 +41,7 @@ void watch_groups(elastic::Agent& agent, const dist::ProcessGroupPtr& world,
   };
   for (dist::MeshDim d : dist::kMeshDims) watch(ctx->group(d));
   watch(ctx->dp_cp_group());
+  for (const auto& g : trainer.method_groups()) watch(g);
 }
 
 // Samples (or tokens) per second of a step of `ms` milliseconds.

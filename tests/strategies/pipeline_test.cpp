@@ -275,6 +275,12 @@ TEST(PipelineParallel, EachStageHoldsOnlyItsOwnTensors) {
   EXPECT_EQ(block0, rank == 0);
   EXPECT_EQ(last_block, rank == world() - 1);
   EXPECT_EQ(wte_replicas, rank == 0 || rank == world() - 1 ? 2 : 0);
+  // The embedding group the tied copies are summed over, for the hang detector to watch (a rank
+  // between them has a group of its own alone).
+  const auto groups = trainer->method_groups();
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0]->name(), "embedding");
+  EXPECT_EQ(groups[0]->size(), rank == 0 || rank == world() - 1 ? 2 : 1);
 }
 
 void expect_refused(const std::function<void()>& fn, const std::string& what) {

@@ -205,6 +205,10 @@ class Trainer {
   int grad_accum_steps() const { return micro_batches_; }
   /// The mesh and groups the strategy runs on (null: one process without acc::dist).
   const dist::ParallelContextPtr& context() const { return context_; }
+  /// Groups a method made beyond the context's (pipeline_parallel's embedding group over the
+  /// first and last stage, on the ranks that hold the tied embedding): what a hang detector
+  /// watches besides the context's groups.
+  std::vector<dist::ProcessGroupPtr> method_groups() const;
   /// Global gradient norm of the last step (before clipping).
   double last_grad_norm() const { return last_grad_norm_; }
   /// Measured from the placement table (gradients after the last backward).
