@@ -144,6 +144,11 @@ MethodSpec tensor_parallel_method();
 MethodSpec sequence_parallel_method();
 MethodSpec pipeline_parallel_method();
 
+/// The integer `key` of a method's config (present: the caller checks that), in [lo, hi]. Throws
+/// acc::ValueError "<method>: <key> must be an integer in [lo, hi], got <value>".
+int int_from(const std::string& method, const nlohmann::json& config, const char* key, int lo,
+             int hi);
+
 /// The bucket size from {"bucket_mb": x} (default 25), validated.
 int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& config);
 /// The bucket sizes the search tries for a bucketed method: the default 25 MiB and 100 MiB (fewer,

@@ -67,20 +67,16 @@ class StageElsewhere : public nn::Module {
   int rank_;
 };
 
+// The integer `key` in [lo, hi], `fallback` when absent.
 int int_in(const nlohmann::json& c, const char* key, int lo, int hi, int fallback) {
-  if (!c.contains(key)) return fallback;
-  const auto& v = c[key];
-  ACC_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi,
-            "pipeline_parallel: ", key, " must be an integer in [", lo, ", ", hi, "], got ",
-            v.dump());
-  return v.get<int>();
+  return c.contains(key) ? int_from("pipeline_parallel", c, key, lo, hi) : fallback;
 }
 
 int size_from(const nlohmann::json& c) {
   ACC_CHECK(
       c.contains("size"),
       "pipeline_parallel: config needs \"size\" (pipeline stages' ranks, e.g. {\"size\": 2})");
-  return int_in(c, "size", 1, 256, 1);
+  return int_from("pipeline_parallel", c, "size", 1, 256);
 }
 
 struct Config {

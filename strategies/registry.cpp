@@ -60,6 +60,14 @@ std::vector<std::string> method_names() {
   return out;
 }
 
+int int_from(const std::string& method, const nlohmann::json& config, const char* key, int lo,
+             int hi) {
+  const auto& v = config.at(key);
+  ACC_CHECK(v.is_number_integer() && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi, method, ": ",
+            key, " must be an integer in [", lo, ", ", hi, "], got ", v.dump());
+  return v.get<int>();
+}
+
 int64_t bucket_bytes_from(const std::string& method, const nlohmann::json& config) {
   if (!config.contains("bucket_mb")) return int64_t{25} << 20;
   const auto& v = config["bucket_mb"];

@@ -80,10 +80,7 @@ SequenceParallelConfig config_from(const nlohmann::json& c) {
       ACC_CHECK(c.contains("size"),
                 "sequence_parallel: ulysses needs \"size\" (ranks the sequence is split over, the "
                 "mesh dimension cp), e.g. {\"kind\": \"ulysses\", \"size\": 2}");
-      const auto& v = c["size"];
-      ACC_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 1024,
-                "sequence_parallel: size must be an integer in [1, 1024], got ", v.dump());
-      out.size = v.get<int>();
+      out.size = int_from("sequence_parallel", c, "size", 1, 1024);
       break;
     }
     case SequenceParallelKind::kMegatron:

@@ -33,10 +33,7 @@ int size_from(const nlohmann::json& c) {
   ACC_CHECK(c.contains("size"),
             "tensor_parallel: config needs \"size\" (ranks per tensor-parallel "
             "group, e.g. {\"size\": 2})");
-  const auto& v = c["size"];
-  ACC_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 1024,
-            "tensor_parallel: size must be an integer in [1, 1024], got ", v.dump());
-  return v.get<int>();
+  return int_from("tensor_parallel", c, "size", 1, 1024);
 }
 
 // The trace the patterns are found in: the model's step on meta tensors.
