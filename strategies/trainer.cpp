@@ -47,6 +47,19 @@ struct Trainer::Impl {
     return plan.pipeline && ctx && ctx->size(dist::MeshDim::kPp) > 1;
   }
 
+  // The global batch's loss from this rank's mean over its micro-batches: under a pipeline only
+  // the last stage computed it (the others hold 0), so it is summed over pp first; then it is
+  // averaged over the ranks that read different data.
+  double global_loss(const dist::ParallelContext* ctx, double local) const {
+    const bool over_pp = pipelined(ctx);
+    const bool over_dp = ctx && ctx->dp_cp_group()->size() > 1;
+    if (!over_pp && !over_dp) return local;
+    Tensor t = from_vector(std::vector<float>{static_cast<float>(local)}, {1});
+    if (over_pp) ctx->group(dist::MeshDim::kPp)->allreduce(t, dist::ReduceOp::kSum)->wait();
+    if (over_dp) ctx->dp_cp_group()->allreduce(t, dist::ReduceOp::kAvg)->wait();
+    return t.item();
+  }
+
   // Everything the plan did to the model, undone in reverse.
   void teardown() {
     pieces.clear();
@@ -226,14 +239,7 @@ double Trainer::train_step(const data::Batch& batch) {
     scaled.backward();
   }
   step();
-  double loss = loss_sum / micro_batches_;
-  // The global batch's loss: averaged over the ranks that read different data.
-  if (context_ && context_->dp_cp_group()->size() > 1) {
-    Tensor t = from_vector(std::vector<float>{static_cast<float>(loss)}, {1});
-    context_->dp_cp_group()->allreduce(t, dist::ReduceOp::kAvg)->wait();
-    loss = t.item();
-  }
-  return loss;
+  return impl_->global_loss(context_.get(), loss_sum / micro_batches_);
 }
 
 // The pipeline's step: its schedule runs every micro-batch's forward and backward through this
@@ -250,17 +256,7 @@ double Trainer::pipeline_step(const data::Batch& batch) {
   pipe.reduce_tied_gradient(*model_);
   sync.sync_accumulated();
   update();
-  // The last stage's ranks computed the loss; the others add 0 over pp. Then the average over the
-  // ranks that read different data.
-  Tensor t =
-      from_vector(std::vector<float>{static_cast<float>(loss_sum / pipe.micro_batches())}, {1});
-  if (context_->size(dist::MeshDim::kPp) > 1) {
-    context_->group(dist::MeshDim::kPp)->allreduce(t, dist::ReduceOp::kSum)->wait();
-  }
-  if (context_->dp_cp_group()->size() > 1) {
-    context_->dp_cp_group()->allreduce(t, dist::ReduceOp::kAvg)->wait();
-  }
-  return t.item();
+  return impl_->global_loss(context_.get(), loss_sum / pipe.micro_batches());
 }
 
 Tensor Trainer::loss(const Tensor& idx, const Tensor& targets) {
