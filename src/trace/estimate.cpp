@@ -296,6 +296,11 @@ TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t 
       ex(base.memory.gradients, two.memory.gradients, mixed.memory.gradients, "gradient bytes");
   need.memory.optimizer_state = ex(base.memory.optimizer_state, two.memory.optimizer_state,
                                    mixed.memory.optimizer_state, "optimizer state bytes");
+  // What the forward saves is a sum over the blocks: linear as the counts.
+  need.memory.activations_saved =
+      direct ? base.memory.activations_saved
+             : ex(base.memory.activations_saved, two.memory.activations_saved,
+                  mixed.memory.activations_saved, "saved activation bytes");
   // Peaks from the timeline of the deep model's runs (k recomputed, n - k plain) cut to their
   // first, middle and last block: at most 6 blocks.
   // Without a timeline cut at the blocks, the blockwise figure is the whole-model one (every

@@ -270,7 +270,12 @@ MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer) {
   const Graph& g = t.graph;
   m.optimizer_state = optimizer_state_bytes(optimizer, t.parameter_bytes);
   int64_t live = 0, activations = 0;
+  bool backward = false;
   for (const MemoryEvent& ev : g.memory_events()) {
+    if (!backward && ev.op_index >= g.backward_begin()) {
+      backward = true;
+      m.activations_saved = activations;
+    }
     const bool param = g.parameter_storages().count(ev.storage) > 0;
     const bool grad = g.gradient_storages().count(ev.storage) > 0;
     const bool input = g.input_storages().count(ev.storage) > 0;
@@ -285,6 +290,7 @@ MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer) {
     m.activations_peak = std::max(m.activations_peak, activations);
     m.peak = std::max(m.peak, live);
   }
+  if (!backward) m.activations_saved = activations;
   m.peak = checked_add(m.peak, m.optimizer_state, "peak bytes of the step");
   return m;
 }

@@ -94,6 +94,9 @@ struct MemoryEstimate {
   int64_t gradients = 0;
   int64_t optimizer_state = 0;
   int64_t activations_peak = 0;  // peak of activation bytes alive during the step
+  /// Activation bytes alive when backward begins: what the forward saved for it (what a pipeline
+  /// stage holds per micro-batch in flight).
+  int64_t activations_saved = 0;
   /// Predicted peak of acc::memory::current_bytes() over a training step: parameters and
   /// optimizer state (alive throughout) plus the peak of everything the step allocates.
   int64_t peak = 0;
