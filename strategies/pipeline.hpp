@@ -25,12 +25,6 @@ namespace acc::strategies {
 /// Stages a pipeline may have: each stage's messages carry its index as their tag.
 inline constexpr int kMaxStages = dist::kMaxP2PTag;
 
-/// The blocks a stage runs: [begin, end) of the model's blocks.
-struct StageBlocks {
-  int64_t begin = 0, end = 0;
-  bool operator==(const StageBlocks&) const = default;
-};
-
 /// `blocks` blocks of cost 1 each into `stages` contiguous non-empty stages, the first also paying
 /// `first_extra` (the embedding) and the last `last_extra` (the head and the loss), so that the
 /// largest stage's cost is least (ties: earlier stages take fewer blocks). Throws acc::ValueError
@@ -38,9 +32,8 @@ struct StageBlocks {
 std::vector<StageBlocks> balance_stages(int64_t blocks, int stages, double first_extra,
                                         double last_extra);
 
-/// A language model's head (final norm, projection, cross-entropy) against one block, in forward
-/// FLOPs per token: V / (12 C + 2 T) (a block does 24 C^2 + 4 T C, the projection 2 C V). What the
-/// default cut charges the last stage; the embedding (a lookup) is charged nothing.
+/// head_cost_in_blocks (strategy.hpp) of `model`: what the default cut charges the last stage;
+/// the embedding (a lookup) is charged nothing.
 double head_cost_in_blocks(const models::LanguageModel& model, int64_t seq_len);
 
 class Pipeline {
@@ -59,6 +52,15 @@ class Pipeline {
   /// otherwise) to this rank's stages, makes the tied embedding's group and starts the tied copy
   /// equal to the first stage's. Undone by the returned Undo.
   nn::Undo cut(nn::Module& model);
+
+  /// The search's cut (layout_rewrite): `model` is a meta copy holding exactly this rank's
+  /// blocks, which it keeps, split evenly over its virtual stages; the embedding and head modules
+  /// go as cut() sends them. Undone by the returned Undo.
+  nn::Undo cut_for_trace(nn::Module& model);
+  /// One micro-batch through each of this rank's stages of the copy cut_for_trace kept, in stage
+  /// order: the sum of their outputs (the loss on the last stage, send_to's handles elsewhere),
+  /// whose backward is the stages' backward. For a trace on meta groups.
+  Tensor trace_step(const data::Batch& micro_batch);
 
   /// Runs this rank's list of the schedule over `batch` split into micro-batches; the gradients
   /// of this rank's parameters accumulate (each micro-batch's loss scaled by 1/m). Returns the sum
@@ -83,6 +85,13 @@ class Pipeline {
  private:
   // Forward of `a`; `input`: its activation's receive (stage > 0), posted by run().
   Tensor forward(const PipeAction& a, const data::Batch& micro_batch, dist::PostedRecv* input);
+  // `model` as a LanguageModel (acc::ValueError naming its type otherwise); refuses dropout.
+  models::LanguageModel& stages_of(nn::Module& model) const;
+  // The embedding and head modules this rank does not run, with the rank that does.
+  std::vector<std::pair<std::string, int>> ends_elsewhere(const models::LanguageModel& lm) const;
+  // Swaps each module of `elsewhere` for a StageElsewhere; undone by the returned Undo.
+  static nn::Undo swap_out(nn::Module& model,
+                           const std::vector<std::pair<std::string, int>>& elsewhere);
   dist::PostedRecv post_input(const PipeAction& a, const data::Batch& micro_batch);
   // (B, T, C) of the activations between stages for a micro-batch (T / tp under Megatron-SP).
   Shape activation_shape(const data::Batch& micro_batch) const;
@@ -97,6 +106,7 @@ class Pipeline {
   int rank_ = 0;  // along pp
   models::LanguageModel* model_ = nullptr;
   std::vector<std::pair<std::string, Shape>> whole_;
+  std::vector<StageBlocks> trace_chunks_;  // cut_for_trace: the copy's blocks per virtual stage
   std::string tied_;                       // the tied embedding's name when two stages hold it
   dist::ProcessGroupPtr embedding_group_;  // its first and last stage's ranks
 };

@@ -21,6 +21,12 @@
 // placement table counts them as two replicas of one tensor (the norm counts it once).
 //
 // Decisions:
+//  - The model comes whole on every rank (the user's, or auto_accelerate's copy); the cut swaps
+//    what another stage runs for StageElsewhere and releases those tensors' storage (0 bytes on
+//    the meta device), so a rank holds its stages only; the undo broadcasts each back from the pp
+//    rank that trained it (a collective, skipped while an exception unwinds, as tensor_parallel's
+//    gathers are). Building the whole model first still needs the whole model's memory once:
+//    deferred (meta) initialisation is not there yet.
 //  - Gradients are reduced over dp after the schedule, not during its backwards (ddp's overlap
 //    needs one backward pass per step; a pipeline runs m per stage, and interleaved stages end
 //    theirs at different times). So the embedding group's sum comes first for free, before ZeRO's
@@ -34,13 +40,15 @@
 //    cross-entropy) and Megatron-SP (stages pass each other their sequence chunk). Not yet with
 //    Ulysses (refused, naming it), fsdp (refused: use zero1/zero2) or grad_accum (micro_batches is
 //    the pipeline's accumulation).
-//  - The search does not try it yet (no choices): a strategy must name it.
+//  - The search tries it (sizes dividing the world, m = p, 2p, 4p, 1F1B and interleaved v = 2)
+//    and prices each pp rank from the trace of its own stages (layout_rewrite).
 
 #include <algorithm>
 #include <limits>
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_set>
 
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/functional.hpp"
@@ -159,10 +167,43 @@ std::vector<StageBlocks> balance_stages(int64_t blocks, int stages, double first
   return out;
 }
 
-double head_cost_in_blocks(const models::LanguageModel& model, int64_t seq_len) {
-  const auto C = static_cast<double>(model.hidden_size());
-  const auto V = static_cast<double>(model.vocab_size());
+double head_cost_in_blocks(int64_t hidden_size, int64_t vocab_size, int64_t seq_len) {
+  const auto C = static_cast<double>(hidden_size);
+  const auto V = static_cast<double>(vocab_size);
   return V / (12 * C + 2 * static_cast<double>(seq_len));
+}
+
+double head_cost_in_blocks(const models::LanguageModel& model, int64_t seq_len) {
+  return head_cost_in_blocks(model.hidden_size(), model.vocab_size(), seq_len);
+}
+
+int64_t PipelineLayout::blocks_of_rank(int r) const {
+  int64_t n = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    if (schedule.rank_of_stage(static_cast<int>(s)) == r) n += stages[s].end - stages[s].begin;
+  }
+  return n;
+}
+
+std::optional<PipelineLayout> pipeline_layout(const Strategy& s, int64_t num_blocks,
+                                              double head_cost) {
+  for (const auto& m : s) {
+    if (m.name != "pipeline_parallel") continue;
+    Config cfg = parse(m.config);
+    PipelineLayout out{make_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches),
+                       std::move(cfg.stages)};
+    validate(out.schedule);
+    if (out.stages.empty()) {
+      out.stages = balance_stages(num_blocks, out.schedule.num_stages(), 0.0, head_cost);
+    }
+    ACC_CHECK(out.stages.back().end == num_blocks,
+              "pipeline_parallel: the stages cover blocks 0 "
+              "to ",
+              out.stages.back().end - 1, ", the model has ", num_blocks,
+              " blocks: the last stage must end at block ", num_blocks - 1);
+    return out;
+  }
+  return std::nullopt;
 }
 
 Pipeline::Pipeline(PipelineSchedule schedule, std::vector<StageBlocks> stages,
@@ -180,11 +221,56 @@ Pipeline::Pipeline(PipelineSchedule schedule, std::vector<StageBlocks> stages,
                      " of ", pp_->size(), ", the mesh says ", rank_, " of ", schedule_.ranks);
 }
 
-nn::Undo Pipeline::cut(nn::Module& model) {
+models::LanguageModel& Pipeline::stages_of(nn::Module& model) const {
   auto* lm = dynamic_cast<models::LanguageModel*>(&model);
   ACC_CHECK(lm != nullptr, "pipeline_parallel: the model (", model.type_name(),
             ") is no models::LanguageModel: stages are cut between the blocks of a language "
             "model's embed -> blocks -> head (a module of your own is not cut yet)");
+  for (const auto& [name, m] : model.named_modules()) {
+    const auto* drop = dynamic_cast<const nn::Dropout*>(m.get());
+    ACC_CHECK(drop == nullptr || drop->p() == 0, "pipeline_parallel: '", name,
+              "' is a dropout of p ", drop ? drop->p() : 0.0,
+              ": its masks would be drawn per stage in the schedule's order, not as one process "
+              "draws them (set the model's dropout to 0)");
+  }
+  return *lm;
+}
+
+std::vector<std::pair<std::string, int>> Pipeline::ends_elsewhere(
+    const models::LanguageModel& lm) const {
+  const int S = schedule_.num_stages();
+  const bool holds_first = rank_of_stage(0) == rank_;
+  const bool holds_last = rank_of_stage(S - 1) == rank_;
+  const std::vector<std::string> embedding = lm.embedding_modules(), head = lm.head_modules();
+  std::set<std::string> kept, ends(embedding.begin(), embedding.end());
+  ends.insert(head.begin(), head.end());
+  if (holds_first) kept.insert(embedding.begin(), embedding.end());
+  if (holds_last) kept.insert(head.begin(), head.end());
+  std::vector<std::pair<std::string, int>> out;
+  for (const auto& m : ends) {
+    if (kept.count(m)) continue;
+    const bool in_embedding = std::find(embedding.begin(), embedding.end(), m) != embedding.end();
+    out.emplace_back(m, rank_of_stage(in_embedding ? 0 : S - 1));
+  }
+  return out;
+}
+
+nn::Undo Pipeline::swap_out(nn::Module& model,
+                            const std::vector<std::pair<std::string, int>>& elsewhere) {
+  std::vector<nn::Undo> undos;
+  try {
+    for (const auto& [path, owner] : elsewhere) {
+      undos.push_back(model.replace_module(path, std::make_shared<StageElsewhere>(path, owner)));
+    }
+  } catch (...) {
+    nn::undo_all(std::move(undos))();
+    throw;
+  }
+  return nn::undo_all(std::move(undos));
+}
+
+nn::Undo Pipeline::cut(nn::Module& model) {
+  models::LanguageModel* lm = &stages_of(model);
   const int S = schedule_.num_stages(), p = schedule_.ranks;
   const int64_t N = static_cast<int64_t>(lm->blocks().size());
   if (stages_.empty()) {
@@ -193,13 +279,6 @@ nn::Undo Pipeline::cut(nn::Module& model) {
   ACC_CHECK(stages_.back().end == N, "pipeline_parallel: the stages cover blocks 0 to ",
             stages_.back().end - 1, ", the model (", lm->model_type(), ") has ", N,
             " blocks: the last stage must end at block ", N - 1);
-  for (const auto& [name, m] : model.named_modules()) {
-    const auto* drop = dynamic_cast<const nn::Dropout*>(m.get());
-    ACC_CHECK(drop == nullptr || drop->p() == 0, "pipeline_parallel: '", name,
-              "' is a dropout of p ", drop ? drop->p() : 0.0,
-              ": its masks would be drawn per stage in the schedule's order, not as one process "
-              "draws them (set the model's dropout to 0)");
-  }
   whole_.clear();
   for (const auto& [name, t] : model.named_parameters()) whole_.emplace_back(name, t.shape());
 
@@ -221,31 +300,58 @@ nn::Undo Pipeline::cut(nn::Module& model) {
       }
     }
   }
-  const std::vector<std::string> embedding = lm->embedding_modules(), head = lm->head_modules();
-  std::set<std::string> kept, ends(embedding.begin(), embedding.end());
-  ends.insert(head.begin(), head.end());
-  if (holds_first) kept.insert(embedding.begin(), embedding.end());
-  if (holds_last) kept.insert(head.begin(), head.end());
-  for (const auto& m : ends) {
-    if (kept.count(m)) continue;
-    const bool in_embedding = std::find(embedding.begin(), embedding.end(), m) != embedding.end();
-    elsewhere.emplace_back(m, rank_of_stage(in_embedding ? 0 : S - 1));
-  }
-  // Every parameter must be in a block or in one of those modules, or no stage would train it.
+  const auto ends = ends_elsewhere(*lm);
+  elsewhere.insert(elsewhere.end(), ends.begin(), ends.end());
+  // Every parameter must be in a block or in one of the ends, or no stage would train it.
+  std::vector<std::string> end_modules = lm->embedding_modules();
+  for (const auto& m : lm->head_modules()) end_modules.push_back(m);
   for (const auto& [name, shape] : whole_) {
     bool placed = name.rfind(blocks_path + ".", 0) == 0;
-    for (const auto& m : ends) placed = placed || name.rfind(m + ".", 0) == 0;
+    for (const auto& m : end_modules) placed = placed || name.rfind(m + ".", 0) == 0;
     ACC_CHECK(placed, "pipeline_parallel: parameter '", name, "' of ", lm->model_type(),
               " is in no block and in none of its embedding or head modules, so no stage holds it");
   }
-  std::vector<nn::Undo> undos;
-  try {
-    for (const auto& [path, owner] : elsewhere) {
-      undos.push_back(model.replace_module(path, std::make_shared<StageElsewhere>(path, owner)));
+  // The undo broadcasts every tensor some pp rank gives up from the rank that trained it, in the
+  // whole model's order (every rank alike): a block's from its stage's rank, the embedding's from
+  // the first stage's, the head's from the last's. The tied embedding is on both end stages:
+  // every rank holds it at 2 ranks.
+  std::vector<int> block_owner(static_cast<size_t>(N));
+  for (int st = 0; st < S; ++st) {
+    const StageBlocks& b = stages_[static_cast<size_t>(st)];
+    for (int64_t i = b.begin; i < b.end; ++i)
+      block_owner[static_cast<size_t>(i)] = rank_of_stage(st);
+  }
+  const std::string tied = lm->tied_embedding_name();
+  std::vector<std::pair<Tensor, int>> broadcasts;
+  auto list = [&](const std::string& name, const Tensor& t) {
+    if (!t.defined() || (name == tied && p == 2)) return;
+    const std::string blocks_prefix = blocks_path + ".";
+    if (name.rfind(blocks_prefix, 0) == 0) {
+      const size_t dot = name.find('.', blocks_prefix.size());
+      const auto i = static_cast<size_t>(
+          std::stoll(name.substr(blocks_prefix.size(), dot - blocks_prefix.size())));
+      broadcasts.emplace_back(t, block_owner.at(i));
+      return;
     }
+    for (const auto& [modules, owner] :
+         {std::make_pair(lm->embedding_modules(), 0), std::make_pair(lm->head_modules(), S - 1)}) {
+      for (const auto& m : modules) {
+        if (name.rfind(m + ".", 0) == 0) {
+          broadcasts.emplace_back(t, rank_of_stage(owner));
+          return;
+        }
+      }
+    }
+  };
+  for (const auto& [name, t] : model.named_parameters()) list(name, t);
+  for (const auto& [name, t] : model.named_buffers()) list(name, t);
+  // The modules this rank gives up, before they leave the tree.
+  std::vector<std::pair<nn::ModulePtr, int>> given_up;
+  for (const auto& [path, owner] : elsewhere) given_up.emplace_back(model.submodule(path), owner);
+  nn::Undo swapped = swap_out(model, elsewhere);
+  try {
     // The tied embedding: one group over its two stages' ranks (the others pass a color of their
     // own: world->split is collective over the world).
-    const std::string tied = lm->tied_embedding_name();
     if (!tied.empty() && p > 1) {
       const int inner = context_->world_size() / p;  // ranks per stage
       const bool holds = holds_first || holds_last;
@@ -259,16 +365,86 @@ nn::Undo Pipeline::cut(nn::Module& model) {
       }
     }
   } catch (...) {
-    nn::undo_all(std::move(undos))();
+    swapped();
     throw;
   }
+  // Another stage's tensors hold no memory here (a pipeline is there to split them): their
+  // storage is released, as tensor_parallel releases its whole linears (0 bytes on the meta
+  // device: any read fails), unless a module this rank runs shares them (the tied embedding).
+  std::unordered_set<const TensorImpl*> kept;
+  for (const auto& [name, t] : model.named_parameters()) kept.insert(t.impl());
+  for (const auto& [name, t] : model.named_buffers()) kept.insert(t.impl());
+  std::unordered_set<const TensorImpl*> released;
+  for (const auto& [module, owner] : given_up) {
+    auto release = [&](Tensor t) {
+      if (!t.defined() || kept.count(t.impl()) || !released.insert(t.impl()).second) return;
+      repoint(t, std::make_shared<Storage>(0, Device::kMeta), 0);
+    };
+    for (const auto& [name, t] : module->named_parameters()) release(t);
+    for (const auto& [name, t] : module->named_buffers()) release(t);
+  }
   model_ = lm;
-  return [this, all = nn::undo_all(std::move(undos))] {
-    all();
+  return [this, swapped, broadcasts]() mutable {
+    swapped();
+    // While an exception unwinds (a failed step tearing its Trainer down), another rank may never
+    // reach the broadcasts: the tensors given up stay released then, as tensor_parallel's wholes.
+    if (std::uncaught_exceptions() == 0) {
+      NoGradGuard ng;
+      for (auto& [t, owner] : broadcasts) {
+        if (t.device() == Device::kMeta) {
+          repoint_to_own(t, zeros(t.shape(), {t.dtype(), Device::kCPU, false}));
+        }
+        pp_->broadcast(t, owner)->wait();
+      }
+    }
     model_ = nullptr;
     tied_.clear();
     embedding_group_.reset();
   };
+}
+
+nn::Undo Pipeline::cut_for_trace(nn::Module& model) {
+  models::LanguageModel* lm = &stages_of(model);
+  const int v = schedule_.virtual_stages;
+  const auto n = static_cast<int64_t>(lm->blocks().size());
+  nn::Undo swapped = swap_out(model, ends_elsewhere(*lm));
+  trace_chunks_.clear();
+  for (int j = 0; j < v; ++j) trace_chunks_.push_back({n * j / v, n * (j + 1) / v});
+  model_ = lm;
+  return [this, swapped] {
+    swapped();
+    model_ = nullptr;
+    trace_chunks_.clear();
+  };
+}
+
+Tensor Pipeline::trace_step(const data::Batch& micro_batch) {
+  ACC_CHECK_INTERNAL(model_ != nullptr && !trace_chunks_.empty(),
+                     "pipeline_parallel: trace_step before cut_for_trace");
+  const int last = schedule_.num_stages() - 1;
+  const Tensor& idx = micro_batch.idx();
+  nn::ModuleList& blocks = model_->blocks();
+  Tensor total;
+  for (size_t j = 0; j < trace_chunks_.size(); ++j) {
+    const int stage = static_cast<int>(j) * schedule_.ranks + rank_;
+    const StageBlocks& b = trace_chunks_[j];
+    Tensor x;
+    if (stage == 0) {
+      x = model_->embed(idx);
+    } else {
+      // The copy's first block takes the whole sequence (Megatron-SP scatters it there), a later
+      // one its chunk.
+      Shape shape = activation_shape(micro_batch);
+      if (b.begin == 0) shape[1] = idx.size(1);
+      x = dist::recv_from(shape, {DType::kFloat32, idx.device(), /*requires_grad=*/true},
+                          rank_of_stage(stage - 1), pp_, stage);
+    }
+    for (int64_t i = b.begin; i < b.end; ++i) x = (*blocks[static_cast<size_t>(i)])(x);
+    Tensor out = stage == last ? logits_loss_(*model_, model_->head(x), micro_batch.targets())
+                               : dist::send_to(x, rank_of_stage(stage + 1), pp_, stage + 1);
+    total = total.defined() ? add(total, out) : out;
+  }
+  return total;
 }
 
 Shape Pipeline::activation_shape(const data::Batch& micro_batch) const {
@@ -437,10 +613,39 @@ MethodSpec pipeline_parallel_method() {
                    return [pipe, undo] { undo(); };
                  }});
           },
-      // Not searched yet: no choices (a strategy must name it), and so no effects to declare.
-      .search_choices = [](const SearchContext&) { return std::vector<nlohmann::json>{}; },
-      .effects = [](const nlohmann::json&, const SearchContext&, StepEffects&) {},
+      // The search tries every size that divides the world and leaves each stage a block, with
+      // the pipeline filled once, twice and four times (m = p, 2p, 4p: the bubble
+      // (p - 1) / (m + p - 1) against the in-flight activations of the first stage), under 1F1B
+      // and, when every rank can hold two stages, interleaved with v = 2. GPipe is not tried: it
+      // takes 1F1B's time with every micro-batch in flight. The stages are the balanced cut;
+      // the candidate is priced from the traces of its ranks' stages (layout_rewrite).
+      .search_choices =
+          [](const SearchContext& ctx) {
+            std::vector<nlohmann::json> out;
+            for (int p = 2; p <= ctx.world; ++p) {
+              if (ctx.world % p != 0 || ctx.num_blocks < p) continue;
+              for (const int m : {p, 2 * p, 4 * p}) {
+                if (ctx.per_rank_batch % m != 0) continue;
+                out.push_back({{"size", p}, {"micro_batches", m}});
+                if (ctx.num_blocks >= 2 * p) {
+                  out.push_back({{"size", p},
+                                 {"schedule", "interleaved"},
+                                 {"virtual", 2},
+                                 {"micro_batches", m}});
+                }
+              }
+            }
+            return out;
+          },
+      .effects =
+          [](const nlohmann::json& c, const SearchContext&, StepEffects& e) {
+            const Config cfg = parse(c);
+            e.micro_batches = cfg.micro_batches;
+            e.pipeline_ranks = cfg.size;
+            e.pipeline_virtual = cfg.virtual_stages;
+          },
       .mesh = [](const nlohmann::json& c, dist::DeviceMesh& mesh) { mesh.pp = size_from(c); },
+      .layout = true,
       .check_with =
           [](const nlohmann::json&, const Strategy& s) {
             for (const auto& m : s) {

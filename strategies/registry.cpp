@@ -7,6 +7,7 @@
 #include "acc/util/error.hpp"
 #include "acc/util/json.hpp"
 #include "method.hpp"
+#include "pipeline.hpp"
 
 namespace acc::strategies {
 namespace {
@@ -237,10 +238,15 @@ Strategy layout_of(const Strategy& s) {
   return layout;
 }
 
-trace::ModelRef::Rewrite layout_rewrite(const Strategy& s, int world, bool default_loss) {
+trace::ModelRef::Rewrite layout_rewrite(const Strategy& s, int world, bool default_loss,
+                                        int pp_rank) {
   const Strategy layout = layout_of(s);
   if (layout.empty()) return {};
-  const dist::ParallelContextPtr context = dist::ParallelContext::meta(mesh_for(s, world), 0);
+  const dist::DeviceMesh mesh = mesh_for(s, world);
+  ACC_CHECK(pp_rank >= 0 && pp_rank < mesh.pp, "layout_rewrite: pp rank ", pp_rank,
+            " outside the mesh ", mesh.to_string());
+  const dist::ParallelContextPtr context =
+      dist::ParallelContext::meta(mesh, mesh.rank_of(dist::MeshCoord{.pp = pp_rank}));
   return [layout, context, default_loss](nn::Module& model, const data::Batch& sample,
                                          const trace::BatchLoss& loss) {
     // The undos write into the plan's tables (the layouts they recorded): it lives as they do.
@@ -248,13 +254,23 @@ trace::ModelRef::Rewrite layout_rewrite(const Strategy& s, int world, bool defau
         make_plan(layout, context, loss, sample, default_loss));
     std::vector<Undo> undos;
     try {
-      for (const auto& t : plan->model_transforms) undos.push_back(t.apply(model));
+      for (const auto& t : plan->model_transforms) {
+        // The copy traced holds this rank's blocks only: the pipeline keeps them all.
+        undos.push_back(t.method == "pipeline_parallel" ? plan->pipeline->cut_for_trace(model)
+                                                        : t.apply(model));
+      }
     } catch (...) {
       nn::undo_all(std::move(undos))();
       throw;
     }
     Undo undo = [plan, all = nn::undo_all(std::move(undos))] { all(); };
-    return std::make_pair(std::move(undo), trace::BatchLoss(plan->loss));
+    trace::BatchLoss traced = plan->loss;
+    if (plan->pipeline) {
+      traced = [pipe = plan->pipeline](nn::Module&, const data::Batch& b) {
+        return pipe->trace_step(b);
+      };
+    }
+    return std::make_pair(std::move(undo), std::move(traced));
   };
 }
 

@@ -147,6 +147,18 @@ namespace {
 
 // What the search reads of each method (search.hpp): every registered method declares itself,
 // its choices follow the run, and its effects say what it changes.
+// pipeline_parallel's effects for {"size": 2, "virtual": 2, "micro_batches": 4}.
+strategies::StepEffects effects_of_pipeline(const std::vector<strategies::MethodSearch>& methods,
+                                            const strategies::SearchContext& ctx) {
+  strategies::StepEffects e;
+  for (const auto& m : methods) {
+    if (m.name == "pipeline_parallel") {
+      m.effects({{"size", 2}, {"virtual", 2}, {"micro_batches", 4}}, ctx, e);
+    }
+  }
+  return e;
+}
+
 TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
   const auto methods = strategies::searchable_methods();
   ASSERT_EQ(methods.size(), strategies::method_names().size());
@@ -157,9 +169,7 @@ TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
     ASSERT_TRUE(m.choices) << m.name;
     ASSERT_TRUE(m.effects) << m.name;
     choices[m.name] = m.choices(ctx);
-    // pipeline_parallel is not searched yet (its memory per stage and bubble are not modelled):
-    // a strategy must name it.
-    EXPECT_EQ(choices[m.name].empty(), m.name == "pipeline_parallel") << m.name;
+    EXPECT_FALSE(choices[m.name].empty()) << m.name;
     for (const auto& c : choices[m.name]) {
       // Every choice is a valid config of the method (Megatron-SP with the tensor_parallel it
       // runs over).
@@ -176,6 +186,23 @@ TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
   EXPECT_EQ(
       choices["sequence_parallel"],
       (std::vector<nlohmann::json>{{{"kind", "megatron"}}, {{"kind", "ulysses"}, {"size", 2}}}));
+  // Pipelines of the sizes that divide the world and leave each stage a block, filled once, twice
+  // and four times, 1F1B and (two stages a rank) interleaved.
+  std::vector<nlohmann::json> pp;
+  for (const int m : {2, 4, 8}) {
+    pp.push_back({{"size", 2}, {"micro_batches", m}});
+    pp.push_back({{"size", 2}, {"schedule", "interleaved"}, {"virtual", 2}, {"micro_batches", m}});
+  }
+  EXPECT_EQ(choices["pipeline_parallel"], pp);
+  strategies::SearchContext shallow = ctx;
+  shallow.num_blocks = 1;  // a stage a block: no pipeline of 2
+  for (const auto& m : methods) {
+    if (m.name == "pipeline_parallel") EXPECT_TRUE(m.choices(shallow).empty());
+  }
+  const auto pipe = effects_of_pipeline(methods, ctx);
+  EXPECT_EQ(pipe.micro_batches, 4);
+  EXPECT_EQ(pipe.pipeline_ranks, 2);
+  EXPECT_EQ(pipe.pipeline_virtual, 2);
   EXPECT_EQ(choices["grad_accum"],
             (std::vector<nlohmann::json>{{{"steps", 2}}, {{"steps", 4}}, {{"steps", 8}}}));
   EXPECT_EQ(

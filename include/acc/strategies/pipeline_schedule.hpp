@@ -22,10 +22,17 @@
 //                          flight at most; bubble (ranks - 1) / (v m) against 1F1B's
 //                          (ranks - 1) / m
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace acc::strategies {
+
+/// The blocks a stage runs: [begin, end) of the model's blocks.
+struct StageBlocks {
+  int64_t begin = 0, end = 0;
+  bool operator==(const StageBlocks&) const = default;
+};
 
 enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved };
 /// "gpipe", "1f1b", "interleaved".

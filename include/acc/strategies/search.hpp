@@ -36,6 +36,10 @@ struct StepEffects {
   bool bf16_activations = false;  // saved activations inside blocks kept in bf16
   // Schedule.
   int micro_batches = 1;  // the per-rank batch is split into this many
+  /// A pipeline (pipeline_parallel): ranks along pp and stages per rank. Its micro-batches are
+  /// micro_batches; gradients are reduced over dp after the schedule (nothing overlaps it).
+  int pipeline_ranks = 1;
+  int pipeline_virtual = 1;
   // Resident training state per rank: whole, or 1/world of it.
   bool shard_parameters = false;
   bool shard_gradients = false;

@@ -50,6 +50,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,7 @@
 #include "acc/dist/sharding.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/optim/optimizer.hpp"
+#include "acc/strategies/pipeline_schedule.hpp"
 #include "acc/trace/model_ref.hpp"
 
 namespace acc::strategies {
@@ -136,7 +138,8 @@ struct ApplyOptions {
 dist::DeviceMesh mesh_for(const Strategy& s, int world);
 
 /// The methods of `s` that change what a rank holds and computes (tensor_parallel,
-/// sequence_parallel), in order: the candidates of a search that share them share a layout.
+/// sequence_parallel, pipeline_parallel), in order: the candidates of a search that share them
+/// share a layout.
 Strategy layout_of(const Strategy& s);
 
 /// How rank 0 of `s`'s mesh over `world` ranks runs the model, for the search's traces
@@ -148,7 +151,37 @@ Strategy layout_of(const Strategy& s);
 /// data-parallel ones to the search's effects. Empty when no method of `s` changes the layout.
 /// Throws what mesh_for throws; the rewrite throws the transforms' own refusals (acc::ValueError:
 /// "has 6 heads, not a multiple of tp 4") when it runs.
-trace::ModelRef::Rewrite layout_rewrite(const Strategy& s, int world, bool default_loss);
+///
+/// With pipeline_parallel in `s`, the rewrite traces one pp rank's stages (`pp_rank`, the rank of
+/// the mesh at pp coordinate pp_rank and 0 elsewhere) on a copy of the model that holds exactly
+/// that rank's blocks (a registry model built with pipeline_layout's blocks_of_rank): the
+/// embedding when the rank holds the first stage, the head and the loss when it holds the last,
+/// one micro-batch through each of its stages in turn (the copy's blocks split evenly among them),
+/// its input received from the previous stage's rank and its output sent to the next one's
+/// (dist::recv_from / send_to on meta groups: the trace records both messages, forward and
+/// backward). The in-flight micro-batches of the schedule are the search's to add (their count:
+/// PipelineSchedule::max_in_flight).
+trace::ModelRef::Rewrite layout_rewrite(const Strategy& s, int world, bool default_loss,
+                                        int pp_rank = 0);
+
+/// A strategy's pipeline as the search prices it: its validated schedule and its cut.
+struct PipelineLayout {
+  PipelineSchedule schedule;
+  std::vector<StageBlocks> stages;  // ranks x virtual stages, in order
+  /// Blocks rank `r` of the pipeline holds (over its virtual stages).
+  int64_t blocks_of_rank(int r) const;
+};
+
+/// The pipeline of `s` for a model of `num_blocks` blocks whose head (final norm, projection and
+/// loss) costs `head_cost` blocks (head_cost_in_blocks): pipeline_parallel's own cut (the user's
+/// stages, else balanced as the method balances them). nullopt when `s` has no pipeline_parallel.
+/// Throws what the method's config, schedule and cut throw (acc::ValueError naming the value).
+std::optional<PipelineLayout> pipeline_layout(const Strategy& s, int64_t num_blocks,
+                                              double head_cost);
+
+/// A language model's head against one of its blocks, in forward FLOPs per token:
+/// V / (12 C + 2 T) (a block does 24 C^2 + 4 T C, the projection 2 C V).
+double head_cost_in_blocks(int64_t hidden_size, int64_t vocab_size, int64_t seq_len);
 
 /// Bytes held by each kind of training state on this rank, measured from the tensors themselves.
 struct MemoryReport {
