@@ -42,9 +42,14 @@ Times trace_times(const trace::Trace& t, const MachineCalibration& m, const Comm
     if (op.comm) {
       const CommRecord& r = *op.comm;
       if (r.group_size <= 1) continue;
-      const std::string kind =
-          r.kind == CommKind::kAlltoall ? "allgather" : std::string(comm_kind_name(r.kind));
-      const double s = comm_for(r.group_size).seconds(kind, r.bytes);
+      // A pipeline's message: its receive waits for it (at the broadcast fit of two ranks: one
+      // message), its send does not.
+      if (r.kind == CommKind::kSend) continue;
+      const bool p2p = r.kind == CommKind::kRecv;
+      const std::string kind = r.kind == CommKind::kAlltoall ? "allgather"
+                               : p2p                         ? "broadcast"
+                                                             : std::string(comm_kind_name(r.kind));
+      const double s = comm_for(p2p ? 2 : r.group_size).seconds(kind, r.bytes);
       (op.phase == trace::Phase::kForward ? out.comm_forward : out.comm_backward) += s;
       continue;
     }
@@ -59,9 +64,10 @@ Times trace_times(const trace::Trace& t, const MachineCalibration& m, const Comm
 }  // namespace
 
 nlohmann::json TimePrediction::to_json() const {
-  return {{"compute_s", compute_s},           {"backward_s", backward_s},
-          {"optimizer_s", optimizer_s},       {"comm_s", comm_s},
-          {"exposed_comm_s", exposed_comm_s}, {"step_s", step_s}};
+  return {
+      {"compute_s", compute_s}, {"backward_s", backward_s},         {"optimizer_s", optimizer_s},
+      {"comm_s", comm_s},       {"exposed_comm_s", exposed_comm_s}, {"bubble_s", bubble_s},
+      {"step_s", step_s}};
 }
 
 CostModel::CostModel(std::string model_type, nlohmann::json config, int64_t seq_len,
@@ -109,17 +115,28 @@ const CommCalibration& CostModel::comm_for(int size) const {
   return it != group_comm_.end() ? it->second : comm_;
 }
 
-const CostModel::PassCost& CostModel::pass(const Candidate& cand, const trace::TraceOptions& a) {
+const std::vector<RankModel>& CostModel::ranks_for(const Candidate& c) {
+  const std::string key = c.layout_key();
+  auto it = layouts_.find(key);
+  if (it == layouts_.end()) {
+    it = layouts_
+             .emplace(key, key.empty() ? std::vector<RankModel>{RankModel{.model = model_}}
+                                       : rank_models(model_, c, seq_len_))
+             .first;
+  }
+  return it->second;
+}
+
+const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankModel& rank,
+                                           const std::string& layout,
+                                           const trace::TraceOptions& a) {
   const int64_t micro_batch = cand.micro_batch;
   const int64_t recompute_blocks = a.recompute_blocks;
-  const std::string layout = cand.layout_key();
   const auto key = std::make_tuple(layout, micro_batch, static_cast<int>(a.recompute),
                                    recompute_blocks, a.bf16_activations);
   if (auto it = passes_.find(key); it != passes_.end()) return it->second;
-  // The model as the candidate's rank runs it (its shards and its tp / cp communication).
-  auto lit = layouts_.find(layout);
-  if (lit == layouts_.end()) lit = layouts_.emplace(layout, layout_model(model_, cand)).first;
-  const trace::ModelRef& model = lit->second;
+  // The model as the candidate's rank runs it (its stages, shards and tp / cp / pp messages).
+  const trace::ModelRef& model = rank.model;
   auto times = [this](const trace::Trace& t) {
     return trace_times(t, machine_,
                        [this](int size) -> const CommCalibration& { return comm_for(size); });
@@ -172,8 +189,10 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const trace::T
 }
 
 TimePrediction CostModel::predict(const Candidate& c) {
+  const std::vector<RankModel>& ranks = ranks_for(c);
+  if (ranks.size() > 1) return predict_pipeline(c, ranks);
   const strategies::StepEffects& e = c.effects;
-  const PassCost& p = pass(c, activation_trace_options(e));
+  const PassCost& p = pass(c, ranks.front(), c.layout_key(), activation_trace_options(e));
   TimePrediction t;
   const double k = static_cast<double>(e.micro_batches);
   t.compute_s = contention_ * k * (p.forward_s + p.backward_s);
@@ -182,6 +201,53 @@ TimePrediction CostModel::predict(const Candidate& c) {
   const double layout_comm = k * (p.comm_forward_s + p.comm_backward_s);
   t.comm_s += layout_comm;
   t.exposed_comm_s += layout_comm;
+  add_data_parallel_comm(c, p, true, t);
+  t.step_s = t.compute_s + t.optimizer_s + t.exposed_comm_s;
+  return t;
+}
+
+TimePrediction CostModel::predict_pipeline(const Candidate& c,
+                                           const std::vector<RankModel>& ranks) {
+  const strategies::StepEffects& e = c.effects;
+  const double m = static_cast<double>(e.micro_batches);
+  const double v = static_cast<double>(ranks.front().stages.size());
+  double slowest = 0, slowest_comm = 0, sum = 0;
+  TimePrediction t;  // the optimizer and data-parallel reduction of the rank that takes longest
+  double after_s = -1;
+  const std::string layout = c.layout_key();
+  for (const RankModel& r : ranks) {
+    const PassCost& p = pass(c, r, layout + "#pp" + std::to_string(r.pp_rank),
+                             activation_trace_options(rank_effects(e, r)));
+    // A micro-batch through the rank's stages, its messages included.
+    const double comm = p.comm_forward_s + p.comm_backward_s;
+    const double s = contention_ * (p.forward_s + p.backward_s) + comm;
+    if (s > slowest) {
+      slowest = s;
+      slowest_comm = comm;
+    }
+    sum += s;
+    TimePrediction after;
+    add_data_parallel_comm(c, p, /*overlap=*/false, after);
+    if (after.optimizer_s + after.exposed_comm_s > after_s) {
+      after_s = after.optimizer_s + after.exposed_comm_s;
+      t = after;
+      t.backward_s = contention_ * p.backward_s;
+    }
+  }
+  const double schedule = m * slowest + (sum - slowest) / v;
+  t.bubble_s = schedule - m * sum / static_cast<double>(ranks.size());
+  // The slowest rank's messages are waited for; the rest of the schedule is compute and idling.
+  t.comm_s += m * slowest_comm;
+  t.exposed_comm_s += m * slowest_comm;
+  t.compute_s = schedule - m * slowest_comm;
+  t.step_s = t.compute_s + t.optimizer_s + t.exposed_comm_s;
+  return t;
+}
+
+void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bool overlap,
+                                       TimePrediction& t) const {
+  const strategies::StepEffects& e = c.effects;
+  const double k = static_cast<double>(e.micro_batches);
   const int W = c.data_parallel_ranks();
   const CommCalibration& comm = comm_for(W);
   const int64_t local = e.shard_optimizer_state ? (p.parameters + W - 1) / W : p.parameters;
@@ -214,15 +280,13 @@ TimePrediction CostModel::predict(const Candidate& c) {
       const double one = comm.seconds(col.op, msg);
       const double s = static_cast<double>(messages) * one;
       t.comm_s += s;
-      if (col.when == When::kBackward) {
+      if (col.when == When::kBackward && overlap) {
         t.exposed_comm_s += std::max(one, s - p.backward_s);  // the last message is never hidden
       } else {
         t.exposed_comm_s += s;
       }
     }
   }
-  t.step_s = t.compute_s + t.optimizer_s + t.exposed_comm_s;
-  return t;
 }
 
 }  // namespace acc::search

@@ -81,6 +81,7 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
   const int64_t base = memory::current_bytes();
   memory::reset_peak();
   std::vector<double> times;
+  std::optional<int64_t> setup_peak;
   {
     memory::LimitGuard budget(options.memory_budget > 0 ? base + options.memory_budget : 0);
     try {
@@ -101,7 +102,14 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
                                         .grad_clip = options.grad_clip,
                                         .loss = options.loss,
                                         .sample_batch = batch});
+      // The setup's and the warm-up's peak (the model built whole, then cut or sharded; work
+      // some strategies do on their first step) apart from the measured steps'.
+      auto setup_done = [&] {
+        setup_peak = memory::peak_bytes() - base;
+        memory::reset_peak();
+      };
       for (int i = 0; i < options.warmup_steps + options.measured_steps; ++i) {
+        if (i == options.warmup_steps) setup_done();
         Timer t;
         r.losses.push_back(trainer->train_step(batch));
         if (i >= options.warmup_steps) times.push_back(t.elapsed_s());
@@ -121,11 +129,13 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
       r.error = std::string("exception: ") + e.what();
     }
   }
-  r.peak_bytes = memory::peak_bytes() - base;
+  const int64_t step_peak = memory::peak_bytes() - base;
+  r.peak_bytes = std::max(step_peak, setup_peak.value_or(0));
   if (!times.empty()) {
     std::sort(times.begin(), times.end());
     r.step_seconds = times[times.size() / 2];
   }
+  r.rank_step_peak_bytes = {step_peak};
   if (!distributed) return r;
   // The slowest rank's time and the largest rank's peak, over the parent group (healthy: the
   // candidate's own communicator may hold what the failure left in flight). A failure anywhere
@@ -135,12 +145,18 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
                                                   r.peak_bytes, r.status == Status::kOom},
                              {4});
   Tensor time = from_vector(std::vector<float>{static_cast<float>(r.step_seconds)}, {1});
+  std::vector<int64_t> own_peak(static_cast<size_t>(group->size()), 0);
+  own_peak[static_cast<size_t>(group->rank())] = step_peak;
+  Tensor peaks = from_vector(own_peak, {group->size()});
   auto w1 = group->allreduce(flags, dist::ReduceOp::kMax);
   auto w2 = group->allreduce(time, dist::ReduceOp::kMax);
+  auto w3 = group->allreduce(peaks, dist::ReduceOp::kSum);
   w1->wait();
   w2->wait();
+  w3->wait();
   const auto v = flags.to_vector<int64_t>();
   r.peak_bytes = v[2];
+  r.rank_step_peak_bytes = peaks.to_vector<int64_t>();
   r.step_seconds = time.to_vector<float>()[0];
   if (v[0] == 0) return r;
   // Every rank is past the candidate: what its failure left in flight on the candidate's own

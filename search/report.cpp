@@ -10,7 +10,9 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -39,6 +41,8 @@ struct Row {
   int number = 0;  // 1-based position in the page's table, the label of the row's points
   std::string name;
   int64_t micro_batch = 0;
+  std::string mesh;              // "pp=2 dp=1 cp=1 tp=2" ("" in older reports)
+  std::optional<double> bubble;  // a pipeline's predicted idle share of the step
   Status status = Status::kRanked;
   std::string reason;
   int64_t peak_bytes = 0;            // predicted
@@ -77,9 +81,14 @@ Row read_row(const nlohmann::json& j, const std::string& path) {
   Fields predicted(f.at("predicted"), "report", f.path("predicted"));
   r.memory = predicted.at("memory");
   r.peak_bytes = Fields(r.memory, "report", predicted.path("memory")).integer("peak", 0, kMaxInt);
+  if (f.optional("mesh") != nullptr) r.mesh = f.string("mesh");
   if (predicted.optional("time") != nullptr) {
-    r.step_s =
-        Fields(predicted.at("time"), "report", predicted.path("time")).number("step_s", 0, false);
+    Fields time(predicted.at("time"), "report", predicted.path("time"));
+    r.step_s = time.number("step_s", 0, false);
+    if (time.optional("bubble_s") != nullptr) {
+      const double bubble = time.number("bubble_s", 0, false);
+      if (bubble > 0 && *r.step_s > 0) r.bubble = bubble / *r.step_s;
+    }
   }
   if (f.optional("measured") != nullptr) {
     Fields m(f.at("measured"), "report", f.path("measured"));
@@ -696,11 +705,65 @@ std::string summary(const Report& r) {
   return s + "</dl>\n";
 }
 
+// "pp=2 dp=1 cp=1 tp=2" -> "pp2 tp2": the dimensions larger than 1 ("dp1" for one rank).
+std::string short_mesh(const std::string& mesh) {
+  std::string out;
+  std::istringstream in(mesh);
+  std::string part;
+  while (in >> part) {
+    const size_t eq = part.find('=');
+    if (eq == std::string::npos || part.substr(eq + 1) == "1") continue;
+    if (!out.empty()) out += ' ';
+    out.append(part, 0, eq);
+    out.append(part, eq + 1, std::string::npos);
+  }
+  return out.empty() ? "dp1" : out;
+}
+
+// Every mesh factorisation of the world the candidates cover, each with its best candidate (the
+// rows are best predicted first): its predicted time, memory, bubble and status, and how many
+// candidates it had.
+std::string meshes(const Report& r) {
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<const Row*, int>> best;
+  for (const Row& row : r.rows) {
+    if (row.mesh.empty()) continue;
+    auto [it, fresh] = best.try_emplace(row.mesh, &row, 0);
+    if (fresh) order.push_back(row.mesh);
+    ++it->second.second;
+  }
+  if (order.empty()) return "";
+  std::string s =
+      "<h2>Mesh factorisations of the " + std::to_string(r.world) +
+      " ranks</h2>\n<table id=\"meshes\">\n<thead><tr><th>mesh (pp &#215; dp &#215; cp &#215; "
+      "tp)</th><th>candidates</th><th>best candidate</th><th>predicted time</th><th>bubble</th>"
+      "<th>predicted memory</th><th>status</th></tr></thead>\n<tbody>\n";
+  for (const std::string& mesh : order) {
+    const auto& [row, count] = best.at(mesh);
+    s += "<tr class=\"mesh\"><td class=\"mesh\">" + esc(short_mesh(mesh)) + "</td>";
+    s += "<td class=\"num\">" + std::to_string(count) + "</td>";
+    s += "<td class=\"name\">#" + std::to_string(row->number) + " " + esc(row->name) + "</td>";
+    s += "<td class=\"num\">" + (row->step_s ? esc(ms(*row->step_s)) : "-") + "</td>";
+    s += "<td class=\"num\">" + (row->bubble ? esc(fixed(100 * *row->bubble, 1) + "%") : "-") +
+         "</td>";
+    s += "<td class=\"num\">" +
+         (row->status == Status::kExcluded ? std::string("-") : esc(bytes(row->peak_bytes))) +
+         "</td>";
+    std::string status = status_name(row->status);
+    if (row->chosen) status = "chosen";
+    s += "<td><span class=\"status\" style=\"background: " +
+         std::string(status_colour(row->status)) + "\">" + esc(status) + "</span>" +
+         (row->reason.empty() ? "" : " " + esc(row->reason)) + "</td></tr>\n";
+  }
+  return s + "</tbody>\n</table>\n";
+}
+
 std::string table(const Report& r) {
   std::string s =
-      "<table id=\"candidates\">\n<thead><tr><th>#</th><th>candidate</th><th>micro-batch</th>"
-      "<th>predicted time</th><th>predicted memory</th><th>measured time</th>"
-      "<th>measured memory</th><th>status</th><th>reason</th></tr></thead>\n<tbody>\n";
+      "<table id=\"candidates\">\n<thead><tr><th>#</th><th>candidate</th><th>mesh</th>"
+      "<th>micro-batch</th><th>predicted time</th><th>bubble</th><th>predicted memory</th>"
+      "<th>measured time</th><th>measured memory</th><th>status</th><th>reason</th></tr></thead>"
+      "\n<tbody>\n";
   for (const Row& row : r.rows) {
     std::string cls = "candidate";
     if (row.chosen) cls += " chosen";
@@ -710,11 +773,14 @@ std::string table(const Report& r) {
     s += "<td class=\"num\">" + std::to_string(row.number) + "</td>";
     s += "<td class=\"name\">" + esc(row.name) +
          (row.chosen ? "<span class=\"chosen-tag\">chosen</span>" : "") + "</td>";
+    s += "<td class=\"mesh\">" + (row.mesh.empty() ? "-" : esc(short_mesh(row.mesh))) + "</td>";
     // An excluded layout stands for all its combinations: no one micro-batch.
     s += "<td class=\"num\">" +
          (row.status == Status::kExcluded ? std::string("-") : std::to_string(row.micro_batch)) +
          "</td>";
     s += "<td class=\"num\">" + (row.step_s ? esc(ms(*row.step_s)) : "-") + "</td>";
+    s += "<td class=\"num\">" + (row.bubble ? esc(fixed(100 * *row.bubble, 1) + "%") : "-") +
+         "</td>";
     s += row.status == Status::kExcluded ? std::string("<td class=\"num\">-</td>")
                                          : "<td class=\"num\" title=\"" + esc(row.memory.dump()) +
                                                "\">" + esc(bytes(row.peak_bytes)) + "</td>";
@@ -782,6 +848,7 @@ std::string render_report_html(const nlohmann::json& report) {
       memory_time(r) +
       "<ul class=\"key\"><li>Numbers are the table's #; hover a point for its name.</li>"
       "</ul>\n</figure>\n</div>\n";
+  page += meshes(r);
   page += "<h2>Candidates, best predicted first</h2>\n" + table(r);
   return page + "</body>\n</html>\n";
 }

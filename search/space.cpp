@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "acc/models/language_model.hpp"
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
 
@@ -175,11 +176,95 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
 }
 
 trace::ModelRef layout_model(const trace::ModelRef& model, const Candidate& c) {
+  return rank_models(model, c, 0).front().model;
+}
+
+std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate& c,
+                                   int64_t seq_len) {
   // A registry model trains on its own next-token loss, which a split vocabulary replaces with
   // the vocabulary-parallel one; a module on the user's loss.
-  trace::ModelRef::Rewrite rewrite =
-      strategies::layout_rewrite(c.strategy, c.world, model.is_registry());
-  return rewrite ? model.rewritten(std::move(rewrite)) : model;
+  if (c.mesh.pp == 1) {
+    trace::ModelRef::Rewrite rewrite =
+        strategies::layout_rewrite(c.strategy, c.world, model.is_registry());
+    return {RankModel{.model = rewrite ? model.rewritten(std::move(rewrite)) : model}};
+  }
+  ACC_CHECK(model.is_registry(), "pipeline_parallel: the model (", model.type(),
+            ") is no language model of the registry: stages are cut between the blocks of a "
+            "language model's embed -> blocks -> head (a module of your own is not cut yet)");
+  const models::LanguageModelPtr lm = models::create_meta_model(model.type(), model.config(), 1);
+  const std::optional<strategies::PipelineLayout> pipe = strategies::pipeline_layout(
+      c.strategy, model.num_layers(),
+      strategies::head_cost_in_blocks(lm->hidden_size(), lm->vocab_size(), lm->max_seq_len()));
+  ACC_CHECK_INTERNAL(pipe.has_value(), "search: a mesh of pp ", c.mesh.pp, " without a pipeline");
+  bool megatron_sp = false;
+  for (const auto& m : c.strategy) {
+    megatron_sp |= m.name == "sequence_parallel" && m.config.value("kind", "") == "megatron";
+  }
+  const int64_t T = (seq_len > 0 ? seq_len : lm->max_seq_len()) / (megatron_sp ? c.mesh.tp : 1);
+  std::vector<RankModel> out;
+  const int S = pipe->schedule.num_stages();
+  for (int r = 0; r < pipe->schedule.ranks; ++r) {
+    RankModel rm;
+    rm.pp_rank = r;
+    for (int st = r; st < S; st += pipe->schedule.ranks) {
+      rm.stages.push_back(pipe->stages[static_cast<size_t>(st)]);
+    }
+    rm.first = r == pipe->schedule.rank_of_stage(0);
+    rm.last = r == pipe->schedule.rank_of_stage(S - 1);
+    // Walk the rank's list: forwards add one in flight, a backward holds its own until it ends.
+    int held = 0;
+    bool backward_seen = false;
+    rm.in_flight_later = 0;
+    for (const strategies::PipeAction& a : pipe->schedule.actions[static_cast<size_t>(r)]) {
+      if (a.step == strategies::PipeStep::kForward) {
+        ++held;
+        if (backward_seen) rm.in_flight_later = std::max(rm.in_flight_later, held);
+        continue;
+      }
+      if (!backward_seen) {
+        rm.in_flight_first = held;
+      } else {
+        rm.in_flight_later = std::max(rm.in_flight_later, held);
+      }
+      backward_seen = true;
+      --held;
+    }
+    // The largest parameter of what the rank holds: a block's, the embedding's or the head's.
+    for (const auto& [name, t] : lm->named_parameters()) {
+      bool ends = false, held = false;
+      for (const auto& m : lm->embedding_modules()) {
+        ends |= name.rfind(m + ".", 0) == 0;
+        held |= rm.first && name.rfind(m + ".", 0) == 0;
+      }
+      for (const auto& m : lm->head_modules()) {
+        ends |= name.rfind(m + ".", 0) == 0;
+        held |= rm.last && name.rfind(m + ".", 0) == 0;
+      }
+      if (held || !ends) {
+        rm.largest_gradient_bytes = std::max(rm.largest_gradient_bytes, t.numel() * 4);
+      }
+    }
+    nlohmann::json config = model.config();
+    config[model.layers_key()] = pipe->blocks_of_rank(r);
+    rm.model = trace::ModelRef::registry(model.type(), config)
+                   .rewritten(strategies::layout_rewrite(c.strategy, c.world, true, r));
+    rm.message_bytes = checked_mul(checked_mul(checked_mul(c.micro_batch, T, "activation elements"),
+                                               lm->hidden_size(), "activation elements"),
+                                   4, "activation bytes");
+    out.push_back(std::move(rm));
+  }
+  return out;
+}
+
+strategies::StepEffects rank_effects(const strategies::StepEffects& e, const RankModel& r) {
+  strategies::StepEffects out = e;
+  if (r.stages.empty() || e.recompute_blocks < 0) return out;
+  int64_t mine = 0;
+  for (const auto& st : r.stages) {
+    mine += std::clamp<int64_t>(e.recompute_blocks - st.begin, 0, st.end - st.begin);
+  }
+  out.recompute_blocks = mine;
+  return out;
 }
 
 trace::TraceOptions activation_trace_options(const strategies::StepEffects& e) {
@@ -193,12 +278,17 @@ trace::TraceOptions activation_trace_options(const strategies::StepEffects& e) {
 }
 
 nlohmann::json MemoryPrediction::to_json() const {
-  return {{"parameters", parameters},
-          {"gradients", gradients},
-          {"optimizer_state", optimizer_state},
-          {"buffers", buffers},
-          {"activations_peak", activations_peak},
-          {"peak", peak}};
+  nlohmann::json j = {{"parameters", parameters},
+                      {"gradients", gradients},
+                      {"optimizer_state", optimizer_state},
+                      {"buffers", buffers},
+                      {"activations_peak", activations_peak},
+                      {"peak", peak}};
+  if (!stage_peaks.empty()) {
+    j["stage_peaks"] = stage_peaks;
+    j["in_flight_activations"] = in_flight_activations;
+  }
+  return j;
 }
 
 MemoryModel::MemoryModel(std::string model_type, nlohmann::json config, int64_t seq_len,
@@ -215,12 +305,14 @@ const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, const strategi
   return need(model_, "", micro_batch, e, in_flight_fraction, accumulated);
 }
 
-const trace::ModelRef& MemoryModel::model_for(const Candidate& c) {
+const std::vector<RankModel>& MemoryModel::ranks_for(const Candidate& c) {
   const std::string key = c.layout_key();
-  if (key.empty()) return model_;
   auto it = layouts_.find(key);
   if (it == layouts_.end()) {
-    it = layouts_.emplace(key, layout_model(model_, c)).first;
+    it = layouts_
+             .emplace(key, key.empty() ? std::vector<RankModel>{RankModel{.model = model_}}
+                                       : rank_models(model_, c, seq_len_))
+             .first;
   }
   return it->second;
 }
@@ -232,7 +324,9 @@ std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
   if (it != refusals_.end()) return it->second;
   std::optional<std::string> refusal;
   try {
-    (void)model_for(c).trace(model_.extrapolates() ? 1 : model_.num_layers(), 1, seq_len_, {});
+    for (const RankModel& r : ranks_for(c)) {
+      (void)r.model.trace(model_.extrapolates() ? 1 : r.model.num_layers(), 1, seq_len_, {});
+    }
   } catch (const ValueError& e) {  // a split that does not divide, a model it is not built for
     refusal = e.what();
   } catch (const ShapeError& e) {
@@ -268,11 +362,27 @@ int64_t MemoryModel::num_blocks() {
 }
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {
-  const strategies::StepEffects& e = c.effects;
-  // The model as the candidate's rank runs it (its tensor-parallel shards, its share of the
-  // sequence), which the data-parallel methods then shard over dp x cp.
-  const trace::ModelRef& model = model_for(c);
+  const std::vector<RankModel>& ranks = ranks_for(c);
   const std::string layout = c.layout_key();
+  if (ranks.size() == 1) return predict_rank(c, ranks.front(), layout);
+  // A pipeline: each pp rank holds its own stages; the candidate needs its largest.
+  MemoryPrediction worst;
+  std::vector<int64_t> peaks;
+  for (const RankModel& r : ranks) {
+    MemoryPrediction m = predict_rank(c, r, layout + "#pp" + std::to_string(r.pp_rank));
+    peaks.push_back(m.peak);
+    if (peaks.size() == 1 || m.peak > worst.peak) worst = m;
+  }
+  worst.stage_peaks = std::move(peaks);
+  return worst;
+}
+
+MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& rank,
+                                           const std::string& layout) {
+  const strategies::StepEffects e = rank_effects(c.effects, rank);
+  // The model as the candidate's rank runs it (its stages, its tensor-parallel shards, its share
+  // of the sequence), which the data-parallel methods then shard over dp x cp.
+  const trace::ModelRef& model = rank.model;
   auto need = [&](int64_t micro_batch, const strategies::StepEffects& fx,
                   std::optional<double> in_flight = std::nullopt,
                   bool accumulated = false) -> const trace::TrainingNeed& {
@@ -287,11 +397,38 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
   // micro-batch), so their activations peak on top of all of G.
   int64_t live = n.memory.peak - P - O;
   if (e.micro_batches > 1) live = std::max(live, G + n.memory.activations_peak);
+  MemoryPrediction m;
+  if (!rank.stages.empty()) {
+    // A pipeline rank: its schedule holds several forwards in flight through its stages, of
+    // which the trace (one micro-batch through each stage) holds one each; the others' saved
+    // activations are alive at the peak too (the first stage's p micro-batches under 1F1B). A
+    // stage's share is its rank's saved bytes over its stages (even for virtual stages). The
+    // first backward runs before any gradient is held; every later action holds all of G.
+    const auto v = static_cast<int64_t>(rank.stages.size());
+    auto beyond_trace = [&](int in_flight) {
+      return std::max<int64_t>(0, in_flight - v) * (n.memory.activations_saved / v);
+    };
+    const int64_t first = beyond_trace(rank.in_flight_first);
+    const int64_t later = beyond_trace(rank.in_flight_later);
+    m.in_flight_activations = std::max(first, later);
+    live = n.memory.peak - P - O + first;
+    if (e.micro_batches > 1) {
+      live = std::max(live, G + n.memory.activations_peak + later + rank.largest_gradient_bytes);
+    }
+    // The receives Pipeline::run posts ahead (one stage a rank, or more than 2 ranks): the next
+    // forward's input (but on the first stage alone) and the next backward's gradient (but on
+    // the last stage alone).
+    int64_t posted = 0;
+    if (v == 1 || c.mesh.pp > 2) {
+      posted = ((v == 1 && rank.first) ? 0 : rank.message_bytes) +
+               ((v == 1 && rank.last) ? 0 : rank.message_bytes);
+    }
+    live = checked_add(live, posted, "live bytes");
+  }
   const int64_t elem = P / std::max<int64_t>(1, n.parameters);  // bytes per parameter
   const int64_t block_bytes = checked_mul(n.parameters_per_block, elem, "block bytes");
   const int64_t root_bytes = P - checked_mul(block_bytes, n.num_layers, "blocks' bytes");
   auto shard = [W](int64_t x) { return (x + W - 1) / W; };
-  MemoryPrediction m;
   m.parameters = e.shard_parameters ? shard(P) : P;
   m.gradients = e.shard_gradients ? shard(G) : G;
   m.optimizer_state = e.shard_optimizer_state ? shard(O) : O;

@@ -202,9 +202,12 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   }
   std::vector<search::GemmShape> shapes;
   for (const auto& [layout, of] : micro) {
-    const auto more = search::CostModel::shapes_to_measure(
-        search::layout_model(model, *of.first), {of.second.begin(), of.second.end()}, o.seq_len);
-    shapes.insert(shapes.end(), more.begin(), more.end());
+    // Each pp rank's stages (the head's projection on the last alone).
+    for (const search::RankModel& r : search::rank_models(model, *of.first, o.seq_len)) {
+      const auto more = search::CostModel::shapes_to_measure(
+          r.model, {of.second.begin(), of.second.end()}, o.seq_len);
+      shapes.insert(shapes.end(), more.begin(), more.end());
+    }
   }
   std::sort(shapes.begin(), shapes.end());
   shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
@@ -237,6 +240,7 @@ nlohmann::json rows_json(const Space& s, const Row* chosen) {
     nlohmann::json row = {{"strategy", strategies::to_json(r.candidate->strategy)},
                           {"name", r.candidate->describe()},
                           {"micro_batch", r.candidate->micro_batch},
+                          {"mesh", r.candidate->mesh.to_string()},
                           {"predicted", {{"memory", r.memory.to_json()}}},
                           {"status", search::status_name(r.status)}};
     if (r.time) row["predicted"]["time"] = r.time->to_json();

@@ -2,12 +2,15 @@
 // memory budget that no data-parallel candidate meets but a tensor-parallel one does,
 // auto_accelerate picks tensor parallelism (with or without Megatron-SP) and training stays
 // within the budget, measured; without a budget, on a model this small, the data-parallel choice
-// is predicted faster and kept; the report lists the tp / sp candidates with their predictions and
-// the layouts that cannot run the model with their reason.
+// is predicted faster and kept; the report lists the tp / sp / pp candidates with their predictions
+// (a pipeline's bubble and per-stage peaks), every mesh factorisation of the world, and the layouts
+// that cannot run the model with their reason. With pipeline_parallel included, a pipeline is
+// dry-run, chosen and trained.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "acc/accelerate.hpp"
 #include "acc/dist/dist.hpp"
@@ -64,7 +67,8 @@ Least least_peaks(int world) {
 
 bool has_layout(const nlohmann::json& strategy) {
   return std::any_of(strategy.begin(), strategy.end(), [](const nlohmann::json& m) {
-    return m.at("name") == "tensor_parallel" || m.at("name") == "sequence_parallel";
+    return m.at("name") == "tensor_parallel" || m.at("name") == "sequence_parallel" ||
+           m.at("name") == "pipeline_parallel";
   });
 }
 
@@ -117,6 +121,25 @@ TEST(TpSearch, ABudgetOnlyALayoutMeetsIsMetByTensorParallelism) {
     }
   }
   EXPECT_GT(ranked_layouts, 0);
+  // Every mesh factorisation the model allows is listed (its 2 blocks take pp 2 at most, its 4
+  // heads tp 4), and the pipelines with their bubble.
+  std::set<std::string> meshes;
+  for (const auto& row : r.report.at("candidates")) {
+    meshes.insert(row.at("mesh").get<std::string>());
+    const auto& p = row.at("predicted");
+    if (row.at("mesh").get<std::string>().rfind("pp=2", 0) == 0 && p.contains("time")) {
+      EXPECT_GT(p.at("time").at("bubble_s").get<double>(), 0) << row.at("name");
+      EXPECT_EQ(p.at("memory").at("stage_peaks").size(), 2u) << row.at("name");
+    }
+  }
+  for (const std::string& m :
+       W == 2 ? std::vector<std::string>{"pp=1 dp=2 cp=1 tp=1", "pp=1 dp=1 cp=1 tp=2",
+                                         "pp=2 dp=1 cp=1 tp=1"}
+              : std::vector<std::string>{"pp=1 dp=4 cp=1 tp=1", "pp=1 dp=2 cp=1 tp=2",
+                                         "pp=1 dp=1 cp=1 tp=4", "pp=2 dp=2 cp=1 tp=1",
+                                         "pp=2 dp=1 cp=1 tp=2", "pp=1 dp=2 cp=2 tp=1"}) {
+    EXPECT_TRUE(meshes.count(m)) << m;
+  }
   // Training with the choice stays within the budget (the tracked allocator's peak over the
   // steps, counted from before the model existed), and learns (one batch, three steps).
   memory::reset_peak();
@@ -130,6 +153,38 @@ TEST(TpSearch, ABudgetOnlyALayoutMeetsIsMetByTensorParallelism) {
               r.report.at("chosen_name").get<std::string>().c_str(), static_cast<long long>(peak),
               static_cast<long long>(budget));
   EXPECT_LE(peak, budget);
+  EXPECT_LT(last, first);
+}
+
+// The search's pipeline path end to end: with pipeline_parallel included, every candidate is a
+// pipeline; the best predicted are dry-run (train_step runs the schedule), the fastest is chosen,
+// its measured peak is within the memory model's bound of its prediction, and it trains.
+TEST(TpSearch, AnIncludedPipelineIsDryRunChosenAndTrains) {
+  const int W = dist::world_size();
+  if (W < 2) GTEST_SKIP() << "a pipeline needs 2 ranks or more";
+  AccelerateOptions o = options();
+  o.included = {"pipeline_parallel"};
+  manual_seed(5);
+  auto model = models::create_model("gpt", kConfig);
+  AccelerateResult r = auto_accelerate(model, optim::AdamW::factory({.lr = 1e-3}), o);
+  const std::string chosen = r.report.at("chosen_name").get<std::string>();
+  EXPECT_NE(chosen.find("pipeline_parallel"), std::string::npos) << chosen;
+  int measured = 0;
+  for (const auto& row : r.report.at("candidates")) {
+    if (row.at("status") == "excluded") continue;
+    EXPECT_NE(row.at("name").get<std::string>().find("pipeline_parallel"), std::string::npos);
+    if (!row.contains("measured") || row.at("measured").at("status") != "ok") continue;
+    ++measured;
+    const double predicted = row.at("predicted").at("memory").at("peak").get<double>();
+    const double peak = row.at("measured").at("peak_bytes").get<double>();
+    EXPECT_LE(std::abs(predicted - peak) / peak, 0.11) << row.at("name");
+  }
+  EXPECT_GT(measured, 0);
+  double first = 0, last = 0;
+  for (int step = 0; step < 3; ++step) {
+    const double loss = r.train_step(batch_of(r, 0));
+    (step == 0 ? first : last) = loss;
+  }
   EXPECT_LT(last, first);
 }
 

@@ -88,6 +88,31 @@ def check(directory):
     for row, c in zip(excluded_rows, excluded):
         if c.get("reason", "") not in text_of(row):
             errors.append("the excluded row of %r does not give its reason" % c["name"])
+    # Every mesh factorisation of the candidates has a row in the mesh table, and each candidate's
+    # row shows its mesh ("pp2 tp2": the dimensions above 1).
+    meshes = sorted({c["mesh"] for c in candidates if "mesh" in c})
+    if meshes:
+        def short(mesh):
+            parts = [p.replace("=", "") for p in mesh.split() if not p.endswith("=1")]
+            return " ".join(parts) or "dp1"
+        tables = [el for el in root.iter() if local(el.tag) == "table" and el.get("id") == "meshes"]
+        mesh_rows = [row for t in tables for row in t.iter()
+                     if local(row.tag) == "tr" and "mesh" in classes(row)]
+        shown = sorted(text_of(next(el for el in row.iter() if local(el.tag) == "td")).strip()
+                       for row in mesh_rows)
+        if shown != sorted(short(m) for m in meshes):
+            errors.append("mesh table rows %r, the candidates' meshes are %r" % (shown, meshes))
+        # The table is best first, report.json in its own order: rows are matched by name.
+        by_name = {c["name"]: c for c in candidates}
+        for row in rows:
+            name_cells = [el for el in row.iter() if local(el.tag) == "td" and "name" in classes(el)]
+            name = "".join(name_cells[0].text or "") if name_cells else ""
+            c = by_name.get(name)
+            cells = [el for el in row.iter() if local(el.tag) == "td" and "mesh" in classes(el)]
+            if c is None:
+                errors.append("a candidate row names %r, which report.json does not have" % name)
+            elif "mesh" in c and (not cells or text_of(cells[0]).strip() != short(c["mesh"])):
+                errors.append("the row of %r does not show its mesh %r" % (c["name"], c["mesh"]))
     plane = points("memory-time")
     if len(plane) < len(candidates) - len(excluded):
         errors.append("memory-time: %d points for %d candidates"

@@ -93,7 +93,18 @@ nlohmann::json realistic_report() {
   auto excluded = candidate("tensor_parallel{\"size\":4}", 4, "excluded", 0, 0);
   excluded["reason"] =
       "tensor_parallel: 'transformer.h.0.attn' has 6 heads, not a multiple of tp 4";
+  excluded["mesh"] = "pp=1 dp=1 cp=1 tp=2";
   rows.push_back(excluded);
+  // A pipeline: its bubble and each stage's peak.
+  auto pipe = candidate("zero1 + pipeline_parallel{\"micro_batches\":4,\"size\":2}", 4, "ranked",
+                        15 * kMiB, 0.0452);
+  pipe["predicted"]["time"]["bubble_s"] = 0.009;
+  pipe["predicted"]["memory"]["stage_peaks"] = {15 * kMiB, 12 * kMiB};
+  pipe["mesh"] = "pp=2 dp=1 cp=1 tp=1";
+  rows.push_back(pipe);
+  for (auto& r : rows) {
+    if (!r.contains("mesh")) r["mesh"] = "pp=1 dp=2 cp=1 tp=1";
+  }
   return {{"chosen", {{{"name", "zero2"}, {"config", nlohmann::json::object()}}}},
           {"chosen_name", "zero2 + grad_accum{\"steps\":2}"},
           {"world", 2},

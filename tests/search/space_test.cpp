@@ -54,7 +54,8 @@ TEST(Space, OneRankSpaceHasNoGradSyncAndEveryOtherCombination) {
 
 TEST(Space, SeveralRanksAlwaysSynchroniseGradients) {
   // The data-parallel family alone (the layouts are counted in the next test).
-  const std::vector<std::string> layouts = {"tensor_parallel", "sequence_parallel"};
+  const std::vector<std::string> layouts = {"tensor_parallel", "sequence_parallel",
+                                            "pipeline_parallel"};
   const auto cands = enumerate_candidates(opts(2, 8, true, layouts), 4);
   // grad_sync: ddp x2 buckets, zero1 x2, zero2 x2, fsdp (7) x amp (2) x checkpoint (4) x
   // grad_accum on 4 per rank: none, 2, 4 (3).
@@ -67,7 +68,9 @@ TEST(Space, SeveralRanksAlwaysSynchroniseGradients) {
     EXPECT_EQ(sync, 1) << c.describe();
   }
   const auto only_fsdp_amp = enumerate_candidates(
-      opts(2, 8, true, {"ddp", "zero1", "zero2", "tensor_parallel", "sequence_parallel"}, {"amp"}),
+      opts(2, 8, true,
+           {"ddp", "zero1", "zero2", "tensor_parallel", "sequence_parallel", "pipeline_parallel"},
+           {"amp"}),
       4);
   EXPECT_EQ(only_fsdp_amp.size(), 4u * 3);
   for (const auto& c : only_fsdp_amp) {
@@ -95,9 +98,25 @@ TEST(Space, LayoutsAreTheSizesThatDivideTheWorld) {
     auto ulysses = [](int s) {
       return "sequence_parallel{\"kind\":\"ulysses\",\"size\":" + std::to_string(s) + "}";
     };
+    auto pipe = [](int p, int m, bool interleaved) {
+      return "pipeline_parallel{\"micro_batches\":" + std::to_string(m) +
+             (interleaved ? ",\"schedule\":\"interleaved\"" : "") +
+             ",\"size\":" + std::to_string(p) + (interleaved ? ",\"virtual\":2}" : "}");
+    };
     std::set<std::string> want = {"single process", tp2, tp2 + " + " + megatron, ulysses(2)};
+    // Pipelines over 4 blocks: m = p, 2p, 4p dividing the rank's batch (8 / dp); interleaved v = 2
+    // where every rank holds two stages (p 2); with tp and Megatron-SP (not Ulysses: refused).
+    for (const std::string& with :
+         std::vector<std::string>{"", tp2 + " + ", tp2 + " + " + megatron + " + "}) {
+      if (world == 2 && !with.empty()) continue;
+      for (const int m : {2, 4, 8}) {
+        if (world == 4 && with.empty() && m == 8) continue;  // pp2 x dp2: 4 samples a rank
+        for (const bool interleaved : {false, true}) want.insert(with + pipe(2, m, interleaved));
+      }
+    }
     if (world == 4) {
       want.insert({tp4, tp4 + " + " + megatron, ulysses(4), tp2 + " + " + ulysses(2)});
+      want.insert({pipe(4, 4, false), pipe(4, 8, false)});
     }
     EXPECT_EQ(names, want) << "world " << world;
     EXPECT_EQ(layouts[tp2], (std::set<int64_t>{8 / (world / 2)})) << "world " << world;
@@ -306,6 +325,61 @@ TEST(CostModel, ALayoutsCommunicationIsPricedAtItsGroupsFit) {
               1e-12);
   // Megatron-SP trades each all-reduce for an all-gather and a reduce-scatter of the same bytes.
   EXPECT_GT(cm.predict(sp).comm_s, 0);
+}
+
+// A pipeline is priced per pp rank from the traces of its stages and by its schedule: with free
+// messages, the idle share of the schedule (bubble_s over compute_s) is at least the formula's
+// (p - 1) / (v m + p - 1), equal for equal stages (the head makes the last one longer here), and
+// falls with more micro-batches and with interleaving.
+TEST(CostModel, APipelinesBubbleFollowsItsSchedule) {
+  const nlohmann::json config = tiny_gpt();
+  const int64_t T = 32;
+  MachineCalibration machine;
+  machine.memory_gbps = 20;
+  CommCalibration comm;
+  comm.world = 2;
+  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}) {
+    comm.ops[op] = {0, 0};
+  }
+  const auto model = trace::ModelRef::registry("gpt", config);
+  const auto cands = enumerate_candidates(opts(2, 8), 4);
+  auto pipe = [&](int m, bool interleaved) -> const Candidate& {
+    return candidate(cands, "ddp + pipeline_parallel{\"micro_batches\":" + std::to_string(m) +
+                                (interleaved ? ",\"schedule\":\"interleaved\"" : "") +
+                                ",\"size\":2" + (interleaved ? ",\"virtual\":2}" : "}"));
+  };
+  for (const int m : {2, 4, 8}) {
+    for (const bool il : {false, true}) {
+      for (const RankModel& r : rank_models(model, pipe(m, il), T)) {
+        for (const auto& s : CostModel::shapes_to_measure(r.model, {8 / m}, T)) {
+          machine.gemm_gflops[s] = 100;
+        }
+      }
+    }
+  }
+  CostModel cm(model, T, machine, comm);
+  std::map<std::pair<int, bool>, double> share;
+  for (const int m : {2, 4, 8}) {
+    for (const bool il : {false, true}) {
+      const TimePrediction t = cm.predict(pipe(m, il));
+      const double v = il ? 2 : 1;
+      const double idle = t.bubble_s / t.compute_s;
+      share[std::make_pair(m, il)] = idle;
+      EXPECT_GE(idle, (2 - 1) / (v * m + 2 - 1) - 1e-12) << m << " " << il;
+      EXPECT_LT(idle, 0.5) << m << " " << il;
+      EXPECT_NEAR(t.step_s, t.compute_s + t.optimizer_s + t.exposed_comm_s, 1e-12);
+    }
+  }
+  auto at = [&](int m, bool il) { return share.at(std::make_pair(m, il)); };
+  EXPECT_LT(at(4, false), at(2, false));
+  EXPECT_LT(at(8, false), at(4, false));
+  for (const int m : {2, 4, 8}) EXPECT_LT(at(m, true), at(m, false)) << m;
+  // Each stage's peak is predicted, the first stage's in-flight micro-batches beyond the trace's.
+  MemoryModel mm(model, T);
+  const MemoryPrediction p = mm.predict(pipe(8, false));
+  ASSERT_EQ(p.stage_peaks.size(), 2u);
+  EXPECT_EQ(p.peak, std::max(p.stage_peaks[0], p.stage_peaks[1]));
+  EXPECT_GT(p.in_flight_activations, 0);
 }
 
 }  // namespace

@@ -20,6 +20,14 @@
 //               is priced at the all-gather fit of its bytes (each rank sends (n - 1) / n of its
 //               buffer either way; calibrate_collectives does not measure all-to-alls).
 //   step      = micro_batches x compute + optimizer + exposed comm.
+//   pipeline  = each pp rank priced from the trace of its own stages (rank_models: its blocks,
+//               the embedding or the head, its messages; a receive at the broadcast fit of a
+//               2-rank group, a send free), t_r = forward + backward + messages of a micro-batch
+//               through its stages; the schedule takes m x max t_r + (sum t_r - max t_r) / v
+//               (equal stages: (m + (p - 1) / v) t, the bubble (p - 1) / (v m + p - 1)), and the
+//               stage imbalance shows in max t_r. bubble_s: that time less m x mean t_r (what a
+//               rank waits on average). The data-parallel reduction runs after the schedule
+//               (exposed), with the optimizer of the rank that takes longest.
 //
 // The fits by group size: add_group_calibration() gives one measured on groups of that size
 // (auto_accelerate measures tp- and cp-sized groups of the job); a size without one is priced at
@@ -42,6 +50,9 @@ struct TimePrediction {
   double optimizer_s = 0;
   double comm_s = 0;          // all communication of the step
   double exposed_comm_s = 0;  // the part not hidden behind backward
+  /// A pipeline's idle time per rank (the bubble and the stages' imbalance), in compute_s; 0
+  /// without one.
+  double bubble_s = 0;
   double step_s = 0;
   nlohmann::json to_json() const;
 };
@@ -79,12 +90,22 @@ class CostModel {
     int64_t block_parameters = 0;                    // elements of one block
     int64_t num_blocks = 0;
   };
-  /// The forward and backward of a micro-batch with the candidate's activation options.
-  const PassCost& pass(const Candidate& c, const trace::TraceOptions& activations);
+  /// The forward and backward of a micro-batch of `rank`'s model with the candidate's activation
+  /// options (`key`: the model's cache key).
+  const PassCost& pass(const Candidate& c, const RankModel& rank, const std::string& key,
+                       const trace::TraceOptions& activations);
+  /// The model as each pp rank of `c` runs it, cached by layout.
+  const std::vector<RankModel>& ranks_for(const Candidate& c);
+  TimePrediction predict_pipeline(const Candidate& c, const std::vector<RankModel>& ranks);
+  /// The data-parallel methods' communication of a rank holding `p`'s parameters (StepEffects'
+  /// collectives over dp x cp), added to `t`; `overlap`: whether gradient buckets overlap the
+  /// last backward.
+  void add_data_parallel_comm(const Candidate& c, const PassCost& p, bool overlap,
+                              TimePrediction& t) const;
 
   trace::ModelRef model_;
-  std::map<std::string, trace::ModelRef> layouts_;  // Candidate::layout_key -> its model
-  std::map<int, CommCalibration> group_comm_;       // by group size
+  std::map<std::string, std::vector<RankModel>> layouts_;  // Candidate::layout_key -> its ranks
+  std::map<int, CommCalibration> group_comm_;              // by group size
   int64_t seq_len_;
   MachineCalibration machine_;
   CommCalibration comm_;

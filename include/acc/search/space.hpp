@@ -74,7 +74,42 @@ int64_t per_rank_batch(int64_t global_batch, int world);
 /// The model as the candidate's rank runs it: `model` itself, or traced through the candidate's
 /// layout methods (strategies::layout_rewrite over its mesh: tensor_parallel's shards and
 /// collectives, sequence_parallel's share of the sequence).
+/// With a pipeline, the first pp rank's model (rank_models()[0]).
 trace::ModelRef layout_model(const trace::ModelRef& model, const Candidate& c);
+
+/// The model as one pp rank of a candidate runs it.
+struct RankModel {
+  trace::ModelRef model;  // traced through the candidate's layout (its stages, shards, chunks)
+  int pp_rank = 0;
+  /// The whole model's blocks this rank runs, per stage (empty without a pipeline: all of them).
+  std::vector<strategies::StageBlocks> stages;
+  bool first = true, last = true;  // holds the first stage (embedding) / the last (head, loss)
+  /// Forwards in flight on this rank (each through one of its stages; 1 without a pipeline):
+  /// at its first backward, before any gradient is held, and the most at any later action, with
+  /// the accumulated gradients resident (from the schedule's list).
+  int in_flight_first = 1;
+  int in_flight_later = 1;
+  /// Bytes of one activation between stages (a micro-batch's (B, T, C) f32, T / tp under
+  /// Megatron-SP): the runtime posts a receive of one ahead from each neighbour.
+  int64_t message_bytes = 0;
+  /// Bytes of the largest parameter the rank holds (f32): after its first backward a stage's
+  /// gradient comes fresh and is then added into the held one, so one such gradient is alive on
+  /// top of all of G.
+  int64_t largest_gradient_bytes = 0;
+};
+
+/// The model as each pp rank of `c` runs it: without a pipeline, layout_model alone. With one
+/// (a registry language model only: acc::ValueError naming the model otherwise), rank r's model
+/// is a copy holding exactly its blocks of pipeline_parallel's cut (strategies::pipeline_layout),
+/// traced through strategies::layout_rewrite at that pp rank: its embedding or head when it holds
+/// them, and its stages' messages. `seq_len`: the run's (0: the model's longest), for
+/// message_bytes. Throws what the cut throws (fewer blocks than stages).
+std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate& c,
+                                   int64_t seq_len);
+
+/// `e` as rank `r` of a pipeline sees it: of the model's first e.recompute_blocks blocks, those
+/// of its stages (the copy's first ones; -1 stays all).
+strategies::StepEffects rank_effects(const strategies::StepEffects& e, const RankModel& r);
 
 /// The trace options of a candidate's activation effects (StepEffects::recompute_blocks: 0 none,
 /// -1 all, else the first n blocks, whole or, with selective_recompute, their attention cores;
@@ -89,6 +124,10 @@ struct MemoryPrediction {
   int64_t buffers = 0;  // gathered blocks, gradient buckets
   int64_t activations_peak = 0;
   int64_t peak = 0;  // the step's predicted peak of tracked tensor memory
+  /// With a pipeline: each pp rank's peak (the figures above are the rank with the largest), and
+  /// the largest rank's in-flight activations beyond the trace's one micro-batch.
+  std::vector<int64_t> stage_peaks;
+  int64_t in_flight_activations = 0;
   nlohmann::json to_json() const;
 };
 
@@ -114,8 +153,10 @@ class MemoryModel {
   std::optional<std::string> layout_refusal(const Candidate& c);
 
  private:
-  // The model as the candidate's rank runs it: the model itself, or traced through its layout.
-  const trace::ModelRef& model_for(const Candidate& c);
+  // The model as each pp rank of the candidate runs it (rank_models), cached by layout.
+  const std::vector<RankModel>& ranks_for(const Candidate& c);
+  // The prediction for one pp rank (`key`: its model's cache key).
+  MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key);
   // `layout` keys the cache: the candidate's layout_key, whose model `model` is.
   const trace::TrainingNeed& need(const trace::ModelRef& model, const std::string& layout,
                                   int64_t micro_batch, const strategies::StepEffects& e,
@@ -124,7 +165,7 @@ class MemoryModel {
   trace::ModelRef model_;
   int64_t seq_len_;
   std::string optimizer_;
-  std::map<std::string, trace::ModelRef> layouts_;  // layout_key -> the model rewritten
+  std::map<std::string, std::vector<RankModel>> layouts_;  // layout_key -> its ranks' models
   std::map<std::string, std::optional<std::string>> refusals_;
   // (layout, micro-batch, recomputation, recomputed blocks, bf16, in-flight fraction,
   // accumulated).
