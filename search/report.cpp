@@ -647,7 +647,8 @@ th, td { padding: 3px 8px; border-bottom: 1px solid #e4e4e4; text-align: left;
          vertical-align: top; }
 th { background: #f3f3f3; position: sticky; top: 0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.name { white-space: nowrap; }
+td.name { max-width: 46em; overflow-wrap: anywhere; }
+td.mesh { white-space: nowrap; }
 tr.chosen td { background: #dcebf7; font-weight: 600; }
 tr.rejected td, tr.excluded td { color: #777; }
 span.status { display: inline-block; padding: 0 6px; border-radius: 3px; color: #fff;
