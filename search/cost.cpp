@@ -77,7 +77,8 @@ CostModel::CostModel(std::string model_type, nlohmann::json config, int64_t seq_
 
 CostModel::CostModel(trace::ModelRef model, int64_t seq_len, MachineCalibration machine,
                      CommCalibration comm, double contention)
-    : model_(std::move(model)),
+    : model_(model),
+      ranks_(model, seq_len),
       seq_len_(seq_len),
       machine_(std::move(machine)),
       comm_(std::move(comm)),
@@ -113,18 +114,6 @@ void CostModel::add_group_calibration(CommCalibration comm) {
 const CommCalibration& CostModel::comm_for(int size) const {
   auto it = group_comm_.find(size);
   return it != group_comm_.end() ? it->second : comm_;
-}
-
-const std::vector<RankModel>& CostModel::ranks_for(const Candidate& c) {
-  const std::string key = c.layout_key();
-  auto it = layouts_.find(key);
-  if (it == layouts_.end()) {
-    it = layouts_
-             .emplace(key, key.empty() ? std::vector<RankModel>{RankModel{.model = model_}}
-                                       : rank_models(model_, c, seq_len_))
-             .first;
-  }
-  return it->second;
 }
 
 const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankModel& rank,
@@ -189,7 +178,7 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
 }
 
 TimePrediction CostModel::predict(const Candidate& c) {
-  const std::vector<RankModel>& ranks = ranks_for(c);
+  const std::vector<RankModel>& ranks = ranks_.of(c);
   if (ranks.size() > 1) return predict_pipeline(c, ranks);
   const strategies::StepEffects& e = c.effects;
   const PassCost& p = pass(c, ranks.front(), c.layout_key(), activation_trace_options(e));

@@ -256,6 +256,21 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
   return out;
 }
 
+RankModels::RankModels(trace::ModelRef model, int64_t seq_len)
+    : model_(std::move(model)), seq_len_(seq_len) {}
+
+const std::vector<RankModel>& RankModels::of(const Candidate& c) {
+  const std::string key = c.layout_key();
+  auto it = layouts_.find(key);
+  if (it == layouts_.end()) {
+    it = layouts_
+             .emplace(key, key.empty() ? std::vector<RankModel>{RankModel{.model = model_}}
+                                       : rank_models(model_, c, seq_len_))
+             .first;
+  }
+  return it->second;
+}
+
 strategies::StepEffects rank_effects(const strategies::StepEffects& e, const RankModel& r) {
   strategies::StepEffects out = e;
   if (r.stages.empty() || e.recompute_blocks < 0) return out;
@@ -297,24 +312,12 @@ MemoryModel::MemoryModel(std::string model_type, nlohmann::json config, int64_t 
                   std::move(optimizer)) {}
 
 MemoryModel::MemoryModel(trace::ModelRef model, int64_t seq_len, std::string optimizer)
-    : model_(std::move(model)), seq_len_(seq_len), optimizer_(std::move(optimizer)) {}
+    : model_(model), seq_len_(seq_len), optimizer_(std::move(optimizer)), ranks_(model, seq_len) {}
 
 const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, const strategies::StepEffects& e,
                                              std::optional<double> in_flight_fraction,
                                              bool accumulated) {
   return need(model_, "", micro_batch, e, in_flight_fraction, accumulated);
-}
-
-const std::vector<RankModel>& MemoryModel::ranks_for(const Candidate& c) {
-  const std::string key = c.layout_key();
-  auto it = layouts_.find(key);
-  if (it == layouts_.end()) {
-    it = layouts_
-             .emplace(key, key.empty() ? std::vector<RankModel>{RankModel{.model = model_}}
-                                       : rank_models(model_, c, seq_len_))
-             .first;
-  }
-  return it->second;
 }
 
 std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
@@ -324,7 +327,7 @@ std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
   if (it != refusals_.end()) return it->second;
   std::optional<std::string> refusal;
   try {
-    for (const RankModel& r : ranks_for(c)) {
+    for (const RankModel& r : ranks_.of(c)) {
       (void)r.model.trace(model_.extrapolates() ? 1 : r.model.num_layers(), 1, seq_len_, {});
     }
   } catch (const ValueError& e) {  // a split that does not divide, a model it is not built for
@@ -362,7 +365,7 @@ int64_t MemoryModel::num_blocks() {
 }
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {
-  const std::vector<RankModel>& ranks = ranks_for(c);
+  const std::vector<RankModel>& ranks = ranks_.of(c);
   const std::string layout = c.layout_key();
   if (ranks.size() == 1) return predict_rank(c, ranks.front(), layout);
   // A pipeline: each pp rank holds its own stages; the candidate needs its largest.

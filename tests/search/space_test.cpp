@@ -287,16 +287,22 @@ TEST(MemoryModel, ALayoutIsPricedFromTheTraceOfItsRankAndRefusedWithItsReason) {
   EXPECT_GT(half.activations_peak, 0);
 }
 
+// Every collective of `world` ranks at alpha + beta x bytes.
+CommCalibration made_up_comm(int world, double alpha, double beta) {
+  CommCalibration c;
+  c.world = world;
+  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}) {
+    c.ops[op] = {alpha, beta};
+  }
+  return c;
+}
+
 TEST(CostModel, ALayoutsCommunicationIsPricedAtItsGroupsFit) {
   const nlohmann::json config = tiny_gpt();
   const int64_t T = 32;
   MachineCalibration m;
   m.memory_gbps = 20;
-  CommCalibration world;
-  world.world = 4;
-  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}) {
-    world.ops[op] = {50e-6, 1e-9};
-  }
+  const CommCalibration world = made_up_comm(4, 50e-6, 1e-9);
   const auto cands = enumerate_candidates(opts(4, 8), 4);
   const Candidate& tp2 = candidate(cands, "ddp + tensor_parallel{\"size\":2}");
   const Candidate& sp = candidate(
@@ -336,11 +342,7 @@ TEST(CostModel, APipelinesBubbleFollowsItsSchedule) {
   const int64_t T = 32;
   MachineCalibration machine;
   machine.memory_gbps = 20;
-  CommCalibration comm;
-  comm.world = 2;
-  for (const char* op : {"allreduce", "reduce_scatter", "allgather", "broadcast"}) {
-    comm.ops[op] = {0, 0};
-  }
+  const CommCalibration comm = made_up_comm(2, 0, 0);
   const auto model = trace::ModelRef::registry("gpt", config);
   const auto cands = enumerate_candidates(opts(2, 8), 4);
   auto pipe = [&](int m, bool interleaved) -> const Candidate& {

@@ -94,8 +94,6 @@ class CostModel {
   /// options (`key`: the model's cache key).
   const PassCost& pass(const Candidate& c, const RankModel& rank, const std::string& key,
                        const trace::TraceOptions& activations);
-  /// The model as each pp rank of `c` runs it, cached by layout.
-  const std::vector<RankModel>& ranks_for(const Candidate& c);
   TimePrediction predict_pipeline(const Candidate& c, const std::vector<RankModel>& ranks);
   /// The data-parallel methods' communication of a rank holding `p`'s parameters (StepEffects'
   /// collectives over dp x cp), added to `t`; `overlap`: whether gradient buckets overlap the
@@ -104,8 +102,8 @@ class CostModel {
                               TimePrediction& t) const;
 
   trace::ModelRef model_;
-  std::map<std::string, std::vector<RankModel>> layouts_;  // Candidate::layout_key -> its ranks
-  std::map<int, CommCalibration> group_comm_;              // by group size
+  RankModels ranks_;                           // the model as each pp rank of a candidate runs it
+  std::map<int, CommCalibration> group_comm_;  // by group size
   int64_t seq_len_;
   MachineCalibration machine_;
   CommCalibration comm_;

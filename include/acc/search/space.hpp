@@ -107,6 +107,20 @@ struct RankModel {
 std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate& c,
                                    int64_t seq_len);
 
+/// rank_models of one model's candidates, each layout's computed once (the memory and the time
+/// model each keep one).
+class RankModels {
+ public:
+  RankModels(trace::ModelRef model, int64_t seq_len);
+  /// The models of `c`'s pp ranks: the model itself when `c` has no layout.
+  const std::vector<RankModel>& of(const Candidate& c);
+
+ private:
+  trace::ModelRef model_;
+  int64_t seq_len_ = 0;
+  std::map<std::string, std::vector<RankModel>> layouts_;  // layout_key -> its ranks' models
+};
+
 /// `e` as rank `r` of a pipeline sees it: of the model's first e.recompute_blocks blocks, those
 /// of its stages (the copy's first ones; -1 stays all).
 strategies::StepEffects rank_effects(const strategies::StepEffects& e, const RankModel& r);
@@ -153,8 +167,6 @@ class MemoryModel {
   std::optional<std::string> layout_refusal(const Candidate& c);
 
  private:
-  // The model as each pp rank of the candidate runs it (rank_models), cached by layout.
-  const std::vector<RankModel>& ranks_for(const Candidate& c);
   // The prediction for one pp rank (`key`: its model's cache key).
   MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key);
   // `layout` keys the cache: the candidate's layout_key, whose model `model` is.
@@ -165,7 +177,7 @@ class MemoryModel {
   trace::ModelRef model_;
   int64_t seq_len_;
   std::string optimizer_;
-  std::map<std::string, std::vector<RankModel>> layouts_;  // layout_key -> its ranks' models
+  RankModels ranks_;  // the model as each pp rank of a candidate runs it
   std::map<std::string, std::optional<std::string>> refusals_;
   // (layout, micro-batch, recomputation, recomputed blocks, bf16, in-flight fraction,
   // accumulated).
