@@ -1,7 +1,7 @@
 // bench_pipeline: the pipeline bubble, measured. One JSON line per schedule and a summary (rank 0).
 //
-//   mpirun -np 2 build/benchmarks/bench_pipeline --config gpt_small --layers 8 \
-//       --global-batch 16 --seq-len 64 --micro-batches 8 --rounds 5
+//   mpirun -np 2 build/benchmarks/bench_pipeline --config gpt_small --layers 8
+//          --global-batch 16 --seq-len 64 --micro-batches 8 --rounds 5   (one line)
 //
 // pipeline_parallel over all the ranks (p = the world), the same model, global batch and m
 // micro-batches, under 1F1B and under the interleaved schedule with 2 virtual stages a rank. Both
@@ -17,6 +17,11 @@
 // stages of equal cost and free messages. More ranks than cores (p = 4 on 2 cores) share the cores
 // in the steady state, where every stage computes, and not in the warm-up and cool-down, where
 // only some do: the bubble then measures short of the formula.
+//
+// Beside the formula, each line gives the search's own prediction of the same run
+// (search_idle_share, search_step_ms): search::CostModel on this machine's calibration (GEMM rates
+// from the cache, the compute contention of the job's ranks) and the world's collective fits, its
+// bubble_s over its schedule (stage imbalance and the messages on the slowest rank included).
 
 #include <CLI/CLI.hpp>
 
@@ -25,6 +30,8 @@
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/search/calibration.hpp"
+#include "acc/search/cost.hpp"
 #include "acc/strategies/strategy.hpp"
 #include "acc/util/error.hpp"
 #include "bench_util.hpp"
@@ -39,7 +46,31 @@ struct Run {
   std::unique_ptr<acc::strategies::Trainer> trainer;
   std::vector<double> step_ms, idle_share;  // this rank's, per timed step
   double predicted = 0;
+  acc::strategies::Strategy strategy;
+  double search_idle = 0, search_step_ms = 0;  // the search's cost model, rank 0's
 };
+
+// The search's candidate for `s` over `world` ranks (its mesh, batch and the methods' effects).
+acc::search::Candidate candidate_of(const acc::strategies::Strategy& s, int world,
+                                    int64_t global_batch, int64_t num_blocks) {
+  using namespace acc;
+  search::Candidate c;
+  c.strategy = s;
+  c.world = world;
+  c.mesh = strategies::mesh_for(s, world);
+  c.per_rank_batch = global_batch / c.mesh.dp;
+  const strategies::SearchContext ctx{
+      .world = world, .num_blocks = num_blocks, .per_rank_batch = c.per_rank_batch};
+  for (const auto& m : strategies::searchable_methods()) {
+    for (const auto& x : s) {
+      if (x.name != m.name) continue;
+      m.effects(x.config, ctx, c.effects);
+      c.effects.methods.push_back(m.name);
+    }
+  }
+  c.micro_batch = c.per_rank_batch / c.effects.micro_batches;
+  return c;
+}
 
 }  // namespace
 
@@ -77,11 +108,38 @@ int main(int argc, char** argv) {
       auto model = models::create_model(type, cfg);
       nlohmann::json pp = {{"size", p}, {"micro_batches", micro_batches}};
       if (r.virtual_stages > 1) pp["virtual"] = r.virtual_stages;
-      r.trainer = strategies::apply(
-          model, optim::AdamW::factory({}),
-          strategies::parse_strategy({{{"name", "pipeline_parallel"}, {"config", pp}}}));
+      r.strategy = strategies::parse_strategy({{{"name", "pipeline_parallel"}, {"config", pp}}});
+      r.trainer = strategies::apply(model, optim::AdamW::factory({}), r.strategy);
       const double v = r.virtual_stages;
       r.predicted = (p - 1) / (v * micro_batches + p - 1);
+    }
+    {
+      // The search's prediction: the GEMM shapes of every rank's stages, measured (or read from
+      // the cache) on rank 0 alone, then shared; the contention and collectives over the world.
+      const trace::ModelRef ref = trace::ModelRef::registry(type, cfg);
+      std::vector<search::GemmShape> shapes;
+      std::vector<search::Candidate> cands;
+      for (const Run& r : runs) {
+        cands.push_back(candidate_of(r.strategy, p, global_batch, layers));
+        for (const auto& rm : search::rank_models(ref, cands.back(), seq_len)) {
+          for (const auto& g : search::CostModel::shapes_to_measure(
+                   rm.model, {cands.back().micro_batch}, seq_len)) {
+            shapes.push_back(g);
+          }
+        }
+      }
+      search::MachineCalibration machine;
+      if (world->rank() == 0) machine = search::load_or_calibrate_machine(shapes, {});
+      machine = search::broadcast_calibration(*world, machine);
+      const double contention = search::contention_for_job(*world, machine, shapes, {});
+      const search::CommCalibration comm =
+          search::calibrate_collectives(*world, {4 << 10, 256 << 10, 4 << 20}, 0.01);
+      search::CostModel cost(ref, seq_len, machine, comm, contention);
+      for (size_t i = 0; i < runs.size(); ++i) {
+        const search::TimePrediction t = cost.predict(cands[i]);
+        runs[i].search_idle = t.bubble_s / t.step_s;  // as measured: waits over the step
+        runs[i].search_step_ms = 1e3 * t.step_s;
+      }
     }
     Generator gen;
     gen.set_state(7, 0);
@@ -129,6 +187,8 @@ int main(int argc, char** argv) {
                                      {"median_idle_share", idle_median},
                                      {"predicted_idle_share", r.predicted},
                                      {"idle_over_predicted", idle_median / r.predicted},
+                                     {"search_idle_share", r.search_idle},
+                                     {"search_step_ms", r.search_step_ms},
                                      {"timed_steps", r.step_ms.size()}};
         std::printf("%s\n", line.dump().c_str());
       }

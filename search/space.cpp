@@ -186,7 +186,9 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
   if (c.mesh.pp == 1) {
     trace::ModelRef::Rewrite rewrite =
         strategies::layout_rewrite(c.strategy, c.world, model.is_registry());
-    return {RankModel{.model = rewrite ? model.rewritten(std::move(rewrite)) : model}};
+    RankModel whole;
+    whole.model = rewrite ? model.rewritten(std::move(rewrite)) : model;
+    return {std::move(whole)};
   }
   ACC_CHECK(model.is_registry(), "pipeline_parallel: the model (", model.type(),
             ") is no language model of the registry: stages are cut between the blocks of a "
@@ -231,16 +233,16 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
     }
     // The largest parameter of what the rank holds: a block's, the embedding's or the head's.
     for (const auto& [name, t] : lm->named_parameters()) {
-      bool ends = false, held = false;
+      bool in_ends = false, kept = false;
       for (const auto& m : lm->embedding_modules()) {
-        ends |= name.rfind(m + ".", 0) == 0;
-        held |= rm.first && name.rfind(m + ".", 0) == 0;
+        in_ends |= name.rfind(m + ".", 0) == 0;
+        kept |= rm.first && name.rfind(m + ".", 0) == 0;
       }
       for (const auto& m : lm->head_modules()) {
-        ends |= name.rfind(m + ".", 0) == 0;
-        held |= rm.last && name.rfind(m + ".", 0) == 0;
+        in_ends |= name.rfind(m + ".", 0) == 0;
+        kept |= rm.last && name.rfind(m + ".", 0) == 0;
       }
-      if (held || !ends) {
+      if (kept || !in_ends) {
         rm.largest_gradient_bytes = std::max(rm.largest_gradient_bytes, t.numel() * 4);
       }
     }
@@ -263,9 +265,9 @@ const std::vector<RankModel>& RankModels::of(const Candidate& c) {
   const std::string key = c.layout_key();
   auto it = layouts_.find(key);
   if (it == layouts_.end()) {
-    it = layouts_
-             .emplace(key, key.empty() ? std::vector<RankModel>{RankModel{.model = model_}}
-                                       : rank_models(model_, c, seq_len_))
+    std::vector<RankModel> ranks(1);
+    ranks.front().model = model_;  // no layout: the model itself
+    it = layouts_.emplace(key, key.empty() ? std::move(ranks) : rank_models(model_, c, seq_len_))
              .first;
   }
   return it->second;

@@ -53,6 +53,7 @@
 #include "acc/autograd/ops.hpp"
 #include "acc/dist/functional.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/logging.hpp"
 #include "acc/util/progress.hpp"
 #include "method.hpp"
 #include "pipeline.hpp"
@@ -388,13 +389,20 @@ nn::Undo Pipeline::cut(nn::Module& model) {
     swapped();
     // While an exception unwinds (a failed step tearing its Trainer down), another rank may never
     // reach the broadcasts: the tensors given up stay released then, as tensor_parallel's wholes.
+    // It runs in the Trainer's destructor: a broadcast that fails (a peer gone) is logged and the
+    // rest stay released (a failed operation keeps its tensors for the life of the process).
     if (std::uncaught_exceptions() == 0) {
       NoGradGuard ng;
-      for (auto& [t, owner] : broadcasts) {
-        if (t.device() == Device::kMeta) {
-          repoint_to_own(t, zeros(t.shape(), {t.dtype(), Device::kCPU, false}));
+      try {
+        for (auto& [t, owner] : broadcasts) {
+          if (t.device() == Device::kMeta) {
+            repoint_to_own(t, zeros(t.shape(), {t.dtype(), Device::kCPU, false}));
+          }
+          pp_->broadcast(t, owner)->wait();
         }
-        pp_->broadcast(t, owner)->wait();
+      } catch (const Error& e) {
+        logging::warn("pipeline_parallel: the other stages' tensors stay released on this rank: {}",
+                      e.what());
       }
     }
     model_ = nullptr;
