@@ -81,7 +81,8 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
                                       .num_blocks = num_blocks,
                                       .per_rank_batch = o.global_batch,
                                       .allow_bf16 = o.allow_bf16,
-                                      .has_attention = o.has_attention};
+                                      .has_attention = o.has_attention,
+                                      .language_model = o.language_model};
 
   // Groups of options: one per exclusive slot, one per other method; registry order.
   std::vector<std::vector<Option>> groups;

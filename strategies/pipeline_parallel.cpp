@@ -198,10 +198,9 @@ std::optional<PipelineLayout> pipeline_layout(const Strategy& s, int64_t num_blo
       out.stages = balance_stages(num_blocks, out.schedule.num_stages(), 0.0, head_cost);
     }
     ACC_CHECK(out.stages.back().end == num_blocks,
-              "pipeline_parallel: the stages cover blocks 0 "
-              "to ",
-              out.stages.back().end - 1, ", the model has ", num_blocks,
-              " blocks: the last stage must end at block ", num_blocks - 1);
+              "pipeline_parallel: the stages cover blocks 0 to ", out.stages.back().end - 1,
+              ", the model has ", num_blocks, " blocks: the last stage must end at block ",
+              num_blocks - 1);
     return out;
   }
   return std::nullopt;
@@ -630,6 +629,7 @@ MethodSpec pipeline_parallel_method() {
       .search_choices =
           [](const SearchContext& ctx) {
             std::vector<nlohmann::json> out;
+            if (!ctx.language_model) return out;
             for (int p = 2; p <= ctx.world; ++p) {
               if (ctx.world % p != 0 || ctx.num_blocks < p) continue;
               for (const int m : {p, 2 * p, 4 * p}) {

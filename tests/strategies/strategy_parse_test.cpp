@@ -196,8 +196,13 @@ TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
   EXPECT_EQ(choices["pipeline_parallel"], pp);
   strategies::SearchContext shallow = ctx;
   shallow.num_blocks = 1;  // a stage a block: no pipeline of 2
+  strategies::SearchContext module = ctx;
+  module.language_model = false;  // a module of the user's is not cut into stages
   for (const auto& m : methods) {
-    if (m.name == "pipeline_parallel") EXPECT_TRUE(m.choices(shallow).empty());
+    if (m.name == "pipeline_parallel") {
+      EXPECT_TRUE(m.choices(shallow).empty());
+      EXPECT_TRUE(m.choices(module).empty());
+    }
   }
   const auto pipe = effects_of_pipeline(methods, ctx);
   EXPECT_EQ(pipe.micro_batches, 4);

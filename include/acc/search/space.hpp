@@ -40,6 +40,9 @@ struct SpaceOptions {
   /// The model has attention cores (trace::ModelRef::has_attention): else selective
   /// recomputation is not tried (it would have nothing to recompute and is refused).
   bool has_attention = true;
+  /// The model is a registry language model (trace::ModelRef::is_registry): else no pipeline is
+  /// tried (pipeline_parallel cuts language models only).
+  bool language_model = true;
 };
 
 struct Candidate {

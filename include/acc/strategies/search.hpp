@@ -23,6 +23,9 @@ struct SearchContext {
   int64_t per_rank_batch = 0;
   bool allow_bf16 = false;    // the user allows bf16 (amp)
   bool has_attention = true;  // the model has attention cores (selective recomputation)
+  /// The model is a language model of the registry, which pipeline_parallel cuts into stages (a
+  /// module of the user's is not cut yet: no pipeline is tried for it).
+  bool language_model = true;
 };
 
 /// What the methods of a candidate do to one training step, filled in by their `effects`; the
