@@ -85,6 +85,9 @@ class Pipeline {
  private:
   // Forward of `a`; `input`: its activation's receive (stage > 0), posted by run().
   Tensor forward(const PipeAction& a, const data::Batch& micro_batch, dist::PostedRecv* input);
+  // Blocks `b` of `stage` on its input `x`, then the loss (the last stage) or the send of the
+  // output to the next stage's rank (send_to's handle): a stage's forward, and the trace's.
+  Tensor through(int stage, const StageBlocks& b, Tensor x, const data::Batch& micro_batch);
   // `model` as a LanguageModel (acc::ValueError naming its type otherwise); refuses dropout.
   models::LanguageModel& stages_of(nn::Module& model) const;
   // The embedding and head modules this rank does not run, with the rank that does.

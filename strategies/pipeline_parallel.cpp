@@ -290,15 +290,18 @@ nn::Undo Pipeline::cut(nn::Module& model) {
                      " are not a module of the model");
   const bool holds_first = rank_of_stage(0) == rank_;
   const bool holds_last = rank_of_stage(S - 1) == rank_;
-  // What this rank does not run, and which rank does.
-  std::vector<std::pair<std::string, int>> elsewhere;
-  for (int s = 0; s < S; ++s) {
-    const StageBlocks& b = stages_[static_cast<size_t>(s)];
+  // The rank that runs each block, and what this rank does not run.
+  std::vector<int> block_owner(static_cast<size_t>(N));
+  for (int st = 0; st < S; ++st) {
+    const StageBlocks& b = stages_[static_cast<size_t>(st)];
     for (int64_t i = b.begin; i < b.end; ++i) {
-      if (rank_of_stage(s) != rank_) {
-        elsewhere.emplace_back(blocks_path + "." + std::to_string(i), rank_of_stage(s));
-      }
+      block_owner[static_cast<size_t>(i)] = rank_of_stage(st);
     }
+  }
+  std::vector<std::pair<std::string, int>> elsewhere;
+  for (int64_t i = 0; i < N; ++i) {
+    const int owner = block_owner[static_cast<size_t>(i)];
+    if (owner != rank_) elsewhere.emplace_back(blocks_path + "." + std::to_string(i), owner);
   }
   const auto ends = ends_elsewhere(*lm);
   elsewhere.insert(elsewhere.end(), ends.begin(), ends.end());
@@ -315,12 +318,6 @@ nn::Undo Pipeline::cut(nn::Module& model) {
   // whole model's order (every rank alike): a block's from its stage's rank, the embedding's from
   // the first stage's, the head's from the last's. The tied embedding is on both end stages:
   // every rank holds it at 2 ranks.
-  std::vector<int> block_owner(static_cast<size_t>(N));
-  for (int st = 0; st < S; ++st) {
-    const StageBlocks& b = stages_[static_cast<size_t>(st)];
-    for (int64_t i = b.begin; i < b.end; ++i)
-      block_owner[static_cast<size_t>(i)] = rank_of_stage(st);
-  }
   const std::string tied = lm->tied_embedding_name();
   std::vector<std::pair<Tensor, int>> broadcasts;
   auto list = [&](const std::string& name, const Tensor& t) {
@@ -346,8 +343,8 @@ nn::Undo Pipeline::cut(nn::Module& model) {
   for (const auto& [name, t] : model.named_parameters()) list(name, t);
   for (const auto& [name, t] : model.named_buffers()) list(name, t);
   // The modules this rank gives up, before they leave the tree.
-  std::vector<std::pair<nn::ModulePtr, int>> given_up;
-  for (const auto& [path, owner] : elsewhere) given_up.emplace_back(model.submodule(path), owner);
+  std::vector<nn::ModulePtr> given_up;
+  for (const auto& [path, owner] : elsewhere) given_up.push_back(model.submodule(path));
   nn::Undo swapped = swap_out(model, elsewhere);
   try {
     // The tied embedding: one group over its two stages' ranks (the others pass a color of their
@@ -375,7 +372,7 @@ nn::Undo Pipeline::cut(nn::Module& model) {
   for (const auto& [name, t] : model.named_parameters()) kept.insert(t.impl());
   for (const auto& [name, t] : model.named_buffers()) kept.insert(t.impl());
   std::unordered_set<const TensorImpl*> released;
-  for (const auto& [module, owner] : given_up) {
+  for (const auto& module : given_up) {
     auto release = [&](Tensor t) {
       if (!t.defined() || kept.count(t.impl()) || !released.insert(t.impl()).second) return;
       repoint(t, std::make_shared<Storage>(0, Device::kMeta), 0);
@@ -428,9 +425,7 @@ nn::Undo Pipeline::cut_for_trace(nn::Module& model) {
 Tensor Pipeline::trace_step(const data::Batch& micro_batch) {
   ACC_CHECK_INTERNAL(model_ != nullptr && !trace_chunks_.empty(),
                      "pipeline_parallel: trace_step before cut_for_trace");
-  const int last = schedule_.num_stages() - 1;
   const Tensor& idx = micro_batch.idx();
-  nn::ModuleList& blocks = model_->blocks();
   Tensor total;
   for (size_t j = 0; j < trace_chunks_.size(); ++j) {
     const int stage = static_cast<int>(j) * schedule_.ranks + rank_;
@@ -446,9 +441,7 @@ Tensor Pipeline::trace_step(const data::Batch& micro_batch) {
       x = dist::recv_from(shape, {DType::kFloat32, idx.device(), /*requires_grad=*/true},
                           rank_of_stage(stage - 1), pp_, stage);
     }
-    for (int64_t i = b.begin; i < b.end; ++i) x = (*blocks[static_cast<size_t>(i)])(x);
-    Tensor out = stage == last ? logits_loss_(*model_, model_->head(x), micro_batch.targets())
-                               : dist::send_to(x, rank_of_stage(stage + 1), pp_, stage + 1);
+    Tensor out = through(stage, b, std::move(x), micro_batch);
     total = total.defined() ? add(total, out) : out;
   }
   return total;
@@ -471,13 +464,18 @@ dist::PostedRecv Pipeline::post_input(const PipeAction& a, const data::Batch& mi
 
 Tensor Pipeline::forward(const PipeAction& a, const data::Batch& micro_batch,
                          dist::PostedRecv* input) {
-  const int last = schedule_.num_stages() - 1;
   Tensor x = a.stage == 0 ? model_->embed(micro_batch.idx()) : dist::recv_from(std::move(*input));
-  const StageBlocks& b = stages_[static_cast<size_t>(a.stage)];
+  return through(a.stage, stages_[static_cast<size_t>(a.stage)], std::move(x), micro_batch);
+}
+
+Tensor Pipeline::through(int stage, const StageBlocks& b, Tensor x,
+                         const data::Batch& micro_batch) {
   nn::ModuleList& blocks = model_->blocks();
   for (int64_t i = b.begin; i < b.end; ++i) x = (*blocks[static_cast<size_t>(i)])(x);
-  if (a.stage == last) return logits_loss_(*model_, model_->head(x), micro_batch.targets());
-  return dist::send_to(x, rank_of_stage(a.stage + 1), pp_, a.stage + 1);
+  if (stage == schedule_.num_stages() - 1) {
+    return logits_loss_(*model_, model_->head(x), micro_batch.targets());
+  }
+  return dist::send_to(x, rank_of_stage(stage + 1), pp_, stage + 1);
 }
 
 double Pipeline::run(const data::Batch& batch) {
