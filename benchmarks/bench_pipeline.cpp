@@ -18,6 +18,14 @@
 // in the steady state, where every stage computes, and not in the warm-up and cool-down, where
 // only some do: the bubble then measures short of the formula.
 //
+// What the excess over the formula is made of, measured: a rank's busy time (the step less its
+// waits) is its stages' compute. The formula with those measured stage times in place of equal
+// ones, step* = m max_r t_r + (sum_r t_r - max_r t_r) / v with t_r = busy_r / m (for p = 2 that is
+// exact for 1F1B; the optimizer's update is in every rank's busy time alike), gives each rank's
+// idle share had its messages been free (idle_share_from_stage_times); the rest of the measured
+// idle (message_share) is the messages on the critical path and the scheduling of the ranks'
+// threads on shared cores.
+//
 // Beside the formula, each line gives the search's own prediction of the same run
 // (search_idle_share, search_step_ms): search::CostModel on this machine's calibration (GEMM rates
 // from the cache, the compute contention of the job's ranks) and the world's collective fits, its
@@ -25,6 +33,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "acc/dist/dist.hpp"
@@ -44,7 +53,7 @@ struct Run {
   std::string label;
   int virtual_stages = 1;
   std::unique_ptr<acc::strategies::Trainer> trainer;
-  std::vector<double> step_ms, idle_share;  // this rank's, per timed step
+  std::vector<double> step_ms, idle_share, busy_ms;  // this rank's, per timed step
   double predicted = 0;
   acc::strategies::Strategy strategy;
   double search_idle = 0, search_step_ms = 0;  // the search's cost model, rank 0's
@@ -154,7 +163,9 @@ int main(int argc, char** argv) {
       const double ms = dist::FlightRecorder::now_ms() - t0;
       if (!timed) return;
       r.step_ms.push_back(ms);
-      r.idle_share.push_back((dist::wait_seconds() - wait0) * 1e3 / ms);
+      const double waited_ms = (dist::wait_seconds() - wait0) * 1e3;
+      r.idle_share.push_back(waited_ms / ms);
+      r.busy_ms.push_back(ms - waited_ms);
     };
     for (int round = 0; round < rounds; ++round) {
       for (Run& r : runs) {
@@ -168,17 +179,30 @@ int main(int argc, char** argv) {
       // Each rank's median step and idle share, gathered: a rank is a stage (a stage pair
       // interleaved), so the per-rank list is the per-stage one.
       Tensor mine = from_vector(std::vector<float>{static_cast<float>(median(r.step_ms)),
-                                                   static_cast<float>(median(r.idle_share))},
-                                {2});
-      Tensor all = zeros({2 * p});
+                                                   static_cast<float>(median(r.idle_share)),
+                                                   static_cast<float>(median(r.busy_ms))},
+                                {3});
+      Tensor all = zeros({3 * p});
       world->allgather(all, mine)->wait();
       const std::vector<float> v = all.to_vector<float>();
-      std::vector<double> idle, step_ms;
+      std::vector<double> idle, step_ms, busy;
       for (int k = 0; k < p; ++k) {
-        step_ms.push_back(v[static_cast<size_t>(2 * k)]);
-        idle.push_back(v[static_cast<size_t>(2 * k + 1)]);
+        step_ms.push_back(v[static_cast<size_t>(3 * k)]);
+        idle.push_back(v[static_cast<size_t>(3 * k + 1)]);
+        busy.push_back(v[static_cast<size_t>(3 * k + 2)]);
       }
       const double idle_median = median(idle);
+      // The schedule over the measured stage times, messages free.
+      const double m = micro_batches, vs = r.virtual_stages;
+      double sum_t = 0, max_t = 0;
+      for (const double b : busy) {
+        sum_t += b / m;
+        max_t = std::max(max_t, b / m);
+      }
+      const double schedule_ms = m * max_t + (sum_t - max_t) / vs;
+      std::vector<double> stage_idle;
+      for (const double b : busy) stage_idle.push_back((schedule_ms - b) / schedule_ms);
+      const double stage_idle_median = median(stage_idle);
       idle_medians.push_back(idle_median);
       if (world->rank() == 0) {
         const nlohmann::json line = {{"run", r.label},
@@ -187,6 +211,9 @@ int main(int argc, char** argv) {
                                      {"median_idle_share", idle_median},
                                      {"predicted_idle_share", r.predicted},
                                      {"idle_over_predicted", idle_median / r.predicted},
+                                     {"busy_ms_per_rank", busy},
+                                     {"idle_share_from_stage_times", stage_idle_median},
+                                     {"message_share", idle_median - stage_idle_median},
                                      {"search_idle_share", r.search_idle},
                                      {"search_step_ms", r.search_step_ms},
                                      {"timed_steps", r.step_ms.size()}};

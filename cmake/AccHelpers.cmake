@@ -24,6 +24,21 @@ function(acc_add_library layer)
   acc_install_library(acc_${layer} ${layer})
 endfunction()
 
+# The options of a test binary's own sources. -O1: a test's code checks and drives the libraries
+# (compiled with the build's -O3), and compiles 20-30 % faster than at -O3 (pipeline_test.cpp
+# 10.9 s against 13.3 s, tensor_test.cpp 5.0 s against 6.7 s on the 2-vCPU VM). Precompiled
+# headers were tried beside it and not kept: GoogleTest, gMock, nlohmann-json and the tensor
+# headers precompiled saved nothing measurable (10.6 s), and only a header that also held the
+# strategies' and models' headers (a 300 MB .gch loaded by every test) saved more.
+function(acc_test_compile_options target)
+  target_compile_definitions(${target} PRIVATE
+    ACC_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
+    ACC_GOLDEN_DIR="${PROJECT_SOURCE_DIR}/tests/golden")
+  if(CMAKE_BUILD_TYPE STREQUAL "Release")
+    target_compile_options(${target} PRIVATE -O1)
+  endif()
+endfunction()
+
 # acc_install_library(<target> <export name>)
 # Installs a library into lib/ and adds it to the export set as AutoAcc::<export name>. The global
 # property ACC_INSTALLED_LIBRARIES lists them (tests/package requires their files before it runs).
@@ -45,9 +60,7 @@ function(acc_add_test name)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-  target_compile_definitions(${name} PRIVATE
-    ACC_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data"
-    ACC_GOLDEN_DIR="${PROJECT_SOURCE_DIR}/tests/golden")
+  acc_test_compile_options(${name})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()

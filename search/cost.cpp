@@ -174,6 +174,7 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
   p.comm_backward_s = extrapolate(c1.comm_backward, c2.comm_backward, rc.comm_backward);
   p.block_parameters = t2.num_parameters - t1.num_parameters;
   p.parameters = t1.num_parameters + (p.num_blocks - 1) * p.block_parameters;
+  p.block_s = (c2.forward - c1.forward) + (c2.backward - c1.backward);
   return passes_.emplace(key, p).first->second;
 }
 
@@ -193,6 +194,77 @@ TimePrediction CostModel::predict(const Candidate& c) {
   add_data_parallel_comm(c, p, true, t);
   t.step_s = t.compute_s + t.optimizer_s + t.exposed_comm_s;
   return t;
+}
+
+std::optional<CostModel::StageEnds> CostModel::stage_ends(const Candidate& c) {
+  const std::vector<RankModel>& ranks = ranks_.of(c);
+  if (ranks.size() < 2) return std::nullopt;
+  const std::string layout = c.layout_key();
+  // What a rank computes beyond its blocks, in its blocks' time (without recomputation, which
+  // costs per block).
+  auto extra = [&](const RankModel& r) {
+    trace::TraceOptions plain = activation_trace_options(rank_effects(c.effects, r));
+    plain.recompute = trace::Recompute::kNone;
+    plain.recompute_blocks = 0;
+    const PassCost& p = pass(c, r, layout + "#pp" + std::to_string(r.pp_rank), plain);
+    if (p.block_s <= 0) return 0.0;
+    const double rest = p.forward_s + p.backward_s - static_cast<double>(p.num_blocks) * p.block_s;
+    return std::max(0.0, rest / p.block_s);
+  };
+  StageEnds out;
+  for (const RankModel& r : ranks) {
+    if (r.first) out.first = extra(r);
+    if (r.last) out.last = extra(r);
+  }
+  return out;
+}
+
+std::optional<std::vector<strategies::StageBlocks>> CostModel::balanced_stages(const Candidate& c) {
+  const std::optional<StageEnds> ends = stage_ends(c);
+  if (!ends) return std::nullopt;
+  int64_t blocks = 0;
+  int stages = 0;
+  for (const RankModel& r : ranks_.of(c)) {
+    for (const auto& st : r.stages) blocks += st.end - st.begin;
+    stages += static_cast<int>(r.stages.size());
+  }
+  return strategies::balance_stages(blocks, stages, ends->first, ends->last);
+}
+
+std::vector<strategies::StageBlocks> CostModel::stages_of(const Candidate& c) {
+  const std::vector<RankModel>& ranks = ranks_.of(c);
+  if (ranks.size() < 2) return {};
+  // Stage s is on rank s % p, the (s / p)-th of its stages.
+  std::vector<strategies::StageBlocks> out;
+  const size_t p = ranks.size();
+  for (size_t s = 0; s < p * ranks.front().stages.size(); ++s) {
+    out.push_back(ranks.at(s % p).stages.at(s / p));
+  }
+  return out;
+}
+
+std::optional<Recut> rebalanced_pipeline(const Candidate& c, CostModel& cost, MemoryModel& memory,
+                                         int64_t budget, double margin) {
+  const std::optional<CostModel::StageEnds> ends = cost.stage_ends(c);
+  if (!ends) return std::nullopt;
+  const std::vector<strategies::StageBlocks> own = cost.stages_of(c);
+  const int64_t blocks = own.back().end;
+  const int stages = static_cast<int>(own.size());
+  std::vector<strategies::StageBlocks> cut =
+      strategies::balance_stages(blocks, stages, ends->first, ends->last);
+  while (cut != own) {
+    Recut r{c, {}};
+    r.candidate.strategy = strategies::with_pipeline_stages(c.strategy, cut);
+    r.memory = memory.predict(r.candidate);
+    if (static_cast<double>(r.memory.peak) * (1 + margin) <= static_cast<double>(budget)) return r;
+    // A block fewer on the first stage, the rest balanced over the later ones.
+    const int64_t first = cut.front().end - 1;
+    if (first < 1) break;
+    const auto rest = strategies::balance_stages(blocks - first, stages - 1, 0.0, ends->last);
+    cut = {{0, first}};
+    for (const auto& b : rest) cut.push_back({b.begin + first, b.end + first});
+  }
+  return std::nullopt;
 }
 
 TimePrediction CostModel::predict_pipeline(const Candidate& c,

@@ -25,13 +25,6 @@ namespace acc::strategies {
 /// Stages a pipeline may have: each stage's messages carry its index as their tag.
 inline constexpr int kMaxStages = dist::kMaxP2PTag;
 
-/// `blocks` blocks of cost 1 each into `stages` contiguous non-empty stages, the first also paying
-/// `first_extra` (the embedding) and the last `last_extra` (the head and the loss), so that the
-/// largest stage's cost is least (ties: earlier stages take fewer blocks). Throws acc::ValueError
-/// naming the counts when there are fewer blocks than stages.
-std::vector<StageBlocks> balance_stages(int64_t blocks, int stages, double first_extra,
-                                        double last_extra);
-
 /// head_cost_in_blocks (strategy.hpp) of `model`: what the default cut charges the last stage;
 /// the embedding (a lookup) is charged nothing.
 double head_cost_in_blocks(const models::LanguageModel& model, int64_t seq_len);

@@ -41,9 +41,14 @@
 //    Ulysses (refused, naming it), fsdp (refused: use zero1/zero2) or grad_accum (micro_batches is
 //    the pipeline's accumulation).
 //  - The search tries it (sizes dividing the world, m = p, 2p, 4p, 1F1B and interleaved v = 2)
-//    and prices each pp rank from the trace of its own stages (layout_rewrite).
+//    and prices each pp rank from the trace of its own stages (layout_rewrite). Once calibrated,
+//    it re-cuts each candidate where its cost model balances the stages' time
+//    (search::CostModel::balanced_stages, written as "stages"): the FLOP cut below is the
+//    method's own when no cost model is at hand (a strategy written by hand).
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <optional>
@@ -137,6 +142,11 @@ std::vector<StageBlocks> balance_stages(int64_t blocks, int stages, double first
                                         double last_extra) {
   ACC_CHECK(stages >= 1 && blocks >= stages, "pipeline_parallel: ", blocks,
             " blocks cannot be cut into ", stages, " stages (each stage needs a block)");
+  ACC_CHECK(std::isfinite(first_extra) && first_extra >= 0 && std::isfinite(last_extra) &&
+                last_extra >= 0,
+            "pipeline_parallel: the first and last stages' extra costs must be finite and >= 0 "
+            "blocks, got ",
+            first_extra, " and ", last_extra);
   const auto S = static_cast<size_t>(stages);
   const auto N = static_cast<size_t>(blocks);
   auto cost = [&](size_t stage, size_t a, size_t b) {
@@ -166,6 +176,19 @@ std::vector<StageBlocks> balance_stages(int64_t blocks, int stages, double first
     }
   }
   return out;
+}
+
+Strategy with_pipeline_stages(const Strategy& s, const std::vector<StageBlocks>& stages) {
+  Strategy out = s;
+  for (auto& m : out) {
+    if (m.name != "pipeline_parallel") continue;
+    nlohmann::json list = nlohmann::json::array();
+    for (const StageBlocks& b : stages) list.push_back({b.begin, b.end - 1});
+    m.config["stages"] = std::move(list);
+    parse(m.config);  // the config's own checks: one range per stage, in order, without gaps
+    return out;
+  }
+  ACC_THROW(ValueError, "with_pipeline_stages: the strategy has no pipeline_parallel to cut");
 }
 
 double head_cost_in_blocks(int64_t hidden_size, int64_t vocab_size, int64_t seq_len) {
@@ -524,8 +547,26 @@ double Pipeline::run(const data::Batch& batch) {
     post_from(0);
     post_gradient_from(0);
   }
+  // Compute and wait time of the forwards and backwards (waits: blocked on a message), for the
+  // debug log: what a stage's share of the bubble is made of.
+  using Clock = std::chrono::steady_clock;
+  double busy_s[2] = {0, 0}, waited_s[2] = {0, 0};
   for (size_t i = 0; i < list.size(); ++i) {
     const PipeAction& a = list[i];
+    const auto t0 = Clock::now();
+    const double w0 = dist::wait_seconds();
+    struct Timed {
+      double* busy;
+      double* waited;
+      Clock::time_point t0;
+      double w0;
+      ~Timed() {
+        const double w = dist::wait_seconds() - w0;
+        *waited += w;
+        *busy += std::chrono::duration<double>(Clock::now() - t0).count() - w;
+      }
+    } timed{&busy_s[a.step == PipeStep::kForward ? 0 : 1],
+            &waited_s[a.step == PipeStep::kForward ? 0 : 1], t0, w0};
     sends.prune();
     if (a.step == PipeStep::kForward) {
       progress::phase(progress::Phase::kForward);
@@ -557,7 +598,13 @@ double Pipeline::run(const data::Batch& batch) {
       if (ahead) post_gradient_from(i + 1);
     }
   }
+  const double w0 = dist::wait_seconds();
   sends.wait();
+  logging::debug(
+      "pipeline_parallel: rank {} of pp: forwards {:.2f} ms computing, {:.2f} ms waiting; "
+      "backwards {:.2f} ms computing, {:.2f} ms waiting; last sends {:.2f} ms",
+      rank_, busy_s[0] * 1e3, waited_s[0] * 1e3, busy_s[1] * 1e3, waited_s[1] * 1e3,
+      (dist::wait_seconds() - w0) * 1e3);
   return loss_sum;
 }
 
@@ -622,8 +669,9 @@ MethodSpec pipeline_parallel_method() {
       // the pipeline filled once, twice and four times (m = p, 2p, 4p: the bubble
       // (p - 1) / (m + p - 1) against the in-flight activations of the first stage), under 1F1B
       // and, when every rank can hold two stages, interleaved with v = 2. GPipe is not tried: it
-      // takes 1F1B's time with every micro-batch in flight. The stages are the balanced cut;
-      // the candidate is priced from the traces of its ranks' stages (layout_rewrite).
+      // takes 1F1B's time with every micro-batch in flight. The stages are the FLOP cut until
+      // the search, calibrated, re-cuts them by time (auto_accelerate's recut_pipelines); the
+      // candidate is priced from the traces of its ranks' stages (layout_rewrite).
       .search_choices =
           [](const SearchContext& ctx) {
             std::vector<nlohmann::json> out;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "acc/autograd/ops.hpp"
@@ -77,6 +78,7 @@ constexpr double kMemoryMargin = 0.05;
 struct Space {
   std::vector<Candidate> candidates;
   std::deque<Candidate> excluded;  // one per layout that cannot run the model (rows point here)
+  std::deque<Candidate> recut;     // pipelines cut where the cost model balances them (rows too)
   std::vector<Row> rows;
   int64_t budget = 0;
   int64_t smallest = -1;  // the least predicted peak of any candidate
@@ -185,6 +187,24 @@ std::vector<search::CommCalibration> calibrate_groups(const Space& s, dist::Proc
   return out;
 }
 
+// Each pipeline candidate cut where the cost model balances its stages' time, the first stage's
+// memory respected (search::rebalanced_pipeline). A row for which no such cut differs from its own
+// and fits the budget keeps the method's cut (its memory was checked when the space was built).
+void recut_pipelines(Space& s, const trace::ModelRef& model, const AccelerateOptions& o,
+                     search::CostModel& cost) {
+  std::optional<search::MemoryModel> memory;
+  for (auto& r : s.rows) {
+    if (search::is_refused(r.status) || r.candidate->mesh.pp == 1) continue;
+    if (!memory) memory.emplace(model, o.seq_len);
+    std::optional<search::Recut> recut =
+        search::rebalanced_pipeline(*r.candidate, cost, *memory, s.budget, kMemoryMargin);
+    if (!recut) continue;
+    s.recut.push_back(std::move(recut->candidate));
+    r.candidate = &s.recut.back();
+    r.memory = std::move(recut->memory);
+  }
+}
+
 // The machine's calibration for the micro-batches of the candidates that fit (rank 0 measures or
 // reads its cache, the others get it), then each such candidate's predicted time; returns them
 // best first.
@@ -223,6 +243,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   }
   search::CostModel cost(model, o.seq_len, machine, comm, contention);
   for (const auto& g : group_comm) cost.add_group_calibration(g);
+  recut_pipelines(s, model, o, cost);
   std::vector<Row*> ranked;
   for (auto& r : s.rows) {
     if (search::is_refused(r.status)) continue;

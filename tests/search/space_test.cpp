@@ -384,5 +384,108 @@ TEST(CostModel, APipelinesBubbleFollowsItsSchedule) {
   EXPECT_GT(p.in_flight_activations, 0);
 }
 
+// The search cuts a pipeline where the cost model balances its stages' time, not their FLOPs.
+// On a machine whose memory is slow, every op is memory-bound: the head's projection then costs
+// the last stage less, against a block's elementwise work, than its FLOPs say (the method's own
+// cut), so the balanced cut gives the last stage a block more, and the candidate so cut is
+// predicted faster.
+TEST(CostModel, APipelineIsCutWhereItsStagesTakeEvenTime) {
+  nlohmann::json config = tiny_gpt();
+  config["n_layer"] = 6;
+  config["n_embd"] = 32;
+  config["vocab_size"] = 1024;
+  const int64_t T = 32;
+  const auto model = trace::ModelRef::registry("gpt", config);
+  const auto cands = enumerate_candidates(opts(2, 8), 6);
+  const Candidate& c = candidate(cands, "ddp + pipeline_parallel{\"micro_batches\":4,\"size\":2}");
+  // The method's own cut: the head's 1024 / (12 x 32 + 2 x 64) = 2 blocks of FLOPs.
+  const std::vector<strategies::StageBlocks> flop_cut = {{0, 4}, {4, 6}};
+  ASSERT_EQ(
+      strategies::pipeline_layout(c.strategy, 6, strategies::head_cost_in_blocks(32, 1024, 64))
+          ->stages,
+      flop_cut);
+  auto machine_for = [&](double memory_gbps) {
+    MachineCalibration m;
+    m.memory_gbps = memory_gbps;
+    for (const RankModel& r : rank_models(model, c, T)) {
+      for (const auto& s : CostModel::shapes_to_measure(r.model, {c.micro_batch}, T)) {
+        m.gemm_gflops[s] = 100;
+      }
+    }
+    return m;
+  };
+  CostModel slow_memory(model, T, machine_for(0.5), made_up_comm(2, 0, 0));
+  const auto cut = slow_memory.balanced_stages(c);
+  ASSERT_TRUE(cut.has_value());
+  ASSERT_EQ(cut->size(), 2u);
+  EXPECT_EQ(cut->front().begin, 0);
+  EXPECT_EQ(cut->back().end, 6);
+  EXPECT_EQ(cut->front().end, 3) << "the balanced cut gives the last stage a block more";
+  Candidate recut = c;
+  recut.strategy = strategies::with_pipeline_stages(c.strategy, *cut);
+  const TimePrediction before = slow_memory.predict(c), after = slow_memory.predict(recut);
+  EXPECT_LT(after.step_s, before.step_s);
+  EXPECT_LT(after.bubble_s, before.bubble_s);
+  // Each stage's memory is that of its own blocks: the first stage now holds less.
+  MemoryModel mm(model, T);
+  EXPECT_LT(mm.predict(recut).stage_peaks.at(0), mm.predict(c).stage_peaks.at(0));
+  // No pipeline, no cut.
+  EXPECT_FALSE(slow_memory.balanced_stages(candidate(cands, "ddp")).has_value());
+  // The cut written into a strategy is checked as a user's would be.
+  EXPECT_THROW(strategies::with_pipeline_stages(c.strategy, {{0, 6}}), ValueError);
+  EXPECT_THROW(strategies::with_pipeline_stages(candidate(cands, "ddp").strategy, *cut),
+               ValueError);
+  EXPECT_THROW(strategies::balance_stages(6, 2, -1.0, 0.0), ValueError);
+}
+
+// The other way round, with the first stage's memory respected: where the head's projection is
+// slow (its GEMMs at 2 GFLOP/s, the blocks' at 100), the balanced cut gives the first stage more
+// blocks than the FLOP cut, and more memory (it holds the most micro-batches in flight). Under a
+// budget that cut does not fit, the search takes blocks off the first stage one at a time and
+// takes the first cut that fits; under a budget none fits, the candidate keeps its own cut.
+TEST(CostModel, ARecutPipelineRespectsTheFirstStagesMemory) {
+  nlohmann::json config = tiny_gpt();
+  config["n_layer"] = 8;
+  config["n_embd"] = 32;
+  config["vocab_size"] = 512;
+  const int64_t T = 32;
+  const auto model = trace::ModelRef::registry("gpt", config);
+  const auto cands = enumerate_candidates(opts(2, 8), 8);
+  const Candidate& c = candidate(cands, "ddp + pipeline_parallel{\"micro_batches\":4,\"size\":2}");
+  MachineCalibration machine;
+  machine.memory_gbps = 1000;
+  for (const RankModel& r : rank_models(model, c, T)) {
+    for (const auto& s : CostModel::shapes_to_measure(r.model, {c.micro_batch}, T)) {
+      const bool head = s.m == 512 || s.n == 512 || s.k == 512;  // the vocabulary's dimension
+      machine.gemm_gflops[s] = head ? 2 : 100;
+    }
+  }
+  CostModel cm(model, T, machine, made_up_comm(2, 0, 0));
+  const std::vector<strategies::StageBlocks> own = cm.stages_of(c);
+  ASSERT_EQ(own, (std::vector<strategies::StageBlocks>{{0, 4}, {4, 8}}));  // the head: 1 block
+  const auto balanced = cm.balanced_stages(c);
+  ASSERT_TRUE(balanced.has_value());
+  ASSERT_GT(balanced->front().end, own.front().end + 1) << "the slow head moves blocks forward";
+  MemoryModel mm(model, T);
+  const double margin = 0.05;
+  // Room for any cut: the balanced one.
+  const auto roomy = rebalanced_pipeline(c, cm, mm, int64_t{1} << 40, margin);
+  ASSERT_TRUE(roomy.has_value());
+  EXPECT_EQ(cm.stages_of(roomy->candidate), *balanced);
+  EXPECT_EQ(roomy->memory.peak, mm.predict(roomy->candidate).peak);
+  EXPECT_LT(cm.predict(roomy->candidate).step_s, cm.predict(c).step_s);
+  // Just too little for it: a cut with fewer blocks first, which fits.
+  const auto peak = static_cast<double>(roomy->memory.peak);
+  const auto budget = static_cast<int64_t>(peak * (1 + margin)) - 1;
+  const auto tight = rebalanced_pipeline(c, cm, mm, budget, margin);
+  ASSERT_TRUE(tight.has_value());
+  const auto tight_cut = cm.stages_of(tight->candidate);
+  EXPECT_LT(tight_cut.front().end, balanced->front().end);
+  EXPECT_GT(tight_cut.front().end, own.front().end);
+  EXPECT_LE(static_cast<double>(tight->memory.peak) * (1 + margin), static_cast<double>(budget));
+  // Room for none but the candidate's own: it keeps its cut.
+  EXPECT_FALSE(rebalanced_pipeline(c, cm, mm, mm.predict(c).peak, margin).has_value());
+}
+
 }  // namespace
 }  // namespace acc::search

@@ -34,8 +34,10 @@
 // the fit of the job's whole group (an offline plan has no other).
 
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "acc/search/calibration.hpp"
 #include "acc/search/space.hpp"
@@ -68,6 +70,22 @@ class CostModel {
   CostModel(trace::ModelRef model, int64_t seq_len, MachineCalibration machine,
             CommCalibration comm, double contention = 1.0);
   TimePrediction predict(const Candidate& c);
+  /// The cut of `c`'s pipeline whose stages take the most even predicted time
+  /// (strategies::balance_stages): a stage costs its blocks, and the first stage also the
+  /// embedding and the last the final norm, head and loss, each in its blocks' time as the first
+  /// and last pp ranks' traces price a micro-batch on this machine (blocks from the 1- and 2-block
+  /// extrapolation, the rest what is left). nullopt without a pipeline. pipeline_parallel's own
+  /// cut counts the head's FLOPs instead (strategies::head_cost_in_blocks), which misses what the
+  /// memory-bound ops of the head and the loss cost.
+  std::optional<std::vector<strategies::StageBlocks>> balanced_stages(const Candidate& c);
+  /// What balanced_stages charges the first and the last stage beyond their blocks, in blocks.
+  struct StageEnds {
+    double first = 0, last = 0;
+  };
+  std::optional<StageEnds> stage_ends(const Candidate& c);
+  /// The cut `c`'s pipeline has now (its strategy's "stages", else pipeline_parallel's FLOP cut),
+  /// stage by stage; empty without a pipeline.
+  std::vector<strategies::StageBlocks> stages_of(const Candidate& c);
   /// The α-β fits measured on groups of `comm.world` ranks (a tp or cp group of the job).
   void add_group_calibration(CommCalibration comm);
   /// The fits for a group of `size` ranks: measured on that size, else the job's.
@@ -88,6 +106,7 @@ class CostModel {
     double comm_forward_s = 0, comm_backward_s = 0;  // the trace's own communication
     int64_t parameters = 0;                          // elements of the whole model
     int64_t block_parameters = 0;                    // elements of one block
+    double block_s = 0;  // one block's forward and backward compute (0: traced whole)
     int64_t num_blocks = 0;
   };
   /// The forward and backward of a micro-batch of `rank`'s model with the candidate's activation
@@ -111,5 +130,19 @@ class CostModel {
   // (layout, micro-batch, recomputation, recomputed blocks, bf16 activations).
   std::map<std::tuple<std::string, int64_t, int, int64_t, bool>, PassCost> passes_;
 };
+
+/// A pipeline candidate re-cut where `cost` balances its stages' time (balanced_stages), with the
+/// first stage's memory respected: while a cut's predicted peak (`memory`) plus `margin` of it is
+/// over `budget` bytes, the first stage, which holds the most micro-batches in flight, gives up a
+/// block (the later stages balanced over the rest). The first cut that fits, written into the
+/// candidate's strategy as pipeline_parallel's "stages", with its memory; nullopt when `c` has no
+/// pipeline, or the cut reached is `c`'s own (pipeline_parallel's FLOP cut or the user's), or no
+/// cut fits.
+struct Recut {
+  Candidate candidate;
+  MemoryPrediction memory;
+};
+std::optional<Recut> rebalanced_pipeline(const Candidate& c, CostModel& cost, MemoryModel& memory,
+                                         int64_t budget, double margin);
 
 }  // namespace acc::search

@@ -179,6 +179,19 @@ struct PipelineLayout {
 std::optional<PipelineLayout> pipeline_layout(const Strategy& s, int64_t num_blocks,
                                               double head_cost);
 
+/// `blocks` blocks of cost 1 each into `stages` contiguous non-empty stages, the first also paying
+/// `first_extra` (the embedding) and the last `last_extra` (the head and the loss), so that the
+/// largest stage's cost is least (ties: earlier stages take fewer blocks, which also holds the
+/// first stage's in-flight activations least). Throws acc::ValueError naming the counts when there
+/// are fewer blocks than stages, or an extra that is negative or not finite.
+std::vector<StageBlocks> balance_stages(int64_t blocks, int stages, double first_extra,
+                                        double last_extra);
+
+/// `s` with its pipeline_parallel cut at `stages` (its config's "stages", [first, last] blocks per
+/// stage). Throws acc::ValueError when `s` has no pipeline_parallel or the stages do not fit its
+/// size x virtual stages (as the config itself is checked).
+Strategy with_pipeline_stages(const Strategy& s, const std::vector<StageBlocks>& stages);
+
 /// A language model's head against one of its blocks, in forward FLOPs per token:
 /// V / (12 C + 2 T) (a block does 24 C^2 + 4 T C, the projection 2 C V).
 double head_cost_in_blocks(int64_t hidden_size, int64_t vocab_size, int64_t seq_len);
