@@ -384,20 +384,34 @@ TEST(CostModel, APipelinesBubbleFollowsItsSchedule) {
   EXPECT_GT(p.in_flight_activations, 0);
 }
 
+// A GPT of `layers` blocks (d32, `vocab` words) on 2 ranks with a global batch of 8, and its
+// pp2 candidate with 4 micro-batches.
+struct PipelineCase {
+  trace::ModelRef model;
+  std::vector<Candidate> cands;
+  Candidate pipe;
+  PipelineCase(int64_t layers, int64_t vocab)
+      : model(trace::ModelRef::registry("gpt", with_depth_and_vocab(layers, vocab))),
+        cands(enumerate_candidates(opts(2, 8), layers)),
+        pipe(candidate(cands, "ddp + pipeline_parallel{\"micro_batches\":4,\"size\":2}")) {}
+  static nlohmann::json with_depth_and_vocab(int64_t layers, int64_t vocab) {
+    nlohmann::json config = tiny_gpt();
+    config["n_layer"] = layers;
+    config["n_embd"] = 32;
+    config["vocab_size"] = vocab;
+    return config;
+  }
+};
+
 // The search cuts a pipeline where the cost model balances its stages' time, not their FLOPs.
 // On a machine whose memory is slow, every op is memory-bound: the head's projection then costs
 // the last stage less, against a block's elementwise work, than its FLOPs say (the method's own
 // cut), so the balanced cut gives the last stage a block more, and the candidate so cut is
 // predicted faster.
 TEST(CostModel, APipelineIsCutWhereItsStagesTakeEvenTime) {
-  nlohmann::json config = tiny_gpt();
-  config["n_layer"] = 6;
-  config["n_embd"] = 32;
-  config["vocab_size"] = 1024;
   const int64_t T = 32;
-  const auto model = trace::ModelRef::registry("gpt", config);
-  const auto cands = enumerate_candidates(opts(2, 8), 6);
-  const Candidate& c = candidate(cands, "ddp + pipeline_parallel{\"micro_batches\":4,\"size\":2}");
+  const PipelineCase pc(6, 1024);
+  const auto& [model, cands, c] = pc;
   // The method's own cut: the head's 1024 / (12 x 32 + 2 x 64) = 2 blocks of FLOPs.
   const std::vector<strategies::StageBlocks> flop_cut = {{0, 4}, {4, 6}};
   ASSERT_EQ(
@@ -444,14 +458,9 @@ TEST(CostModel, APipelineIsCutWhereItsStagesTakeEvenTime) {
 // budget that cut does not fit, the search takes blocks off the first stage one at a time and
 // takes the first cut that fits; under a budget none fits, the candidate keeps its own cut.
 TEST(CostModel, ARecutPipelineRespectsTheFirstStagesMemory) {
-  nlohmann::json config = tiny_gpt();
-  config["n_layer"] = 8;
-  config["n_embd"] = 32;
-  config["vocab_size"] = 512;
   const int64_t T = 32;
-  const auto model = trace::ModelRef::registry("gpt", config);
-  const auto cands = enumerate_candidates(opts(2, 8), 8);
-  const Candidate& c = candidate(cands, "ddp + pipeline_parallel{\"micro_batches\":4,\"size\":2}");
+  const PipelineCase pc(8, 512);
+  const auto& [model, cands, c] = pc;
   MachineCalibration machine;
   machine.memory_gbps = 1000;
   for (const RankModel& r : rank_models(model, c, T)) {
