@@ -33,7 +33,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <cstdio>
 
 #include "acc/dist/dist.hpp"
@@ -58,28 +57,6 @@ struct Run {
   acc::strategies::Strategy strategy;
   double search_idle = 0, search_step_ms = 0;  // the search's cost model, rank 0's
 };
-
-// The search's candidate for `s` over `world` ranks (its mesh, batch and the methods' effects).
-acc::search::Candidate candidate_of(const acc::strategies::Strategy& s, int world,
-                                    int64_t global_batch, int64_t num_blocks) {
-  using namespace acc;
-  search::Candidate c;
-  c.strategy = s;
-  c.world = world;
-  c.mesh = strategies::mesh_for(s, world);
-  c.per_rank_batch = global_batch / c.mesh.dp;
-  const strategies::SearchContext ctx{
-      .world = world, .num_blocks = num_blocks, .per_rank_batch = c.per_rank_batch};
-  for (const auto& m : strategies::searchable_methods()) {
-    for (const auto& x : s) {
-      if (x.name != m.name) continue;
-      m.effects(x.config, ctx, c.effects);
-      c.effects.methods.push_back(m.name);
-    }
-  }
-  c.micro_batch = c.per_rank_batch / c.effects.micro_batches;
-  return c;
-}
 
 }  // namespace
 
@@ -129,7 +106,10 @@ int main(int argc, char** argv) {
       std::vector<search::GemmShape> shapes;
       std::vector<search::Candidate> cands;
       for (const Run& r : runs) {
-        cands.push_back(candidate_of(r.strategy, p, global_batch, layers));
+        cands.push_back(
+            search::candidate_of(r.strategy, p, global_batch,
+                                 {.world = p, .num_blocks = layers, .per_rank_batch = global_batch},
+                                 strategies::searchable_methods()));
         for (const auto& rm : search::rank_models(ref, cands.back(), seq_len)) {
           for (const auto& g : search::CostModel::shapes_to_measure(
                    rm.model, {cands.back().micro_batch}, seq_len)) {
@@ -193,13 +173,10 @@ int main(int argc, char** argv) {
       }
       const double idle_median = median(idle);
       // The schedule over the measured stage times, messages free.
-      const double m = micro_batches, vs = r.virtual_stages;
-      double sum_t = 0, max_t = 0;
-      for (const double b : busy) {
-        sum_t += b / m;
-        max_t = std::max(max_t, b / m);
-      }
-      const double schedule_ms = m * max_t + (sum_t - max_t) / vs;
+      std::vector<double> per_micro_batch;
+      for (const double b : busy) per_micro_batch.push_back(b / micro_batches);
+      const double schedule_ms =
+          strategies::schedule_time(per_micro_batch, micro_batches, r.virtual_stages);
       std::vector<double> stage_idle;
       for (const double b : busy) stage_idle.push_back((schedule_ms - b) / schedule_ms);
       const double stage_idle_median = median(stage_idle);

@@ -222,13 +222,9 @@ std::optional<CostModel::StageEnds> CostModel::stage_ends(const Candidate& c) {
 std::optional<std::vector<strategies::StageBlocks>> CostModel::balanced_stages(const Candidate& c) {
   const std::optional<StageEnds> ends = stage_ends(c);
   if (!ends) return std::nullopt;
-  int64_t blocks = 0;
-  int stages = 0;
-  for (const RankModel& r : ranks_.of(c)) {
-    for (const auto& st : r.stages) blocks += st.end - st.begin;
-    stages += static_cast<int>(r.stages.size());
-  }
-  return strategies::balance_stages(blocks, stages, ends->first, ends->last);
+  const std::vector<strategies::StageBlocks> own = stages_of(c);
+  return strategies::balance_stages(own.back().end, static_cast<int>(own.size()), ends->first,
+                                    ends->last);
 }
 
 std::vector<strategies::StageBlocks> CostModel::stages_of(const Candidate& c) {
@@ -245,13 +241,13 @@ std::vector<strategies::StageBlocks> CostModel::stages_of(const Candidate& c) {
 
 std::optional<Recut> rebalanced_pipeline(const Candidate& c, CostModel& cost, MemoryModel& memory,
                                          int64_t budget, double margin) {
-  const std::optional<CostModel::StageEnds> ends = cost.stage_ends(c);
-  if (!ends) return std::nullopt;
+  std::optional<std::vector<strategies::StageBlocks>> balanced = cost.balanced_stages(c);
+  if (!balanced) return std::nullopt;
+  std::vector<strategies::StageBlocks> cut = std::move(*balanced);
   const std::vector<strategies::StageBlocks> own = cost.stages_of(c);
   const int64_t blocks = own.back().end;
   const int stages = static_cast<int>(own.size());
-  std::vector<strategies::StageBlocks> cut =
-      strategies::balance_stages(blocks, stages, ends->first, ends->last);
+  const double last = cost.stage_ends(c)->last;  // priced once: the passes are cached
   while (cut != own) {
     Recut r{c, {}};
     r.candidate.strategy = strategies::with_pipeline_stages(c.strategy, cut);
@@ -260,7 +256,7 @@ std::optional<Recut> rebalanced_pipeline(const Candidate& c, CostModel& cost, Me
     // A block fewer on the first stage, the rest balanced over the later ones.
     const int64_t first = cut.front().end - 1;
     if (first < 1) break;
-    const auto rest = strategies::balance_stages(blocks - first, stages - 1, 0.0, ends->last);
+    const auto rest = strategies::balance_stages(blocks - first, stages - 1, 0.0, last);
     cut = {{0, first}};
     for (const auto& b : rest) cut.push_back({b.begin + first, b.end + first});
   }
@@ -271,8 +267,8 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
                                            const std::vector<RankModel>& ranks) {
   const strategies::StepEffects& e = c.effects;
   const double m = static_cast<double>(e.micro_batches);
-  const double v = static_cast<double>(ranks.front().stages.size());
-  double slowest = 0, slowest_comm = 0, sum = 0;
+  double slowest = 0, slowest_comm = 0;
+  std::vector<double> per_rank;  // a micro-batch through each rank's stages
   TimePrediction t;  // the optimizer and data-parallel reduction of the rank that takes longest
   double after_s = -1;
   const std::string layout = c.layout_key();
@@ -286,7 +282,7 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
       slowest = s;
       slowest_comm = comm;
     }
-    sum += s;
+    per_rank.push_back(s);
     TimePrediction after;
     add_data_parallel_comm(c, p, /*overlap=*/false, after);
     if (after.optimizer_s + after.exposed_comm_s > after_s) {
@@ -295,7 +291,10 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
       t.backward_s = contention_ * p.backward_s;
     }
   }
-  const double schedule = m * slowest + (sum - slowest) / v;
+  const double schedule = strategies::schedule_time(per_rank, e.micro_batches,
+                                                    static_cast<int>(ranks.front().stages.size()));
+  double sum = 0;
+  for (const double s : per_rank) sum += s;
   t.bubble_s = schedule - m * sum / static_cast<double>(ranks.size());
   // The slowest rank's messages are waited for; the rest of the schedule is compute and idling.
   t.comm_s += m * slowest_comm;

@@ -48,6 +48,30 @@ int64_t per_rank_batch(int64_t global_batch, int world) {
   return global_batch / world;
 }
 
+Candidate candidate_of(const strategies::Strategy& s, int world, int64_t global_batch,
+                       const strategies::SearchContext& ctx,
+                       const std::vector<MethodSearch>& methods) {
+  Candidate c;
+  c.strategy = s;
+  c.world = world;
+  c.mesh = strategies::mesh_for(s, world);
+  c.per_rank_batch = global_batch / c.mesh.dp;
+  // The gradient synchronisation reads what the others set (bf16 communication).
+  for (const bool ranks_pass : {false, true}) {
+    for (const strategies::Method& x : s) {
+      const auto m = std::find_if(methods.begin(), methods.end(),
+                                  [&](const MethodSearch& m) { return m.name == x.name; });
+      ACC_CHECK(m != methods.end(), "search: method '", x.name,
+                "' is not searchable (known: ", known_methods(methods), ")");
+      if (m->needs_ranks != ranks_pass) continue;
+      m->effects(x.config, ctx, c.effects);
+      c.effects.methods.push_back(m->name);
+    }
+  }
+  c.micro_batch = c.per_rank_batch / c.effects.micro_batches;
+  return c;
+}
+
 std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_blocks) {
   (void)per_rank_batch(o.global_batch, o.world);
   const auto methods = strategies::searchable_methods();
@@ -149,21 +173,7 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
       valid = false;
     }
     if (valid) {
-      Candidate c;
-      c.strategy = s;
-      c.world = o.world;
-      c.mesh = mesh;
-      c.per_rank_batch = o.global_batch / mesh.dp;
-      // The gradient synchronisation reads what the others set (bf16 communication).
-      for (const bool ranks_pass : {false, true}) {
-        for (const auto* opt : chosen) {
-          if (opt->method && opt->method->needs_ranks == ranks_pass) {
-            opt->method->effects(opt->config, ctx, c.effects);
-            c.effects.methods.push_back(opt->method->name);
-          }
-        }
-      }
-      c.micro_batch = c.per_rank_batch / c.effects.micro_batches;
+      Candidate c = candidate_of(s, o.world, o.global_batch, ctx, methods);
       // Micro-batches offered for a larger per-rank batch than this candidate's.
       if (c.per_rank_batch % c.effects.micro_batches == 0) out.push_back(std::move(c));
     }

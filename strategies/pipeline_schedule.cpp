@@ -285,4 +285,17 @@ void validate(const PipelineSchedule& s) {
   ACC_CHECK(stuck.empty(), "pipeline schedule deadlocks", stuck);
 }
 
+double schedule_time(const std::vector<double>& per_micro_batch, int micro_batches,
+                     int virtual_stages) {
+  ACC_CHECK(!per_micro_batch.empty() && micro_batches >= 1 && virtual_stages >= 1,
+            "schedule_time: needs a rank, micro_batches >= 1 and virtual_stages >= 1, got ",
+            per_micro_batch.size(), " ranks, ", micro_batches, " and ", virtual_stages);
+  double sum = 0, slowest = 0;
+  for (const double t : per_micro_batch) {
+    sum += t;
+    slowest = std::max(slowest, t);
+  }
+  return micro_batches * slowest + (sum - slowest) / virtual_stages;
+}
+
 }  // namespace acc::strategies

@@ -62,6 +62,15 @@ struct Candidate {
   std::string layout_key() const;
 };
 
+/// The candidate of strategy `s` on `world` ranks at `global_batch` samples a step: its mesh
+/// (strategies::mesh_for), per-rank batch and micro-batch, and the effects its methods declare
+/// (`methods`: strategies::searchable_methods(); the gradient synchronisation last, as it reads
+/// what the others set), told `ctx` of the run. Throws acc::ValueError for a method that is not
+/// searchable, and what mesh_for throws.
+Candidate candidate_of(const strategies::Strategy& s, int world, int64_t global_batch,
+                       const strategies::SearchContext& ctx,
+                       const std::vector<strategies::MethodSearch>& methods);
+
 /// Every candidate for a model of `num_blocks` repeated blocks. Throws acc::ValueError naming the
 /// value for: world < 1, a global batch < 1 or not divisible by the world ("global batch 63 does
 /// not split evenly over 2 ranks"), an unknown method in excluded/included (listing the known

@@ -87,4 +87,12 @@ PipelineSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages,
 ///    (the message names every stuck rank and what it waits for).
 void validate(const PipelineSchedule& schedule);
 
+/// The time of a 1F1B or interleaved schedule of `micro_batches` micro-batches whose rank r takes
+/// `per_micro_batch[r]` for one micro-batch through its stages: m x the slowest rank, plus the
+/// others' fill and drain, (sum - slowest) / v with v `virtual_stages` a rank. For equal ranks the
+/// idle share is (p - 1) / (v m + p - 1); messages are not counted. Throws acc::ValueError for no
+/// ranks, or m or v < 1.
+double schedule_time(const std::vector<double>& per_micro_batch, int micro_batches,
+                     int virtual_stages);
+
 }  // namespace acc::strategies
