@@ -21,6 +21,9 @@ function(acc_add_library layer)
   # The API is C++20 (options are passed as AdamW::Options{.lr = 3e-4}): a user's project gets
   # the standard from the target, as it does not see our CMAKE_CXX_STANDARD.
   target_compile_features(acc_${layer} PUBLIC cxx_std_20)
+  if(ACC_BUILD_FUZZERS AND layer IN_LIST ACC_FUZZED_LIBRARIES)
+    target_compile_options(acc_${layer} PRIVATE -O1)
+  endif()
   acc_install_library(acc_${layer} ${layer})
 endfunction()
 

@@ -224,23 +224,30 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
     }
     rm.first = r == pipe->schedule.rank_of_stage(0);
     rm.last = r == pipe->schedule.rank_of_stage(S - 1);
-    // Walk the rank's list: forwards add one in flight, a backward holds its own until it ends.
-    int held = 0;
+    // Walk the rank's list: forwards add one in flight to their stage, a backward holds its own
+    // until it ends.
+    std::vector<int> held(rm.stages.size(), 0);
     bool backward_seen = false;
-    rm.in_flight_later = 0;
+    auto record = [&] {
+      if (std::find(rm.in_flight_later.begin(), rm.in_flight_later.end(), held) ==
+          rm.in_flight_later.end()) {
+        rm.in_flight_later.push_back(held);
+      }
+    };
     for (const strategies::PipeAction& a : pipe->schedule.actions[static_cast<size_t>(r)]) {
+      int& mine = held[static_cast<size_t>((a.stage - r) / pipe->schedule.ranks)];
       if (a.step == strategies::PipeStep::kForward) {
-        ++held;
-        if (backward_seen) rm.in_flight_later = std::max(rm.in_flight_later, held);
+        ++mine;
+        if (backward_seen) record();
         continue;
       }
       if (!backward_seen) {
         rm.in_flight_first = held;
       } else {
-        rm.in_flight_later = std::max(rm.in_flight_later, held);
+        record();
       }
       backward_seen = true;
-      --held;
+      --mine;
     }
     // The largest parameter of what the rank holds: a block's, the embedding's or the head's.
     for (const auto& [name, t] : lm->named_parameters()) {
@@ -393,6 +400,33 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
   return worst;
 }
 
+std::vector<int64_t> stage_saved_bytes(const trace::TrainingNeed& n,
+                                       const strategies::StepEffects& e, const RankModel& rank) {
+  const size_t v = rank.stages.size();
+  std::vector<int64_t> saved(v, 0);
+  int64_t offset = 0, blocks_saved = 0;
+  const int64_t recomputed = e.recompute_blocks < 0 ? 0 : e.recompute_blocks;
+  for (size_t s = 0; s < v; ++s) {
+    const int64_t len = rank.stages[s].end - rank.stages[s].begin;
+    const int64_t rec =
+        e.recompute_blocks < 0 ? 0 : std::clamp<int64_t>(recomputed - offset, 0, len);
+    saved[s] = checked_add(checked_mul(len - rec, n.block_activations_saved, "stage bytes"),
+                           checked_mul(rec, n.recomputed_block_activations_saved, "stage bytes"),
+                           "stage bytes");
+    blocks_saved = checked_add(blocks_saved, saved[s], "stage bytes");
+    offset += len;
+  }
+  const int64_t ends = std::max<int64_t>(0, n.memory.activations_saved - blocks_saved);
+  if (rank.first) {
+    saved.front() += ends;
+  } else if (rank.last) {
+    saved.back() += ends;
+  } else {
+    for (auto& b : saved) b += ends / static_cast<int64_t>(v);
+  }
+  return saved;
+}
+
 MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& rank,
                                            const std::string& layout) {
   const strategies::StepEffects e = rank_effects(c.effects, rank);
@@ -418,19 +452,29 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     // A pipeline rank: its schedule holds several forwards in flight through its stages, of
     // which the trace (one micro-batch through each stage) holds one each; the others' saved
     // activations are alive at the peak too (the first stage's p micro-batches under 1F1B). A
-    // stage's share is its rank's saved bytes over its stages (even for virtual stages). The
-    // first backward runs before any gradient is held; every later action holds all of G.
-    const auto v = static_cast<int64_t>(rank.stages.size());
-    auto beyond_trace = [&](int in_flight) {
-      return std::max<int64_t>(0, in_flight - v) * (n.memory.activations_saved / v);
+    // stage saves its blocks' share (the trace's per-block figures, recomputed blocks apart) and,
+    // on the first or last stage, the model's ends (embedding; head and loss): interleaved, the
+    // last stage's logits make a rank's stages unequal. The first backward runs before any
+    // gradient is held; every later action holds all of G.
+    const std::vector<int64_t> saved = stage_saved_bytes(n, e, rank);
+    auto beyond_trace = [&](const std::vector<int>& in_flight) {
+      int64_t extra = 0;
+      for (size_t s = 0; s < saved.size(); ++s) {
+        extra = checked_add(extra, checked_mul(in_flight[s] - 1, saved[s], "in-flight bytes"),
+                            "in-flight bytes");
+      }
+      return std::max<int64_t>(0, extra);
     };
     const int64_t first = beyond_trace(rank.in_flight_first);
-    const int64_t later = beyond_trace(rank.in_flight_later);
+    int64_t later = 0;
+    for (const std::vector<int>& at : rank.in_flight_later)
+      later = std::max(later, beyond_trace(at));
     m.in_flight_activations = std::max(first, later);
     live = n.memory.peak - P - O + first;
     if (e.micro_batches > 1) {
       live = std::max(live, G + n.memory.activations_peak + later + rank.largest_gradient_bytes);
     }
+    const auto v = static_cast<int64_t>(rank.stages.size());
     // The receives Pipeline::run posts ahead (one stage a rank, or more than 2 ranks): the next
     // forward's input (but on the first stage alone) and the next backward's gradient (but on
     // the last stage alone).

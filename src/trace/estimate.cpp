@@ -301,6 +301,24 @@ TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t 
       direct ? base.memory.activations_saved
              : ex(base.memory.activations_saved, two.memory.activations_saved,
                   mixed.memory.activations_saved, "saved activation bytes");
+  if (!direct) {
+    need.block_activations_saved = two.memory.activations_saved - base.memory.activations_saved;
+    need.recomputed_block_activations_saved =
+        k > 0 ? mixed.memory.activations_saved - base.memory.activations_saved
+              : need.block_activations_saved;
+  } else if (ref.extrapolates()) {
+    // Traced whole (n <= 3, no partial recomputation): one more trace a block shorter, or a block
+    // longer at 1 block, with every block recomputed alike.
+    TraceOptions alike = options;
+    if (options.recompute != Recompute::kNone && options.recompute_blocks >= n) {
+      alike.recompute_blocks = -1;
+    }
+    const int64_t other = n >= 2 ? n - 1 : 2;
+    const Sample s = sample(ref, other, batch, seq_len, alike, optimizer, {});
+    need.block_activations_saved =
+        (base.memory.activations_saved - s.memory.activations_saved) / (n - other);
+    need.recomputed_block_activations_saved = need.block_activations_saved;
+  }
   // Peaks from the timeline of the deep model's runs (k recomputed, n - k plain) cut to their
   // first, middle and last block: at most 6 blocks.
   // Without a timeline cut at the blocks, the blockwise figure is the whole-model one (every

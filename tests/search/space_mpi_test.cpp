@@ -169,17 +169,15 @@ void expect_stage_peaks(const std::string& type, const nlohmann::json& config) {
                     rank, static_cast<long long>(predicted), static_cast<long long>(measured),
                     100 * err);
       }
-      // 5 % for 1F1B without full recomputation. Two classes are held to -8 % / +11 % (measured
-      // on 2026-11-27, the 5 % target not met there):
-      //  - interleaved stages, priced as even shares of their rank's trace (one micro-batch
-      //    through its stages in a row): over by up to +10.2 % (Llama, tp2 x pp2 x v2, m = p);
-      //  - every block recomputed: pp4 over by up to +8.3 %; tp2 x pp2 at m = 8 (one sample a
-      //    micro-batch) under by up to -7.3 %, every rank at the same 1.40 MB, not explained yet;
-      //  - more ranks than cores (4 on this 2-core machine): when a posted receive or a deferred
-      //    send completes depends on how the ranks are scheduled; 1F1B runs without full
-      //    recomputation came within 5 % in 712 of 720 pairs in one run, 620 of 720 in another.
-      const bool wide = c.effects.pipeline_virtual > 1 || c.effects.recompute_blocks < 0 ||
-                        W > static_cast<int>(std::thread::hardware_concurrency());
+      // 5 % whenever the ranks have a core each: 1F1B and interleaved stages (each stage's saved
+      // bytes from the trace's per-block figures and the model's ends, its in-flight micro-batches
+      // from the schedule's list), whole, selective or every block recomputed. More ranks than
+      // cores (4 on this 2-core machine) are held to -8 % / +11 %: when a posted receive or a
+      // deferred send completes depends on how the ranks are scheduled, and one run on
+      // 2026-11-28 had 271 of 288 GPT pairs and 236 of 288 Llama pairs within 5 %, from -7.3 %
+      // (tp2 x pp2, every block recomputed, m = 8) to +9.1 % (zero2 over dp2 x pp2 interleaved,
+      // m = 2).
+      const bool wide = W > static_cast<int>(std::thread::hardware_concurrency());
       ++(wide ? wide_pairs : pairs);
       if (std::abs(err) <= 0.05) ++(wide ? wide_within : within);
       EXPECT_TRUE(wide ? err >= -0.08 && err <= 0.11 : std::abs(err) <= 0.05)
@@ -193,7 +191,7 @@ void expect_stage_peaks(const std::string& type, const nlohmann::json& config) {
   if (world->rank() == 0) {
     std::printf(
         "%s at %d rank(s): %lld pipeline candidates; (candidate, rank) pairs within 5 %%: %lld of "
-        "%lld (1F1B, not all recomputed), %lld of %lld (interleaved or all recomputed); worst "
+        "%lld (a core a rank), %lld of %lld (more ranks than cores); worst "
         "%+.2f%% (%s)\n",
         type.c_str(), W, static_cast<long long>(tried), static_cast<long long>(within),
         static_cast<long long>(pairs), static_cast<long long>(wide_within),

@@ -96,11 +96,11 @@ struct RankModel {
   /// The whole model's blocks this rank runs, per stage (empty without a pipeline: all of them).
   std::vector<strategies::StageBlocks> stages;
   bool first = true, last = true;  // holds the first stage (embedding) / the last (head, loss)
-  /// Forwards in flight on this rank (each through one of its stages; 1 without a pipeline):
-  /// at its first backward, before any gradient is held, and the most at any later action, with
-  /// the accumulated gradients resident (from the schedule's list).
-  int in_flight_first = 1;
-  int in_flight_later = 1;
+  /// Forwards in flight on this rank, per stage of `stages` (from the schedule's list): at its
+  /// first backward, before any gradient is held, and at every later action (each distinct
+  /// count once), with the accumulated gradients resident. Empty without a pipeline.
+  std::vector<int> in_flight_first;
+  std::vector<std::vector<int>> in_flight_later;
   /// Bytes of one activation between stages (a micro-batch's (B, T, C) f32, T / tp under
   /// Megatron-SP): the runtime posts a receive of one ahead from each neighbour.
   int64_t message_bytes = 0;
@@ -118,6 +118,15 @@ struct RankModel {
 /// message_bytes. Throws what the cut throws (fewer blocks than stages).
 std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate& c,
                                    int64_t seq_len);
+
+/// What one micro-batch's forward saves on each of a pipeline rank's stages (`need`: the rank
+/// model's trace under `effects`, rank_effects of the candidate's): each stage's blocks at the
+/// trace's per-block figures (the first effects.recompute_blocks of the rank's blocks recomputed)
+/// and the rest of the trace, the model's ends, on the stage holding the embedding or the head
+/// (spread evenly on a middle rank). Sums to need.memory.activations_saved.
+std::vector<int64_t> stage_saved_bytes(const trace::TrainingNeed& need,
+                                       const strategies::StepEffects& effects,
+                                       const RankModel& rank);
 
 /// rank_models of one model's candidates, each layout's computed once (the memory and the time
 /// model each keep one).

@@ -68,6 +68,14 @@ struct TrainingNeed {
   // The repeated blocks (find_blocks() of the shallow model; the count is num_layers).
   std::string block_type, block_container;
   int64_t parameters_per_block = 0;
+  // What one block's forward saves for backward (memory.activations_saved less the model's ends,
+  // the embedding and head, spread over its blocks): a block beyond the first
+  // options.recompute_blocks (every block when all or none are recomputed), and one of those
+  // first blocks when only some are. From the 1- and 2-block samples, or, for a model traced
+  // whole, one more trace a block shorter (longer at 1 block). 0 for a module that is not the
+  // registry's (traced whole, never cut into stages).
+  int64_t block_activations_saved = 0;
+  int64_t recomputed_block_activations_saved = 0;
   // With the BlockwiseGradients option: the peak of every storage but the parameters with the
   // blocks' gradients held block by block (compare memory.peak - parameters - optimizer_state).
   // Exact as the other peaks; when the blocks do not run one after another, the whole-model figure.
