@@ -225,29 +225,30 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
     rm.first = r == pipe->schedule.rank_of_stage(0);
     rm.last = r == pipe->schedule.rank_of_stage(S - 1);
     // Walk the rank's list: forwards add one in flight to their stage, a backward holds its own
-    // until it ends.
-    std::vector<int> held(rm.stages.size(), 0);
+    // until it ends and, from its start, its stage's gradients.
+    StageMoment now{std::vector<int>(rm.stages.size(), 0),
+                    std::vector<bool>(rm.stages.size(), false)};
     bool backward_seen = false;
     auto record = [&] {
-      if (std::find(rm.in_flight_later.begin(), rm.in_flight_later.end(), held) ==
-          rm.in_flight_later.end()) {
-        rm.in_flight_later.push_back(held);
+      if (std::find(rm.later_moments.begin(), rm.later_moments.end(), now) ==
+          rm.later_moments.end()) {
+        rm.later_moments.push_back(now);
       }
     };
     for (const strategies::PipeAction& a : pipe->schedule.actions[static_cast<size_t>(r)]) {
-      int& mine = held[static_cast<size_t>((a.stage - r) / pipe->schedule.ranks)];
+      const auto s = static_cast<size_t>((a.stage - r) / pipe->schedule.ranks);
       if (a.step == strategies::PipeStep::kForward) {
-        ++mine;
+        ++now.in_flight[s];
         if (backward_seen) record();
         continue;
       }
       if (!backward_seen) {
-        rm.in_flight_first = held;
-      } else {
-        record();
+        rm.in_flight_first = now.in_flight;
       }
+      now.gradients[s] = true;
+      if (backward_seen) record();
       backward_seen = true;
-      --mine;
+      --now.in_flight[s];
     }
     // The largest parameter of what the rank holds: a block's, the embedding's or the head's.
     for (const auto& [name, t] : lm->named_parameters()) {
@@ -400,31 +401,49 @@ MemoryPrediction MemoryModel::predict(const Candidate& c) {
   return worst;
 }
 
-std::vector<int64_t> stage_saved_bytes(const trace::TrainingNeed& n,
-                                       const strategies::StepEffects& e, const RankModel& rank) {
+namespace {
+
+// Each of a pipeline rank's stages' share of `total` bytes: `per_block` a block (`per_recomputed`
+// for the first `recomputed` of the rank's blocks), the rest on the stage holding the embedding
+// or the head (spread evenly on a middle rank).
+std::vector<int64_t> stage_shares(int64_t total, int64_t per_block, int64_t per_recomputed,
+                                  int64_t recomputed, const RankModel& rank) {
   const size_t v = rank.stages.size();
-  std::vector<int64_t> saved(v, 0);
-  int64_t offset = 0, blocks_saved = 0;
-  const int64_t recomputed = e.recompute_blocks < 0 ? 0 : e.recompute_blocks;
+  std::vector<int64_t> share(v, 0);
+  int64_t offset = 0, blocks = 0;
   for (size_t s = 0; s < v; ++s) {
     const int64_t len = rank.stages[s].end - rank.stages[s].begin;
-    const int64_t rec =
-        e.recompute_blocks < 0 ? 0 : std::clamp<int64_t>(recomputed - offset, 0, len);
-    saved[s] = checked_add(checked_mul(len - rec, n.block_activations_saved, "stage bytes"),
-                           checked_mul(rec, n.recomputed_block_activations_saved, "stage bytes"),
-                           "stage bytes");
-    blocks_saved = checked_add(blocks_saved, saved[s], "stage bytes");
+    const int64_t rec = std::clamp<int64_t>(recomputed - offset, 0, len);
+    share[s] = checked_add(checked_mul(len - rec, per_block, "stage bytes"),
+                           checked_mul(rec, per_recomputed, "stage bytes"), "stage bytes");
+    blocks = checked_add(blocks, share[s], "stage bytes");
     offset += len;
   }
-  const int64_t ends = std::max<int64_t>(0, n.memory.activations_saved - blocks_saved);
+  const int64_t ends = std::max<int64_t>(0, total - blocks);
   if (rank.first) {
-    saved.front() += ends;
+    share.front() += ends;
   } else if (rank.last) {
-    saved.back() += ends;
+    share.back() += ends;
   } else {
-    for (auto& b : saved) b += ends / static_cast<int64_t>(v);
+    for (auto& b : share) b += ends / static_cast<int64_t>(v);
   }
-  return saved;
+  return share;
+}
+
+}  // namespace
+
+std::vector<int64_t> stage_saved_bytes(const trace::TrainingNeed& n,
+                                       const strategies::StepEffects& e, const RankModel& rank) {
+  // Every block recomputed (-1): the trace's per-block figure is already the recomputed one.
+  return stage_shares(n.memory.activations_saved, n.block_activations_saved,
+                      n.recomputed_block_activations_saved,
+                      std::max<int64_t>(0, e.recompute_blocks), rank);
+}
+
+std::vector<int64_t> stage_gradient_bytes(const trace::TrainingNeed& n, const RankModel& rank) {
+  const int64_t per_parameter = n.memory.gradients / std::max<int64_t>(1, n.parameters);
+  const int64_t per_block = checked_mul(n.parameters_per_block, per_parameter, "block gradients");
+  return stage_shares(n.memory.gradients, per_block, per_block, 0, rank);
 }
 
 MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& rank,
@@ -455,8 +474,10 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     // stage saves its blocks' share (the trace's per-block figures, recomputed blocks apart) and,
     // on the first or last stage, the model's ends (embedding; head and loss): interleaved, the
     // last stage's logits make a rank's stages unequal. The first backward runs before any
-    // gradient is held; every later action holds all of G.
+    // gradient is held; a later action holds the gradients of the stages whose backward has
+    // begun (interleaved, not yet the rank's first stage's at its first few backwards).
     const std::vector<int64_t> saved = stage_saved_bytes(n, e, rank);
+    const std::vector<int64_t> grads = stage_gradient_bytes(n, rank);
     auto beyond_trace = [&](const std::vector<int>& in_flight) {
       int64_t extra = 0;
       for (size_t s = 0; s < saved.size(); ++s) {
@@ -466,12 +487,21 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
       return std::max<int64_t>(0, extra);
     };
     const int64_t first = beyond_trace(rank.in_flight_first);
-    int64_t later = 0;
-    for (const std::vector<int>& at : rank.in_flight_later)
-      later = std::max(later, beyond_trace(at));
-    m.in_flight_activations = std::max(first, later);
+    // The most a later moment holds beyond the trace's activations and all of G: its own in-flight
+    // activations less the gradients not yet made.
+    int64_t later = 0, later_activations = 0;
+    bool any_later = false;
+    for (const StageMoment& at : rank.later_moments) {
+      int64_t missing = 0;
+      for (size_t s = 0; s < grads.size(); ++s) missing += at.gradients[s] ? 0 : grads[s];
+      const int64_t extra = beyond_trace(at.in_flight);
+      if (!any_later || extra - missing > later) later = extra - missing;
+      later_activations = std::max(later_activations, extra);
+      any_later = true;
+    }
+    m.in_flight_activations = std::max(first, later_activations);
     live = n.memory.peak - P - O + first;
-    if (e.micro_batches > 1) {
+    if (e.micro_batches > 1 && any_later) {
       live = std::max(live, G + n.memory.activations_peak + later + rank.largest_gradient_bytes);
     }
     const auto v = static_cast<int64_t>(rank.stages.size());

@@ -410,7 +410,18 @@ TEST(MemoryModel, AnInterleavedRanksStagesSaveAndHoldTheirOwn) {
   // Rank 0: F0@0 F1@0 F0@2 F1@2 F2@0 B0@2; rank 1: F0@1 F1@1 F0@3 B0@3.
   EXPECT_EQ(ranks[0].in_flight_first, (std::vector<int>{3, 2}));
   EXPECT_EQ(ranks[1].in_flight_first, (std::vector<int>{2, 1}));
-  for (const auto& at : ranks[0].in_flight_later) ASSERT_EQ(at.size(), 2u);
+  // After B0@2, rank 0 holds stage 2's gradients and not yet stage 0's: at F3@0, four
+  // micro-batches in flight on stage 0 and one on stage 2, before B0@0.
+  const StageMoment after_first{{4, 1}, {false, true}};
+  EXPECT_NE(std::find(ranks[0].later_moments.begin(), ranks[0].later_moments.end(), after_first),
+            ranks[0].later_moments.end());
+  for (const StageMoment& at : ranks[0].later_moments) {
+    ASSERT_EQ(at.in_flight.size(), 2u);
+    ASSERT_EQ(at.gradients.size(), 2u);
+  }
+  // Under 1F1B every later moment holds the rank's gradients.
+  for (const StageMoment& at : flat[0].later_moments)
+    EXPECT_EQ(at.gradients, std::vector<bool>{true});
 
   for (const RankModel& r : ranks) {
     const trace::TrainingNeed need = trace::estimate_training_need(r.model, 2, T);
@@ -418,6 +429,11 @@ TEST(MemoryModel, AnInterleavedRanksStagesSaveAndHoldTheirOwn) {
     ASSERT_EQ(saved.size(), 2u);
     EXPECT_EQ(saved[0] + saved[1], need.memory.activations_saved);
     ASSERT_GT(need.block_activations_saved, 0);
+    const std::vector<int64_t> grads = stage_gradient_bytes(need, r);
+    ASSERT_EQ(grads.size(), 2u);
+    EXPECT_EQ(grads[0] + grads[1], need.memory.gradients);
+    EXPECT_GT(grads[0], 0);
+    EXPECT_GT(grads[1], 0);
     // One block a stage: rank 0's stage 0 holds the embedding, stage 2 only its block; rank 1's
     // stage 1 its block, stage 3 its block and the head's logits.
     const int64_t block = need.block_activations_saved;

@@ -89,6 +89,14 @@ int64_t per_rank_batch(int64_t global_batch, int world);
 /// With a pipeline, the first pp rank's model (rank_models()[0]).
 trace::ModelRef layout_model(const trace::ModelRef& model, const Candidate& c);
 
+/// A moment of a pipeline rank's schedule, per stage of the rank: the forwards each holds, and
+/// whether its gradients exist yet (a backward of it has begun).
+struct StageMoment {
+  std::vector<int> in_flight;
+  std::vector<bool> gradients;
+  bool operator==(const StageMoment&) const = default;
+};
+
 /// The model as one pp rank of a candidate runs it.
 struct RankModel {
   trace::ModelRef model;  // traced through the candidate's layout (its stages, shards, chunks)
@@ -97,10 +105,12 @@ struct RankModel {
   std::vector<strategies::StageBlocks> stages;
   bool first = true, last = true;  // holds the first stage (embedding) / the last (head, loss)
   /// Forwards in flight on this rank, per stage of `stages` (from the schedule's list): at its
-  /// first backward, before any gradient is held, and at every later action (each distinct
-  /// count once), with the accumulated gradients resident. Empty without a pipeline.
+  /// first backward, before any gradient is held; then every later action's moment (each
+  /// distinct one once), with the gradients of the stages whose backward has begun (all of
+  /// them under 1F1B; interleaved, the rank's first stage's only after its own first backward).
+  /// Empty without a pipeline.
   std::vector<int> in_flight_first;
-  std::vector<std::vector<int>> in_flight_later;
+  std::vector<StageMoment> later_moments;
   /// Bytes of one activation between stages (a micro-batch's (B, T, C) f32, T / tp under
   /// Megatron-SP): the runtime posts a receive of one ahead from each neighbour.
   int64_t message_bytes = 0;
@@ -127,6 +137,9 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
 std::vector<int64_t> stage_saved_bytes(const trace::TrainingNeed& need,
                                        const strategies::StepEffects& effects,
                                        const RankModel& rank);
+/// The gradient bytes of each of a pipeline rank's stages, the same way: its blocks' and, on the
+/// stage holding them, the embedding's or the head's. Sums to need.memory.gradients.
+std::vector<int64_t> stage_gradient_bytes(const trace::TrainingNeed& need, const RankModel& rank);
 
 /// rank_models of one model's candidates, each layout's computed once (the memory and the time
 /// model each keep one).
