@@ -176,7 +176,7 @@ void expect_stage_peaks(const std::string& type, const nlohmann::json& config) {
       // cores (4 on this 2-core machine) are held to -8 % / +11 %: when a posted receive or a
       // deferred send completes depends on how the ranks share the cores (ddp and zero2 of one
       // layout, whose activations are alike, measured 33 KB apart on one rank). One run on
-      // 2026-11-28: 527 of 576 pairs within 5 %, -7.3 % to +8.3 %, every miss but one with every
+      // 2026-11-28: 524 of 576 pairs within 5 %, -7.3 % to +8.3 %, every miss but one with every
       // block recomputed (tp2 x pp2, or Llama at pp4). Under tp2 x pp2 with every block
       // recomputed every rank measured one peak at m = 4 and m = 8 (Llama 1,403,136 B), which the
       // model puts 80-100 KB lower: a moment beside the activations, not found yet.
