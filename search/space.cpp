@@ -405,7 +405,7 @@ namespace {
 
 // Each of a pipeline rank's stages' share of `total` bytes: `per_block` a block (`per_recomputed`
 // for the first `recomputed` of the rank's blocks), the rest on the stage holding the embedding
-// or the head (spread evenly on a middle rank).
+// or the head (spread evenly on a middle rank, the remainder on its first stage).
 std::vector<int64_t> stage_shares(int64_t total, int64_t per_block, int64_t per_recomputed,
                                   int64_t recomputed, const RankModel& rank) {
   const size_t v = rank.stages.size();
@@ -426,6 +426,7 @@ std::vector<int64_t> stage_shares(int64_t total, int64_t per_block, int64_t per_
     share.back() += ends;
   } else {
     for (auto& b : share) b += ends / static_cast<int64_t>(v);
+    share.front() += ends % static_cast<int64_t>(v);  // the shares sum to `total`
   }
   return share;
 }
