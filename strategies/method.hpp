@@ -24,9 +24,10 @@
 //  - sequence_parallel (sequence_parallel.cpp): slot "sequence_parallel", a kind per config.
 //    Ulysses sets the mesh's cp; a model transform wraps every attention core in all-to-alls over
 //    the context's cp group (sequence traded for heads and back), and it wraps plan.loss to run
-//    this cp rank's chunk of the sequence at its position offset. Megatron-SP runs over tp: it
-//    asks tensor_parallel's transform for it (plan.megatron_sp), which splits the norm/dropout
-//    regions between the tp ops along the sequence.
+//    this cp rank's chunk of the sequence at its position offset (plan.sequence_split says what
+//    that chunk is, for pipeline_parallel's stages, which run without plan.loss). Megatron-SP runs
+//    over tp: it asks tensor_parallel's transform for it (plan.megatron_sp), which splits the
+//    norm/dropout regions between the tp ops along the sequence.
 //  - pipeline_parallel (pipeline_parallel.cpp): slot "pipeline_parallel", sets the mesh's pp; a
 //    model transform, applied last, that keeps only this rank's stages (the other modules become
 //    empty StageElsewhere, so the placement table has no entry for them), and plan.pipeline, whose
@@ -42,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "acc/data/batch.hpp"
 #include "acc/models/language_model.hpp"
 #include "acc/strategies/search.hpp"
 #include "acc/strategies/strategy.hpp"
@@ -50,6 +52,22 @@
 namespace acc::strategies {
 
 class Pipeline;  // pipeline.hpp
+
+/// What a rank runs of a micro-batch under Ulysses' sequence split: its chunk of the sequence,
+/// the position of the chunk's first token, and the weight of the chunk's mean loss that makes
+/// the average over cp the micro-batch's token mean (sequence_parallel.cpp's file comment).
+struct SequenceChunk {
+  data::Batch batch;
+  int64_t position_offset = 0;
+  double loss_weight = 1.0;
+};
+
+/// The sequence split (sequence_parallel's Ulysses sets `chunk`; empty without one): read when a
+/// step runs, so a method applied before sequence_parallel (pipeline_parallel, which runs each
+/// stage on the chunk) sees it.
+struct SequenceSplit {
+  std::function<SequenceChunk(const data::Batch&)> chunk;
+};
 
 /// Undoes a model transform (the one nn::Undo: wrappers, replacements and methods' transforms).
 using Undo = nn::Undo;
@@ -98,6 +116,8 @@ struct TrainingPlan {
   /// tensor_parallel transform for it here; the transform names the parameters whose gradients
   /// are then partial over tp, which the Trainer sums over tp before anything reads them.
   std::shared_ptr<bool> megatron_sp = std::make_shared<bool>(false);
+  /// Ulysses' split of each micro-batch along the sequence (sequence_parallel sets it).
+  std::shared_ptr<SequenceSplit> sequence_split = std::make_shared<SequenceSplit>();
   /// tensor_parallel's size (0: not in the strategy), set when it is applied with a context.
   int tensor_parallel = 0;
   std::shared_ptr<std::vector<std::string>> partial_over_tp =

@@ -22,6 +22,9 @@
 
 namespace acc::strategies {
 
+struct SequenceChunk;  // method.hpp
+struct SequenceSplit;  // method.hpp
+
 /// Stages a pipeline may have: each stage's messages carry its index as their tag.
 inline constexpr int kMaxStages = dist::kMaxP2PTag;
 
@@ -36,10 +39,12 @@ class Pipeline {
       std::function<Tensor(models::LanguageModel&, const Tensor& logits, const Tensor& targets)>;
   /// `stages`: the user's cut (empty: balanced when the model is cut). `megatron_sp`: whether the
   /// tensor-parallel blocks run on sequence chunks (read when the schedule runs: then the
-  /// activations between two blocks are (B, T / tp, C)).
+  /// activations between two blocks are (B, T / tp, C)). `split`: Ulysses' sequence split (read
+  /// when the schedule runs: each stage then runs this cp rank's chunk of every micro-batch, at
+  /// its position offset, and the stages pass each other (B, T / cp, C)).
   Pipeline(PipelineSchedule schedule, std::vector<StageBlocks> stages,
            dist::ParallelContextPtr context, LogitsLoss logits_loss,
-           std::shared_ptr<bool> megatron_sp);
+           std::shared_ptr<bool> megatron_sp, std::shared_ptr<const SequenceSplit> split);
 
   /// The model transform: cuts `model` (a models::LanguageModel, acc::ValueError naming its type
   /// otherwise) to this rank's stages, makes the tied embedding's group and starts the tied copy
@@ -76,11 +81,15 @@ class Pipeline {
   const dist::ProcessGroupPtr& embedding_group() const { return embedding_group_; }
 
  private:
-  // Forward of `a`; `input`: its activation's receive (stage > 0), posted by run().
-  Tensor forward(const PipeAction& a, const data::Batch& micro_batch, dist::PostedRecv* input);
-  // Blocks `b` of `stage` on its input `x`, then the loss (the last stage) or the send of the
-  // output to the next stage's rank (send_to's handle): a stage's forward, and the trace's.
-  Tensor through(int stage, const StageBlocks& b, Tensor x, const data::Batch& micro_batch);
+  // Forward of `a` on this rank's part of its micro-batch; `input`: its activation's receive
+  // (stage > 0), posted by run().
+  Tensor forward(const PipeAction& a, const SequenceChunk& micro_batch, dist::PostedRecv* input);
+  // Blocks `b` of `stage` on its input `x`, then the loss (the last stage, weighed as the chunk
+  // says) or the send of the output to the next stage's rank (send_to's handle): a stage's
+  // forward, and the trace's. Runs at the chunk's position offset.
+  Tensor through(int stage, const StageBlocks& b, Tensor x, const SequenceChunk& micro_batch);
+  // What this rank runs of `micro_batch`: its sequence chunk under Ulysses, else all of it.
+  SequenceChunk chunk_of(const data::Batch& micro_batch) const;
   // `model` as a LanguageModel (acc::ValueError naming its type otherwise); refuses dropout.
   models::LanguageModel& stages_of(nn::Module& model) const;
   // The embedding and head modules this rank does not run, with the rank that does.
@@ -89,7 +98,8 @@ class Pipeline {
   static nn::Undo swap_out(nn::Module& model,
                            const std::vector<std::pair<std::string, int>>& elsewhere);
   dist::PostedRecv post_input(const PipeAction& a, const data::Batch& micro_batch);
-  // (B, T, C) of the activations between stages for a micro-batch (T / tp under Megatron-SP).
+  // (B, T, C) of the activations between stages for what this rank runs of a micro-batch (its
+  // chunk under Ulysses; T / tp under Megatron-SP).
   Shape activation_shape(const data::Batch& micro_batch) const;
   int rank_of_stage(int stage) const { return schedule_.rank_of_stage(stage); }
 
@@ -98,6 +108,7 @@ class Pipeline {
   dist::ParallelContextPtr context_;
   LogitsLoss logits_loss_;
   std::shared_ptr<bool> megatron_sp_;
+  std::shared_ptr<const SequenceSplit> split_;
   dist::ProcessGroupPtr pp_;
   int rank_ = 0;  // along pp
   models::LanguageModel* model_ = nullptr;

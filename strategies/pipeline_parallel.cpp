@@ -37,9 +37,11 @@
 //    order, not the one process's masks (the layout-dependent masks Megatron seeds per stage).
 //  - Composes with ddp, zero1, zero2 over dp, amp, checkpoint, tensor_parallel (its transform
 //    runs first, on the whole model; the last stage's loss is then the vocabulary-parallel
-//    cross-entropy) and Megatron-SP (stages pass each other their sequence chunk). Not yet with
-//    Ulysses (refused, naming it), fsdp (refused: use zero1/zero2) or grad_accum (micro_batches is
-//    the pipeline's accumulation).
+//    cross-entropy), Megatron-SP (stages pass each other their sequence chunk) and Ulysses (each
+//    stage runs its cp rank's chunk of every micro-batch at the chunk's position offset, the loss
+//    weighed as Ulysses weighs it; a stage sends its (B, T / cp, C) to the next stage's rank of
+//    the same cp coordinate, the pp group's). Not with fsdp (refused: use zero1/zero2) or
+//    grad_accum (micro_batches is the pipeline's accumulation).
 //  - The search tries it (sizes dividing the world, m = p, 2p, 4p, 1F1B and interleaved v = 2)
 //    and prices each pp rank from the trace of its own stages (layout_rewrite). Once calibrated,
 //    it re-cuts each candidate where its cost model balances the stages' time
@@ -80,6 +82,14 @@ class StageElsewhere : public nn::Module {
   std::string path_;
   int rank_;
 };
+
+// The current forward options with the input's first token at `offset` of its sequence (a
+// Ulysses chunk's position; 0 for a whole sequence).
+nn::ForwardOptions options_at(int64_t offset) {
+  nn::ForwardOptions o = nn::current_forward_options();
+  o.position_offset = offset;
+  return o;
+}
 
 // The integer `key` in [lo, hi], `fallback` when absent.
 int int_in(const nlohmann::json& c, const char* key, int lo, int hi, int fallback) {
@@ -231,12 +241,13 @@ std::optional<PipelineLayout> pipeline_layout(const Strategy& s, int64_t num_blo
 
 Pipeline::Pipeline(PipelineSchedule schedule, std::vector<StageBlocks> stages,
                    dist::ParallelContextPtr context, LogitsLoss logits_loss,
-                   std::shared_ptr<bool> megatron_sp)
+                   std::shared_ptr<bool> megatron_sp, std::shared_ptr<const SequenceSplit> split)
     : schedule_(std::move(schedule)),
       stages_(std::move(stages)),
       context_(std::move(context)),
       logits_loss_(std::move(logits_loss)),
-      megatron_sp_(std::move(megatron_sp)) {
+      megatron_sp_(std::move(megatron_sp)),
+      split_(std::move(split)) {
   pp_ = context_->group(dist::MeshDim::kPp);
   rank_ = context_->coordinate(dist::MeshDim::kPp);
   ACC_CHECK_INTERNAL(pp_->size() == schedule_.ranks && pp_->rank() == rank_,
@@ -448,32 +459,40 @@ nn::Undo Pipeline::cut_for_trace(nn::Module& model) {
 Tensor Pipeline::trace_step(const data::Batch& micro_batch) {
   ACC_CHECK_INTERNAL(model_ != nullptr && !trace_chunks_.empty(),
                      "pipeline_parallel: trace_step before cut_for_trace");
-  const Tensor& idx = micro_batch.idx();
+  const SequenceChunk mine = chunk_of(micro_batch);
+  const Tensor& idx = mine.batch.idx();
   Tensor total;
   for (size_t j = 0; j < trace_chunks_.size(); ++j) {
     const int stage = static_cast<int>(j) * schedule_.ranks + rank_;
     const StageBlocks& b = trace_chunks_[j];
     Tensor x;
     if (stage == 0) {
+      nn::ForwardOptionsGuard guard(options_at(mine.position_offset));
       x = model_->embed(idx);
     } else {
       // The copy's first block takes the whole sequence (Megatron-SP scatters it there), a later
       // one its chunk.
-      Shape shape = activation_shape(micro_batch);
+      Shape shape = activation_shape(mine.batch);
       if (b.begin == 0) shape[1] = idx.size(1);
       x = dist::recv_from(shape, {DType::kFloat32, idx.device(), /*requires_grad=*/true},
                           rank_of_stage(stage - 1), pp_, stage);
     }
-    Tensor out = through(stage, b, std::move(x), micro_batch);
+    Tensor out = through(stage, b, std::move(x), mine);
     total = total.defined() ? add(total, out) : out;
   }
   return total;
 }
 
+SequenceChunk Pipeline::chunk_of(const data::Batch& micro_batch) const {
+  if (split_ && split_->chunk) return split_->chunk(micro_batch);
+  return {micro_batch, 0, 1.0};
+}
+
 Shape Pipeline::activation_shape(const data::Batch& micro_batch) const {
   const Tensor& idx = micro_batch.idx();
-  // Under Megatron-SP the blocks pass each other their chunk of the sequence (the first block
-  // scatters it, the last gathers it back), and a stage starts after a block that is not last.
+  // Under Ulysses `micro_batch` is this cp rank's chunk already. Under Megatron-SP the blocks pass
+  // each other their chunk of the sequence (the first block scatters it, the last gathers it back),
+  // and a stage starts after a block that is not last.
   const int64_t T = *megatron_sp_ ? idx.size(1) / context_->size(dist::MeshDim::kTp) : idx.size(1);
   return {idx.size(0), T, model_->hidden_size()};
 }
@@ -485,18 +504,30 @@ dist::PostedRecv Pipeline::post_input(const PipeAction& a, const data::Batch& mi
                          rank_of_stage(a.stage - 1), pp_, a.stage);
 }
 
-Tensor Pipeline::forward(const PipeAction& a, const data::Batch& micro_batch,
+Tensor Pipeline::forward(const PipeAction& a, const SequenceChunk& micro_batch,
                          dist::PostedRecv* input) {
-  Tensor x = a.stage == 0 ? model_->embed(micro_batch.idx()) : dist::recv_from(std::move(*input));
+  Tensor x;
+  if (a.stage == 0) {
+    nn::ForwardOptionsGuard guard(options_at(micro_batch.position_offset));
+    x = model_->embed(micro_batch.batch.idx());
+  } else {
+    x = dist::recv_from(std::move(*input));
+  }
   return through(a.stage, stages_[static_cast<size_t>(a.stage)], std::move(x), micro_batch);
 }
 
 Tensor Pipeline::through(int stage, const StageBlocks& b, Tensor x,
-                         const data::Batch& micro_batch) {
+                         const SequenceChunk& micro_batch) {
   nn::ModuleList& blocks = model_->blocks();
-  for (int64_t i = b.begin; i < b.end; ++i) x = (*blocks[static_cast<size_t>(i)])(x);
+  {
+    // The blocks' rotary angles are those of the chunk's tokens (a recomputed block keeps the
+    // options it ran its forward with).
+    nn::ForwardOptionsGuard guard(options_at(micro_batch.position_offset));
+    for (int64_t i = b.begin; i < b.end; ++i) x = (*blocks[static_cast<size_t>(i)])(x);
+  }
   if (stage == schedule_.num_stages() - 1) {
-    return logits_loss_(*model_, model_->head(x), micro_batch.targets());
+    Tensor l = logits_loss_(*model_, model_->head(x), micro_batch.batch.targets());
+    return micro_batch.loss_weight == 1.0 ? l : scale(l, micro_batch.loss_weight);
   }
   return dist::send_to(x, rank_of_stage(stage + 1), pp_, stage + 1);
 }
@@ -504,11 +535,15 @@ Tensor Pipeline::through(int stage, const StageBlocks& b, Tensor x,
 double Pipeline::run(const data::Batch& batch) {
   ACC_CHECK_INTERNAL(model_ != nullptr, "pipeline_parallel: run before the model was cut");
   const int m = schedule_.micro_batches;
-  const std::vector<data::Batch> parts =
-      batch.split(m, "train_step (micro-batches: pipeline_parallel's micro_batches)");
+  // Each micro-batch as this rank runs it (its sequence chunk under Ulysses), before any message.
+  std::vector<SequenceChunk> parts;
+  for (const data::Batch& b :
+       batch.split(m, "train_step (micro-batches: pipeline_parallel's micro_batches)")) {
+    parts.push_back(chunk_of(b));
+  }
   const int last = schedule_.num_stages() - 1;
   const std::vector<PipeAction>& list = schedule_.actions[static_cast<size_t>(rank_)];
-  auto part = [&](const PipeAction& a) -> const data::Batch& {
+  auto part = [&](const PipeAction& a) -> const SequenceChunk& {
     return parts[static_cast<size_t>(a.micro_batch)];
   };
   // The next forward's input is received while this rank computes: its receive is posted as the
@@ -521,7 +556,7 @@ double Pipeline::run(const data::Batch& batch) {
   auto post_from = [&](size_t from) {
     for (size_t j = from; j < list.size(); ++j) {
       if (list[j].step == PipeStep::kForward && list[j].stage > 0) {
-        posted.emplace(j, post_input(list[j], part(list[j])));
+        posted.emplace(j, post_input(list[j], part(list[j]).batch));
         return;
       }
     }
@@ -538,7 +573,7 @@ double Pipeline::run(const data::Batch& batch) {
       const PipeAction& b = list[j];
       if (b.step != PipeStep::kBackward || b.stage == last) continue;
       // The gradient of the activation this stage sent the next one.
-      gradients.post(activation_shape(part(b)), {DType::kFloat32, Device::kCPU, false},
+      gradients.post(activation_shape(part(b).batch), {DType::kFloat32, Device::kCPU, false},
                      rank_of_stage(b.stage + 1), pp_, b.stage + 1);
       return;
     }
@@ -577,7 +612,7 @@ double Pipeline::run(const data::Batch& batch) {
           posted.reset();
           post_from(i + 1);
         } else {
-          input = post_input(a, part(a));
+          input = post_input(a, part(a).batch);
         }
       }
       Tensor out = forward(a, part(a), input ? &*input : nullptr);
@@ -657,7 +692,7 @@ MethodSpec pipeline_parallel_method() {
                       "not run in stages yet");
             auto pipe =
                 std::make_shared<Pipeline>(std::move(schedule), std::move(cfg.stages), plan.context,
-                                           plan.logits_loss, plan.megatron_sp);
+                                           plan.logits_loss, plan.megatron_sp, plan.sequence_split);
             plan.pipeline = pipe;
             plan.model_transforms.push_back(
                 {"pipeline_parallel", [pipe](nn::Module& model) -> Undo {
@@ -709,11 +744,6 @@ MethodSpec pipeline_parallel_method() {
               ACC_CHECK(m.name != "grad_accum",
                         "pipeline_parallel accumulates its own micro-batches: drop grad_accum and "
                         "set pipeline_parallel's micro_batches");
-              ACC_CHECK(m.name != "sequence_parallel" || m.config.value("kind", "") == "megatron",
-                        "pipeline_parallel does not compose with sequence_parallel ",
-                        m.config.dump(),
-                        " yet: Ulysses' sequence chunks are not carried between stages "
-                        "(Megatron-SP, {\"kind\": \"megatron\"} with tensor_parallel, is)");
             }
           }};
 }

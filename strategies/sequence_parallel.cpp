@@ -173,44 +173,48 @@ int64_t counted_targets(const Tensor& targets, int64_t from, int64_t n) {
   return count;
 }
 
-// The loss of this rank's chunk of the sequence, weighed so that the Trainer's average over cp is
-// the micro-batch's token mean (the file comment).
+// This rank's chunk of a micro-batch and the weight of its mean loss that makes the Trainer's
+// average over cp the micro-batch's token mean (the file comment).
+SequenceChunk ulysses_chunk(const data::Batch& batch, int rank, int s) {
+  for (const auto& entry : batch.tensors()) {
+    ACC_CHECK(entry.first == "idx" || entry.first == "targets", "ulysses: the batch holds '",
+              entry.first, "' (", batch.describe(),
+              "); only a language model's idx and targets are split along the sequence");
+  }
+  const Tensor& idx = batch.idx();
+  const Tensor& targets = batch.targets();
+  ACC_CHECK_SHAPE(idx.dim() == 2 && targets.shape() == idx.shape(),
+                  "ulysses: expects idx and targets (B, T), got ", batch.describe());
+  const int64_t T = idx.size(1);
+  ACC_CHECK(T % s == 0, "ulysses: the sequence has ", T, " tokens, not a multiple of ", s,
+            " (each cp rank holds T/", s, " of them)");
+  const int64_t chunk = T / s;
+  SequenceChunk out{
+      data::Batch(idx.narrow(1, rank * chunk, chunk), targets.narrow(1, rank * chunk, chunk)),
+      rank * chunk, 1.0};
+  if (targets.is_meta()) return out;  // a trace (the search's): shapes only, every target counted
+  const int64_t n = counted_targets(targets, rank * chunk, chunk);
+  const int64_t total = counted_targets(targets, 0, T);
+  for (int r = 0; r < s; ++r) {
+    ACC_CHECK(counted_targets(targets, r * chunk, chunk) > 0, "ulysses: chunk ", r, " (tokens [",
+              r * chunk, ", ", (r + 1) * chunk,
+              ")) of the micro-batch has only ignored targets (-100): its mean loss is 0/0");
+  }
+  // Equal counts (no ignored target, or as many in every chunk): the plain mean, untouched.
+  if (n * s != total) out.loss_weight = static_cast<double>(n) * s / static_cast<double>(total);
+  return out;
+}
+
+// The loss of this rank's chunk of the sequence, weighed by ulysses_chunk.
 LossFn ulysses_loss(LossFn inner, int rank, int s) {
   return [inner = std::move(inner), rank, s](nn::Module& model, const data::Batch& batch) {
-    for (const auto& entry : batch.tensors()) {
-      ACC_CHECK(entry.first == "idx" || entry.first == "targets", "ulysses: the batch holds '",
-                entry.first, "' (", batch.describe(),
-                "); only a language model's idx and targets are split along the sequence");
-    }
-    const Tensor& idx = batch.idx();
-    const Tensor& targets = batch.targets();
-    ACC_CHECK_SHAPE(idx.dim() == 2 && targets.shape() == idx.shape(),
-                    "ulysses: expects idx and targets (B, T), got ", batch.describe());
-    const int64_t T = idx.size(1);
-    ACC_CHECK(T % s == 0, "ulysses: the sequence has ", T, " tokens, not a multiple of ", s,
-              " (each cp rank holds T/", s, " of them)");
-    const int64_t chunk = T / s;
-    const data::Batch mine(idx.narrow(1, rank * chunk, chunk),
-                           targets.narrow(1, rank * chunk, chunk));
-    if (targets.is_meta()) {  // a trace (the search's): shapes only, every target counted
-      nn::ForwardOptionsGuard guard({.position_offset = rank * chunk});
-      return inner(model, mine);
-    }
-    const int64_t n = counted_targets(targets, rank * chunk, chunk);
-    const int64_t total = counted_targets(targets, 0, T);
-    for (int r = 0; r < s; ++r) {
-      ACC_CHECK(counted_targets(targets, r * chunk, chunk) > 0, "ulysses: chunk ", r, " (tokens [",
-                r * chunk, ", ", (r + 1) * chunk,
-                ")) of the micro-batch has only ignored targets (-100): its mean loss is 0/0");
-    }
+    const SequenceChunk mine = ulysses_chunk(batch, rank, s);
     Tensor l;
     {
-      nn::ForwardOptionsGuard guard({.position_offset = rank * chunk});
-      l = inner(model, mine);
+      nn::ForwardOptionsGuard guard({.position_offset = mine.position_offset});
+      l = inner(model, mine.batch);
     }
-    // Equal counts (no ignored target, or as many in every chunk): the plain mean, untouched.
-    if (n * s == total) return l;
-    return scale(l, static_cast<double>(n) * s / static_cast<double>(total));
+    return mine.loss_weight == 1.0 ? l : scale(l, mine.loss_weight);
   };
 }
 
@@ -222,7 +226,11 @@ void apply_ulysses(const SequenceParallelConfig& config, TrainingPlan& plan) {
   const dist::ProcessGroupPtr cp = plan.context->group(dist::MeshDim::kCp);
   plan.model_transforms.push_back(
       {"sequence_parallel", [cp](nn::Module& model) -> Undo { return wrap_ulysses(model, cp); }});
-  plan.loss = ulysses_loss(plan.loss, plan.context->coordinate(dist::MeshDim::kCp), s);
+  const int rank = plan.context->coordinate(dist::MeshDim::kCp);
+  plan.loss = ulysses_loss(plan.loss, rank, s);
+  plan.sequence_split->chunk = [rank, s](const data::Batch& b) {
+    return ulysses_chunk(b, rank, s);
+  };
 }
 
 // Megatron-SP (Korthikanti et al. 2022) over tensor_parallel's ranks: its transform does the

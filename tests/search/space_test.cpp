@@ -105,7 +105,8 @@ TEST(Space, LayoutsAreTheSizesThatDivideTheWorld) {
     };
     std::set<std::string> want = {"single process", tp2, tp2 + " + " + megatron, ulysses(2)};
     // Pipelines over 4 blocks: m = p, 2p, 4p dividing the rank's batch (8 / dp); interleaved v = 2
-    // where every rank holds two stages (p 2); with tp and Megatron-SP (not Ulysses: refused).
+    // where every rank holds two stages (p 2); with tp and Megatron-SP, and with Ulysses 2 at 4
+    // ranks (pp2 x cp2: the whole batch of 8 on every rank).
     for (const std::string& with :
          std::vector<std::string>{"", tp2 + " + ", tp2 + " + " + megatron + " + "}) {
       if (world == 2 && !with.empty()) continue;
@@ -117,6 +118,11 @@ TEST(Space, LayoutsAreTheSizesThatDivideTheWorld) {
     if (world == 4) {
       want.insert({tp4, tp4 + " + " + megatron, ulysses(4), tp2 + " + " + ulysses(2)});
       want.insert({pipe(4, 4, false), pipe(4, 8, false)});
+      for (const int m : {2, 4, 8}) {
+        for (const bool interleaved : {false, true}) {
+          want.insert(ulysses(2) + " + " + pipe(2, m, interleaved));
+        }
+      }
     }
     EXPECT_EQ(names, want) << "world " << world;
     EXPECT_EQ(layouts[tp2], (std::set<int64_t>{8 / (world / 2)})) << "world " << world;
