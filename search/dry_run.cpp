@@ -81,7 +81,7 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
   const int64_t base = memory::current_bytes();
   memory::reset_peak();
   std::vector<double> times;
-  std::optional<int64_t> setup_peak;
+  std::optional<int64_t> setup_peak, measured_peak;
   {
     memory::LimitGuard budget(options.memory_budget > 0 ? base + options.memory_budget : 0);
     try {
@@ -114,6 +114,10 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
         r.losses.push_back(trainer->train_step(batch));
         if (i >= options.warmup_steps) times.push_back(t.elapsed_s());
       }
+      // The measured steps' peak, before the Trainer goes: its teardown (a pipeline broadcasting
+      // the other stages' tensors back, every rank then holding the whole model) is no step's.
+      measured_peak = memory::peak_bytes() - base;
+      memory::reset_peak();
     } catch (const OutOfMemoryError& e) {
       r.status = Status::kOom;
       r.error = std::string("out of memory: ") + e.what();
@@ -129,8 +133,10 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
       r.error = std::string("exception: ") + e.what();
     }
   }
-  const int64_t step_peak = memory::peak_bytes() - base;
-  r.peak_bytes = std::max(step_peak, setup_peak.value_or(0));
+  // A failed run's peak is up to its failure (the teardown included).
+  const int64_t teardown_peak = memory::peak_bytes() - base;
+  const int64_t step_peak = measured_peak.value_or(teardown_peak);
+  r.peak_bytes = std::max({step_peak, setup_peak.value_or(0), teardown_peak});
   if (!times.empty()) {
     std::sort(times.begin(), times.end());
     r.step_seconds = times[times.size() / 2];

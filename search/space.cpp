@@ -213,7 +213,11 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
   for (const auto& m : c.strategy) {
     megatron_sp |= m.name == "sequence_parallel" && m.config.value("kind", "") == "megatron";
   }
-  const int64_t T = (seq_len > 0 ? seq_len : lm->max_seq_len()) / (megatron_sp ? c.mesh.tp : 1);
+  // A stage's message is its (B, T, C) activation: the sequence is split over tp under
+  // Megatron-SP, over cp under Ulysses (each cp rank sends its chunk to its peer of the next
+  // stage).
+  const int64_t T =
+      (seq_len > 0 ? seq_len : lm->max_seq_len()) / (megatron_sp ? c.mesh.tp : 1) / c.mesh.cp;
   std::vector<RankModel> out;
   const int S = pipe->schedule.num_stages();
   for (int r = 0; r < pipe->schedule.ranks; ++r) {
@@ -249,21 +253,6 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
       if (backward_seen) record();
       backward_seen = true;
       --now.in_flight[s];
-    }
-    // The largest parameter of what the rank holds: a block's, the embedding's or the head's.
-    for (const auto& [name, t] : lm->named_parameters()) {
-      bool in_ends = false, kept = false;
-      for (const auto& m : lm->embedding_modules()) {
-        in_ends |= name.rfind(m + ".", 0) == 0;
-        kept |= rm.first && name.rfind(m + ".", 0) == 0;
-      }
-      for (const auto& m : lm->head_modules()) {
-        in_ends |= name.rfind(m + ".", 0) == 0;
-        kept |= rm.last && name.rfind(m + ".", 0) == 0;
-      }
-      if (kept || !in_ends) {
-        rm.largest_gradient_bytes = std::max(rm.largest_gradient_bytes, t.numel() * 4);
-      }
     }
     nlohmann::json config = model.config();
     config[model.layers_key()] = pipe->blocks_of_rank(r);
@@ -464,9 +453,10 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
   // Gradients and activations at the step's peak (the trace's figure, one rank, whole model,
   // gradients starting from none). With several micro-batches the later ones run with the
   // accumulated gradients resident (whole: nothing is synchronised or sharded before the last
-  // micro-batch), so their activations peak on top of all of G.
+  // micro-batch), so their activations peak on top of all of G, with the gradient each makes
+  // before it is added in (the trace's accumulating peak).
   int64_t live = n.memory.peak - P - O;
-  if (e.micro_batches > 1) live = std::max(live, G + n.memory.activations_peak);
+  if (e.micro_batches > 1) live = std::max(live, G + n.memory.accumulating_peak);
   MemoryPrediction m;
   if (!rank.stages.empty()) {
     // A pipeline rank: its schedule holds several forwards in flight through its stages, of
@@ -476,7 +466,9 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     // on the first or last stage, the model's ends (embedding; head and loss): interleaved, the
     // last stage's logits make a rank's stages unequal. The first backward runs before any
     // gradient is held; a later action holds the gradients of the stages whose backward has
-    // begun (interleaved, not yet the rank's first stage's at its first few backwards).
+    // begun (interleaved, not yet the rank's first stage's at its first few backwards), and
+    // such a backward's gradients are made beside the activations before they are added in
+    // (the trace's accumulating peak).
     const std::vector<int64_t> saved = stage_saved_bytes(n, e, rank);
     const std::vector<int64_t> grads = stage_gradient_bytes(n, rank);
     auto beyond_trace = [&](const std::vector<int>& in_flight) {
@@ -503,7 +495,7 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     m.in_flight_activations = std::max(first, later_activations);
     live = n.memory.peak - P - O + first;
     if (e.micro_batches > 1 && any_later) {
-      live = std::max(live, G + n.memory.activations_peak + later + rank.largest_gradient_bytes);
+      live = std::max(live, G + n.memory.accumulating_peak + later);
     }
     const auto v = static_cast<int64_t>(rank.stages.size());
     // The receives Pipeline::run posts ahead (one stage a rank, or more than 2 ranks): the next

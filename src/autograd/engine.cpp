@@ -116,14 +116,23 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
   }
 
-  // Run ready nodes, latest-created first.
-  std::priority_queue<uint64_t> ready;
+  // Run ready nodes, a leaf's accumulator first, then latest-created first. An accumulator lives
+  // as long as a graph that reads its leaf: a pipeline stage's next forward reuses the one the
+  // forward before made, so by creation order it would wait for the whole backward, and every
+  // leaf's incoming gradient with it (a stage's gradients twice over at the end of a backward
+  // that accumulates). As PyTorch's engine, it runs as soon as its gradient is complete; each
+  // leaf's gradient is summed in the same order either way, so the results are bitwise the same.
+  using Ready = std::pair<bool, uint64_t>;  // (an accumulator, sequence number)
+  std::priority_queue<Ready> ready;
+  auto push_ready = [&](const std::shared_ptr<Node>& n) {
+    ready.emplace(dynamic_cast<const AccumulateGrad*>(n.get()) != nullptr, n->sequence_nr());
+  };
   for (const Edge& e : root_edges) {
-    if (tasks[e.fn->sequence_nr()].dependencies == 0) ready.push(e.fn->sequence_nr());
+    if (tasks[e.fn->sequence_nr()].dependencies == 0) push_ready(e.fn);
   }
   uint64_t last = UINT64_MAX;
   while (!ready.empty()) {
-    const uint64_t id = ready.top();
+    const uint64_t id = ready.top().second;
     ready.pop();
     if (id == last) continue;  // the same root listed twice
     last = id;
@@ -155,7 +164,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       if (!e.valid()) continue;
       NodeTask& next = tasks[e.fn->sequence_nr()];
       if (i < out.size() && out[i].defined()) accumulate(next.inputs[e.input_nr], out[i]);
-      if (--next.dependencies == 0) ready.push(e.fn->sequence_nr());
+      if (--next.dependencies == 0) push_ready(e.fn);
     }
   }
   scope.finish();

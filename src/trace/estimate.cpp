@@ -376,6 +376,15 @@ TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t 
       if (blockwise) need.blockwise_live_peak = held(whole_live());
     }
   }
+  // A gradient made beside the activations: where in a block's backward (or the ends') it peaks
+  // does not move with the block count, so the samples' largest excess over their activation
+  // peak carries over.
+  int64_t made_beside = 0;
+  for (const Sample* s : {&base, &two, &mixed}) {
+    made_beside = std::max(made_beside, s->memory.accumulating_peak - s->memory.activations_peak);
+  }
+  need.memory.accumulating_peak =
+      checked_add(need.memory.activations_peak, made_beside, ex.label, ": accumulating peak bytes");
   need.compute.forward_flops = ex(base.compute.forward_flops, two.compute.forward_flops,
                                   mixed.compute.forward_flops, "forward FLOPs");
   need.compute.backward_flops = ex(base.compute.backward_flops, two.compute.backward_flops,

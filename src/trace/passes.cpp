@@ -288,6 +288,10 @@ MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer) {
       activations = checked_add(activations, ev.bytes, "activation bytes alive in the step");
     }
     m.activations_peak = std::max(m.activations_peak, activations);
+    m.accumulating_peak = std::max(
+        m.accumulating_peak, grad && ev.bytes > 0
+                                 ? checked_add(activations, ev.bytes, "bytes of an accumulation")
+                                 : activations);
     m.peak = std::max(m.peak, live);
   }
   if (!backward) m.activations_saved = activations;

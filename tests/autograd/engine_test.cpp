@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "acc/autograd/engine.hpp"
 #include "acc/autograd/ops.hpp"
 #include "acc/util/error.hpp"
@@ -80,6 +83,28 @@ TEST(Engine, PostAccumulateHookFiresOncePerLeafWithFullGradient) {
   y.backward();
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0], (std::vector<float>{7.f, 7.f}));
+}
+
+// A leaf's accumulator lives as long as a graph that reads the leaf, so a later graph (a pipeline
+// stage's next micro-batch while the one before is in flight) reuses it, with the sequence number
+// of the earlier graph. It still runs as soon as its gradient is complete, before the later
+// graph's other nodes (PyTorch's rule), so the leaf's new gradient is added in at once instead of
+// waiting beside the activations for the end of the backward.
+TEST(Engine, AnAccumulatorFromAnEarlierGraphRunsAsSoonAsItsGradientIsComplete) {
+  Tensor w = from_vector({1.f, 2.f}, {2}, {.requires_grad = true});
+  Tensor u = from_vector({3.f, 4.f}, {2}, {.requires_grad = true});
+  Tensor earlier = sum(scale(w, 2.0));  // makes w's accumulator, kept alive by this graph
+  std::vector<std::string> order;
+  w.register_post_accumulate_grad_hook([&](Tensor&) { order.push_back("w"); });
+  u.register_post_accumulate_grad_hook([&](Tensor&) { order.push_back("u"); });
+  Tensor s = sum(scale(u, 3.0));  // recorded before t: its backward runs after t's
+  Tensor t = sum(scale(w, 5.0));  // reuses w's accumulator from `earlier`
+  add(s, t).backward();
+  EXPECT_EQ(order, (std::vector<std::string>{"w", "u"}));
+  earlier.backward();
+  EXPECT_EQ(order, (std::vector<std::string>{"w", "u", "w"}));
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{7.f, 7.f}));
+  EXPECT_EQ(u.grad().to_vector<float>(), (std::vector<float>{3.f, 3.f}));
 }
 
 TEST(Engine, RetainGradKeepsNonLeafGradient) {

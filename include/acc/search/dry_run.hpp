@@ -51,11 +51,14 @@ struct DryRunResult {
   std::string error;
   /// Median of the measured steps' wall time, the slowest rank's (seconds).
   double step_seconds = 0;
-  /// Highest tracked tensor bytes during the run above what was held before it, the largest rank's.
+  /// Highest tracked tensor bytes during the run above what was held before it (the setup, the
+  /// steps and the Trainer's teardown), the largest rank's.
   int64_t peak_bytes = 0;
   /// Each rank's own peak over the measured steps alone (after the warm-up: building the model,
   /// cutting it and a first step can peak higher, which peak_bytes includes), by its rank in the
   /// group (one entry on one rank): what the memory model predicts, a pipeline's stages apart.
+  /// Read before the Trainer is torn down (a pipeline's undo makes every rank hold the whole
+  /// model again).
   std::vector<int64_t> rank_step_peak_bytes;
   std::vector<double> losses;  // every step's loss, warm-up included
   nlohmann::json to_json() const;

@@ -114,10 +114,6 @@ struct RankModel {
   /// Bytes of one activation between stages (a micro-batch's (B, T, C) f32, T / tp under
   /// Megatron-SP): the runtime posts a receive of one ahead from each neighbour.
   int64_t message_bytes = 0;
-  /// Bytes of the largest parameter the rank holds (f32): after its first backward a stage's
-  /// gradient comes fresh and is then added into the held one, so one such gradient is alive on
-  /// top of all of G.
-  int64_t largest_gradient_bytes = 0;
 };
 
 /// The model as each pp rank of `c` runs it: without a pipeline, layout_model alone. With one

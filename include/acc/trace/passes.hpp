@@ -94,6 +94,11 @@ struct MemoryEstimate {
   int64_t gradients = 0;
   int64_t optimizer_state = 0;
   int64_t activations_peak = 0;  // peak of activation bytes alive during the step
+  /// The same step as one that adds into gradients already held (a later micro-batch's): each
+  /// gradient a backward makes is then alive beside the activations only until its leaf's
+  /// accumulator adds it in (at once: the engine runs an accumulator as soon as it is ready), so
+  /// the peak of the activations plus the gradient made at each moment. >= activations_peak.
+  int64_t accumulating_peak = 0;
   /// Activation bytes alive when backward begins: what the forward saved for it (what a pipeline
   /// stage holds per micro-batch in flight).
   int64_t activations_saved = 0;
