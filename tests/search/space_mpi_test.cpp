@@ -176,19 +176,17 @@ void expect_stage_peaks(const std::string& type, const nlohmann::json& config) {
       }
       // 5 % whenever the ranks have a core each: 1F1B and interleaved stages (each stage's saved
       // and gradient bytes from the trace's per-block figures and the model's ends, its in-flight
-      // micro-batches and made gradients from the schedule's list), whole, selective or every
-      // block recomputed (216 of 216 pairs on 2026-11-28, -3.5 % to +4.3 %). More ranks than
-      // cores (4 on this 2-core machine) are held to -8 % / +11 %: when a posted receive or a
-      // deferred send completes depends on how the ranks share the cores (ddp and zero2 of one
-      // layout, whose activations are alike, measured 33 KB apart on one rank). One run on
-      // 2026-11-28: 524 of 576 pairs within 5 %, -7.3 % to +8.3 %, every miss but one with every
-      // block recomputed (tp2 x pp2, or Llama at pp4). Under tp2 x pp2 with every block
-      // recomputed every rank measured one peak at m = 4 and m = 8 (Llama 1,403,136 B), which the
-      // model puts 80-100 KB lower: a moment beside the activations, not found yet.
+      // micro-batches and made gradients from the schedule's list, a later backward's gradients
+      // made beside its activations: the trace's accumulating peak), whole, selective or every
+      // block recomputed, Ulysses and tensor parallelism inside the stages. 216 of 216 pairs at 2
+      // ranks on 2026-11-28 (-3.5 % to +4.3 %). More ranks than cores (4 on this 2-core machine)
+      // are held to -6 % / +7 %: when a posted receive or a deferred send completes depends on
+      // how the ranks share the cores. Three runs at 4 ranks on 2026-11-28: 766, 768 and 768 of
+      // 768 pairs within 5 % (-2.3 % to +5.2 %).
       const bool wide = W > static_cast<int>(std::thread::hardware_concurrency());
       ++(wide ? wide_pairs : pairs);
       if (std::abs(err) <= 0.05) ++(wide ? wide_within : within);
-      EXPECT_TRUE(wide ? err >= -0.08 && err <= 0.11 : std::abs(err) <= 0.05)
+      EXPECT_TRUE(wide ? err >= -0.06 && err <= 0.07 : std::abs(err) <= 0.05)
           << c.describe() << " rank " << rank << " (pp rank " << stage << "): predicted "
           << predicted << ", measured " << measured << " (" << p.to_json().dump() << ")";
     }
