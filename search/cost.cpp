@@ -304,6 +304,11 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
   return t;
 }
 
+void CostModel::set_optimizer_state_buffers(int buffers) {
+  ACC_CHECK(buffers >= 0, "CostModel: optimizer state buffers must be >= 0, got ", buffers);
+  optimizer_buffers_ = buffers;
+}
+
 void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bool overlap,
                                        TimePrediction& t) const {
   const strategies::StepEffects& e = c.effects;
@@ -311,8 +316,9 @@ void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bo
   const int W = c.data_parallel_ranks();
   const CommCalibration& comm = comm_for(W);
   const int64_t local = e.shard_optimizer_state ? (p.parameters + W - 1) / W : p.parameters;
-  t.optimizer_s =
-      contention_ * machine_.memory_seconds(28 * local);  // AdamW: p, g, m, v read; p, m, v written
+  // p, g and each state buffer read; p and each buffer written (AdamW: 7 words a parameter).
+  const int64_t words = 3 + 2 * static_cast<int64_t>(optimizer_buffers_);
+  t.optimizer_s = contention_ * machine_.memory_seconds(4 * words * local);
   if (W > 1) {
     const int64_t comm_elem = e.bf16_communication ? 2 : 4;
     for (const auto& col : e.collectives) {

@@ -20,6 +20,7 @@
 #include "acc/search/status.hpp"
 #include "acc/tensor/random.hpp"
 #include "acc/trace/estimate.hpp"
+#include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/file.hpp"
 #include "acc/util/logging.hpp"
@@ -82,11 +83,30 @@ struct Space {
   std::vector<Row> rows;
   int64_t budget = 0;
   int64_t smallest = -1;  // the least predicted peak of any candidate
+  // The optimizer's parameter-sized state buffers (optim::optimizer_state_buffers of the user's
+  // factory; a plan assumes AdamW's 2): the memory model's state bytes, the cost model's update.
+  int optimizer_buffers = 2;
+  std::string optimizer() const { return trace::optimizer_with_state_buffers(optimizer_buffers); }
   bool any_fits() const {
     return std::any_of(rows.begin(), rows.end(),
                        [](const Row& r) { return !search::is_refused(r.status); });
   }
 };
+
+// The state buffers the factory's optimizer keeps per parameter, found on two probe parameters.
+// A factory of one's own that cannot build over them (it may look for its model's names) is
+// priced as AdamW, the most state of the three, and says so.
+int state_buffers_of(const optim::OptimizerFactory& factory) {
+  try {
+    return optim::optimizer_state_buffers(factory);
+  } catch (const Error& e) {
+    logging::warn(
+        "auto_accelerate: the optimizer factory did not build over probe parameters ({}); its "
+        "state is priced as AdamW's (2 buffers a parameter)",
+        e.what());
+    return 2;
+  }
+}
 
 // max_seq_len 0: a module whose sample batch fixes the shapes (seq_len is not used).
 void check_options(const AccelerateOptions& o, int64_t max_seq_len) {
@@ -112,10 +132,12 @@ int64_t budget_of(const AccelerateOptions& o) {
                                     std::max(1, dist::local_world_size()));
 }
 
-Space build_space(const trace::ModelRef& model, int world, const AccelerateOptions& o) {
+Space build_space(const trace::ModelRef& model, int world, const AccelerateOptions& o,
+                  int optimizer_buffers = 2) {
   Space s;
   s.budget = budget_of(o);
-  search::MemoryModel memory(model, o.seq_len);
+  s.optimizer_buffers = optimizer_buffers;
+  search::MemoryModel memory(model, o.seq_len, s.optimizer());
   search::SpaceOptions so;
   so.world = world;
   so.global_batch = o.global_batch;
@@ -195,7 +217,7 @@ void recut_pipelines(Space& s, const trace::ModelRef& model, const AccelerateOpt
   std::optional<search::MemoryModel> memory;
   for (auto& r : s.rows) {
     if (search::is_refused(r.status) || r.candidate->mesh.pp == 1) continue;
-    if (!memory) memory.emplace(model, o.seq_len);
+    if (!memory) memory.emplace(model, o.seq_len, s.optimizer());
     std::optional<search::Recut> recut =
         search::rebalanced_pipeline(*r.candidate, cost, *memory, s.budget, kMemoryMargin);
     if (!recut) continue;
@@ -242,6 +264,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
     contention = search::contention_for_job(*group, machine, shapes, co, &contention_cached);
   }
   search::CostModel cost(model, o.seq_len, machine, comm, contention);
+  cost.set_optimizer_state_buffers(s.optimizer_buffers);
   for (const auto& g : group_comm) cost.add_group_calibration(g);
   recut_pipelines(s, model, o, cost);
   std::vector<Row*> ranked;
@@ -619,8 +642,9 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
   const trace::ModelRef ref = lm != nullptr
                                   ? trace::ModelRef::registry(lm->model_type(), lm->config_json())
                                   : trace::ModelRef::module(model, batch, o.loss);
-  // The space and each candidate's memory: rejected ones are never run.
-  Space s = build_space(ref, world, o);
+  // The space and each candidate's memory (the optimizer state the factory's optimizer keeps):
+  // rejected ones are never run.
+  Space s = build_space(ref, world, o, state_buffers_of(factory));
   // The key of this run (rank 0's: its machine is the one the figures were measured on).
   std::optional<search::StrategyKey> key;
   if (leader && (!o.load_strategy.empty() || !o.save_strategy_to.empty())) {

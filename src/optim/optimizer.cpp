@@ -1,5 +1,6 @@
 #include "acc/optim/optimizer.hpp"
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "acc/tensor/node.hpp"
@@ -67,7 +68,25 @@ std::unique_ptr<Optimizer> OptimizerFactory::build(std::vector<ParamGroup> group
   return build_(std::move(groups));
 }
 
+int optimizer_state_buffers(const OptimizerFactory& factory) {
+  NamedParams probe = {{"probe.weight", zeros({2, 2}, {.requires_grad = true})},
+                       {"probe.bias", zeros({2}, {.requires_grad = true})}};
+  const std::unique_ptr<Optimizer> opt = factory(std::move(probe));
+  ACC_CHECK(opt != nullptr, "optimizer factory returned no optimizer for the probe parameters");
+  size_t most = 0;
+  for (size_t g = 0; g < opt->param_groups().size(); ++g) {
+    most = std::max(most, opt->buffers_per_parameter(g));
+  }
+  return static_cast<int>(most);
+}
+
 Optimizer::~Optimizer() = default;
+
+size_t Optimizer::buffers_per_parameter(size_t group) const {
+  ACC_CHECK(group < fields_.size(), name(), ": no param group ", group, " (it has ", fields_.size(),
+            ")");
+  return fields_[group].size();
+}
 
 void Optimizer::init(std::vector<ParamGroup> groups) {
   size_t total = 0;

@@ -255,8 +255,30 @@ double optimizer_state_factor(const std::string& optimizer) {
   if (optimizer == "adamw" || optimizer == "adam") return 2.0;
   if (optimizer == "sgd_momentum") return 1.0;
   if (optimizer == "sgd") return 0.0;
+  // Another optimizer's k parameter-sized buffers (optimizer_with_state_buffers).
+  constexpr const char* kBuffers = "buffers:";
+  if (optimizer.rfind(kBuffers, 0) == 0) {
+    const std::string k = optimizer.substr(std::char_traits<char>::length(kBuffers));
+    ACC_CHECK(!k.empty() && k.size() <= 6 && k.find_first_not_of("0123456789") == std::string::npos,
+              "optimizer '", optimizer, "': expected buffers:<count>");
+    return static_cast<double>(std::stoi(k));
+  }
   ACC_THROW(ValueError, "unknown optimizer '", optimizer,
-            "' (expected adamw, adam, sgd_momentum or sgd)");
+            "' (expected adamw, adam, sgd_momentum, sgd or buffers:<count>)");
+}
+
+std::string optimizer_with_state_buffers(int buffers) {
+  ACC_CHECK(buffers >= 0, "an optimizer keeps >= 0 state buffers per parameter, got ", buffers);
+  switch (buffers) {
+    case 0:
+      return "sgd";
+    case 1:
+      return "sgd_momentum";
+    case 2:
+      return "adamw";
+    default:
+      return "buffers:" + std::to_string(buffers);
+  }
 }
 
 int64_t optimizer_state_bytes(const std::string& optimizer, int64_t parameter_bytes) {

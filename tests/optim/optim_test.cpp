@@ -435,6 +435,23 @@ TEST(OptimizerFactory, GroupsWholeParametersAndBuildsOverPieces) {
 
 // A parameter spanning many update chunks, on two threads, against a double-precision reference
 // of the AdamW formula: every element must be updated exactly once.
+// What a memory model charges as optimizer state: the parameter-sized buffers each optimizer
+// keeps, found by building it over probe parameters (a grouping by dimension included).
+TEST(OptimizerFactory, StateBuffersPerParameterAreTheOptimizersOwn) {
+  EXPECT_EQ(optimizer_state_buffers(SGD::factory({.lr = 0.1})), 0);
+  EXPECT_EQ(optimizer_state_buffers(SGD::factory({.lr = 0.1, .momentum = 0.9})), 1);
+  EXPECT_EQ(optimizer_state_buffers(Adam::factory()), 2);
+  EXPECT_EQ(optimizer_state_buffers(AdamW::factory({}, decay_matrices_only())), 2);
+  // A factory of one's own: what the optimizer it builds keeps.
+  const OptimizerFactory own([](NamedParams params) -> std::unique_ptr<Optimizer> {
+    return std::make_unique<SGD>(std::move(params), SGD::Options{.lr = 0.1, .momentum = 0.5});
+  });
+  EXPECT_EQ(optimizer_state_buffers(own), 1);
+  auto sgd = SGD::factory({.lr = 0.1})(NamedParams{{"w", zeros({2}, {.requires_grad = true})}});
+  EXPECT_EQ(sgd->buffers_per_parameter(0), 0u);
+  EXPECT_THROW(sgd->buffers_per_parameter(1), ValueError);
+}
+
 TEST(AdamW, LargeParameterIsUpdatedInEveryChunk) {
   const int64_t n = (int64_t{1} << 17) + 7;
   std::vector<float> p0(n), g(n);

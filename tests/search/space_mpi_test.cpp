@@ -14,13 +14,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <thread>
 
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/optim/sgd.hpp"
 #include "acc/search/dry_run.hpp"
 #include "acc/search/space.hpp"
+#include "acc/trace/passes.hpp"
 
 namespace acc::search {
 namespace {
@@ -94,6 +97,65 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
         "%+.2f%%\n",
         W, static_cast<long long>(tried), cands.size(), 100 * worst, worst_name.c_str(),
         100 * worst_fsdp);
+  }
+}
+
+// The user's optimizer sets the state the model charges: SGD with momentum keeps one buffer a
+// parameter, AdamW two (optim::optimizer_state_buffers of the factory). Each prediction holds for
+// its own optimizer within 5 % on a whole, a sharded (zero2) and, from 2 ranks, a pipelined
+// candidate, and the two differ by one buffer of the state each rank holds.
+TEST(MemoryModel, TheOptimizersStateIsTheUsersOwn) {
+  auto world = dist::ProcessGroup::world();
+  const int W = world->size();
+  const int64_t T = 32, B = 8;
+  const nlohmann::json config = {
+      {"n_layer", 4}, {"n_head", 4}, {"n_embd", 64}, {"vocab_size", 256}, {"block_size", 64}};
+  auto model = models::create_model("gpt", config);
+  SpaceOptions so;
+  so.world = W;
+  so.global_batch = B;
+  so.seq_len = T;
+  auto batch_of = [&](int64_t b) {
+    std::vector<int64_t> idx(static_cast<size_t>(b * T));
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>((i * 37) % 256);
+    return data::Batch{from_vector(idx, {b, T}), from_vector(idx, {b, T})};
+  };
+  struct Optimizer {
+    optim::OptimizerFactory factory;
+    int buffers;
+  };
+  const std::vector<Optimizer> optimizers = {
+      {optim::SGD::factory({.lr = 1e-2, .momentum = 0.9}), 1},
+      {optim::AdamW::factory({.lr = 1e-3}), 2}};
+  std::map<std::string, std::vector<int64_t>> predicted;  // candidate -> per optimizer
+  for (const Optimizer& opt : optimizers) {
+    ASSERT_EQ(optim::optimizer_state_buffers(opt.factory), opt.buffers);
+    MemoryModel mm("gpt", config, T, trace::optimizer_with_state_buffers(opt.buffers));
+    for (const auto& c : enumerate_candidates(so, mm.num_blocks())) {
+      const std::string name = c.describe();
+      const bool wanted = name == "single process" || name == "ddp" || name == "zero2" ||
+                          name == "ddp + pipeline_parallel{\"micro_batches\":4,\"size\":2}";
+      if (!wanted) continue;
+      const MemoryPrediction p = mm.predict(c);
+      const DryRunResult r = dry_run(*model, opt.factory, c, batch_of(c.per_rank_batch), world,
+                                     {.warmup_steps = 1, .measured_steps = 1});
+      ASSERT_EQ(r.status, search::Status::kOk) << name << ": " << r.error;
+      const double err = static_cast<double>(p.peak - r.peak_bytes) / r.peak_bytes;
+      EXPECT_LE(std::abs(err), 0.05) << name << " with " << opt.buffers << " buffer(s): predicted "
+                                     << p.peak << ", measured " << r.peak_bytes;
+      predicted[name].push_back(p.optimizer_state);
+      if (std::getenv("ACC_TEST_VERBOSE") && world->rank() == 0) {
+        std::printf("%-60s %d buffer(s): predicted %lld measured %lld (%+.1f%%)\n", name.c_str(),
+                    opt.buffers, static_cast<long long>(p.peak),
+                    static_cast<long long>(r.peak_bytes), 100 * err);
+      }
+    }
+  }
+  ASSERT_FALSE(predicted.empty());
+  for (const auto& [name, state] : predicted) {
+    ASSERT_EQ(state.size(), 2u) << name;
+    EXPECT_GT(state[0], 0) << name;
+    EXPECT_EQ(state[1], 2 * state[0]) << name << ": AdamW keeps twice SGD-with-momentum's state";
   }
 }
 

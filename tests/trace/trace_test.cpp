@@ -387,6 +387,19 @@ TEST(Trace, SelectiveRecomputationSitsBetweenNoneAndWholeBlocks) {
 TEST(Trace, BadOptionsAreRejected) {
   EXPECT_THROW(trace::parse_recompute("partial"), ValueError);
   EXPECT_THROW(trace::optimizer_state_factor("lamb"), ValueError);
+  EXPECT_THROW(trace::optimizer_state_factor("buffers:x"), ValueError);
+  EXPECT_THROW(trace::optimizer_with_state_buffers(-1), ValueError);
+}
+
+// A user's optimizer by its state buffers a parameter, back to the state the trace charges.
+TEST(Trace, AnOptimizersStateBuffersNameItsStateFactor) {
+  EXPECT_EQ(trace::optimizer_with_state_buffers(0), "sgd");
+  EXPECT_EQ(trace::optimizer_with_state_buffers(1), "sgd_momentum");
+  EXPECT_EQ(trace::optimizer_with_state_buffers(2), "adamw");
+  EXPECT_EQ(trace::optimizer_with_state_buffers(3), "buffers:3");
+  for (int k = 0; k <= 4; ++k) {
+    EXPECT_EQ(trace::optimizer_state_factor(trace::optimizer_with_state_buffers(k)), k);
+  }
 }
 
 // ---- the training need of a deep model, extrapolated from 1 and 2 blocks ----

@@ -96,6 +96,13 @@ class OptimizerFactory {
   std::function<std::unique_ptr<Optimizer>(NamedParams)> opaque_;
 };
 
+/// The most parameter-sized buffers the optimizers `factory` builds keep per parameter, over its
+/// groups: what a memory model charges as optimizer state (2 for Adam/AdamW, 1 for SGD with
+/// momentum, 0 for plain SGD). Found by building the optimizer over two probe parameters, a
+/// matrix ("probe.weight", 2 x 2) and a vector ("probe.bias", 2), so a grouping by dimension
+/// sees both kinds. Throws what the factory throws, naming nothing of the user's model.
+int optimizer_state_buffers(const OptimizerFactory& factory);
+
 /// The GPT convention (nanoGPT, Megatron): parameters with dim >= 2 (matmul weights, embeddings)
 /// get the optimizer's weight decay, the others (biases, norm gains) get weight_decay = 0. Empty
 /// groups are dropped.
@@ -148,6 +155,10 @@ class Optimizer {
   std::vector<std::string> param_names() const;
   /// (name, parameter) pairs in group order.
   NamedParams named_parameters() const;
+  /// Parameter-sized f32 buffers this optimizer keeps per parameter of group `group` (AdamW's
+  /// exp_avg and exp_avg_sq: 2; SGD with momentum: 1; plain SGD: 0). Throws acc::ValueError for a
+  /// bad index.
+  size_t buffers_per_parameter(size_t group) const;
   /// How many steps have updated this parameter. Throws acc::ValueError for an unknown name.
   int64_t param_step(const std::string& name) const;
 

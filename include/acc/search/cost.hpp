@@ -8,7 +8,9 @@
 //               it counts FLOPs (fused attention), whichever is slower; recomputed forwards are
 //               in the trace. The model's depth comes from traces of 1 and 2 blocks, extrapolated
 //               linearly (the blocks repeat), so any depth costs milliseconds.
-//   optimizer = AdamW's pass over this rank's shard: 7 words read or written per parameter.
+//   optimizer = the update's pass over this rank's shard: the parameter and its gradient read,
+//               the parameter written, and each of the optimizer's k state buffers read and
+//               written: 3 + 2k words per parameter (AdamW, k = 2: 7; SGD with momentum: 5).
 //   comm      = the candidate's collectives (StepEffects) at the α-β fits of its dp x cp group
 //               (CommCalibration), bucket by bucket; gradient buckets overlap the backward of the
 //               last micro-batch except the last bucket; fsdp's gathers wait before each block
@@ -86,6 +88,10 @@ class CostModel {
   /// The cut `c`'s pipeline has now (its strategy's "stages", else pipeline_parallel's FLOP cut),
   /// stage by stage; empty without a pipeline.
   std::vector<strategies::StageBlocks> stages_of(const Candidate& c);
+  /// The optimizer's parameter-sized state buffers (optim::optimizer_state_buffers: AdamW 2, the
+  /// default; SGD with momentum 1; SGD 0), which its update reads and writes. Throws
+  /// acc::ValueError when negative.
+  void set_optimizer_state_buffers(int buffers);
   /// The α-β fits measured on groups of `comm.world` ranks (a tp or cp group of the job).
   void add_group_calibration(CommCalibration comm);
   /// The fits for a group of `size` ranks: measured on that size, else the job's.
@@ -127,6 +133,7 @@ class CostModel {
   MachineCalibration machine_;
   CommCalibration comm_;
   double contention_ = 1.0;
+  int optimizer_buffers_ = 2;  // AdamW's exp_avg and exp_avg_sq
   // (layout, micro-batch, recomputation, recomputed blocks, bf16 activations).
   std::map<std::tuple<std::string, int64_t, int, int64_t, bool>, PassCost> passes_;
 };

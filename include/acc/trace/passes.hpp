@@ -82,9 +82,15 @@ struct Liveness {
 };
 Liveness liveness(const Trace& t);
 
-/// Bytes of optimizer state per parameter byte: adamw/adam 2, sgd with momentum 1, sgd 0.
+/// Bytes of optimizer state per parameter byte: adamw/adam 2, sgd with momentum 1, sgd 0,
+/// "buffers:<k>" k.
 /// Throws acc::ValueError for an unknown optimizer name.
 double optimizer_state_factor(const std::string& optimizer);
+/// The optimizer name whose state is `buffers` parameter-sized buffers (optim::
+/// optimizer_state_buffers of a user's factory): 0 "sgd", 1 "sgd_momentum", 2 "adamw", else
+/// "buffers:<count>" (which optimizer_state_factor reads as that count). Throws acc::ValueError
+/// when negative.
+std::string optimizer_with_state_buffers(int buffers);
 /// optimizer_state_factor(optimizer) x parameter_bytes; throws acc::ValueError for an unknown
 /// optimizer or when the product does not fit in 64 bits.
 int64_t optimizer_state_bytes(const std::string& optimizer, int64_t parameter_bytes);
