@@ -28,18 +28,29 @@
 namespace acc::search {
 namespace {
 
+// The small GPT these tests dry-run, and the space of `world` ranks over a global batch of 8 x 32.
+constexpr int64_t kSeq = 32, kGlobalBatch = 8;
+const nlohmann::json& small_gpt() {
+  static const nlohmann::json config = {
+      {"n_layer", 4}, {"n_head", 4}, {"n_embd", 64}, {"vocab_size", 256}, {"block_size", 64}};
+  return config;
+}
+SpaceOptions space_of(int world) {
+  SpaceOptions so;
+  so.world = world;
+  so.global_batch = kGlobalBatch;
+  so.seq_len = kSeq;
+  return so;
+}
+
 TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
   auto world = dist::ProcessGroup::world();
   const int W = world->size();
-  const int64_t T = 32, B = 8;
-  const nlohmann::json config = {
-      {"n_layer", 4}, {"n_head", 4}, {"n_embd", 64}, {"vocab_size", 256}, {"block_size", 64}};
+  const int64_t T = kSeq;
+  const nlohmann::json& config = small_gpt();
   auto model = models::create_model("gpt", config);
   MemoryModel mm("gpt", config, T);
-  SpaceOptions so;
-  so.world = W;
-  so.global_batch = B;
-  so.seq_len = T;
+  SpaceOptions so = space_of(W);
   so.allow_bf16 = true;
   const auto cands = enumerate_candidates(so, mm.num_blocks());
   // A rank's batch: global / dp samples (tp and cp ranks read the same ones).
@@ -106,15 +117,10 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
 // candidate, and the two differ by one buffer of the state each rank holds.
 TEST(MemoryModel, TheOptimizersStateIsTheUsersOwn) {
   auto world = dist::ProcessGroup::world();
-  const int W = world->size();
-  const int64_t T = 32, B = 8;
-  const nlohmann::json config = {
-      {"n_layer", 4}, {"n_head", 4}, {"n_embd", 64}, {"vocab_size", 256}, {"block_size", 64}};
+  const int64_t T = kSeq;
+  const nlohmann::json& config = small_gpt();
   auto model = models::create_model("gpt", config);
-  SpaceOptions so;
-  so.world = W;
-  so.global_batch = B;
-  so.seq_len = T;
+  const SpaceOptions so = space_of(world->size());
   auto batch_of = [&](int64_t b) {
     std::vector<int64_t> idx(static_cast<size_t>(b * T));
     for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>((i * 37) % 256);
@@ -173,13 +179,10 @@ namespace {
 void expect_stage_peaks(const std::string& type, const nlohmann::json& config) {
   auto world = dist::ProcessGroup::world();
   const int W = world->size();
-  const int64_t T = 32, B = 8;
+  const int64_t T = kSeq;
   auto model = models::create_model(type, config);
   MemoryModel mm(type, config, T);
-  SpaceOptions so;
-  so.world = W;
-  so.global_batch = B;
-  so.seq_len = T;
+  const SpaceOptions so = space_of(W);
   const auto cands = enumerate_candidates(so, mm.num_blocks());
   const int64_t V = config.value("vocab_size", 0);
   auto batch_of = [&](int64_t b) {
@@ -268,9 +271,7 @@ void expect_stage_peaks(const std::string& type, const nlohmann::json& config) {
 }
 
 TEST(MemoryModel, EveryPipelineStagesPeakIsWithinFivePercentGpt) {
-  expect_stage_peaks(
-      "gpt",
-      {{"n_layer", 4}, {"n_head", 4}, {"n_embd", 64}, {"vocab_size", 256}, {"block_size", 64}});
+  expect_stage_peaks("gpt", small_gpt());
 }
 
 TEST(MemoryModel, EveryPipelineStagesPeakIsWithinFivePercentLlama) {

@@ -194,4 +194,15 @@ inline void expect_same_training(const TrainRun& got, const TrainRun& want, doub
   }
 }
 
+/// `b` with targets ignored (-100, acc::cross_entropy's ignore index) unevenly: the last 5 tokens
+/// of sample 0 and tokens 1 and 2 of sample 1 (`seq_len` tokens a sample), so a split of the
+/// sequence in two gives the chunks different counts of counted tokens.
+inline data::Batch with_uneven_ignored_targets(const data::Batch& b, int64_t seq_len) {
+  Tensor targets = b.targets().clone();
+  auto v = targets.to_vector<int64_t>();
+  for (int64_t t = seq_len - 5; t < seq_len; ++t) v[static_cast<size_t>(t)] = -100;
+  v[static_cast<size_t>(seq_len + 1)] = v[static_cast<size_t>(seq_len + 2)] = -100;
+  return data::Batch(b.idx(), from_vector(v, targets.shape()));
+}
+
 }  // namespace acc::test

@@ -252,14 +252,10 @@ TEST(PipelineParallel, Pp2Ulysses2GptAndLlama) {
 // one process's accumulation of the micro-batches' token means.
 TEST(PipelineParallel, Pp2Ulysses2IgnoredTargetsKeepTheTokenMean) {
   if (world() != 4) GTEST_SKIP() << "pp 2 x ulysses 2 needs 4 ranks";
+  // The last 5 tokens of sample 0 (the second chunk) and 2 of sample 1 (the first chunk): all in
+  // the first of the 2 micro-batches.
   auto with_ignored = [](const data::Batch& b) {
-    Tensor targets = b.targets().clone();
-    auto v = targets.to_vector<int64_t>();
-    // The last 5 tokens of sample 0 (the second chunk) and 2 of sample 1 (the first chunk): all in
-    // the first of the 2 micro-batches.
-    for (int64_t t = kSeq - 5; t < kSeq; ++t) v[static_cast<size_t>(t)] = -100;
-    v[static_cast<size_t>(kSeq + 1)] = v[static_cast<size_t>(kSeq + 2)] = -100;
-    return data::Batch(b.idx(), from_vector(v, targets.shape()));
+    return test::with_uneven_ignored_targets(b, kSeq);
   };
   const test::RunOptions o{.tokens = tokens(), .global_batch = kGlobalBatch, .seq_len = kSeq};
   auto run = [&](const std::string& strategy, const dist::ProcessGroupPtr& group) {

@@ -140,13 +140,9 @@ TEST(Ulysses, Ulysses2WithRecomputation) {
 // so the step's loss and gradients are still the micro-batch's token mean.
 TEST(Ulysses, IgnoredTargetsInOneChunkKeepTheTokenMean) {
   if (world() == 1) GTEST_SKIP() << "needs a split sequence";
+  // The last 5 tokens of sample 0 (all in the last chunk) and 2 of sample 1 in the first.
   auto with_ignored = [](const data::Batch& b) {
-    Tensor targets = b.targets().clone();
-    auto v = targets.to_vector<int64_t>();
-    // The last 5 tokens of sample 0 (all in the last chunk) and 2 of sample 1 in the first.
-    for (int64_t t = kSeq - 5; t < kSeq; ++t) v[static_cast<size_t>(t)] = -100;
-    v[static_cast<size_t>(kSeq + 1)] = v[static_cast<size_t>(kSeq + 2)] = -100;
-    return data::Batch(b.idx(), from_vector(v, targets.shape()));
+    return test::with_uneven_ignored_targets(b, kSeq);
   };
   auto run = [&](const std::string& strategy, const dist::ProcessGroupPtr& group) {
     auto trainer = make_trainer(gpt(), strategy, group);
