@@ -60,6 +60,11 @@ struct SequenceChunk {
   data::Batch batch;
   int64_t position_offset = 0;
   double loss_weight = 1.0;
+
+  /// The forward options the chunk runs under: the current ones with its first token's position.
+  nn::ForwardOptions options() const;
+  /// The chunk's mean loss weighed by loss_weight (returned as it is when that is 1).
+  Tensor weigh(const Tensor& mean_loss) const;
 };
 
 /// The sequence split (sequence_parallel's Ulysses sets `chunk`; empty without one): read when a

@@ -84,6 +84,8 @@ class Pipeline {
   // Forward of `a` on this rank's part of its micro-batch; `input`: its activation's receive
   // (stage > 0), posted by run().
   Tensor forward(const PipeAction& a, const SequenceChunk& micro_batch, dist::PostedRecv* input);
+  // The first stage's input: the embedding of the micro-batch's tokens at their positions.
+  Tensor embed(const SequenceChunk& micro_batch);
   // Blocks `b` of `stage` on its input `x`, then the loss (the last stage, weighed as the chunk
   // says) or the send of the output to the next stage's rank (send_to's handle): a stage's
   // forward, and the trace's. Runs at the chunk's position offset.

@@ -83,14 +83,6 @@ class StageElsewhere : public nn::Module {
   int rank_;
 };
 
-// The current forward options with the input's first token at `offset` of its sequence (a
-// Ulysses chunk's position; 0 for a whole sequence).
-nn::ForwardOptions options_at(int64_t offset) {
-  nn::ForwardOptions o = nn::current_forward_options();
-  o.position_offset = offset;
-  return o;
-}
-
 // The integer `key` in [lo, hi], `fallback` when absent.
 int int_in(const nlohmann::json& c, const char* key, int lo, int hi, int fallback) {
   return c.contains(key) ? int_from("pipeline_parallel", c, key, lo, hi) : fallback;
@@ -467,8 +459,7 @@ Tensor Pipeline::trace_step(const data::Batch& micro_batch) {
     const StageBlocks& b = trace_chunks_[j];
     Tensor x;
     if (stage == 0) {
-      nn::ForwardOptionsGuard guard(options_at(mine.position_offset));
-      x = model_->embed(idx);
+      x = embed(mine);
     } else {
       // The copy's first block takes the whole sequence (Megatron-SP scatters it there), a later
       // one its chunk.
@@ -506,14 +497,13 @@ dist::PostedRecv Pipeline::post_input(const PipeAction& a, const data::Batch& mi
 
 Tensor Pipeline::forward(const PipeAction& a, const SequenceChunk& micro_batch,
                          dist::PostedRecv* input) {
-  Tensor x;
-  if (a.stage == 0) {
-    nn::ForwardOptionsGuard guard(options_at(micro_batch.position_offset));
-    x = model_->embed(micro_batch.batch.idx());
-  } else {
-    x = dist::recv_from(std::move(*input));
-  }
+  Tensor x = a.stage == 0 ? embed(micro_batch) : dist::recv_from(std::move(*input));
   return through(a.stage, stages_[static_cast<size_t>(a.stage)], std::move(x), micro_batch);
+}
+
+Tensor Pipeline::embed(const SequenceChunk& micro_batch) {
+  nn::ForwardOptionsGuard guard(micro_batch.options());
+  return model_->embed(micro_batch.batch.idx());
 }
 
 Tensor Pipeline::through(int stage, const StageBlocks& b, Tensor x,
@@ -522,12 +512,12 @@ Tensor Pipeline::through(int stage, const StageBlocks& b, Tensor x,
   {
     // The blocks' rotary angles are those of the chunk's tokens (a recomputed block keeps the
     // options it ran its forward with).
-    nn::ForwardOptionsGuard guard(options_at(micro_batch.position_offset));
+    nn::ForwardOptionsGuard guard(micro_batch.options());
     for (int64_t i = b.begin; i < b.end; ++i) x = (*blocks[static_cast<size_t>(i)])(x);
   }
   if (stage == schedule_.num_stages() - 1) {
     Tensor l = logits_loss_(*model_, model_->head(x), micro_batch.batch.targets());
-    return micro_batch.loss_weight == 1.0 ? l : scale(l, micro_batch.loss_weight);
+    return micro_batch.weigh(l);
   }
   return dist::send_to(x, rank_of_stage(stage + 1), pp_, stage + 1);
 }

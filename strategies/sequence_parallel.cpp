@@ -211,10 +211,10 @@ LossFn ulysses_loss(LossFn inner, int rank, int s) {
     const SequenceChunk mine = ulysses_chunk(batch, rank, s);
     Tensor l;
     {
-      nn::ForwardOptionsGuard guard({.position_offset = mine.position_offset});
+      nn::ForwardOptionsGuard guard(mine.options());
       l = inner(model, mine.batch);
     }
-    return mine.loss_weight == 1.0 ? l : scale(l, mine.loss_weight);
+    return mine.weigh(l);
   };
 }
 
@@ -246,6 +246,16 @@ void apply_megatron(TrainingPlan& plan) {
 }
 
 }  // namespace
+
+nn::ForwardOptions SequenceChunk::options() const {
+  nn::ForwardOptions o = nn::current_forward_options();
+  o.position_offset = position_offset;
+  return o;
+}
+
+Tensor SequenceChunk::weigh(const Tensor& mean_loss) const {
+  return loss_weight == 1.0 ? mean_loss : scale(mean_loss, loss_weight);
+}
 
 MethodSpec sequence_parallel_method() {
   return {.name = "sequence_parallel",
