@@ -24,39 +24,136 @@ struct Times {
   double comm_forward = 0, comm_backward = 0;
 };
 
-// `comm_for(size)`: the fits of a group of that size.
+// What turns a trace's ops into seconds.
+class Pricer {
+ public:
+  virtual ~Pricer() = default;
+  virtual double gemm(const GemmShape& s) const = 0;
+  /// An op that is neither a GEMM nor communication.
+  virtual double op(const trace::Vertex& v) const = 0;
+  /// A communication vertex's; a send is free (its receive waits for it).
+  virtual double comm(const CommRecord& r) const = 0;
+};
+
+// This machine: the calibration's GEMM rates and bandwidth, the α-β fits by group size.
 template <typename CommFor>
-Times trace_times(const trace::Trace& t, const MachineCalibration& m, const CommFor& comm_for) {
+class MeasuredPricer final : public Pricer {
+ public:
+  MeasuredPricer(const MachineCalibration& m, const CommFor& comm_for)
+      : m_(m), comm_for_(comm_for) {
+    for (const auto& [shape, gf] : m.gemm_gflops) best_gflops_ = std::max(best_gflops_, gf);
+  }
+  double gemm(const GemmShape& s) const override { return m_.gemm_seconds(s); }
+  double op(const trace::Vertex& v) const override {
+    double s = m_.memory_seconds(v.bytes_read + v.bytes_written);
+    if (v.flops > 0 && best_gflops_ > 0) {
+      s = std::max(s, static_cast<double>(v.flops) / (best_gflops_ * 1e9));
+    }
+    return s;
+  }
+  double comm(const CommRecord& r) const override {
+    // A pipeline's message: its receive waits for it (at the broadcast fit of two ranks: one
+    // message).
+    const bool p2p = r.kind == CommKind::kRecv;
+    const std::string kind = r.kind == CommKind::kAlltoall ? "allgather"
+                             : p2p                         ? "broadcast"
+                                                           : std::string(comm_kind_name(r.kind));
+    return comm_for_(p2p ? 2 : r.group_size).seconds(kind, r.bytes);
+  }
+
+ private:
+  const MachineCalibration& m_;
+  const CommFor& comm_for_;
+  double best_gflops_ = 0;
+};
+
+// A cluster not at hand: the profile's figures, each group placed by the candidate's mesh.
+class ClusterPricer final : public Pricer {
+ public:
+  ClusterPricer(const ClusterProfile& p, const dist::DeviceMesh& mesh, bool bf16)
+      : p_(p), mesh_(mesh), bf16_(bf16) {}
+  double gemm(const GemmShape& s) const override { return p_.gemm_seconds(s, bf16_); }
+  double op(const trace::Vertex& v) const override {
+    if (is_view(v)) return 0;
+    const double bytes = static_cast<double>(v.bytes_read + v.bytes_written) * (bf16_ ? 0.5 : 1);
+    if (v.flops > 0 && !v.inputs.empty() && v.inputs.front().shape.size() == 4) {
+      return attention(v);
+    }
+    return p_.memory_seconds(static_cast<int64_t>(bytes));
+  }
+  double comm(const CommRecord& r) const override {
+    // Activations and their gradients travel in 16 bits under amp.
+    const int64_t bytes = bf16_ ? r.bytes / 2 : r.bytes;
+    if (r.kind == CommKind::kRecv) {
+      return p_.p2p_seconds(bytes, mesh_.tp * mesh_.cp * mesh_.dp);
+    }
+    const std::string kind = r.kind == CommKind::kAlltoall ? "alltoall"
+                                                           : std::string(comm_kind_name(r.kind));
+    return p_.collective_seconds(kind, bytes, {r.group_size, stride_of(r.group)});
+  }
+
+ private:
+  // The distance between a group's ranks, by the mesh dimension it is named after (tp
+  // innermost, then cp, dp, pp).
+  int stride_of(const std::string& group) const {
+    if (group == "cp" || group == "dp_cp") return mesh_.tp;
+    if (group == "dp") return mesh_.tp * mesh_.cp;
+    if (group == "pp") return mesh_.tp * mesh_.cp * mesh_.dp;
+    return 1;  // tp, and a group of the whole world
+  }
+  // An op whose every output shares an input's storage launches no kernel.
+  static bool is_view(const trace::Vertex& v) {
+    if (v.outputs.empty() || v.inputs.empty()) return false;
+    for (const auto& o : v.outputs) {
+      const bool shared = std::any_of(v.inputs.begin(), v.inputs.end(),
+                                      [&](const auto& i) { return i.storage == o.storage; });
+      if (!shared) return false;
+    }
+    return true;
+  }
+  // The attention core, its q (B, H, T, D) first among its inputs (cluster.hpp: fused, or
+  // Megatron-LM 2021's materialized scores).
+  double attention(const trace::Vertex& v) const {
+    const auto& q = v.inputs.front().shape;
+    const int64_t L = q[0] * q[1], T = q[2], D = q[3];
+    const bool backward = v.phase == trace::Phase::kBackward;
+    if (p_.attention == ClusterProfile::Attention::kFused) {
+      const double rate = p_.peak_tflops(bf16_) * 1e12 * p_.gemm_efficiency_at({T, T, D});
+      return static_cast<double>(v.flops) / rate + p_.kernel_overhead_s;
+    }
+    // Two batched products over the whole T x T scores forward, four backward, and the scores'
+    // softmax and dropout passes in 16 bits.
+    const double products =
+        static_cast<double>(L) * (p_.gemm_seconds({T, T, D}, bf16_) - p_.kernel_overhead_s) +
+        p_.kernel_overhead_s;
+    const int64_t scores = L * T * T;
+    return (backward ? 4 : 2) * products + p_.memory_seconds((backward ? 11 : 9) * scores);
+  }
+
+  const ClusterProfile& p_;
+  dist::DeviceMesh mesh_;
+  bool bf16_;
+};
+
+Times trace_times(const trace::Trace& t, const Pricer& pricer) {
   Times out;
   for (const auto& g : gemm_counts(t)) {
-    const double s = m.gemm_seconds(g.shape);
+    const double s = pricer.gemm(g.shape);
     out.forward += static_cast<double>(g.forward) * s;
     out.backward += static_cast<double>(g.backward) * s;
   }
-  double best_gflops = 0;
-  for (const auto& [shape, gf] : m.gemm_gflops) best_gflops = std::max(best_gflops, gf);
   const auto& graph = t.graph;
   for (auto v : graph.ops()) {
     const trace::Vertex& op = graph.vertex(v);
     if (is_gemm_op(op.op)) continue;  // priced above, from gemm_counts
+    const bool forward = op.phase == trace::Phase::kForward;
     if (op.comm) {
       const CommRecord& r = *op.comm;
-      if (r.group_size <= 1) continue;
-      // A pipeline's message: its receive waits for it (at the broadcast fit of two ranks: one
-      // message), its send does not.
-      if (r.kind == CommKind::kSend) continue;
-      const bool p2p = r.kind == CommKind::kRecv;
-      const std::string kind = r.kind == CommKind::kAlltoall ? "allgather"
-                               : p2p                         ? "broadcast"
-                                                             : std::string(comm_kind_name(r.kind));
-      const double s = comm_for(p2p ? 2 : r.group_size).seconds(kind, r.bytes);
-      (op.phase == trace::Phase::kForward ? out.comm_forward : out.comm_backward) += s;
+      if (r.group_size <= 1 || r.kind == CommKind::kSend) continue;
+      (forward ? out.comm_forward : out.comm_backward) += pricer.comm(r);
       continue;
     }
-    double s = m.memory_seconds(op.bytes_read + op.bytes_written);
-    if (op.flops > 0 && best_gflops > 0)
-      s = std::max(s, static_cast<double>(op.flops) / (best_gflops * 1e9));
-    (op.phase == trace::Phase::kForward ? out.forward : out.backward) += s;
+    (forward ? out.forward : out.backward) += pricer.op(op);
   }
   return out;
 }
@@ -86,6 +183,9 @@ CostModel::CostModel(trace::ModelRef model, int64_t seq_len, MachineCalibration 
   ACC_CHECK(std::isfinite(contention) && contention >= 1.0,
             "CostModel: contention must be a finite factor >= 1, got ", contention);
 }
+
+CostModel::CostModel(trace::ModelRef model, int64_t seq_len, ClusterProfile cluster)
+    : model_(model), ranks_(model, seq_len), seq_len_(seq_len), cluster_(std::move(cluster)) {}
 
 std::vector<GemmShape> CostModel::shapes_to_measure(const std::string& model_type,
                                                     const nlohmann::json& config,
@@ -121,14 +221,17 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
                                            const trace::TraceOptions& a) {
   const int64_t micro_batch = cand.micro_batch;
   const int64_t recompute_blocks = a.recompute_blocks;
-  const auto key = std::make_tuple(layout, micro_batch, static_cast<int>(a.recompute),
+  // A cluster places the pp neighbours by the mesh's dp too (cluster.hpp).
+  const auto key = std::make_tuple(cluster_ ? layout + "#dp" + std::to_string(cand.mesh.dp) : layout,
+                                   micro_batch, static_cast<int>(a.recompute),
                                    recompute_blocks, a.bf16_activations);
   if (auto it = passes_.find(key); it != passes_.end()) return it->second;
   // The model as the candidate's rank runs it (its stages, shards and tp / cp / pp messages).
   const trace::ModelRef& model = rank.model;
-  auto times = [this](const trace::Trace& t) {
-    return trace_times(t, machine_,
-                       [this](int size) -> const CommCalibration& { return comm_for(size); });
+  auto comm_of = [this](int size) -> const CommCalibration& { return comm_for(size); };
+  auto times = [&](const trace::Trace& t) {
+    if (cluster_) return trace_times(t, ClusterPricer(*cluster_, cand.mesh, a.bf16_activations));
+    return trace_times(t, MeasuredPricer<decltype(comm_of)>(machine_, comm_of));
   };
   PassCost p;
   if (!model.extrapolates()) {
@@ -314,11 +417,16 @@ void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bo
   const strategies::StepEffects& e = c.effects;
   const double k = static_cast<double>(e.micro_batches);
   const int W = c.data_parallel_ranks();
-  const CommCalibration& comm = comm_for(W);
+  // The dp x cp group: tp apart (cluster.hpp); on this machine, the fits of its size.
+  auto seconds = [&](const std::string& op, int64_t bytes) {
+    if (cluster_) return cluster_->collective_seconds(op, bytes, {W, c.mesh.tp});
+    return comm_for(W).seconds(op, bytes);
+  };
   const int64_t local = e.shard_optimizer_state ? (p.parameters + W - 1) / W : p.parameters;
   // p, g and each state buffer read; p and each buffer written (AdamW: 7 words a parameter).
   const int64_t words = 3 + 2 * static_cast<int64_t>(optimizer_buffers_);
-  t.optimizer_s = contention_ * machine_.memory_seconds(4 * words * local);
+  t.optimizer_s = cluster_ ? cluster_->memory_seconds(4 * words * local)
+                           : contention_ * machine_.memory_seconds(4 * words * local);
   if (W > 1) {
     const int64_t comm_elem = e.bf16_communication ? 2 : 4;
     for (const auto& col : e.collectives) {
@@ -328,7 +436,7 @@ void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bo
         // A block's parameters (f32) gathered before its forward and its backward, per
         // micro-batch; the caller waits for each.
         const double n = k * 2.0 * static_cast<double>(p.num_blocks) + 1.0;
-        const double s = n * comm.seconds(col.op, p.block_parameters * 4);
+        const double s = n * seconds(col.op, p.block_parameters * 4);
         t.comm_s += s;
         t.exposed_comm_s += s;
         continue;
@@ -343,7 +451,7 @@ void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bo
         messages = std::max<int64_t>(1, (total + per_msg - 1) / per_msg);
       }
       const int64_t msg = (total + messages - 1) / messages;
-      const double one = comm.seconds(col.op, msg);
+      const double one = seconds(col.op, msg);
       const double s = static_cast<double>(messages) * one;
       t.comm_s += s;
       if (col.when == When::kBackward && overlap) {

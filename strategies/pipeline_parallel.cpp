@@ -216,9 +216,9 @@ std::optional<PipelineLayout> pipeline_layout(const Strategy& s, int64_t num_blo
   for (const auto& m : s) {
     if (m.name != "pipeline_parallel") continue;
     Config cfg = parse(m.config);
-    PipelineLayout out{make_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches),
-                       std::move(cfg.stages)};
-    validate(out.schedule);
+    PipelineLayout out{
+        checked_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches),
+        std::move(cfg.stages)};
     if (out.stages.empty()) {
       out.stages = balance_stages(num_blocks, out.schedule.num_stages(), 0.0, head_cost);
     }
@@ -667,8 +667,7 @@ MethodSpec pipeline_parallel_method() {
           [](const nlohmann::json& c, TrainingPlan& plan) {
             Config cfg = parse(c);
             PipelineSchedule schedule =
-                make_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches);
-            validate(schedule);
+                checked_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches);
             plan.micro_batches = cfg.micro_batches;
             if (!plan.context)
               return;  // validating the config only (or one process: m

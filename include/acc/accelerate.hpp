@@ -28,6 +28,7 @@
 #include "acc/optim/optimizer.hpp"
 #include "acc/search/cache.hpp"
 #include "acc/search/calibration.hpp"
+#include "acc/search/cluster.hpp"
 #include "acc/strategies/strategy.hpp"
 
 namespace acc {
@@ -133,6 +134,22 @@ nlohmann::json plan_strategy(const std::string& model_type, const nlohmann::json
 /// its sample's shapes).
 nlohmann::json plan_strategy(const trace::ModelRef& model, int world,
                              const AccelerateOptions& options, const search::CommCalibration& comm);
+
+/// A plan for a cluster not at hand (acc-search --plan-only --cluster): every candidate on `world`
+/// devices priced by `cluster`'s figures (search::ClusterProfile: no machine calibration, no
+/// collective fits), rejected when over the device's memory (options.mem_per_rank, when given,
+/// instead of the profile's budget), the fastest that fits chosen; or, with `pinned`, that
+/// strategy alone (the semi-automatic mode: its methods and sizes fixed), predicted as it is even
+/// when it does not fit (its row then says why). Each priced row's "predicted" adds
+/// "model_tflops_per_device" (the model's FLOPs a step, forward and backward of every sample,
+/// nothing recomputed, over the step time and the devices) and "mfu" (that over the device's
+/// peak in the candidate's dtype). The report also holds "cluster" (the profile). Throws
+/// acc::ValueError naming what is wrong with a pinned strategy (a mesh that does not tile the
+/// world, a batch its dp or micro-batches do not divide) and what plan_strategy throws.
+nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world,
+                                const AccelerateOptions& options,
+                                const search::ClusterProfile& cluster,
+                                const std::optional<strategies::Strategy>& pinned = std::nullopt);
 
 /// The chosen candidate of a report as a strategy cache for `key` (its strategy, description,
 /// micro-batch, predicted and measured figures).

@@ -21,6 +21,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,8 @@ struct Args {
   bool plan_only = false;
   int world = 0;
   std::string comm;
+  std::string cluster;
+  std::string strategy;
   double time_budget = 0;
   int warmup_steps = 1;
   int measured_steps = 3;
@@ -138,19 +141,53 @@ acc::trace::ModelRef model_ref(const Args& a, const nlohmann::json& config) {
   return trace::ModelRef::module(module, sample_of(t, a, config, per_rank), loss_of(t));
 }
 
+// The chosen plan's figures on the cluster, one line each.
+void print_cluster_plan(const nlohmann::json& report, const acc::search::ClusterProfile& cluster) {
+  for (const auto& row : report.at("candidates")) {
+    if (!row.contains("chosen")) continue;
+    const nlohmann::json& p = row.at("predicted");
+    std::printf(
+        "on %s: %s (micro-batch %lld, %s)\n  step %.3f s, peak memory %.1f GiB of %.1f GiB, "
+        "%.1f model TFLOP/s per device, MFU %.1f%%\n",
+        cluster.name.c_str(), row.at("name").get<std::string>().c_str(),
+        static_cast<long long>(row.at("micro_batch").get<int64_t>()),
+        row.at("mesh").get<std::string>().c_str(), p.at("time").at("step_s").get<double>(),
+        p.at("memory").at("peak").get<double>() / (1 << 30),
+        static_cast<double>(cluster.budget_bytes()) / (1 << 30),
+        p.at("model_tflops_per_device").get<double>(), 100 * p.at("mfu").get<double>());
+    if (row.contains("reason")) {
+      std::printf("  does not fit: %s\n", row.at("reason").get<std::string>().c_str());
+    }
+  }
+}
+
 int plan(const Args& a, const nlohmann::json& config) {
   using namespace acc;
   check_output_path(a.out, "--out");
   if (!a.report.empty()) search::check_report_dir(a.report);
   const AccelerateOptions o = options_of(a);
   const trace::ModelRef model = model_ref(a, config);
-  const nlohmann::json report = plan_strategy(model, a.world, o, plan_comm(a));
+  nlohmann::json report;
+  ACC_CHECK(a.comm.empty() || a.cluster.empty(),
+            "--comm is this machine's collective figures; --cluster '", a.cluster,
+            "' has its own: give one of them");
+  if (!a.cluster.empty()) {
+    const search::ClusterProfile cluster = search::ClusterProfile::load(a.cluster);
+    std::optional<strategies::Strategy> pinned;
+    if (!a.strategy.empty()) pinned = strategies::parse_strategy_arg(a.strategy);
+    report = plan_for_cluster(model, a.world, o, cluster, pinned);
+    print_cluster_plan(report, cluster);
+  } else {
+    report = plan_strategy(model, a.world, o, plan_comm(a));
+  }
   std::cout << report_table(report) << std::flush;
   const auto key = search::strategy_key(model, a.world, a.global_batch, a.seq_len);
   search::save_strategy_cache(cache_from_report(report, key), a.out);
   if (!a.report.empty()) search::write_report(report, a.report);
   std::printf("acc-search: planned for %d rank(s) (predictions only%s): %s -> %s\n", a.world,
-              a.comm.empty() ? ", default collective figures" : "",
+              !a.cluster.empty() ? ", cluster profile"
+              : a.comm.empty()   ? ", default collective figures"
+                                 : "",
               report.at("chosen_name").get<std::string>().c_str(), a.out.c_str());
   return 0;
 }
@@ -221,6 +258,15 @@ int acc_search_main(int argc, char** argv) {
   plan_only->needs(world);
   app.add_option("--comm", a.comm,
                  "with --plan-only: collective figures (a search report.json, or its 'comm')");
+  auto* cluster =
+      app.add_option("--cluster", a.cluster,
+                     "with --plan-only: a cluster profile JSON (search/profiles/*.json) to plan for "
+                     "instead of this machine");
+  cluster->needs(plan_only);
+  app.add_option("--strategy", a.strategy,
+                 "with --cluster: predict this strategy alone (JSON inline or a file), its methods "
+                 "and sizes fixed")
+      ->needs(cluster);
   app.add_option("--time-budget", a.time_budget, "seconds the dry-runs may take (0: no limit)")
       ->check(acc::cli::seconds(0, acc::cli::kClosed));
   app.add_option("--warmup-steps", a.warmup_steps, "dry-run warm-up steps")

@@ -612,6 +612,116 @@ nlohmann::json plan_strategy(const trace::ModelRef& model, int world, const Acce
   return report;
 }
 
+namespace {
+
+// FLOPs of one sample's forward and backward through the whole model, nothing recomputed: the
+// traced matrix products (the attention core's causal half) of 1 and 2 blocks, extrapolated.
+double model_flops_per_sample(const trace::ModelRef& model, int64_t seq_len) {
+  auto flops = [&](int64_t depth) {
+    const trace::Trace t = model.trace(depth, 1, seq_len, {}).trace;
+    double sum = 0;
+    for (auto v : t.graph.ops()) sum += static_cast<double>(t.graph.vertex(v).flops);
+    return sum;
+  };
+  if (!model.extrapolates()) return flops(model.num_layers());
+  const double one = flops(1), two = flops(2);
+  return one + static_cast<double>(model.num_layers() - 1) * (two - one);
+}
+
+// The pinned strategy's candidate, its sizes checked against the world and the batch.
+Candidate pinned_candidate(const strategies::Strategy& s, int world, const Space& space,
+                           const trace::ModelRef& model, const AccelerateOptions& o) {
+  const dist::DeviceMesh mesh = strategies::mesh_for(s, world);  // names a mesh that does not tile
+  ACC_CHECK(o.global_batch % mesh.dp == 0, "--strategy: global batch ", o.global_batch,
+            " does not split evenly over dp ", mesh.dp, " (", mesh.to_string(), ")");
+  const strategies::SearchContext ctx{.world = world,
+                                      .num_blocks = model.num_layers(),
+                                      .per_rank_batch = o.global_batch,
+                                      .allow_bf16 = true,
+                                      .has_attention = model.has_attention(),
+                                      .language_model = model.is_registry()};
+  Candidate c =
+      search::candidate_of(s, world, o.global_batch, ctx, strategies::searchable_methods());
+  ACC_CHECK(c.per_rank_batch % c.effects.micro_batches == 0, "--strategy: ",
+            c.effects.micro_batches, " micro-batches do not divide the ", c.per_rank_batch,
+            " samples of a dp rank (global batch ", o.global_batch, " over dp ", mesh.dp, ")");
+  (void)space;
+  return c;
+}
+
+}  // namespace
+
+nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const AccelerateOptions& o,
+                                const search::ClusterProfile& cluster,
+                                const std::optional<strategies::Strategy>& pinned) {
+  check_options(o, model.max_seq_len());
+  ACC_CHECK(world >= 1, "plan_for_cluster: world must be >= 1, got ", world);
+  Timer total;
+  AccelerateOptions budgeted = o;
+  if (budgeted.mem_per_rank == 0) budgeted.mem_per_rank = cluster.budget_bytes();
+  Space s;
+  if (pinned) {
+    // The pinned strategy alone, priced even when over the budget (its row says so).
+    s.budget = budgeted.mem_per_rank;
+    search::MemoryModel memory(model, o.seq_len, s.optimizer());
+    s.candidates.push_back(pinned_candidate(*pinned, world, s, model, o));
+    const Candidate& c = s.candidates.back();
+    if (const auto refusal = memory.layout_refusal(c)) {
+      ACC_THROW(ValueError, "--strategy ", c.describe(), " cannot run this model: ", *refusal);
+    }
+    Row r{&c, memory.predict(c), std::nullopt, search::Status::kFits, "", std::nullopt};
+    if (static_cast<double>(r.memory.peak) > static_cast<double>(s.budget)) {
+      r.reason = "predicted peak " + trace::human_bytes(static_cast<double>(r.memory.peak)) +
+                 " is over the device's " + trace::human_bytes(static_cast<double>(s.budget));
+    }
+    s.rows.push_back(std::move(r));
+  } else {
+    s = build_space(model, world, budgeted);
+  }
+  search::CostModel cost(model, o.seq_len, cluster);
+  cost.set_optimizer_state_buffers(s.optimizer_buffers);
+  if (!pinned) recut_pipelines(s, model, budgeted, cost);
+  const double flops_per_step =
+      model_flops_per_sample(model, o.seq_len) * static_cast<double>(o.global_batch);
+  std::vector<Row*> ranked;
+  for (auto& r : s.rows) {
+    if (search::is_refused(r.status)) continue;
+    r.time = cost.predict(*r.candidate);
+    r.status = search::Status::kRanked;
+    ranked.push_back(&r);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const Row* a, const Row* b) { return a->time->step_s < b->time->step_s; });
+  const Row* best = ranked.front();
+  nlohmann::json report = {
+      {"source", search::source_name(search::Source::kPlan)},
+      {"chosen", strategies::to_json(best->candidate->strategy)},
+      {"chosen_name", best->candidate->describe()},
+      {"world", world},
+      {"global_batch", o.global_batch},
+      {"seq_len", o.seq_len},
+      {"budget_bytes", s.budget},
+      {"dry_runs", 0},
+      {"out_of_time", false},
+      {"candidates", rows_json(s, best)},
+      {"cluster", cluster.to_json()},
+      {"timing",
+       {{"calibration_s", 0.0},
+        {"dry_run_s", 0.0},
+        {"total_s", total.elapsed_s()},
+        {"machine_calibration_from_cache", true}}}};
+  // The throughput figures of each priced row (rows_json keeps the rows' order).
+  for (size_t i = 0; i < s.rows.size(); ++i) {
+    const Row& r = s.rows[i];
+    if (!r.time) continue;
+    const double tflops = flops_per_step / r.time->step_s / world / 1e12;
+    nlohmann::json& predicted = report["candidates"][i]["predicted"];
+    predicted["model_tflops_per_device"] = tflops;
+    predicted["mfu"] = tflops / cluster.peak_tflops(r.candidate->effects.bf16_activations);
+  }
+  return report;
+}
+
 AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory factory,
                                  const AccelerateOptions& o) {
   ACC_CHECK(model != nullptr, "auto_accelerate: model is null");

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "acc/search/calibration.hpp"
+#include "acc/search/cluster.hpp"
 #include "acc/search/space.hpp"
 
 #include "acc/trace/model_ref.hpp"
@@ -71,6 +72,9 @@ class CostModel {
   /// Any model (trace::ModelRef: a user's module is priced from its whole trace).
   CostModel(trace::ModelRef model, int64_t seq_len, MachineCalibration machine,
             CommCalibration comm, double contention = 1.0);
+  /// A cluster not at hand: every op, collective and message priced by `cluster`'s figures
+  /// (cluster.hpp), each group placed by the candidate's mesh; no contention.
+  CostModel(trace::ModelRef model, int64_t seq_len, ClusterProfile cluster);
   TimePrediction predict(const Candidate& c);
   /// The cut of `c`'s pipeline whose stages take the most even predicted time
   /// (strategies::balance_stages): a stage costs its blocks, and the first stage also the
@@ -133,6 +137,7 @@ class CostModel {
   MachineCalibration machine_;
   CommCalibration comm_;
   double contention_ = 1.0;
+  std::optional<ClusterProfile> cluster_;  // set: priced for a cluster, not this machine
   int optimizer_buffers_ = 2;  // AdamW's exp_avg and exp_avg_sq
   // (layout, micro-batch, recomputation, recomputed blocks, bf16 activations).
   std::map<std::tuple<std::string, int64_t, int, int64_t, bool>, PassCost> passes_;

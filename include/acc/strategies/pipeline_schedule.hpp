@@ -73,6 +73,13 @@ struct PipelineSchedule {
 /// interleaved, and for interleaved micro-batches that are not a multiple of ranks.
 PipelineSchedule make_schedule(ScheduleKind kind, int ranks, int virtual_stages, int micro_batches);
 
+/// make_schedule, then validate: each distinct (kind, ranks, virtual stages, micro-batches) built
+/// and checked once per process and copied from then on (the search asks for the same schedules
+/// for many candidates, and checking pp 64 x 512 micro-batches takes milliseconds). Thread-safe.
+/// Throws what make_schedule and validate throw (a refusal is not kept).
+PipelineSchedule checked_schedule(ScheduleKind kind, int ranks, int virtual_stages,
+                                  int micro_batches);
+
 /// Checks a schedule before it runs; throws acc::ValueError naming the rank and the step (its
 /// index and action) of the first fault:
 ///  - an action of a stage another rank holds, a micro-batch or stage out of range;
