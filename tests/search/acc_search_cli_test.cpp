@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "acc/search/cache.hpp"
+#include "acc/strategies/strategy.hpp"
 #include "acc/util/json.hpp"
 #include "command.hpp"
 
@@ -91,6 +92,56 @@ TEST_F(AccSearch, SearchUnderMpirunThenTrainGptUsesTheCacheOrSaysWhyNot) {
   EXPECT_NE(refused.output.find("key.global_batch: 8 in the cache, 4 in this run"),
             std::string::npos)
       << refused.output;
+}
+
+// Issue 34: a plan for a cluster not at hand, searched or pinned, with its throughput figures.
+TEST_F(AccSearch, PlanOnlyForAClusterProfileSearchedOrPinned) {
+  const std::string selene = std::string(ACC_PROFILES_DIR) + "/a100-selene.json";
+  const fs::path out = dir / "cluster.json";
+  const std::string base = "--plan-only --cluster " + selene +
+                           " --world 16 --global-batch 32 --seq-len 32 --allow-bf16 --out " +
+                           out.string();
+  auto r = run_command(search(base + " --report " + (dir / "cluster").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("on A100-80GB SXM"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MFU"), std::string::npos) << r.output;
+  auto cache = read_cache(out);
+  EXPECT_EQ(cache.key.world, 16);
+  EXPECT_GT(cache.predicted.at("model_tflops_per_device").get<double>(), 0) << cache.predicted;
+  EXPECT_GT(cache.predicted.at("time").at("step_s").get<double>(), 0) << cache.predicted;
+  EXPECT_TRUE(fs::is_regular_file(dir / "cluster" / "report.html"));
+  // Pinned: that strategy, whatever the search would choose.
+  const std::string pinned =
+      R"([{"name":"tensor_parallel","config":{"size":2}},{"name":"grad_accum","config":{"steps":2}},{"name":"amp"},{"name":"ddp"}])";
+  r = run_command(search(base + " --strategy '" + pinned + "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  cache = read_cache(out);
+  EXPECT_EQ(strategies::to_json(cache.strategy), strategies::to_json(strategies::parse_strategy(
+                                                     nlohmann::json::parse(pinned))));
+  EXPECT_EQ(cache.micro_batch, 2);  // 32 samples over dp 8, in 2 micro-batches
+  // Bad input: named, nothing written.
+  fs::remove(out);
+  struct Case {
+    std::string flags;
+    int exit_code;
+    std::string words;
+  };
+  for (const Case& c : std::vector<Case>{
+           {base + " --strategy '[{\"name\":\"tensor_parallel\",\"config\":{\"size\":3}}]'",
+            1, "tp 3"},
+           {"--plan-only --world 16 --global-batch 32 --seq-len 32 --out " + out.string() +
+                " --strategy '[]'",
+            2, "--strategy requires --cluster"},
+           {"--plan-only --world 16 --global-batch 32 --seq-len 32 --out " + out.string() +
+                " --cluster /nonexistent/profile.json",
+            1, "/nonexistent/profile.json"},
+       }) {
+    r = run_command(search(c.flags));
+    SCOPED_TRACE(c.flags + "\n" + r.output);
+    EXPECT_EQ(r.exit_code, c.exit_code);
+    EXPECT_NE(r.output.find(c.words), std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(out)) << "a refused run wrote its output";
 }
 
 TEST_F(AccSearch, BadFlagsAndBudgetsAreNamed) {
