@@ -14,6 +14,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "acc/autograd/ops.hpp"
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
 #include "acc/tensor/kernels.hpp"
@@ -227,6 +228,7 @@ nlohmann::json MachineCalibration::to_json() const {
                       {"gemm_threading", gemm_threading},
                       {"memory_gbps", memory_gbps},
                       {"gemm", gemm}};
+  if (op_overhead_s > 0) j["op_overhead_us"] = op_overhead_s * 1e6;
   if (!contention.empty()) {
     j["contention"] = nlohmann::json::array();
     for (const auto& [ranks, factor] : contention) {
@@ -266,6 +268,7 @@ MachineCalibration machine_from_json(const nlohmann::json& j, const std::string&
       g.fail("gemm[" + std::to_string(i) + "]", "repeats the shape " + s.str());
     }
   }
+  if (f.optional("op_overhead_us")) c.op_overhead_s = f.number("op_overhead_us", 0, true) * 1e-6;
   if (const nlohmann::json* list = f.optional("contention")) {
     if (!list->is_array()) f.fail("contention", "must be a list, got " + brief(*list));
     for (size_t i = 0; i < list->size(); ++i) {
@@ -396,6 +399,25 @@ double measure_memory(double seconds_per_point) {
   return 3.0 * static_cast<double>(array_bytes) / seconds / 1e9;
 }
 
+double measure_op_overhead(double seconds_per_point) {
+  // A chain of scalar multiplications over 8 elements, forward and backward: its work is nothing,
+  // its time what every op costs the engine (dispatch, allocation, the autograd node and running
+  // it). Ops executed: the chain's forwards and backward nodes, the sum's two, the accumulation.
+  constexpr int kChain = 32;
+  const Tensor x = full({8}, 1.0, {.device = Device::kCPU});
+  Tensor leaf = x.detach();
+  leaf.set_requires_grad(true);
+  const double seconds = detail::median_seconds(
+      [&] {
+        Tensor y = leaf;
+        for (int i = 0; i < kChain; ++i) y = y * 1.0001;
+        sum(y).backward();
+        leaf.set_grad(Tensor());
+      },
+      seconds_per_point);
+  return seconds / (2.0 * kChain + 3.0);
+}
+
 std::vector<GemmShape> distinct(std::vector<GemmShape> shapes) {
   std::sort(shapes.begin(), shapes.end());
   shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
@@ -435,6 +457,10 @@ void measure_into(MachineCalibration& c, const std::vector<GemmShape>& shapes, b
   if (memory) {
     c.memory_gbps = measure_memory(o.seconds_per_point);
     logging::debug("calibration: memory {:.2f} GB/s ({} threads)", c.memory_gbps, o.threads);
+  }
+  if (memory || c.op_overhead_s <= 0) {
+    c.op_overhead_s = measure_op_overhead(o.seconds_per_point);
+    logging::debug("calibration: {:.2f} us an op ({} threads)", c.op_overhead_s * 1e6, o.threads);
   }
 }
 
@@ -529,6 +555,7 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
       } else {
         c.gemm_gflops = std::move(read.gemm_gflops);
         c.memory_gbps = read.memory_gbps;
+        c.op_overhead_s = read.op_overhead_s;
         c.contention = std::move(read.contention);
         usable = true;
       }
@@ -546,7 +573,7 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
   c.source.memory_from_cache = usable;
   c.source.cache_file = path;
   c.source.note = note;
-  if (!missing.empty() || !usable) {
+  if (!missing.empty() || !usable || c.op_overhead_s <= 0) {
     measure_into(c, missing, /*memory=*/!usable, options);
     save_machine(c, path);
   }

@@ -119,8 +119,7 @@ nlohmann::json ClusterProfile::to_json() const {
            {{"devices_per_node", devices_per_node},
             {"intra_node", link(intra_node)},
             {"inter_node", link(inter_node)}}},
-          {"software",
-           {{"attention", attention == Attention::kFused ? "fused" : "materialized"}}}};
+          {"software", {{"attention", attention == Attention::kFused ? "fused" : "materialized"}}}};
 }
 
 ClusterProfile ClusterProfile::from_json(const nlohmann::json& j) {
@@ -158,8 +157,8 @@ ClusterProfile ClusterProfile::from_json(const nlohmann::json& j) {
         d.fail(at, "has an efficiency outside (0, 1]: " + brief(pt));
       }
       if (!p.gemm_efficiency.empty() && g.dim <= p.gemm_efficiency.back().dim) {
-        d.fail(at, "must come after a smaller dim (the points go in increasing dim), got " +
-                       brief(pt));
+        d.fail(at,
+               "must come after a smaller dim (the points go in increasing dim), got " + brief(pt));
       }
       p.gemm_efficiency.push_back(g);
     }
@@ -168,8 +167,8 @@ ClusterProfile ClusterProfile::from_json(const nlohmann::json& j) {
     const double gib = d.number("memory_gib", 0, true);
     const double reserved = d.number("reserved_gib", 0, false);
     if (reserved >= gib) {
-      d.fail("device.reserved_gib", "must be below memory_gib (" + std::to_string(gib) +
-                                        "), got " + std::to_string(reserved));
+      d.fail("device.reserved_gib", "must be below memory_gib (" + std::to_string(gib) + "), got " +
+                                        std::to_string(reserved));
     }
     p.memory_bytes = static_cast<int64_t>(gib * kGiB);
     p.reserved_bytes = static_cast<int64_t>(reserved * kGiB);

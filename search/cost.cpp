@@ -33,6 +33,8 @@ class Pricer {
   virtual double op(const trace::Vertex& v) const = 0;
   /// A communication vertex's; a send is free (its receive waits for it).
   virtual double comm(const CommRecord& r) const = 0;
+  /// What every op costs beyond its work (the engine's dispatch, allocation, autograd node).
+  virtual double per_op() const { return 0; }
 };
 
 // This machine: the calibration's GEMM rates and bandwidth, the α-β fits by group size.
@@ -44,6 +46,7 @@ class MeasuredPricer final : public Pricer {
     for (const auto& [shape, gf] : m.gemm_gflops) best_gflops_ = std::max(best_gflops_, gf);
   }
   double gemm(const GemmShape& s) const override { return m_.gemm_seconds(s); }
+  double per_op() const override { return m_.op_overhead_s; }
   double op(const trace::Vertex& v) const override {
     double s = m_.memory_seconds(v.bytes_read + v.bytes_written);
     if (v.flops > 0 && best_gflops_ > 0) {
@@ -87,8 +90,8 @@ class ClusterPricer final : public Pricer {
     if (r.kind == CommKind::kRecv) {
       return p_.p2p_seconds(bytes, mesh_.tp * mesh_.cp * mesh_.dp);
     }
-    const std::string kind = r.kind == CommKind::kAlltoall ? "alltoall"
-                                                           : std::string(comm_kind_name(r.kind));
+    const std::string kind =
+        r.kind == CommKind::kAlltoall ? "alltoall" : std::string(comm_kind_name(r.kind));
     return p_.collective_seconds(kind, bytes, {r.group_size, stride_of(r.group)});
   }
 
@@ -145,8 +148,9 @@ Times trace_times(const trace::Trace& t, const Pricer& pricer) {
   const auto& graph = t.graph;
   for (auto v : graph.ops()) {
     const trace::Vertex& op = graph.vertex(v);
-    if (is_gemm_op(op.op)) continue;  // priced above, from gemm_counts
     const bool forward = op.phase == trace::Phase::kForward;
+    (forward ? out.forward : out.backward) += pricer.per_op();
+    if (is_gemm_op(op.op)) continue;  // priced above, from gemm_counts
     if (op.comm) {
       const CommRecord& r = *op.comm;
       if (r.group_size <= 1 || r.kind == CommKind::kSend) continue;
@@ -222,9 +226,9 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
   const int64_t micro_batch = cand.micro_batch;
   const int64_t recompute_blocks = a.recompute_blocks;
   // A cluster places the pp neighbours by the mesh's dp too (cluster.hpp).
-  const auto key = std::make_tuple(cluster_ ? layout + "#dp" + std::to_string(cand.mesh.dp) : layout,
-                                   micro_batch, static_cast<int>(a.recompute),
-                                   recompute_blocks, a.bf16_activations);
+  const auto key = std::make_tuple(
+      cluster_ ? layout + "#dp" + std::to_string(cand.mesh.dp) : layout, micro_batch,
+      static_cast<int>(a.recompute), recompute_blocks, a.bf16_activations);
   if (auto it = passes_.find(key); it != passes_.end()) return it->second;
   // The model as the candidate's rank runs it (its stages, shards and tp / cp / pp messages).
   const trace::ModelRef& model = rank.model;

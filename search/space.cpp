@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "acc/models/language_model.hpp"
@@ -73,7 +74,8 @@ Candidate candidate_of(const strategies::Strategy& s, int world, int64_t global_
 }
 
 std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_blocks) {
-  (void)per_rank_batch(o.global_batch, o.world);
+  ACC_CHECK(o.world >= 1, "search: world size must be >= 1, got ", o.world);
+  ACC_CHECK(o.global_batch >= 1, "search: global batch must be >= 1, got ", o.global_batch);
   const auto methods = strategies::searchable_methods();
   for (const auto* list : {&o.excluded, &o.included}) {
     for (const auto& name : *list) {
@@ -154,33 +156,83 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
               o.world, " ranks need one (is every one excluded?)");
   }
 
-  // The product of the groups.
+  // The product of the groups, the mesh's first: a group whose options set mesh dimensions
+  // (tensor, sequence, pipeline parallel) is an outer loop, and a combination of them whose
+  // tp x cp x pp does not divide the world, or whose dp does not divide the global batch, is
+  // dropped with everything the other groups would add to it (the mesh depends on those
+  // methods alone). The rest is checked combination by combination (the composition rules).
+  std::vector<std::optional<dist::DeviceMesh>> option_mesh;  // per option, flattened
+  std::vector<std::vector<size_t>> option_index(groups.size());
+  std::vector<size_t> outer, inner;  // group indices
+  for (size_t g = 0; g < groups.size(); ++g) {
+    bool sets_mesh = false;
+    for (const Option& opt : groups[g]) {
+      option_index[g].push_back(option_mesh.size());
+      std::optional<dist::DeviceMesh> m;
+      if (opt.method) {
+        try {
+          m = strategies::mesh_for({{opt.method->name, opt.config}}, o.world);
+        } catch (const ValueError&) {
+          // Its own dimension does not divide the world: no candidate has it.
+        }
+      } else {
+        m = dist::DeviceMesh::data_parallel(o.world);
+      }
+      sets_mesh |= m && m->dp != o.world;
+      option_mesh.push_back(m);
+    }
+    (sets_mesh ? outer : inner).push_back(g);
+  }
   std::vector<Candidate> out;
+  int64_t batch_refused = 0;  // meshes whose dp does not divide the global batch
   std::vector<size_t> pick(groups.size(), 0);
-  while (true) {
-    std::vector<const Option*> chosen;
-    for (size_t g = 0; g < groups.size(); ++g) chosen.push_back(&groups[g][pick[g]]);
-    strategies::Strategy s;
-    for (const auto* opt : chosen) {
-      if (opt->method) s.push_back({opt->method->name, opt->config});
+  // Odometer over `which` groups; false when it wrapped around.
+  auto advance = [&](const std::vector<size_t>& which) {
+    for (const size_t g : which) {
+      if (++pick[g] < groups[g].size()) return true;
+      pick[g] = 0;
     }
-    bool valid = true;
+    return false;
+  };
+  do {
+    // The mesh of this choice of the outer groups: each dimension from the option that sets it.
     dist::DeviceMesh mesh;
-    try {
-      strategies::parse_strategy(strategies::to_json(s));  // the composition rules
-      mesh = strategies::mesh_for(s, o.world);             // tp x cp dividing the world
-    } catch (const ValueError&) {
-      valid = false;
+    bool fits = true;
+    for (const size_t g : outer) {
+      const auto& m = option_mesh[option_index[g][pick[g]]];
+      if (!m) {
+        fits = false;
+        break;
+      }
+      mesh.tp = std::max(mesh.tp, m->tp);
+      mesh.cp = std::max(mesh.cp, m->cp);
+      mesh.pp = std::max(mesh.pp, m->pp);
     }
-    if (valid) {
+    const int inner_ranks = mesh.tp * mesh.cp * mesh.pp;
+    if (!fits || o.world % inner_ranks != 0) continue;
+    if (o.global_batch % (o.world / inner_ranks) != 0) {
+      ++batch_refused;
+      continue;
+    }
+    do {
+      strategies::Strategy s;
+      for (size_t g = 0; g < groups.size(); ++g) {
+        const Option& opt = groups[g][pick[g]];
+        if (opt.method) s.push_back({opt.method->name, opt.config});
+      }
+      try {
+        strategies::parse_strategy(strategies::to_json(s));  // the composition rules
+        (void)strategies::mesh_for(s, o.world);
+      } catch (const ValueError&) {
+        continue;
+      }
       Candidate c = candidate_of(s, o.world, o.global_batch, ctx, methods);
       // Micro-batches offered for a larger per-rank batch than this candidate's.
       if (c.per_rank_batch % c.effects.micro_batches == 0) out.push_back(std::move(c));
-    }
-    size_t g = 0;
-    while (g < groups.size() && ++pick[g] == groups[g].size()) pick[g++] = 0;
-    if (g == groups.size()) break;
-  }
+    } while (advance(inner));
+  } while (advance(outer));
+  ACC_CHECK(!out.empty() || batch_refused == 0, "search: global batch ", o.global_batch,
+            " does not split evenly over ", o.world, " ranks, nor over the dp of any mesh tried");
   ACC_CHECK(!out.empty(), "search: no candidate is left (excluded ", o.excluded.size(),
             " method(s), included ", o.included.size(), ")");
   return out;

@@ -216,9 +216,8 @@ std::optional<PipelineLayout> pipeline_layout(const Strategy& s, int64_t num_blo
   for (const auto& m : s) {
     if (m.name != "pipeline_parallel") continue;
     Config cfg = parse(m.config);
-    PipelineLayout out{
-        checked_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches),
-        std::move(cfg.stages)};
+    PipelineLayout out{*checked_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches),
+                       std::move(cfg.stages)};
     if (out.stages.empty()) {
       out.stages = balance_stages(num_blocks, out.schedule.num_stages(), 0.0, head_cost);
     }
@@ -666,12 +665,13 @@ MethodSpec pipeline_parallel_method() {
       .apply =
           [](const nlohmann::json& c, TrainingPlan& plan) {
             Config cfg = parse(c);
-            PipelineSchedule schedule =
+            const std::shared_ptr<const PipelineSchedule> checked =
                 checked_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches);
             plan.micro_batches = cfg.micro_batches;
             if (!plan.context)
               return;  // validating the config only (or one process: m
                        // micro-batches accumulated, the same computation)
+            PipelineSchedule schedule = *checked;
             ACC_CHECK(plan.context->size(dist::MeshDim::kPp) == cfg.size,
                       "pipeline_parallel: size ", cfg.size, " but the run's mesh is ",
                       plan.context->mesh().to_string());

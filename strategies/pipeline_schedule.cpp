@@ -193,17 +193,18 @@ Io io_of(const PipelineSchedule& s, const PipeAction& a) {
 
 }  // namespace
 
-PipelineSchedule checked_schedule(ScheduleKind kind, int ranks, int virtual_stages,
-                                  int micro_batches) {
+std::shared_ptr<const PipelineSchedule> checked_schedule(ScheduleKind kind, int ranks,
+                                                         int virtual_stages, int micro_batches) {
   static std::mutex mutex;
-  static std::map<std::tuple<int, int, int, int>, PipelineSchedule> checked;
+  static std::map<std::tuple<int, int, int, int>, std::shared_ptr<const PipelineSchedule>> checked;
   const auto key = std::make_tuple(static_cast<int>(kind), ranks, virtual_stages, micro_batches);
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto it = checked.find(key); it != checked.end()) return it->second;
   }
-  PipelineSchedule s = make_schedule(kind, ranks, virtual_stages, micro_batches);
-  validate(s);
+  auto s = std::make_shared<const PipelineSchedule>(
+      make_schedule(kind, ranks, virtual_stages, micro_batches));
+  validate(*s);
   std::lock_guard<std::mutex> lock(mutex);
   constexpr size_t kMaxKept = 512;  // a search's distinct schedules; beyond, start over
   if (checked.size() >= kMaxKept) checked.clear();

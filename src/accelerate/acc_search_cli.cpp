@@ -258,10 +258,10 @@ int acc_search_main(int argc, char** argv) {
   plan_only->needs(world);
   app.add_option("--comm", a.comm,
                  "with --plan-only: collective figures (a search report.json, or its 'comm')");
-  auto* cluster =
-      app.add_option("--cluster", a.cluster,
-                     "with --plan-only: a cluster profile JSON (search/profiles/*.json) to plan for "
-                     "instead of this machine");
+  auto* cluster = app.add_option(
+      "--cluster", a.cluster,
+      "with --plan-only: a cluster profile JSON (search/profiles/*.json) to plan for "
+      "instead of this machine");
   cluster->needs(plan_only);
   app.add_option("--strategy", a.strategy,
                  "with --cluster: predict this strategy alone (JSON inline or a file), its methods "

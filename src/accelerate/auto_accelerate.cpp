@@ -642,9 +642,10 @@ Candidate pinned_candidate(const strategies::Strategy& s, int world, const Space
                                       .language_model = model.is_registry()};
   Candidate c =
       search::candidate_of(s, world, o.global_batch, ctx, strategies::searchable_methods());
-  ACC_CHECK(c.per_rank_batch % c.effects.micro_batches == 0, "--strategy: ",
-            c.effects.micro_batches, " micro-batches do not divide the ", c.per_rank_batch,
-            " samples of a dp rank (global batch ", o.global_batch, " over dp ", mesh.dp, ")");
+  ACC_CHECK(c.per_rank_batch % c.effects.micro_batches == 0,
+            "--strategy: ", c.effects.micro_batches, " micro-batches do not divide the ",
+            c.per_rank_batch, " samples of a dp rank (global batch ", o.global_batch, " over dp ",
+            mesh.dp, ")");
   (void)space;
   return c;
 }
@@ -678,6 +679,7 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
   } else {
     s = build_space(model, world, budgeted);
   }
+  const double space_s = total.elapsed_s();
   search::CostModel cost(model, o.seq_len, cluster);
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
   if (!pinned) recut_pipelines(s, model, budgeted, cost);
@@ -693,23 +695,24 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
   std::stable_sort(ranked.begin(), ranked.end(),
                    [](const Row* a, const Row* b) { return a->time->step_s < b->time->step_s; });
   const Row* best = ranked.front();
-  nlohmann::json report = {
-      {"source", search::source_name(search::Source::kPlan)},
-      {"chosen", strategies::to_json(best->candidate->strategy)},
-      {"chosen_name", best->candidate->describe()},
-      {"world", world},
-      {"global_batch", o.global_batch},
-      {"seq_len", o.seq_len},
-      {"budget_bytes", s.budget},
-      {"dry_runs", 0},
-      {"out_of_time", false},
-      {"candidates", rows_json(s, best)},
-      {"cluster", cluster.to_json()},
-      {"timing",
-       {{"calibration_s", 0.0},
-        {"dry_run_s", 0.0},
-        {"total_s", total.elapsed_s()},
-        {"machine_calibration_from_cache", true}}}};
+  nlohmann::json report = {{"source", search::source_name(search::Source::kPlan)},
+                           {"chosen", strategies::to_json(best->candidate->strategy)},
+                           {"chosen_name", best->candidate->describe()},
+                           {"world", world},
+                           {"global_batch", o.global_batch},
+                           {"seq_len", o.seq_len},
+                           {"budget_bytes", s.budget},
+                           {"dry_runs", 0},
+                           {"out_of_time", false},
+                           {"candidates", rows_json(s, best)},
+                           {"cluster", cluster.to_json()},
+                           {"timing",
+                            {{"calibration_s", 0.0},
+                             {"dry_run_s", 0.0},
+                             {"space_s", space_s},  // the candidates and their memory
+                             {"time_model_s", total.elapsed_s() - space_s},
+                             {"total_s", total.elapsed_s()},
+                             {"machine_calibration_from_cache", true}}}};
   // The throughput figures of each priced row (rows_json keeps the rows' order).
   for (size_t i = 0; i < s.rows.size(); ++i) {
     const Row& r = s.rows[i];

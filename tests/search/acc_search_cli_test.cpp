@@ -116,8 +116,8 @@ TEST_F(AccSearch, PlanOnlyForAClusterProfileSearchedOrPinned) {
   r = run_command(search(base + " --strategy '" + pinned + "'"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   cache = read_cache(out);
-  EXPECT_EQ(strategies::to_json(cache.strategy), strategies::to_json(strategies::parse_strategy(
-                                                     nlohmann::json::parse(pinned))));
+  EXPECT_EQ(strategies::to_json(cache.strategy),
+            strategies::to_json(strategies::parse_strategy(nlohmann::json::parse(pinned))));
   EXPECT_EQ(cache.micro_batch, 2);  // 32 samples over dp 8, in 2 micro-batches
   // Bad input: named, nothing written.
   fs::remove(out);
@@ -127,8 +127,8 @@ TEST_F(AccSearch, PlanOnlyForAClusterProfileSearchedOrPinned) {
     std::string words;
   };
   for (const Case& c : std::vector<Case>{
-           {base + " --strategy '[{\"name\":\"tensor_parallel\",\"config\":{\"size\":3}}]'",
-            1, "tp 3"},
+           {base + " --strategy '[{\"name\":\"tensor_parallel\",\"config\":{\"size\":3}}]'", 1,
+            "tp 3"},
            {"--plan-only --world 16 --global-batch 32 --seq-len 32 --out " + out.string() +
                 " --strategy '[]'",
             2, "--strategy requires --cluster"},

@@ -22,9 +22,13 @@
 namespace acc::search {
 namespace {
 
-std::string profiles(const std::string& file) { return std::string(ACC_PROFILES_DIR) + "/" + file; }
+std::string profiles(const std::string& file) {
+  return std::string(ACC_PROFILES_DIR) + "/" + file;
+}
 
-bool verbose() { return std::getenv("ACC_TEST_VERBOSE") != nullptr; }
+bool verbose() {
+  return std::getenv("ACC_TEST_VERBOSE") != nullptr;
+}
 
 nlohmann::json selene_json() {
   return read_json_file(profiles("a100-selene.json"), "profile");
@@ -81,7 +85,7 @@ TEST(ClusterProfile, RefusesABadFieldByItsPath) {
 TEST(ClusterProfile, GemmEfficiencyFollowsTheSmallestDimensionInLog2) {
   ClusterProfile p = ClusterProfile::from_json(selene_json());
   p.gemm_efficiency = {{64, 0.2}, {1024, 0.6}};
-  EXPECT_DOUBLE_EQ(p.gemm_efficiency_at({8192, 8192, 16}), 0.2);  // below the first point
+  EXPECT_DOUBLE_EQ(p.gemm_efficiency_at({8192, 8192, 16}), 0.2);   // below the first point
   EXPECT_DOUBLE_EQ(p.gemm_efficiency_at({256, 8192, 8192}), 0.4);  // halfway in log2 (64..1024)
   EXPECT_DOUBLE_EQ(p.gemm_efficiency_at({1 << 14, 1 << 14, 1 << 14}), 0.6);
   p.kernel_overhead_s = 0;
@@ -120,9 +124,8 @@ TEST(ClusterProfile, CollectivesUseNvlinkInsideANodeAndEachDevicesNicAcrossNodes
 // ---- the plan for a cluster ----
 
 nlohmann::json gpt_config(int64_t layers, int64_t heads, int64_t hidden, int64_t seq) {
-  return {{"n_layer", layers},     {"n_head", heads}, {"n_embd", hidden},
-          {"vocab_size", 51200},   {"block_size", seq}, {"bias", true},
-          {"activation", "gelu"}};
+  return {{"n_layer", layers}, {"n_head", heads}, {"n_embd", hidden},    {"vocab_size", 51200},
+          {"block_size", seq}, {"bias", true},    {"activation", "gelu"}};
 }
 
 // The published plan: tp, pp (equal stages of blocks, as Megatron-LM cuts them; `virtual`
@@ -179,9 +182,9 @@ TEST(PublishedMeasurements, NarayananTable1) {
     const nlohmann::json p = predicted(gpt_config(l, heads, h, 2048), gpus, B, 2048, selene,
                                        published_plan(l, tp, pp, v, B / dp));
     const double s = 2048, V = 51200;
-    const double F = 96.0 * static_cast<double>(B) * s * static_cast<double>(l * h * h) *
-                     (1 + s / (6.0 * static_cast<double>(h)) +
-                      V / (16.0 * static_cast<double>(l * h)));
+    const double F =
+        96.0 * static_cast<double>(B) * s * static_cast<double>(l * h * h) *
+        (1 + s / (6.0 * static_cast<double>(h)) + V / (16.0 * static_cast<double>(l * h)));
     const double step = p.at("time").at("step_s");
     const double tflops = F / step / gpus / 1e12;
     const double err = (tflops - published) / published;
@@ -235,10 +238,11 @@ TEST(PublishedMeasurements, VTrainMultiNodeIterationTimes) {
     worst = std::max(worst, std::abs(err));
     ++n;
     if (verbose()) {
-      std::printf("%.1fB %d GPUs tp%d dp%lld pp%d mb%lld: measured %.2f s, predicted %.2f s "
-                  "(%+.1f%%)\n",
-                  f[0], gpus, tp, static_cast<long long>(dp), pp, static_cast<long long>(mb),
-                  measured, step, 100 * err);
+      std::printf(
+          "%.1fB %d GPUs tp%d dp%lld pp%d mb%lld: measured %.2f s, predicted %.2f s "
+          "(%+.1f%%)\n",
+          f[0], gpus, tp, static_cast<long long>(dp), pp, static_cast<long long>(mb), measured,
+          step, 100 * err);
     }
   }
   ASSERT_EQ(n, 109);
@@ -256,8 +260,7 @@ TEST(PlanForCluster, APinnedPlanThatDoesNotFitSaysWhyAndBadSizesAreNamed) {
   o.seq_len = 2048;
   o.allow_bf16 = true;
   const trace::ModelRef gpt3 = trace::ModelRef::registry("gpt", gpt_config(96, 96, 12288, 2048));
-  const nlohmann::json r =
-      plan_for_cluster(gpt3, 8, o, selene, published_plan(96, 8, 1, 1, 8));
+  const nlohmann::json r = plan_for_cluster(gpt3, 8, o, selene, published_plan(96, 8, 1, 1, 8));
   const nlohmann::json& row = r.at("candidates").at(0);
   EXPECT_NE(row.value("reason", "").find("over the device's"), std::string::npos) << row.dump();
   EXPECT_GT(row.at("predicted").at("memory").at("peak").get<double>(), 80.0 * (1 << 30));

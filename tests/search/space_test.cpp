@@ -136,7 +136,18 @@ TEST(Space, LayoutsAreTheSizesThatDivideTheWorld) {
 }
 
 TEST(Space, BadOptionsNameTheValue) {
-  EXPECT_EQ(error_of(opts(2, 7)), "search: global batch 7 does not split evenly over 2 ranks");
+  // Issue 34: a batch the world does not divide is planned on the meshes whose dp divides it
+  // (tp 2, cp 2 or pp 2 over 2 ranks: dp 1, 7 samples on each rank); without them, refused.
+  const auto odd = enumerate_candidates(opts(2, 7), 4);
+  ASSERT_FALSE(odd.empty());
+  for (const auto& c : odd) {
+    EXPECT_EQ(c.mesh.dp, 1) << c.describe();
+    EXPECT_EQ(c.per_rank_batch, 7) << c.describe();
+  }
+  EXPECT_EQ(
+      error_of(opts(2, 7, false, {"tensor_parallel", "sequence_parallel", "pipeline_parallel"})),
+      "search: global batch 7 does not split evenly over 2 ranks, nor over the dp of any "
+      "mesh tried");
   EXPECT_NE(error_of(opts(1, 8, false, {"expert_parallel"}))
                 .find("unknown method 'expert_parallel' in excluded (known: ddp, zero1"),
             std::string::npos);

@@ -128,6 +128,11 @@ struct MachineCalibration {
   int threads = 1;                          // acc::set_num_threads during the measurement
   std::string gemm_threading;               // "openblas" or "tbb" (acc::gemm_threading())
   std::map<GemmShape, double> gemm_gflops;  // measured GFLOP/s (1e9 FLOP/s) per shape
+  /// Seconds every op of the engine costs beyond its work (dispatch, the caching allocator, the
+  /// autograd node, and running that node in backward): measured on a chain of elementwise ops
+  /// over 8 elements, forward and backward, per op executed. 0 in a file written before it was
+  /// measured (load_or_calibrate_machine then measures it).
+  double op_overhead_s = 0;
   double memory_gbps = 0;  // GB/s (1e9 B/s) of logical bytes: read + written, as the trace counts
   /// measure_compute_contention's factor by the number of ranks computing at once on one machine
   /// (the job's largest local world), as measured by earlier searches: a search on as many local
@@ -148,10 +153,12 @@ struct MachineCalibration {
   double memory_seconds(int64_t bytes) const;
 
   /// {"hardware": {...}, "threads": 1, "gemm_threading": "openblas", "memory_gbps": 23.7,
+  ///  "op_overhead_us": 3.1,
   ///  "gemm": [{"m": 2048, "n": 2304, "k": 768, "trans_a": false, "trans_b": true,
   ///            "gflops": 105.3}, ...], "contention": [{"local_ranks": 2, "factor": 1.08}]}
   nlohmann::json to_json() const;
-  /// Every field required but "contention" (files written before it existed), no others; GFLOP/s
+  /// Every field required but "contention" and "op_overhead_us" (files written before they
+  /// existed), no others; GFLOP/s
   /// and GB/s positive and finite, dimensions >= 1, no shape twice, factors >= 1 and finite, local
   /// ranks >= 2 and not twice. Throws acc::ValueError "machine calibration: field '<path>' ..."
   /// naming the field by its path ("gemm[2].gflops", "hardware.cores", "contention[0].factor").

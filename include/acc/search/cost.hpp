@@ -5,7 +5,9 @@
 //   compute   = per micro-batch: every GEMM of the trace at its shape's measured rate
 //               (MachineCalibration::gemm_seconds), every other op as memory-bound
 //               (bytes read + written at the measured bandwidth), or at the best GEMM rate when
-//               it counts FLOPs (fused attention), whichever is slower; recomputed forwards are
+//               it counts FLOPs (fused attention), whichever is slower; plus, for every op of
+//               the trace, what the engine costs an op beyond its work (dispatch, allocation,
+//               autograd: MachineCalibration::op_overhead_s, measured); recomputed forwards are
 //               in the trace. The model's depth comes from traces of 1 and 2 blocks, extrapolated
 //               linearly (the blocks repeat), so any depth costs milliseconds.
 //   optimizer = the update's pass over this rank's shard: the parameter and its gradient read,
@@ -138,7 +140,7 @@ class CostModel {
   CommCalibration comm_;
   double contention_ = 1.0;
   std::optional<ClusterProfile> cluster_;  // set: priced for a cluster, not this machine
-  int optimizer_buffers_ = 2;  // AdamW's exp_avg and exp_avg_sq
+  int optimizer_buffers_ = 2;              // AdamW's exp_avg and exp_avg_sq
   // (layout, micro-batch, recomputation, recomputed blocks, bf16 activations).
   std::map<std::tuple<std::string, int64_t, int, int64_t, bool>, PassCost> passes_;
 };

@@ -71,11 +71,13 @@ Candidate candidate_of(const strategies::Strategy& s, int world, int64_t global_
                        const strategies::SearchContext& ctx,
                        const std::vector<strategies::MethodSearch>& methods);
 
-/// Every candidate for a model of `num_blocks` repeated blocks. Throws acc::ValueError naming the
-/// value for: world < 1, a global batch < 1 or not divisible by the world ("global batch 63 does
-/// not split evenly over 2 ranks"), an unknown method in excluded/included (listing the known
-/// ones), a method both excluded and included, an included method that cannot be tried in this
-/// run (amp without allow_bf16, a grad_sync method on one rank), or a space left empty.
+/// Every candidate for a model of `num_blocks` repeated blocks; a candidate's dp must divide the
+/// global batch (its tp and cp ranks read the same samples). Throws acc::ValueError naming the
+/// value for: world < 1, a global batch < 1 or one no mesh's dp divides ("global batch 63 does
+/// not split evenly over 2 ranks, nor over the dp of any mesh tried"), an unknown method in
+/// excluded/included (listing the known ones), a method both excluded and included, an included
+/// method that cannot be tried in this run (amp without allow_bf16, a grad_sync method on one
+/// rank), or a space left empty.
 std::vector<Candidate> enumerate_candidates(const SpaceOptions& options, int64_t num_blocks);
 
 /// Each rank's share of the global batch: global_batch / world. Throws acc::ValueError naming the
