@@ -227,6 +227,20 @@ void recut_pipelines(Space& s, const trace::ModelRef& model, const AccelerateOpt
   }
 }
 
+// Each candidate that fits priced by `cost`; returns them best first.
+std::vector<Row*> rank_rows(Space& s, search::CostModel& cost) {
+  std::vector<Row*> ranked;
+  for (auto& r : s.rows) {
+    if (search::is_refused(r.status)) continue;
+    r.time = cost.predict(*r.candidate);
+    r.status = search::Status::kRanked;
+    ranked.push_back(&r);
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const Row* a, const Row* b) { return a->time->step_s < b->time->step_s; });
+  return ranked;
+}
+
 // The machine's calibration for the micro-batches of the candidates that fit (rank 0 measures or
 // reads its cache, the others get it), then each such candidate's predicted time; returns them
 // best first.
@@ -267,16 +281,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
   for (const auto& g : group_comm) cost.add_group_calibration(g);
   recut_pipelines(s, model, o, cost);
-  std::vector<Row*> ranked;
-  for (auto& r : s.rows) {
-    if (search::is_refused(r.status)) continue;
-    r.time = cost.predict(*r.candidate);
-    r.status = search::Status::kRanked;
-    ranked.push_back(&r);
-  }
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const Row* a, const Row* b) { return a->time->step_s < b->time->step_s; });
-  return ranked;
+  return rank_rows(s, cost);
 }
 
 nlohmann::json rows_json(const Space& s, const Row* chosen) {
@@ -295,6 +300,21 @@ nlohmann::json rows_json(const Space& s, const Row* chosen) {
     table.push_back(std::move(row));
   }
   return table;
+}
+
+// A plan's report (nothing dry-run): the chosen row, the run's sizes and every row; the caller
+// adds what priced it ("comm" or "cluster") and its "timing".
+nlohmann::json plan_report(const Space& s, const Row* best, int world, const AccelerateOptions& o) {
+  return {{"source", search::source_name(search::Source::kPlan)},
+          {"chosen", strategies::to_json(best->candidate->strategy)},
+          {"chosen_name", best->candidate->describe()},
+          {"world", world},
+          {"global_batch", o.global_batch},
+          {"seq_len", o.seq_len},
+          {"budget_bytes", s.budget},
+          {"dry_runs", 0},
+          {"out_of_time", false},
+          {"candidates", rows_json(s, best)}};
 }
 
 // Progress of the dry-runs on rank 0: a bar redrawn in place on a terminal, plain lines otherwise
@@ -591,24 +611,12 @@ nlohmann::json plan_strategy(const trace::ModelRef& model, int world, const Acce
   // No groups to measure: a tp or cp group is priced at the job's fits (cost.hpp).
   std::vector<Row*> ranked =
       rank_by_time(s, model, o, nullptr, comm, {}, machine, contention, contention_cached);
-  const Row* best = ranked.front();
-  nlohmann::json report = {
-      {"source", search::source_name(search::Source::kPlan)},
-      {"chosen", strategies::to_json(best->candidate->strategy)},
-      {"chosen_name", best->candidate->describe()},
-      {"world", world},
-      {"global_batch", o.global_batch},
-      {"seq_len", o.seq_len},
-      {"budget_bytes", s.budget},
-      {"dry_runs", 0},
-      {"out_of_time", false},
-      {"candidates", rows_json(s, best)},
-      {"comm", comm.to_json()},
-      {"timing",
-       {{"calibration_s", calib.elapsed_s()},
-        {"dry_run_s", 0.0},
-        {"total_s", total.elapsed_s()},
-        {"machine_calibration_from_cache", machine.source.gemm_measured == 0}}}};
+  nlohmann::json report = plan_report(s, ranked.front(), world, o);
+  report["comm"] = comm.to_json();
+  report["timing"] = {{"calibration_s", calib.elapsed_s()},
+                      {"dry_run_s", 0.0},
+                      {"total_s", total.elapsed_s()},
+                      {"machine_calibration_from_cache", machine.source.gemm_measured == 0}};
   return report;
 }
 
@@ -629,8 +637,8 @@ double model_flops_per_sample(const trace::ModelRef& model, int64_t seq_len) {
 }
 
 // The pinned strategy's candidate, its sizes checked against the world and the batch.
-Candidate pinned_candidate(const strategies::Strategy& s, int world, const Space& space,
-                           const trace::ModelRef& model, const AccelerateOptions& o) {
+Candidate pinned_candidate(const strategies::Strategy& s, int world, const trace::ModelRef& model,
+                           const AccelerateOptions& o) {
   const dist::DeviceMesh mesh = strategies::mesh_for(s, world);  // names a mesh that does not tile
   ACC_CHECK(o.global_batch % mesh.dp == 0, "--strategy: global batch ", o.global_batch,
             " does not split evenly over dp ", mesh.dp, " (", mesh.to_string(), ")");
@@ -646,7 +654,6 @@ Candidate pinned_candidate(const strategies::Strategy& s, int world, const Space
             "--strategy: ", c.effects.micro_batches, " micro-batches do not divide the ",
             c.per_rank_batch, " samples of a dp rank (global batch ", o.global_batch, " over dp ",
             mesh.dp, ")");
-  (void)space;
   return c;
 }
 
@@ -665,7 +672,7 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
     // The pinned strategy alone, priced even when over the budget (its row says so).
     s.budget = budgeted.mem_per_rank;
     search::MemoryModel memory(model, o.seq_len, s.optimizer());
-    s.candidates.push_back(pinned_candidate(*pinned, world, s, model, o));
+    s.candidates.push_back(pinned_candidate(*pinned, world, model, o));
     const Candidate& c = s.candidates.back();
     if (const auto refusal = memory.layout_refusal(c)) {
       ACC_THROW(ValueError, "--strategy ", c.describe(), " cannot run this model: ", *refusal);
@@ -685,34 +692,15 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
   if (!pinned) recut_pipelines(s, model, budgeted, cost);
   const double flops_per_step =
       model_flops_per_sample(model, o.seq_len) * static_cast<double>(o.global_batch);
-  std::vector<Row*> ranked;
-  for (auto& r : s.rows) {
-    if (search::is_refused(r.status)) continue;
-    r.time = cost.predict(*r.candidate);
-    r.status = search::Status::kRanked;
-    ranked.push_back(&r);
-  }
-  std::stable_sort(ranked.begin(), ranked.end(),
-                   [](const Row* a, const Row* b) { return a->time->step_s < b->time->step_s; });
-  const Row* best = ranked.front();
-  nlohmann::json report = {{"source", search::source_name(search::Source::kPlan)},
-                           {"chosen", strategies::to_json(best->candidate->strategy)},
-                           {"chosen_name", best->candidate->describe()},
-                           {"world", world},
-                           {"global_batch", o.global_batch},
-                           {"seq_len", o.seq_len},
-                           {"budget_bytes", s.budget},
-                           {"dry_runs", 0},
-                           {"out_of_time", false},
-                           {"candidates", rows_json(s, best)},
-                           {"cluster", cluster.to_json()},
-                           {"timing",
-                            {{"calibration_s", 0.0},
-                             {"dry_run_s", 0.0},
-                             {"space_s", space_s},  // the candidates and their memory
-                             {"time_model_s", total.elapsed_s() - space_s},
-                             {"total_s", total.elapsed_s()},
-                             {"machine_calibration_from_cache", true}}}};
+  const std::vector<Row*> ranked = rank_rows(s, cost);
+  nlohmann::json report = plan_report(s, ranked.front(), world, o);
+  report["cluster"] = cluster.to_json();
+  report["timing"] = {{"calibration_s", 0.0},
+                      {"dry_run_s", 0.0},
+                      {"space_s", space_s},  // the candidates and their memory
+                      {"time_model_s", total.elapsed_s() - space_s},
+                      {"total_s", total.elapsed_s()},
+                      {"machine_calibration_from_cache", true}};
   // The throughput figures of each priced row (rows_json keeps the rows' order).
   for (size_t i = 0; i < s.rows.size(); ++i) {
     const Row& r = s.rows[i];

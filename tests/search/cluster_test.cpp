@@ -154,12 +154,18 @@ strategies::Strategy published_plan(int64_t layers, int tp, int pp, int virtual_
   return strategies::parse_strategy(s);
 }
 
-nlohmann::json predicted(const nlohmann::json& config, int world, int64_t batch, int64_t seq,
-                         const ClusterProfile& cluster, const strategies::Strategy& plan) {
+// A plan's options: the batch and sequence, amp allowed (every published run was mixed precision).
+AccelerateOptions plan_options(int64_t batch, int64_t seq) {
   AccelerateOptions o;
   o.global_batch = batch;
   o.seq_len = seq;
   o.allow_bf16 = true;
+  return o;
+}
+
+nlohmann::json predicted(const nlohmann::json& config, int world, int64_t batch, int64_t seq,
+                         const ClusterProfile& cluster, const strategies::Strategy& plan) {
+  const AccelerateOptions o = plan_options(batch, seq);
   const nlohmann::json report =
       plan_for_cluster(trace::ModelRef::registry("gpt", config), world, o, cluster, plan);
   return report.at("candidates").at(0).at("predicted");
@@ -255,10 +261,7 @@ TEST(PublishedMeasurements, VTrainMultiNodeIterationTimes) {
 TEST(PlanForCluster, APinnedPlanThatDoesNotFitSaysWhyAndBadSizesAreNamed) {
   const ClusterProfile selene = ClusterProfile::load(profiles("a100-selene.json"));
   // GPT-3 175B on 8 GPUs with tp 8 alone cannot hold its training state.
-  AccelerateOptions o;
-  o.global_batch = 8;
-  o.seq_len = 2048;
-  o.allow_bf16 = true;
+  AccelerateOptions o = plan_options(8, 2048);
   const trace::ModelRef gpt3 = trace::ModelRef::registry("gpt", gpt_config(96, 96, 12288, 2048));
   const nlohmann::json r = plan_for_cluster(gpt3, 8, o, selene, published_plan(96, 8, 1, 1, 8));
   const nlohmann::json& row = r.at("candidates").at(0);
@@ -277,10 +280,7 @@ TEST(PlanForCluster, APinnedPlanThatDoesNotFitSaysWhyAndBadSizesAreNamed) {
 
 TEST(PlanForCluster, ReportsModelTflopsAndMfuOfThePlan) {
   const ClusterProfile h100 = ClusterProfile::load(profiles("h100-dgx.json"));
-  AccelerateOptions o;
-  o.global_batch = 64;
-  o.seq_len = 2048;
-  o.allow_bf16 = true;
+  const AccelerateOptions o = plan_options(64, 2048);
   const nlohmann::json r =
       plan_for_cluster(trace::ModelRef::registry("gpt", gpt_config(24, 24, 2304, 2048)), 16, o,
                        h100, published_plan(24, 2, 1, 1, 4));
