@@ -272,8 +272,11 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
   const double L = static_cast<double>(p.num_blocks);
   const int64_t n_rc =
       recompute_blocks < 0 ? p.num_blocks : std::min(recompute_blocks, p.num_blocks);
+  // More blocks never cost less than one: a pipeline rank's trace of one block may not hold all
+  // of its stages (interleaved: one block for two virtual stages), and its messages then differ
+  // from the two-block trace's, which made the step's communication negative.
   auto extrapolate = [&](double one, double two, double recomputed) {
-    return one + (L - 1) * (two - one) + static_cast<double>(n_rc) * recomputed;
+    return std::max(one, one + (L - 1) * (two - one) + static_cast<double>(n_rc) * recomputed);
   };
   p.forward_s = extrapolate(c1.forward, c2.forward, rc.forward);
   p.backward_s = extrapolate(c1.backward, c2.backward, rc.backward);
