@@ -404,8 +404,7 @@ double measure_op_overhead(double seconds_per_point) {
   // its time what every op costs the engine (dispatch, allocation, the autograd node and running
   // it). Ops executed: the chain's forwards and backward nodes, the sum's two, the accumulation.
   constexpr int kChain = 32;
-  const Tensor x = full({8}, 1.0, {.device = Device::kCPU});
-  Tensor leaf = x.detach();
+  Tensor leaf = full({8}, 1.0, {.device = Device::kCPU});
   leaf.set_requires_grad(true);
   const double seconds = detail::median_seconds(
       [&] {

@@ -87,22 +87,21 @@ class ClusterPricer final : public Pricer {
   double comm(const CommRecord& r) const override {
     // Activations and their gradients travel in 16 bits under amp.
     const int64_t bytes = bf16_ ? r.bytes / 2 : r.bytes;
-    if (r.kind == CommKind::kRecv) {
-      return p_.p2p_seconds(bytes, mesh_.tp * mesh_.cp * mesh_.dp);
-    }
+    if (r.kind == CommKind::kRecv) return p_.p2p_seconds(bytes, mesh_.stride(dist::MeshDim::kPp));
     const std::string kind =
         r.kind == CommKind::kAlltoall ? "alltoall" : std::string(comm_kind_name(r.kind));
     return p_.collective_seconds(kind, bytes, {r.group_size, stride_of(r.group)});
   }
 
  private:
-  // The distance between a group's ranks, by the mesh dimension it is named after (tp
-  // innermost, then cp, dp, pp).
+  // The distance between a group's ranks, by the mesh dimension it is named after (dp x cp:
+  // cp's neighbours, dp's groups of them contiguous above tp; the whole world: adjacent).
   int stride_of(const std::string& group) const {
-    if (group == "cp" || group == "dp_cp") return mesh_.tp;
-    if (group == "dp") return mesh_.tp * mesh_.cp;
-    if (group == "pp") return mesh_.tp * mesh_.cp * mesh_.dp;
-    return 1;  // tp, and a group of the whole world
+    if (group == "dp_cp") return mesh_.stride(dist::MeshDim::kCp);
+    for (const dist::MeshDim d : dist::kMeshDims) {
+      if (group == dist::mesh_dim_name(d)) return mesh_.stride(d);
+    }
+    return 1;
   }
   // An op whose every output shares an input's storage launches no kernel.
   static bool is_view(const trace::Vertex& v) {
@@ -424,9 +423,11 @@ void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bo
   const strategies::StepEffects& e = c.effects;
   const double k = static_cast<double>(e.micro_batches);
   const int W = c.data_parallel_ranks();
-  // The dp x cp group: tp apart (cluster.hpp); on this machine, the fits of its size.
+  // The dp x cp group: cp's neighbours (cluster.hpp); on this machine, the fits of its size.
   auto seconds = [&](const std::string& op, int64_t bytes) {
-    if (cluster_) return cluster_->collective_seconds(op, bytes, {W, c.mesh.tp});
+    if (cluster_) {
+      return cluster_->collective_seconds(op, bytes, {W, c.mesh.stride(dist::MeshDim::kCp)});
+    }
     return comm_for(W).seconds(op, bytes);
   };
   const int64_t local = e.shard_optimizer_state ? (p.parameters + W - 1) / W : p.parameters;

@@ -222,7 +222,6 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
       }
       try {
         strategies::parse_strategy(strategies::to_json(s));  // the composition rules
-        (void)strategies::mesh_for(s, o.world);
       } catch (const ValueError&) {
         continue;
       }

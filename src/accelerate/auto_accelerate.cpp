@@ -623,33 +623,26 @@ nlohmann::json plan_strategy(const trace::ModelRef& model, int world, const Acce
 namespace {
 
 // FLOPs of one sample's forward and backward through the whole model, nothing recomputed: the
-// traced matrix products (the attention core's causal half) of 1 and 2 blocks, extrapolated.
+// traced matrix products (the attention core's causal half), at any depth.
 double model_flops_per_sample(const trace::ModelRef& model, int64_t seq_len) {
-  auto flops = [&](int64_t depth) {
-    const trace::Trace t = model.trace(depth, 1, seq_len, {}).trace;
-    double sum = 0;
-    for (auto v : t.graph.ops()) sum += static_cast<double>(t.graph.vertex(v).flops);
-    return sum;
-  };
-  if (!model.extrapolates()) return flops(model.num_layers());
-  const double one = flops(1), two = flops(2);
-  return one + static_cast<double>(model.num_layers() - 1) * (two - one);
+  return static_cast<double>(trace::estimate_training_need(model, 1, seq_len).compute.total());
 }
 
 // The pinned strategy's candidate, its sizes checked against the world and the batch.
 Candidate pinned_candidate(const strategies::Strategy& s, int world, const trace::ModelRef& model,
                            const AccelerateOptions& o) {
-  const dist::DeviceMesh mesh = strategies::mesh_for(s, world);  // names a mesh that does not tile
-  ACC_CHECK(o.global_batch % mesh.dp == 0, "--strategy: global batch ", o.global_batch,
-            " does not split evenly over dp ", mesh.dp, " (", mesh.to_string(), ")");
   const strategies::SearchContext ctx{.world = world,
                                       .num_blocks = model.num_layers(),
                                       .per_rank_batch = o.global_batch,
                                       .allow_bf16 = true,
                                       .has_attention = model.has_attention(),
                                       .language_model = model.is_registry()};
+  // Its mesh (strategies::mesh_for names one that does not tile the world).
   Candidate c =
       search::candidate_of(s, world, o.global_batch, ctx, strategies::searchable_methods());
+  const dist::DeviceMesh& mesh = c.mesh;
+  ACC_CHECK(o.global_batch % mesh.dp == 0, "--strategy: global batch ", o.global_batch,
+            " does not split evenly over dp ", mesh.dp, " (", mesh.to_string(), ")");
   ACC_CHECK(c.per_rank_batch % c.effects.micro_batches == 0,
             "--strategy: ", c.effects.micro_batches, " micro-batches do not divide the ",
             c.per_rank_batch, " samples of a dp rank (global batch ", o.global_batch, " over dp ",

@@ -72,6 +72,12 @@ void DeviceMesh::check(int world) const {
   ACC_CHECK(need == world, "mesh ", to_string(), " needs ", need, " ranks, the world has ", world);
 }
 
+int DeviceMesh::stride(MeshDim d) const {
+  int s = 1;
+  for (auto it = kMeshDims.rbegin(); *it != d; ++it) s *= size(*it);
+  return s;
+}
+
 MeshCoord DeviceMesh::coordinate_of(int rank) const {
   ACC_CHECK(rank >= 0 && rank < product(), "mesh ", to_string(), ": rank ", rank,
             " is outside its ", product(), " ranks");

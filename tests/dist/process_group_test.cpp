@@ -473,6 +473,13 @@ TEST(DeviceMesh, RanksAreLaidOutTpInnermostThenCpDpPp) {
   EXPECT_EQ(mesh.rank_of({.pp = 0, .dp = 1, .cp = 0, .tp = 0}), 4);
   EXPECT_EQ(mesh.rank_of({.pp = 1, .dp = 0, .cp = 0, .tp = 0}), 12);
   for (int r = 0; r < mesh.product(); ++r) EXPECT_EQ(mesh.rank_of(mesh.coordinate_of(r)), r);
+  // Neighbours along each dimension (what a cluster plan places its groups by).
+  for (const dist::MeshDim d : dist::kMeshDims) {
+    dist::MeshCoord next;
+    next.at(d) = 1;
+    EXPECT_EQ(mesh.stride(d), mesh.rank_of(next)) << dist::mesh_dim_name(d);
+  }
+  EXPECT_EQ(mesh.stride(dist::MeshDim::kPp), 12);
   EXPECT_THROW(mesh.coordinate_of(24), ValueError);
   EXPECT_THROW(mesh.rank_of({.pp = 0, .dp = 3, .cp = 0, .tp = 0}), ValueError);
   EXPECT_EQ(mesh.to_string(), "pp=2 dp=3 cp=2 tp=2");

@@ -43,6 +43,8 @@ struct DeviceMesh {
   static DeviceMesh data_parallel(int world) { return DeviceMesh{.dp = world}; }
 
   int size(MeshDim d) const;
+  /// Ranks between neighbours along `d` (tp innermost): tp 1, cp tp, dp tp x cp, pp tp x cp x dp.
+  int stride(MeshDim d) const;
   int product() const { return pp * dp * cp * tp; }
   /// "pp=1 dp=2 cp=1 tp=4".
   std::string to_string() const;
