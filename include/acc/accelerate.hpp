@@ -126,14 +126,18 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
 /// calibration from the cache, measured when missing; collectives priced by `comm`, which must be
 /// for `world` ranks unless world is 1), rejected by the budget, the best predicted that fits as
 /// "chosen". Options used: global_batch, seq_len, excluded, included, allow_bf16, mem_per_rank
-/// (0: this machine's default), cache_dir, verbose. The report is auto_accelerate's with
-/// nothing measured ("source": "plan"). Throws as auto_accelerate does.
+/// (0: this machine's default), cache_dir, verbose. The optimizer state (memory, and the update's
+/// pass over it) is what `optimizer`'s optimizers keep (optim::optimizer_state_buffers); an empty
+/// factory is AdamW's. The report is auto_accelerate's with nothing measured ("source": "plan").
+/// Throws as auto_accelerate does.
 nlohmann::json plan_strategy(const std::string& model_type, const nlohmann::json& config, int world,
-                             const AccelerateOptions& options, const search::CommCalibration& comm);
+                             const AccelerateOptions& options, const search::CommCalibration& comm,
+                             const optim::OptimizerFactory& optimizer = {});
 /// The same for any model (a module of the registry that is not a language model: traced whole on
 /// its sample's shapes).
 nlohmann::json plan_strategy(const trace::ModelRef& model, int world,
-                             const AccelerateOptions& options, const search::CommCalibration& comm);
+                             const AccelerateOptions& options, const search::CommCalibration& comm,
+                             const optim::OptimizerFactory& optimizer = {});
 
 /// A plan for a cluster not at hand (acc-search --plan-only --cluster): every candidate on `world`
 /// devices priced by `cluster`'s figures (search::ClusterProfile: no machine calibration, no
@@ -145,11 +149,13 @@ nlohmann::json plan_strategy(const trace::ModelRef& model, int world,
 /// nothing recomputed, over the step time and the devices) and "mfu" (that over the device's
 /// peak in the candidate's dtype). The report also holds "cluster" (the profile). Throws
 /// acc::ValueError naming what is wrong with a pinned strategy (a mesh that does not tile the
-/// world, a batch its dp or micro-batches do not divide) and what plan_strategy throws.
+/// world, a batch its dp or micro-batches do not divide) and what plan_strategy throws. The
+/// optimizer's state as plan_strategy prices it.
 nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world,
                                 const AccelerateOptions& options,
                                 const search::ClusterProfile& cluster,
-                                const std::optional<strategies::Strategy>& pinned = std::nullopt);
+                                const std::optional<strategies::Strategy>& pinned = std::nullopt,
+                                const optim::OptimizerFactory& optimizer = {});
 
 /// The chosen candidate of a report as a strategy cache for `key` (its strategy, description,
 /// micro-batch, predicted and measured figures).

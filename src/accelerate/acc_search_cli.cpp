@@ -30,6 +30,7 @@
 #include "acc/models/language_model.hpp"
 #include "acc/models/registry.hpp"
 #include "acc/optim/adam.hpp"
+#include "acc/optim/sgd.hpp"
 #include "acc/search/report.hpp"
 #include "acc/search/space.hpp"
 #include "acc/tensor/random.hpp"
@@ -65,7 +66,23 @@ struct Args {
   std::string cache_dir;
   int threads = 0;
   int64_t seed = 1337;
+  std::string optimizer = "adamw";
 };
+
+// The optimizer the job will train with (--optimizer), at its default hyper-parameters: what the
+// memory model charges as state and the time model as the update's pass over it. sgd_momentum is
+// SGD with momentum 0.9 (one buffer); the command line checks the name.
+acc::optim::OptimizerFactory optimizer_of(const Args& a) {
+  using namespace acc::optim;
+  if (a.optimizer == "adam") return Adam::factory({});
+  if (a.optimizer == "sgd") return SGD::factory({});
+  if (a.optimizer == "sgd_momentum") {
+    SGD::Options o;
+    o.momentum = 0.9;
+    return SGD::factory(o);
+  }
+  return AdamW::factory({});
+}
 
 // Collectives for a plan without MPI: --comm (a "comm" object as a search report holds it, or a
 // report.json with one), else a stated default: a ring over shared memory with 20 us per hop and
@@ -175,10 +192,10 @@ int plan(const Args& a, const nlohmann::json& config) {
     const search::ClusterProfile cluster = search::ClusterProfile::load(a.cluster);
     std::optional<strategies::Strategy> pinned;
     if (!a.strategy.empty()) pinned = strategies::parse_strategy_arg(a.strategy);
-    report = plan_for_cluster(model, a.world, o, cluster, pinned);
+    report = plan_for_cluster(model, a.world, o, cluster, pinned, optimizer_of(a));
     print_cluster_plan(report, cluster);
   } else {
-    report = plan_strategy(model, a.world, o, plan_comm(a));
+    report = plan_strategy(model, a.world, o, plan_comm(a), optimizer_of(a));
   }
   std::cout << report_table(report) << std::flush;
   const auto key = search::strategy_key(model, a.world, a.global_batch, a.seq_len);
@@ -208,7 +225,7 @@ int run_search(const Args& a, const nlohmann::json& config) {
         sample_of(t, a, config, search::per_rank_batch(a.global_batch, dist::world_size()));
     o.loss = loss_of(t);
   }
-  AccelerateResult r = auto_accelerate(model, optim::AdamW::factory({}), o);
+  AccelerateResult r = auto_accelerate(model, optimizer_of(a), o);
   if (dist::rank() == 0) {
     std::cout << report_table(r.report) << std::flush;
     std::printf("acc-search: chose %s on %d rank(s) -> %s\n",
@@ -274,6 +291,11 @@ int acc_search_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--measured-steps", a.measured_steps, "dry-run measured steps")
       ->check(integer(1, 1000))
+      ->capture_default_str();
+  app.add_option("--optimizer", a.optimizer,
+                 "the optimizer the job trains with (its state is priced): adamw | adam | "
+                 "sgd_momentum (momentum 0.9) | sgd")
+      ->check(CLI::IsMember({"adamw", "adam", "sgd_momentum", "sgd"}))
       ->capture_default_str();
   app.add_option("--cache-dir", a.cache_dir,
                  "machine calibration cache (default ~/.cache/autoacc)");

@@ -108,6 +108,11 @@ int state_buffers_of(const optim::OptimizerFactory& factory) {
   }
 }
 
+// A plan's optimizer: the factory's state buffers, AdamW's 2 when none is given.
+int plan_state_buffers(const optim::OptimizerFactory& factory) {
+  return factory ? state_buffers_of(factory) : 2;
+}
+
 // max_seq_len 0: a module whose sample batch fixes the shapes (seq_len is not used).
 void check_options(const AccelerateOptions& o, int64_t max_seq_len) {
   ACC_CHECK(o.global_batch >= 1, "auto_accelerate: global_batch must be >= 1, got ",
@@ -591,17 +596,19 @@ double AccelerateResult::train_step(const data::Batch& batch) {
 }
 
 nlohmann::json plan_strategy(const std::string& type, const nlohmann::json& config, int world,
-                             const AccelerateOptions& o, const search::CommCalibration& comm) {
-  return plan_strategy(trace::ModelRef::registry(type, config), world, o, comm);
+                             const AccelerateOptions& o, const search::CommCalibration& comm,
+                             const optim::OptimizerFactory& optimizer) {
+  return plan_strategy(trace::ModelRef::registry(type, config), world, o, comm, optimizer);
 }
 
 nlohmann::json plan_strategy(const trace::ModelRef& model, int world, const AccelerateOptions& o,
-                             const search::CommCalibration& comm) {
+                             const search::CommCalibration& comm,
+                             const optim::OptimizerFactory& optimizer) {
   check_options(o, model.max_seq_len());
   ACC_CHECK(world == 1 || comm.world == world, "plan_strategy: the collectives were calibrated on ",
             comm.world, " rank(s), the plan is for ", world);
   Timer total;
-  Space s = build_space(model, world, o);
+  Space s = build_space(model, world, o, plan_state_buffers(optimizer));
   search::MachineCalibration machine;
   Timer calib;
   // Ranks that share a machine slow each other down; without them to measure, a plan assumes
@@ -654,16 +661,19 @@ Candidate pinned_candidate(const strategies::Strategy& s, int world, const trace
 
 nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const AccelerateOptions& o,
                                 const search::ClusterProfile& cluster,
-                                const std::optional<strategies::Strategy>& pinned) {
+                                const std::optional<strategies::Strategy>& pinned,
+                                const optim::OptimizerFactory& optimizer) {
   check_options(o, model.max_seq_len());
   ACC_CHECK(world >= 1, "plan_for_cluster: world must be >= 1, got ", world);
   Timer total;
   AccelerateOptions budgeted = o;
   if (budgeted.mem_per_rank == 0) budgeted.mem_per_rank = cluster.budget_bytes();
+  const int buffers = plan_state_buffers(optimizer);
   Space s;
   if (pinned) {
     // The pinned strategy alone, priced even when over the budget (its row says so).
     s.budget = budgeted.mem_per_rank;
+    s.optimizer_buffers = buffers;
     search::MemoryModel memory(model, o.seq_len, s.optimizer());
     s.candidates.push_back(pinned_candidate(*pinned, world, model, o));
     const Candidate& c = s.candidates.back();
@@ -677,7 +687,7 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
     }
     s.rows.push_back(std::move(r));
   } else {
-    s = build_space(model, world, budgeted);
+    s = build_space(model, world, budgeted, buffers);
   }
   const double space_s = total.elapsed_s();
   search::CostModel cost(model, o.seq_len, cluster);

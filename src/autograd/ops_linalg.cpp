@@ -139,7 +139,6 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(OUT);
   Tensor out = empty(out_shape, x.options());
-  autograd::detail::add_flops(autograd::matmul_flops("linear", 1, M, IN, OUT), false);
   if (!out.is_meta() && M > 0) {
     float* y = out.data<float>();
     if (has_bias) kernels::fill_rows(y, M, OUT, OUT, bc.data<float>());
@@ -187,6 +186,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     if (has_bias) grads.push_back(db);
     return grads;
   };
+  // The FLOPs go to the op recorded next (the tracer's vertex): reported here, after the saved
+  // input's bf16 copy under amp (an op of its own), so that they are the Linear's, not the copy's.
+  autograd::detail::add_flops(autograd::matmul_flops("linear", 1, M, IN, OUT), false);
   autograd::record_op("LinearBackward", inputs, {out}, std::move(backward));
   return out;
 }

@@ -328,7 +328,6 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   // Scores and values: 2 products of 2 * T * T * HS per head, half of them under a causal mask.
   const int64_t attn_flops = autograd::attention_flops(B, NH, T, HS, causal);
   const int64_t bwd_flops = checked_mul(attn_flops, 2, "attention backward FLOPs");
-  autograd::detail::add_flops(attn_flops, false);
   if (!out.is_meta() && out.numel() > 0) {
     kernels::attention_forward(grad_operand(out), lse.data<float>(), operand(q), operand(k),
                                operand(v), B, NH, NKV, T, HS, sc, causal);
@@ -337,6 +336,9 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   const bool recorded = autograd::will_record({&q_in, &k_in, &v_in});
   const autograd::SavedTensor sq(q, recorded), sk(k, recorded), sv(v, recorded),
       so(detail::saved_output(out), recorded);
+  // Reported after the saved tensors' bf16 copies (ops of their own under amp): the FLOPs go to
+  // the op recorded next.
+  autograd::detail::add_flops(attn_flops, false);
   autograd::record_op("AttentionBackward", {q_in, k_in, v_in}, {out},
                       [sq, sk, sv, so, lse, B, NH, NKV, T, HS, sc, causal, bwd_flops, packed](
                           const std::vector<Tensor>& g, const std::vector<bool>&) {

@@ -119,6 +119,12 @@ TEST_F(AccSearch, PlanOnlyForAClusterProfileSearchedOrPinned) {
   EXPECT_EQ(strategies::to_json(cache.strategy),
             strategies::to_json(strategies::parse_strategy(nlohmann::json::parse(pinned))));
   EXPECT_EQ(cache.micro_batch, 2);  // 32 samples over dp 8, in 2 micro-batches
+  // The job's optimizer: SGD with momentum keeps half of AdamW's state.
+  const int64_t adamw_state = cache.predicted.at("memory").at("optimizer_state");
+  r = run_command(search(base + " --strategy '" + pinned + "' --optimizer sgd_momentum"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  cache = read_cache(out);
+  EXPECT_EQ(cache.predicted.at("memory").at("optimizer_state").get<int64_t>() * 2, adamw_state);
   // Bad input: named, nothing written.
   fs::remove(out);
   struct Case {
@@ -135,6 +141,7 @@ TEST_F(AccSearch, PlanOnlyForAClusterProfileSearchedOrPinned) {
            {"--plan-only --world 16 --global-batch 32 --seq-len 32 --out " + out.string() +
                 " --cluster /nonexistent/profile.json",
             1, "/nonexistent/profile.json"},
+           {base + " --optimizer lion", 2, "lion"},
        }) {
     r = run_command(search(c.flags));
     SCOPED_TRACE(c.flags + "\n" + r.output);

@@ -265,6 +265,39 @@ TEST(Trace, GptFlopsMatchClosedForm) {
   EXPECT_EQ(trace::estimate_compute(t).total(), 6 * matrix_params * B * T + attention);
 }
 
+// Each product's FLOPs sit on its own vertex, with and without amp's bf16 activations (whose
+// saved-input copies are ops of their own, recorded between the product's work and its vertex):
+// every Linear and Attention vertex carries its closed-form FLOPs and nothing else carries any.
+// The cost models price a vertex by its op, so FLOPs on a copy were priced as memory traffic.
+TEST(Trace, ProductFlopsBelongToTheProductsVertexUnderAmp) {
+  models::GPTConfig c = small_gpt(2);
+  models::GPT gpt(c);
+  const int64_t B = 2, T = 32, C = c.n_embd, V = c.vocab_size, NH = c.n_head;
+  for (const bool bf16 : {false, true}) {
+    trace::TraceOptions opts;
+    opts.bf16_activations = bf16;
+    trace::Trace t = trace::trace(gpt, {tokens(B, T, V), tokens(B, T, V)}, opts);
+    int linears = 0, attentions = 0;
+    for (auto v : t.graph.ops()) {
+      const auto& vx = t.graph.vertex(v);
+      if (vx.phase != trace::Phase::kForward) continue;
+      if (vx.op == "Linear") {
+        const int64_t OUT = vx.inputs.at(1).shape.at(0), IN = vx.inputs.at(1).shape.at(1);
+        EXPECT_EQ(vx.flops, 2 * B * T * IN * OUT) << vx.name << (bf16 ? " (bf16)" : "");
+        ++linears;
+      } else if (vx.op == "Attention") {
+        EXPECT_EQ(vx.flops, 2 * B * NH * T * T * (C / NH))  // causal: half of 2 products
+            << vx.name << (bf16 ? " (bf16)" : "");
+        ++attentions;
+      } else {
+        EXPECT_EQ(vx.flops, 0) << vx.op << " " << vx.name << (bf16 ? " (bf16)" : "");
+      }
+    }
+    EXPECT_EQ(linears, 4 * c.n_layer + 1);
+    EXPECT_EQ(attentions, c.n_layer);
+  }
+}
+
 // The memory estimate from liveness over the trace predicts the tracking allocator's peak over a
 // real training step (forward, backward, AdamW step), and over a second forward and backward
 // that adds into the gradients held (a later micro-batch's), within 0.5% (the README's figure; the
