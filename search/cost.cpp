@@ -291,7 +291,7 @@ TimePrediction CostModel::predict(const Candidate& c) {
   const std::vector<RankModel>& ranks = ranks_.of(c);
   if (ranks.size() > 1) return predict_pipeline(c, ranks);
   const strategies::StepEffects& e = c.effects;
-  const PassCost& p = pass(c, ranks.front(), c.layout_key(), activation_trace_options(e));
+  const PassCost& p = pass(c, ranks.front(), ranks.front().trace_key, activation_trace_options(e));
   TimePrediction t;
   const double k = static_cast<double>(e.micro_batches);
   t.compute_s = contention_ * k * (p.forward_s + p.backward_s);
@@ -308,14 +308,13 @@ TimePrediction CostModel::predict(const Candidate& c) {
 std::optional<CostModel::StageEnds> CostModel::stage_ends(const Candidate& c) {
   const std::vector<RankModel>& ranks = ranks_.of(c);
   if (ranks.size() < 2) return std::nullopt;
-  const std::string layout = c.layout_key();
   // What a rank computes beyond its blocks, in its blocks' time (without recomputation, which
   // costs per block).
   auto extra = [&](const RankModel& r) {
     trace::TraceOptions plain = activation_trace_options(rank_effects(c.effects, r));
     plain.recompute = trace::Recompute::kNone;
     plain.recompute_blocks = 0;
-    const PassCost& p = pass(c, r, layout + "#pp" + std::to_string(r.pp_rank), plain);
+    const PassCost& p = pass(c, r, r.trace_key, plain);
     if (p.block_s <= 0) return 0.0;
     const double rest = p.forward_s + p.backward_s - static_cast<double>(p.num_blocks) * p.block_s;
     return std::max(0.0, rest / p.block_s);
@@ -380,10 +379,8 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
   std::vector<double> per_rank;  // a micro-batch through each rank's stages
   TimePrediction t;  // the optimizer and data-parallel reduction of the rank that takes longest
   double after_s = -1;
-  const std::string layout = c.layout_key();
   for (const RankModel& r : ranks) {
-    const PassCost& p = pass(c, r, layout + "#pp" + std::to_string(r.pp_rank),
-                             activation_trace_options(rank_effects(e, r)));
+    const PassCost& p = pass(c, r, r.trace_key, activation_trace_options(rank_effects(e, r)));
     // A micro-batch through the rank's stages, its messages included.
     const double comm = p.comm_forward_s + p.comm_backward_s;
     const double s = contention_ * (p.forward_s + p.backward_s) + comm;

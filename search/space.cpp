@@ -250,6 +250,7 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
         strategies::layout_rewrite(c.strategy, c.world, model.is_registry());
     RankModel whole;
     whole.model = rewrite ? model.rewritten(std::move(rewrite)) : model;
+    whole.trace_key = c.layout_key();
     return {std::move(whole)};
   }
   ACC_CHECK(model.is_registry(), "pipeline_parallel: the model (", model.type(),
@@ -269,6 +270,12 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
   // stage).
   const int64_t T =
       (seq_len > 0 ? seq_len : lm->max_seq_len()) / (megatron_sp ? c.mesh.tp : 1) / c.mesh.cp;
+  // The layout's methods but the pipeline, which each rank's key spells out by its stages.
+  strategies::Strategy within_stage;
+  for (const auto& m : strategies::layout_of(c.strategy)) {
+    if (m.name != "pipeline_parallel") within_stage.push_back(m);
+  }
+  const std::string stage_layout = strategies::to_json(within_stage).dump();
   std::vector<RankModel> out;
   const int S = pipe->schedule.num_stages();
   for (int r = 0; r < pipe->schedule.ranks; ++r) {
@@ -309,6 +316,9 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
     config[model.layers_key()] = pipe->blocks_of_rank(r);
     rm.model = trace::ModelRef::registry(model.type(), config)
                    .rewritten(strategies::layout_rewrite(c.strategy, c.world, true, r));
+    rm.trace_key = stage_layout + "#stages";
+    for (const auto& st : rm.stages) rm.trace_key += ":" + std::to_string(st.end - st.begin);
+    rm.trace_key += std::string(rm.first ? "#first" : "") + (rm.last ? "#last" : "");
     rm.message_bytes = checked_mul(checked_mul(checked_mul(c.micro_batch, T, "activation elements"),
                                                lm->hidden_size(), "activation elements"),
                                    4, "activation bytes");
@@ -388,8 +398,11 @@ std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
   if (it != refusals_.end()) return it->second;
   std::optional<std::string> refusal;
   try {
+    // Each distinct rank traced once (ranks running the same stages share a trace key).
     for (const RankModel& r : ranks_.of(c)) {
+      if (traced_ranks_.count(r.trace_key) != 0) continue;
       (void)r.model.trace(model_.extrapolates() ? 1 : r.model.num_layers(), 1, seq_len_, {});
+      traced_ranks_.insert(r.trace_key);
     }
   } catch (const ValueError& e) {  // a split that does not divide, a model it is not built for
     refusal = e.what();
@@ -427,13 +440,12 @@ int64_t MemoryModel::num_blocks() {
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {
   const std::vector<RankModel>& ranks = ranks_.of(c);
-  const std::string layout = c.layout_key();
-  if (ranks.size() == 1) return predict_rank(c, ranks.front(), layout);
+  if (ranks.size() == 1) return predict_rank(c, ranks.front(), ranks.front().trace_key);
   // A pipeline: each pp rank holds its own stages; the candidate needs its largest.
   MemoryPrediction worst;
   std::vector<int64_t> peaks;
   for (const RankModel& r : ranks) {
-    MemoryPrediction m = predict_rank(c, r, layout + "#pp" + std::to_string(r.pp_rank));
+    MemoryPrediction m = predict_rank(c, r, r.trace_key);
     peaks.push_back(m.peak);
     if (peaks.size() == 1 || m.peak > worst.peak) worst = m;
   }

@@ -690,9 +690,10 @@ MethodSpec pipeline_parallel_method() {
                  }});
           },
       // The search tries every size that divides the world and leaves each stage a block, with
-      // the pipeline filled once, twice and four times (m = p, 2p, 4p: the bubble
-      // (p - 1) / (m + p - 1) against the in-flight activations of the first stage), under 1F1B
-      // and, when every rank can hold two stages, interleaved with v = 2. GPipe is not tried: it
+      // every micro-batch count m that fills the pipeline (a multiple of p, at most 4096, as
+      // grad_accum's steps) and divides the batch: the bubble (p - 1) / (m + p - 1) against the
+      // micro-batch's size and the first stage's in-flight activations; under 1F1B and, when
+      // every rank can hold two stages, interleaved with v = 2. GPipe is not tried: it
       // takes 1F1B's time with every micro-batch in flight. The stages are the FLOP cut until
       // the search, calibrated, re-cuts them by time (auto_accelerate's recut_pipelines); the
       // candidate is priced from the traces of its ranks' stages (layout_rewrite).
@@ -702,7 +703,7 @@ MethodSpec pipeline_parallel_method() {
             if (!ctx.language_model) return out;
             for (int p = 2; p <= ctx.world; ++p) {
               if (ctx.world % p != 0 || ctx.num_blocks < p) continue;
-              for (const int m : {p, 2 * p, 4 * p}) {
+              for (int64_t m = p; m <= ctx.per_rank_batch && m <= 4096; m += p) {
                 if (ctx.per_rank_batch % m != 0) continue;
                 out.push_back({{"size", p}, {"micro_batches", m}});
                 if (ctx.num_blocks >= 2 * p) {

@@ -87,6 +87,8 @@ struct Space {
   // factory; a plan assumes AdamW's 2): the memory model's state bytes, the cost model's update.
   int optimizer_buffers = 2;
   std::string optimizer() const { return trace::optimizer_with_state_buffers(optimizer_buffers); }
+  // The memory model the rows were predicted by, its traces kept for the pipelines' re-cuts.
+  std::shared_ptr<search::MemoryModel> memory;
   bool any_fits() const {
     return std::any_of(rows.begin(), rows.end(),
                        [](const Row& r) { return !search::is_refused(r.status); });
@@ -142,7 +144,8 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
   Space s;
   s.budget = budget_of(o);
   s.optimizer_buffers = optimizer_buffers;
-  search::MemoryModel memory(model, o.seq_len, s.optimizer());
+  s.memory = std::make_shared<search::MemoryModel>(model, o.seq_len, s.optimizer());
+  search::MemoryModel& memory = *s.memory;
   search::SpaceOptions so;
   so.world = world;
   so.global_batch = o.global_batch;
@@ -219,10 +222,10 @@ std::vector<search::CommCalibration> calibrate_groups(const Space& s, dist::Proc
 // and fits the budget keeps the method's cut (its memory was checked when the space was built).
 void recut_pipelines(Space& s, const trace::ModelRef& model, const AccelerateOptions& o,
                      search::CostModel& cost) {
-  std::optional<search::MemoryModel> memory;
+  if (!s.memory) s.memory = std::make_shared<search::MemoryModel>(model, o.seq_len, s.optimizer());
+  search::MemoryModel* memory = s.memory.get();
   for (auto& r : s.rows) {
     if (search::is_refused(r.status) || r.candidate->mesh.pp == 1) continue;
-    if (!memory) memory.emplace(model, o.seq_len, s.optimizer());
     std::optional<search::Recut> recut =
         search::rebalanced_pipeline(*r.candidate, cost, *memory, s.budget, kMemoryMargin);
     if (!recut) continue;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -116,6 +117,12 @@ struct RankModel {
   /// Bytes of one activation between stages (a micro-batch's (B, T, C) f32, T / tp under
   /// Megatron-SP): the runtime posts a receive of one ahead from each neighbour.
   int64_t message_bytes = 0;
+  /// What the rank's trace depends on, the key of the memory and time models' trace caches: the
+  /// layout's tensor and sequence methods and, with a pipeline, the blocks of each of the rank's
+  /// stages and whether it holds the embedding or the head. Ranks of the pipelines of several
+  /// candidates (other micro-batch counts or schedules, other ranks in the middle of one
+  /// pipeline) that run the same stages share it, and so share their traces.
+  std::string trace_key;
 };
 
 /// The model as each pp rank of `c` runs it: without a pipeline, layout_model alone. With one
@@ -210,7 +217,8 @@ class MemoryModel {
   int64_t seq_len_;
   std::string optimizer_;
   RankModels ranks_;  // the model as each pp rank of a candidate runs it
-  std::map<std::string, std::optional<std::string>> refusals_;
+  std::map<std::string, std::optional<std::string>> refusals_;  // by layout key
+  std::set<std::string> traced_ranks_;  // rank trace keys traced without a refusal
   // (layout, micro-batch, recomputation, recomputed blocks, bf16, in-flight fraction,
   // accumulated).
   std::map<std::tuple<std::string, int64_t, int, int64_t, bool, double, bool>, trace::TrainingNeed>
