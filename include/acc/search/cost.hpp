@@ -98,6 +98,8 @@ class CostModel {
   /// default; SGD with momentum 1; SGD 0), which its update reads and writes. Throws
   /// acc::ValueError when negative.
   void set_optimizer_state_buffers(int buffers);
+  /// Distinct passes priced (each from 2 or 3 traces): what the predictions so far cost in traces.
+  size_t passes_priced() const { return passes_.size(); }
   /// The α-β fits measured on groups of `comm.world` ranks (a tp or cp group of the job).
   void add_group_calibration(CommCalibration comm);
   /// The fits for a group of `size` ranks: measured on that size, else the job's.

@@ -199,6 +199,9 @@ class MemoryModel {
                                   std::optional<double> in_flight_fraction = std::nullopt,
                                   bool accumulated = false);
   int64_t num_blocks();
+  /// Distinct traced needs held (each from a few traces of 1 to 6 blocks): what the predictions
+  /// so far cost in traces (bench_plan reports it).
+  size_t needs_traced() const { return needs_.size(); }
   /// Why the candidate's layout (tensor_parallel, sequence_parallel) cannot run this model, as its
   /// transform says when the model is traced through it ("tensor_parallel: ... has 6 heads, not a
   /// multiple of tp 4"); nullopt when it can (or the candidate has no layout). Checked once per
