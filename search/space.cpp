@@ -277,15 +277,15 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
   }
   const std::string stage_layout = strategies::to_json(within_stage).dump();
   std::vector<RankModel> out;
-  const int S = pipe->schedule.num_stages();
-  for (int r = 0; r < pipe->schedule.ranks; ++r) {
+  const int S = pipe->schedule->num_stages();
+  for (int r = 0; r < pipe->schedule->ranks; ++r) {
     RankModel rm;
     rm.pp_rank = r;
-    for (int st = r; st < S; st += pipe->schedule.ranks) {
+    for (int st = r; st < S; st += pipe->schedule->ranks) {
       rm.stages.push_back(pipe->stages[static_cast<size_t>(st)]);
     }
-    rm.first = r == pipe->schedule.rank_of_stage(0);
-    rm.last = r == pipe->schedule.rank_of_stage(S - 1);
+    rm.first = r == pipe->schedule->rank_of_stage(0);
+    rm.last = r == pipe->schedule->rank_of_stage(S - 1);
     // Walk the rank's list: forwards add one in flight to their stage, a backward holds its own
     // until it ends and, from its start, its stage's gradients.
     StageMoment now{std::vector<int>(rm.stages.size(), 0),
@@ -297,8 +297,8 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
         rm.later_moments.push_back(now);
       }
     };
-    for (const strategies::PipeAction& a : pipe->schedule.actions[static_cast<size_t>(r)]) {
-      const auto s = static_cast<size_t>((a.stage - r) / pipe->schedule.ranks);
+    for (const strategies::PipeAction& a : pipe->schedule->actions[static_cast<size_t>(r)]) {
+      const auto s = static_cast<size_t>((a.stage - r) / pipe->schedule->ranks);
       if (a.step == strategies::PipeStep::kForward) {
         ++now.in_flight[s];
         if (backward_seen) record();

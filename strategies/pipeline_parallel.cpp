@@ -206,7 +206,7 @@ double head_cost_in_blocks(const models::LanguageModel& model, int64_t seq_len) 
 int64_t PipelineLayout::blocks_of_rank(int r) const {
   int64_t n = 0;
   for (size_t s = 0; s < stages.size(); ++s) {
-    if (schedule.rank_of_stage(static_cast<int>(s)) == r) n += stages[s].end - stages[s].begin;
+    if (schedule->rank_of_stage(static_cast<int>(s)) == r) n += stages[s].end - stages[s].begin;
   }
   return n;
 }
@@ -216,10 +216,10 @@ std::optional<PipelineLayout> pipeline_layout(const Strategy& s, int64_t num_blo
   for (const auto& m : s) {
     if (m.name != "pipeline_parallel") continue;
     Config cfg = parse(m.config);
-    PipelineLayout out{*checked_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches),
+    PipelineLayout out{checked_schedule(cfg.kind, cfg.size, cfg.virtual_stages, cfg.micro_batches),
                        std::move(cfg.stages)};
     if (out.stages.empty()) {
-      out.stages = balance_stages(num_blocks, out.schedule.num_stages(), 0.0, head_cost);
+      out.stages = balance_stages(num_blocks, out.schedule->num_stages(), 0.0, head_cost);
     }
     ACC_CHECK(out.stages.back().end == num_blocks,
               "pipeline_parallel: the stages cover blocks 0 to ", out.stages.back().end - 1,

@@ -87,7 +87,8 @@ struct Space {
   // factory; a plan assumes AdamW's 2): the memory model's state bytes, the cost model's update.
   int optimizer_buffers = 2;
   std::string optimizer() const { return trace::optimizer_with_state_buffers(optimizer_buffers); }
-  // The memory model the rows were predicted by, its traces kept for the pipelines' re-cuts.
+  // The memory model the rows were predicted by (build_space's), its traces kept for the
+  // pipelines' re-cuts.
   std::shared_ptr<search::MemoryModel> memory;
   bool any_fits() const {
     return std::any_of(rows.begin(), rows.end(),
@@ -220,14 +221,12 @@ std::vector<search::CommCalibration> calibrate_groups(const Space& s, dist::Proc
 // Each pipeline candidate cut where the cost model balances its stages' time, the first stage's
 // memory respected (search::rebalanced_pipeline). A row for which no such cut differs from its own
 // and fits the budget keeps the method's cut (its memory was checked when the space was built).
-void recut_pipelines(Space& s, const trace::ModelRef& model, const AccelerateOptions& o,
-                     search::CostModel& cost) {
-  if (!s.memory) s.memory = std::make_shared<search::MemoryModel>(model, o.seq_len, s.optimizer());
-  search::MemoryModel* memory = s.memory.get();
+void recut_pipelines(Space& s, search::CostModel& cost) {
+  ACC_CHECK_INTERNAL(s.memory != nullptr, "recut_pipelines: a space without its memory model");
   for (auto& r : s.rows) {
     if (search::is_refused(r.status) || r.candidate->mesh.pp == 1) continue;
     std::optional<search::Recut> recut =
-        search::rebalanced_pipeline(*r.candidate, cost, *memory, s.budget, kMemoryMargin);
+        search::rebalanced_pipeline(*r.candidate, cost, *s.memory, s.budget, kMemoryMargin);
     if (!recut) continue;
     s.recut.push_back(std::move(recut->candidate));
     r.candidate = &s.recut.back();
@@ -288,7 +287,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   search::CostModel cost(model, o.seq_len, machine, comm, contention);
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
   for (const auto& g : group_comm) cost.add_group_calibration(g);
-  recut_pipelines(s, model, o, cost);
+  recut_pipelines(s, cost);
   return rank_rows(s, cost);
 }
 
@@ -695,7 +694,7 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
   const double space_s = total.elapsed_s();
   search::CostModel cost(model, o.seq_len, cluster);
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
-  if (!pinned) recut_pipelines(s, model, budgeted, cost);
+  if (!pinned) recut_pipelines(s, cost);
   const double flops_per_step =
       model_flops_per_sample(model, o.seq_len) * static_cast<double>(o.global_batch);
   const std::vector<Row*> ranked = rank_rows(s, cost);

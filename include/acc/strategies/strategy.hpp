@@ -164,9 +164,10 @@ Strategy layout_of(const Strategy& s);
 trace::ModelRef::Rewrite layout_rewrite(const Strategy& s, int world, bool default_loss,
                                         int pp_rank = 0);
 
-/// A strategy's pipeline as the search prices it: its validated schedule and its cut.
+/// A strategy's pipeline as the search prices it: its validated schedule (checked_schedule's,
+/// shared: a search asks for the same ones for many candidates) and its cut.
 struct PipelineLayout {
-  PipelineSchedule schedule;
+  std::shared_ptr<const PipelineSchedule> schedule;
   std::vector<StageBlocks> stages;  // ranks x virtual stages, in order
   /// Blocks rank `r` of the pipeline holds (over its virtual stages).
   int64_t blocks_of_rank(int r) const;
