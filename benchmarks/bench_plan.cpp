@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
     // Cold: layouts checked, memory predicted, and the candidates that can run priced.
     t0 = std::chrono::steady_clock::now();
     std::vector<const search::Candidate*> runnable;
-    int64_t checksum = 0;  // keeps the predictions from being optimised away
+    int64_t checksum = 0;       // keeps the predictions from being optimised away
+    memory.expect(candidates);  // as auto_accelerate's search does
     for (const auto& c : candidates) {
       if (memory.layout_refusal(c)) continue;
       checksum += memory.predict(c).peak % 1000;

@@ -416,11 +416,14 @@ const trace::TrainingNeed& MemoryModel::need(const trace::ModelRef& model,
                                              const std::string& layout, int64_t micro_batch,
                                              const strategies::StepEffects& e,
                                              std::optional<double> in_flight_fraction,
-                                             bool accumulated) {
+                                             bool accumulated, const std::set<int64_t>* batches) {
   const trace::TraceOptions activations = activation_trace_options(e);
-  const auto key = std::make_tuple(layout, micro_batch, static_cast<int>(activations.recompute),
-                                   activations.recompute_blocks, activations.bf16_activations,
-                                   in_flight_fraction.value_or(-1.0), accumulated);
+  auto key_at = [&](int64_t b) {
+    return std::make_tuple(layout, b, static_cast<int>(activations.recompute),
+                           activations.recompute_blocks, activations.bf16_activations,
+                           in_flight_fraction.value_or(-1.0), accumulated);
+  };
+  const auto key = key_at(micro_batch);
   auto it = needs_.find(key);
   if (it != needs_.end()) return it->second;
   std::optional<trace::BlockwiseGradients> blockwise;
@@ -428,6 +431,20 @@ const trace::TrainingNeed& MemoryModel::need(const trace::ModelRef& model,
     blockwise = trace::BlockwiseGradients{.in_flight_fraction = *in_flight_fraction,
                                           .accumulated = accumulated};
   }
+  if (batches != nullptr && batches->size() > 1 && batches->count(micro_batch) != 0 &&
+      model.is_registry()) {
+    // Every expected micro-batch of the layout from the same traces.
+    std::vector<int64_t> todo;
+    for (const int64_t b : *batches) {
+      if (needs_.count(key_at(b)) == 0) todo.push_back(b);
+    }
+    std::vector<trace::TrainingNeed> made =
+        trace::estimate_training_needs(model, todo, seq_len_, activations, optimizer_, blockwise);
+    ++needs_traced_;
+    for (size_t i = 0; i < todo.size(); ++i) needs_.emplace(key_at(todo[i]), std::move(made[i]));
+    return needs_.at(key);
+  }
+  ++needs_traced_;
   return needs_
       .emplace(key, trace::estimate_training_need(model, micro_batch, seq_len_, activations,
                                                   optimizer_, blockwise))
@@ -438,14 +455,30 @@ int64_t MemoryModel::num_blocks() {
   return need(1, strategies::StepEffects{}).num_layers;
 }
 
+void MemoryModel::expect(const std::vector<Candidate>& candidates) {
+  for (const Candidate& c : candidates) {
+    try {
+      for (const RankModel& r : ranks_.of(c)) expected_[r.trace_key].insert(c.micro_batch);
+    } catch (const ValueError&) {  // a pipeline cut that cannot be made: predict says so
+    }
+  }
+}
+
+const std::set<int64_t>* MemoryModel::expected(const RankModel& rank) const {
+  const auto it = expected_.find(rank.trace_key);
+  return it == expected_.end() ? nullptr : &it->second;
+}
+
 MemoryPrediction MemoryModel::predict(const Candidate& c) {
   const std::vector<RankModel>& ranks = ranks_.of(c);
-  if (ranks.size() == 1) return predict_rank(c, ranks.front(), ranks.front().trace_key);
+  if (ranks.size() == 1) {
+    return predict_rank(c, ranks.front(), ranks.front().trace_key, expected(ranks.front()));
+  }
   // A pipeline: each pp rank holds its own stages; the candidate needs its largest.
   MemoryPrediction worst;
   std::vector<int64_t> peaks;
   for (const RankModel& r : ranks) {
-    MemoryPrediction m = predict_rank(c, r, r.trace_key);
+    MemoryPrediction m = predict_rank(c, r, r.trace_key, expected(r));
     peaks.push_back(m.peak);
     if (peaks.size() == 1 || m.peak > worst.peak) worst = m;
   }
@@ -500,7 +533,8 @@ std::vector<int64_t> stage_gradient_bytes(const trace::TrainingNeed& n, const Ra
 }
 
 MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& rank,
-                                           const std::string& layout) {
+                                           const std::string& layout,
+                                           const std::set<int64_t>* batches) {
   const strategies::StepEffects e = rank_effects(c.effects, rank);
   // The model as the candidate's rank runs it (its stages, its tensor-parallel shards, its share
   // of the sequence), which the data-parallel methods then shard over dp x cp.
@@ -508,7 +542,7 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
   auto need = [&](int64_t micro_batch, const strategies::StepEffects& fx,
                   std::optional<double> in_flight = std::nullopt,
                   bool accumulated = false) -> const trace::TrainingNeed& {
-    return this->need(model, layout, micro_batch, fx, in_flight, accumulated);
+    return this->need(model, layout, micro_batch, fx, in_flight, accumulated, batches);
   };
   const trace::TrainingNeed& n = need(c.micro_batch, e);
   const int64_t W = c.data_parallel_ranks();

@@ -157,6 +157,7 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
   so.has_attention = model.has_attention();
   so.language_model = model.is_registry();
   s.candidates = search::enumerate_candidates(so, memory.num_blocks());
+  memory.expect(s.candidates);  // each layout's micro-batches from one pair of traces
   // A layout (tensor_parallel, sequence_parallel) that cannot run the model is listed once, with
   // its transform's reason; its other combinations are left out.
   std::set<std::string> excluded_layouts;

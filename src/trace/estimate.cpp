@@ -4,9 +4,12 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
+#include <tuple>
 
 #include "acc/models/language_model.hpp"
 #include "acc/trace/dump.hpp"
@@ -56,10 +59,15 @@ void end_block_backward(Segment& sg, int64_t grads, double in_flight_fraction, b
   sg.high = std::max(sg.high, sg.delta);
 }
 
+// `event_bytes`: as estimate_memory's (empty: the trace's own).
 Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
-                  std::optional<BlockwiseGradients> blockwise) {
+                  std::optional<BlockwiseGradients> blockwise,
+                  std::span<const int64_t> event_bytes = {}) {
   Timeline tl;
   const Graph& g = t.graph;
+  ACC_CHECK_INTERNAL(event_bytes.empty() || event_bytes.size() == g.memory_events().size(),
+                     "timeline: ", event_bytes.size(), " event sizes for ",
+                     g.memory_events().size(), " memory events");
   const int N = static_cast<int>(blocks.size());
   const int between = N + 1, after = 2 * N + 2;
   std::vector<int> seg_of_op;
@@ -109,7 +117,9 @@ Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
                        "blockwise gradients");
     open = -1;
   };
-  for (const MemoryEvent& ev : g.memory_events()) {
+  for (size_t i = 0; i < g.memory_events().size(); ++i) {
+    MemoryEvent ev = g.memory_events()[i];
+    if (!event_bytes.empty()) ev.bytes = event_bytes[i];
     const int s = ev.op_index < 0 ? 0 : seg_of_op.at(static_cast<size_t>(ev.op_index));
     const bool parameter = g.parameter_storages().count(ev.storage) > 0;
     const bool gradient = g.gradient_storages().count(ev.storage) > 0;
@@ -180,21 +190,23 @@ struct Sample {
 };
 
 // Traces the model at `layers` blocks on the meta device.
-Sample sample(const ModelRef& ref, int64_t layers, int64_t batch, int64_t seq_len,
-              const TraceOptions& options, const std::string& optimizer,
-              std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out = nullptr) {
-  const ModelRef::Traced traced = ref.trace(layers, batch, seq_len, options);
+// The Sample of a trace (`event_bytes`: as estimate_memory's; `compute`: the FLOPs when they are
+// not the trace's own).
+Sample sample_of(const ModelRef::Traced& traced, const std::string& optimizer,
+                 std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out,
+                 std::span<const int64_t> event_bytes = {},
+                 std::optional<ComputeEstimate> compute = std::nullopt) {
   const Trace& t = traced.trace;
   Sample s;
   s.parameters = t.num_parameters;
-  s.memory = estimate_memory(t, optimizer);
-  s.compute = estimate_compute(t);
+  s.memory = estimate_memory(t, optimizer, event_bytes);
+  s.compute = compute ? *compute : estimate_compute(t);
   s.vertices = static_cast<int64_t>(t.graph.num_vertices());
   s.ops = static_cast<int64_t>(t.graph.ops().size());
   s.forward_ops = t.graph.backward_begin();
   const auto& groups = traced.blocks;
   if (!groups.empty()) {
-    s.timeline = timeline(t, groups.front().blocks, blockwise);
+    s.timeline = timeline(t, groups.front().blocks, blockwise, event_bytes);
     if (blocks_out != nullptr) {
       blocks_out->block_type = groups.front().type_name;
       blocks_out->block_container = groups.front().container;
@@ -202,6 +214,55 @@ Sample sample(const ModelRef& ref, int64_t layers, int64_t batch, int64_t seq_le
     }
   }
   return s;
+}
+
+Sample sample(const ModelRef& ref, int64_t layers, int64_t batch, int64_t seq_len,
+              const TraceOptions& options, const std::string& optimizer,
+              std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out = nullptr) {
+  return sample_of(ref.trace(layers, batch, seq_len, options), optimizer, blockwise, blocks_out);
+}
+
+// One trace of estimate_training_need (its block count, options and blockwise gradients) at
+// the need's batch.
+using Sampler =
+    std::function<Sample(int64_t layers, const TraceOptions& options,
+                         std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out)>;
+
+// The same trace at 1 and at 2 samples. Where the two have the same ops and the same memory
+// events (the same storages born and freed in the same order), every event's bytes are affine in
+// the batch (a tensor's batch dimension is its only one that grows with it: none of the
+// registry's models sizes a tensor by the batch otherwise, which the tests check against direct
+// traces), so the step at any batch b is that trace with event i's bytes
+// e1 + (b - 1)(e2 - e1), and its FLOPs likewise.
+struct BatchPair {
+  ModelRef::Traced one, two;
+  ComputeEstimate compute_one, compute_two;
+  bool affine = false;
+};
+
+bool same_structure(const Trace& a, const Trace& b) {
+  const Graph &ga = a.graph, &gb = b.graph;
+  if (ga.ops().size() != gb.ops().size() || ga.backward_begin() != gb.backward_begin() ||
+      ga.memory_events().size() != gb.memory_events().size() ||
+      a.num_parameters != b.num_parameters || a.parameter_bytes != b.parameter_bytes ||
+      ga.parameter_storages() != gb.parameter_storages() ||
+      ga.gradient_storages() != gb.gradient_storages() ||
+      ga.input_storages() != gb.input_storages()) {
+    return false;
+  }
+  for (size_t i = 0; i < ga.memory_events().size(); ++i) {
+    const MemoryEvent &x = ga.memory_events()[i], &y = gb.memory_events()[i];
+    if (x.op_index != y.op_index || x.storage != y.storage || (x.bytes > 0) != (y.bytes > 0)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// x1 + (b - 1)(x2 - x1), checked.
+int64_t at_batch(int64_t x1, int64_t x2, int64_t b, const char* what) {
+  // Same-signed (same_structure checks it), so the difference cannot overflow.
+  return checked_add(x1, checked_mul(b - 1, x2 - x1, what), what);
 }
 
 // A run of `count` blocks of one kind, as few blocks as keep its first, middle and last distinct
@@ -240,9 +301,13 @@ TrainingNeed estimate_training_need(const std::string& model_type, const nlohman
                                 optimizer, blockwise);
 }
 
-TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t seq_len,
-                                    const TraceOptions& options, const std::string& optimizer,
-                                    std::optional<BlockwiseGradients> blockwise) {
+namespace {
+
+// The checks of estimate_training_need(s), before any work; returns the sequence length (0: the
+// model's maximum).
+int64_t checked_need_args(const ModelRef& ref, int64_t batch, int64_t seq_len,
+                          const TraceOptions& options, const std::string& optimizer,
+                          std::optional<BlockwiseGradients> blockwise) {
   ACC_CHECK(batch >= 1, "batch size must be > 0, got ", batch);
   ACC_CHECK(seq_len >= 0, "sequence length must be > 0 (or 0: the model's maximum), got ", seq_len);
   ACC_CHECK(options.recompute_blocks >= -1, "recompute_blocks must be >= 0 or -1 (all), got ",
@@ -253,13 +318,19 @@ TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t 
               "blockwise gradients: the in-flight fraction must be >= 0, got ",
               blockwise->in_flight_fraction);
   }
+  return seq_len == 0 ? ref.max_seq_len() : seq_len;
+}
+
+// The need from the samples `sample_at` gives at `batch` (seq_len resolved, arguments checked).
+TrainingNeed need_from(const ModelRef& ref, int64_t batch, int64_t seq_len,
+                       const TraceOptions& options, const std::string& optimizer,
+                       std::optional<BlockwiseGradients> blockwise, const Sampler& sample_at) {
   TrainingNeed need;
   need.model_type = ref.type();
   need.layers_key = ref.layers_key();
   need.num_layers = ref.num_layers();
   need.batch = batch;
   need.optimizer = optimizer;
-  if (seq_len == 0) seq_len = ref.max_seq_len();
   need.seq_len = seq_len;
 
   const int64_t n = need.num_layers;
@@ -276,15 +347,15 @@ TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t 
   const bool direct = !ref.extrapolates() || (n <= 3 && !partial);
   Sample base, two, mixed;
   if (direct) {
-    base = two = mixed = sample(ref, n, batch, seq_len, options, optimizer, blockwise, &need);
+    base = two = mixed = sample_at(n, options, blockwise, &need);
   } else {
-    base = sample(ref, 1, batch, seq_len, uniform, optimizer, {}, &need);
-    two = sample(ref, 2, batch, seq_len, uniform, optimizer, {});
+    base = sample_at(1, uniform, {}, &need);
+    two = sample_at(2, uniform, {}, nullptr);
     ex.plain = n - 1;
     if (k > 0) {
       TraceOptions first = options;
       first.recompute_blocks = 1;
-      mixed = sample(ref, 2, batch, seq_len, first, optimizer, {});
+      mixed = sample_at(2, first, {}, nullptr);
       ex.recomputed = k;
       ex.plain = n - 1 - k;  // >= 0: partial means k < n
     }
@@ -314,7 +385,7 @@ TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t 
       alike.recompute_blocks = -1;
     }
     const int64_t other = n >= 2 ? n - 1 : 2;
-    const Sample s = sample(ref, other, batch, seq_len, alike, optimizer, {});
+    const Sample s = sample_at(other, alike, {}, nullptr);
     need.block_activations_saved =
         (base.memory.activations_saved - s.memory.activations_saved) / (n - other);
     need.recomputed_block_activations_saved = need.block_activations_saved;
@@ -349,8 +420,7 @@ TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t 
     add_run(n - k, counts);
     TraceOptions cut = options;
     if (partial) cut.recompute_blocks = std::min<int64_t>(k, 3);
-    const Sample shape =
-        sample(ref, static_cast<int64_t>(counts.size()), batch, seq_len, cut, optimizer, blockwise);
+    const Sample shape = sample_at(static_cast<int64_t>(counts.size()), cut, blockwise, nullptr);
     const Timeline& tl = shape.timeline;
     const std::vector<int64_t> once(counts.size(), 1);
     // The cut must give back the sample's own peaks; if the blocks do not run one after another,
@@ -397,6 +467,84 @@ TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t 
   need.trace_host_bytes = checked_mul(need.graph_vertices, kTraceHostBytesPerVertex, ex.label,
                                       ": host bytes of the trace");
   return need;
+}
+
+}  // namespace
+
+TrainingNeed estimate_training_need(const ModelRef& ref, int64_t batch, int64_t seq_len,
+                                    const TraceOptions& options, const std::string& optimizer,
+                                    std::optional<BlockwiseGradients> blockwise) {
+  seq_len = checked_need_args(ref, batch, seq_len, options, optimizer, blockwise);
+  return need_from(ref, batch, seq_len, options, optimizer, blockwise,
+                   [&](int64_t layers, const TraceOptions& o, std::optional<BlockwiseGradients> bw,
+                       TrainingNeed* blocks_out) {
+                     return sample(ref, layers, batch, seq_len, o, optimizer, bw, blocks_out);
+                   });
+}
+
+std::vector<TrainingNeed> estimate_training_needs(const ModelRef& ref,
+                                                  const std::vector<int64_t>& batches,
+                                                  int64_t seq_len, const TraceOptions& options,
+                                                  const std::string& optimizer,
+                                                  std::optional<BlockwiseGradients> blockwise) {
+  ACC_CHECK(!batches.empty(), "estimate_training_needs: no batch sizes given");
+  for (const int64_t b : batches) {
+    seq_len = checked_need_args(ref, b, seq_len, options, optimizer, blockwise);
+  }
+  std::vector<TrainingNeed> out;
+  if (!ref.is_registry()) {
+    // A user's module: nothing is known of how its tensors grow with the batch.
+    for (const int64_t b : batches) {
+      out.push_back(estimate_training_need(ref, b, seq_len, options, optimizer, blockwise));
+    }
+    return out;
+  }
+  // Each of the need's traces (block count, options, blockwise gradients) at 1 and 2 samples.
+  using Key = std::tuple<int64_t, bool, int, int64_t, bool, bool, double, bool>;
+  std::map<Key, BatchPair> pairs;
+  std::vector<int64_t> bytes;
+  for (const int64_t b : batches) {
+    out.push_back(need_from(
+        ref, b, seq_len, options, optimizer, blockwise,
+        [&](int64_t layers, const TraceOptions& o, std::optional<BlockwiseGradients> bw,
+            TrainingNeed* blocks_out) {
+          const Key key{layers,
+                        o.backward,
+                        static_cast<int>(o.recompute),
+                        o.recompute_blocks,
+                        o.bf16_activations,
+                        bw.has_value(),
+                        bw ? bw->in_flight_fraction : 0.0,
+                        bw && bw->accumulated};
+          auto it = pairs.find(key);
+          if (it == pairs.end()) {
+            BatchPair p;
+            p.one = ref.trace(layers, 1, seq_len, o);
+            p.two = ref.trace(layers, 2, seq_len, o);
+            p.compute_one = estimate_compute(p.one.trace);
+            p.compute_two = estimate_compute(p.two.trace);
+            p.affine = same_structure(p.one.trace, p.two.trace);
+            it = pairs.emplace(key, std::move(p)).first;
+          }
+          const BatchPair& p = it->second;
+          if (b == 1) return sample_of(p.one, optimizer, bw, blocks_out);
+          if (b == 2) return sample_of(p.two, optimizer, bw, blocks_out);
+          if (!p.affine) return sample(ref, layers, b, seq_len, o, optimizer, bw, blocks_out);
+          const auto& e1 = p.one.trace.graph.memory_events();
+          const auto& e2 = p.two.trace.graph.memory_events();
+          bytes.resize(e1.size());
+          for (size_t i = 0; i < e1.size(); ++i) {
+            bytes[i] = at_batch(e1[i].bytes, e2[i].bytes, b, "bytes of a memory event");
+          }
+          ComputeEstimate compute;
+          compute.forward_flops = at_batch(p.compute_one.forward_flops, p.compute_two.forward_flops,
+                                           b, "forward FLOPs");
+          compute.backward_flops = at_batch(p.compute_one.backward_flops,
+                                            p.compute_two.backward_flops, b, "backward FLOPs");
+          return sample_of(p.one, optimizer, bw, blocks_out, bytes, compute);
+        }));
+  }
+  return out;
 }
 
 int64_t blockwise_live_peak(const Trace& t, const std::vector<std::string>& blocks,

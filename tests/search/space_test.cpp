@@ -304,6 +304,120 @@ TEST(MemoryModel, ALayoutIsPricedFromTheTraceOfItsRankAndRefusedWithItsReason) {
   EXPECT_GT(half.activations_peak, 0);
 }
 
+// Every figure of a need, for comparing two of them whole.
+nlohmann::json need_fields(const trace::TrainingNeed& n) {
+  const trace::MemoryEstimate& m = n.memory;
+  return {n.model_type,
+          n.layers_key,
+          n.num_layers,
+          n.batch,
+          n.seq_len,
+          n.optimizer,
+          n.parameters,
+          {m.parameters, m.gradients, m.optimizer_state, m.activations_peak, m.accumulating_peak,
+           m.activations_saved, m.peak},
+          {n.compute.forward_flops, n.compute.backward_flops},
+          n.block_type,
+          n.block_container,
+          n.parameters_per_block,
+          n.block_activations_saved,
+          n.recomputed_block_activations_saved,
+          n.blockwise_live_peak,
+          n.graph_vertices,
+          n.graph_ops,
+          n.graph_forward_ops,
+          n.trace_host_bytes};
+}
+
+// The needs at several micro-batches, evaluated from the traces at 1 and 2 samples, are the needs
+// traced at each micro-batch, to the byte and FLOP: for the whole model and for ranks of tensor,
+// sequence and pipeline layouts, with and without recomputation (all, the first blocks, their
+// attention cores), bf16 activations and fsdp's blockwise gradients, on GPT and a GQA Llama.
+TEST(MemoryModel, NeedsAtAnyMicroBatchFromTwoTracesAreTheTracedOnes) {
+  const int64_t T = 32;
+  const std::vector<int64_t> batches{1, 2, 3, 5, 8};
+  const nlohmann::json llama = {{"hidden_size", 64},
+                                {"intermediate_size", 176},
+                                {"num_hidden_layers", 6},
+                                {"num_attention_heads", 4},
+                                {"num_key_value_heads", 2},
+                                {"vocab_size", 256},
+                                {"max_position_embeddings", 64}};
+  nlohmann::json gpt = tiny_gpt();
+  gpt["n_layer"] = 6;
+  std::vector<trace::TraceOptions> options(4);
+  options[1].recompute = trace::Recompute::kBlock;  // every block
+  options[2].recompute = trace::Recompute::kSelective;
+  options[2].recompute_blocks = 2;
+  options[3].recompute = trace::Recompute::kBlock;
+  options[3].recompute_blocks = 1;
+  options[3].bf16_activations = true;
+  const std::vector<std::optional<trace::BlockwiseGradients>> blockwise{
+      std::nullopt, trace::BlockwiseGradients{.in_flight_fraction = 0.75, .accumulated = false},
+      trace::BlockwiseGradients{.in_flight_fraction = 0.5, .accumulated = true}};
+  int compared = 0;
+  for (const auto& [type, config] : {std::pair{"gpt", gpt}, std::pair{"llama", llama}}) {
+    const auto model = trace::ModelRef::registry(type, config);
+    const auto cands = enumerate_candidates(opts(4, 16, true), 6);
+    std::vector<RankModel> ranks;
+    for (const char* name :
+         {"ddp", "ddp + tensor_parallel{\"size\":2} + sequence_parallel{\"kind\":\"megatron\"}",
+          "ddp + sequence_parallel{\"kind\":\"ulysses\",\"size\":2}",
+          "ddp + pipeline_parallel{\"micro_batches\":4,\"schedule\":\"interleaved\",\"size\":2,"
+          "\"virtual\":2}"}) {
+      for (RankModel& r : rank_models(model, candidate(cands, name), T)) {
+        ranks.push_back(std::move(r));
+      }
+    }
+    for (const RankModel& r : ranks) {
+      for (const auto& o : options) {
+        for (const auto& bw : blockwise) {
+          const auto made = trace::estimate_training_needs(r.model, batches, T, o, "adamw", bw);
+          ASSERT_EQ(made.size(), batches.size());
+          for (size_t i = 0; i < batches.size(); ++i) {
+            const auto traced =
+                trace::estimate_training_need(r.model, batches[i], T, o, "adamw", bw);
+            ASSERT_EQ(need_fields(made[i]), need_fields(traced))
+                << type << " " << r.trace_key << " batch " << batches[i] << " recompute "
+                << static_cast<int>(o.recompute) << "/" << o.recompute_blocks << " bf16 "
+                << o.bf16_activations << " blockwise " << bw.has_value();
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  // Models x ranks (the whole, tp + sp, ulysses, two pp ranks) x options x blockwise x batches.
+  EXPECT_EQ(compared, 2 * 5 * 4 * 3 * 5);
+  EXPECT_THROW((void)trace::estimate_training_needs(trace::ModelRef::registry("gpt", gpt), {}, T),
+               ValueError);
+  EXPECT_THROW(
+      (void)trace::estimate_training_needs(trace::ModelRef::registry("gpt", gpt), {2, 0}, T),
+      ValueError);
+}
+
+// Told the candidates (expect), the memory model evaluates each rank trace's micro-batches from
+// one set of traces: every candidate of the space at 4 ranks (data-parallel methods, amp,
+// recomputation, accumulation, tp, sp, pp) is predicted to the byte as without it, from fewer
+// traced needs.
+TEST(MemoryModel, ExpectedMicroBatchesGiveTheSamePredictionsFromFewerTraces) {
+  const int64_t T = 32;
+  MemoryModel direct("gpt", tiny_gpt(), T), told("gpt", tiny_gpt(), T);
+  const auto cands = enumerate_candidates(opts(4, 16, true), direct.num_blocks());
+  told.expect(cands);
+  size_t predicted = 0;
+  for (const Candidate& c : cands) {
+    if (direct.layout_refusal(c)) continue;
+    ASSERT_FALSE(told.layout_refusal(c).has_value()) << c.describe();
+    ASSERT_EQ(told.predict(c).to_json(), direct.predict(c).to_json())
+        << c.describe() << " micro-batch " << c.micro_batch;
+    ++predicted;
+  }
+  EXPECT_GT(predicted, 100u);
+  EXPECT_LT(2 * told.needs_traced(), direct.needs_traced())
+      << "told " << told.needs_traced() << ", direct " << direct.needs_traced();
+}
+
 // Every collective of `world` ranks at alpha + beta x bytes.
 CommCalibration made_up_comm(int world, double alpha, double beta) {
   CommCalibration c;

@@ -193,15 +193,22 @@ class MemoryModel {
   /// Any model (trace::ModelRef: a user's module is traced whole).
   MemoryModel(trace::ModelRef model, int64_t seq_len, std::string optimizer = "adamw");
   MemoryPrediction predict(const Candidate& c);
+  /// Tells the model the candidates it will predict: a need first traced for one of the
+  /// micro-batches of the candidates running a rank's trace (RankModel::trace_key) is then
+  /// evaluated at all of them from the same traces
+  /// (trace::estimate_training_needs: exact, each tensor's bytes are affine in the batch), instead
+  /// of traced again for each. Optional: without it each micro-batch is traced on its own.
+  void expect(const std::vector<Candidate>& candidates);
   /// The traced need of a step of `micro_batch` samples with the candidate's activation options
   /// (and, given an in-flight fraction, its blockwise gradient peak: trace::BlockwiseGradients).
   const trace::TrainingNeed& need(int64_t micro_batch, const strategies::StepEffects& e,
                                   std::optional<double> in_flight_fraction = std::nullopt,
                                   bool accumulated = false);
   int64_t num_blocks();
-  /// Distinct traced needs held (each from a few traces of 1 to 6 blocks): what the predictions
-  /// so far cost in traces (bench_plan reports it).
-  size_t needs_traced() const { return needs_.size(); }
+  /// Needs traced so far (each from a few traces of 1 to 6 blocks; the needs of all of a
+  /// layout's expected micro-batches, made from one set of traces, count once): what the
+  /// predictions so far cost in traces (bench_plan reports it).
+  size_t needs_traced() const { return needs_traced_; }
   /// Why the candidate's layout (tensor_parallel, sequence_parallel) cannot run this model, as its
   /// transform says when the model is traced through it ("tensor_parallel: ... has 6 heads, not a
   /// multiple of tp 4"); nullopt when it can (or the candidate has no layout). Checked once per
@@ -210,18 +217,26 @@ class MemoryModel {
 
  private:
   // The prediction for one pp rank (`key`: its model's cache key).
-  MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key);
-  // `layout` keys the cache: the candidate's layout_key, whose model `model` is.
+  // The micro-batches expected of the candidates that run `rank`'s trace (null: none).
+  const std::set<int64_t>* expected(const RankModel& rank) const;
+  // `batches`: the micro-batches expected of the rank's trace (null: none).
+  MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key,
+                                const std::set<int64_t>* batches);
+  // `layout` keys the cache: the rank's trace key, whose model `model` is. Given `batches` holding
+  // `micro_batch`, the need is made at each of them at once.
   const trace::TrainingNeed& need(const trace::ModelRef& model, const std::string& layout,
                                   int64_t micro_batch, const strategies::StepEffects& e,
-                                  std::optional<double> in_flight_fraction, bool accumulated);
+                                  std::optional<double> in_flight_fraction, bool accumulated,
+                                  const std::set<int64_t>* batches = nullptr);
 
   trace::ModelRef model_;
   int64_t seq_len_;
   std::string optimizer_;
   RankModels ranks_;  // the model as each pp rank of a candidate runs it
   std::map<std::string, std::optional<std::string>> refusals_;  // by layout key
-  std::set<std::string> traced_ranks_;  // rank trace keys traced without a refusal
+  std::set<std::string> traced_ranks_;                 // rank trace keys traced without a refusal
+  std::map<std::string, std::set<int64_t>> expected_;  // rank trace key -> micro-batches
+  size_t needs_traced_ = 0;
   // (layout, micro-batch, recomputation, recomputed blocks, bf16, in-flight fraction,
   // accumulated).
   std::map<std::tuple<std::string, int64_t, int, int64_t, bool, double, bool>, trace::TrainingNeed>
