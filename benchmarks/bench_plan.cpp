@@ -9,7 +9,9 @@
 //   cold.evals_per_s   candidates / (memory_s + time_s): what a first search sees
 //   warm.evals_per_s   the same pricing again with every trace cached (median of --repeat passes):
 //                      what an evaluation costs beyond its traces
-//   traces             distinct memory needs and time passes the cold pass traced
+//   traces             memory needs and time passes the cold pass traced (told the candidates,
+//                      as the search tells them: each rank trace's micro-batches from 2 up come
+//                      from one pair of traces, trace::BatchTraces; micro-batch 1 is its own)
 //
 //   bench_plan --config C.json --world 64 --global-batch 1536 --seq-len 2048
 //       --cluster search/profiles/a100-selene.json   (one command line)
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
     std::vector<const search::Candidate*> runnable;
     int64_t checksum = 0;       // keeps the predictions from being optimised away
     memory.expect(candidates);  // as auto_accelerate's search does
+    cost.expect(candidates);
     for (const auto& c : candidates) {
       if (memory.layout_refusal(c)) continue;
       checksum += memory.predict(c).peak % 1000;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "acc/models/language_model.hpp"
+#include "acc/trace/batch_traces.hpp"
 #include "acc/trace/tracer.hpp"
 #include "acc/util/error.hpp"
 
@@ -219,58 +220,46 @@ const CommCalibration& CostModel::comm_for(int size) const {
   return it != group_comm_.end() ? it->second : comm_;
 }
 
-const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankModel& rank,
-                                           const std::string& layout,
-                                           const trace::TraceOptions& a) {
-  const int64_t micro_batch = cand.micro_batch;
-  const int64_t recompute_blocks = a.recompute_blocks;
+void CostModel::expect(const std::vector<Candidate>& candidates) {
+  for (const Candidate& c : candidates) {
+    try {
+      for (const RankModel& r : ranks_.of(c)) {
+        expected_[r.trace_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
+      }
+    } catch (const ValueError&) {  // a pipeline cut that cannot be made: predict says so
+    }
+  }
+}
+
+std::tuple<std::string, int64_t, int, int64_t, bool> CostModel::pass_key(
+    const std::string& layout, const dist::DeviceMesh& mesh, int64_t micro_batch,
+    const trace::TraceOptions& a) const {
   // A cluster places the pp neighbours by the mesh's dp too (cluster.hpp).
-  const auto key = std::make_tuple(
-      cluster_ ? layout + "#dp" + std::to_string(cand.mesh.dp) : layout, micro_batch,
-      static_cast<int>(a.recompute), recompute_blocks, a.bf16_activations);
-  if (auto it = passes_.find(key); it != passes_.end()) return it->second;
-  // The model as the candidate's rank runs it (its stages, shards and tp / cp / pp messages).
-  const trace::ModelRef& model = rank.model;
+  return std::make_tuple(cluster_ ? layout + "#dp" + std::to_string(mesh.dp) : layout, micro_batch,
+                         static_cast<int>(a.recompute), a.recompute_blocks, a.bf16_activations);
+}
+
+CostModel::PassCost CostModel::extrapolated_pass(const trace::Trace& t1, const trace::Trace& t2,
+                                                 const trace::Trace* r1, int64_t num_blocks,
+                                                 const dist::DeviceMesh& mesh,
+                                                 const trace::TraceOptions& a) const {
   auto comm_of = [this](int size) -> const CommCalibration& { return comm_for(size); };
   auto times = [&](const trace::Trace& t) {
-    if (cluster_) return trace_times(t, ClusterPricer(*cluster_, cand.mesh, a.bf16_activations));
+    if (cluster_) return trace_times(t, ClusterPricer(*cluster_, mesh, a.bf16_activations));
     return trace_times(t, MeasuredPricer<decltype(comm_of)>(machine_, comm_of));
   };
   PassCost p;
-  if (!model.extrapolates()) {
-    // A module traced whole: its own figures, recomputation included.
-    const trace::Trace t = shallow_trace(model, 0, micro_batch, seq_len_, a);
-    const Times c = times(t);
-    p.num_blocks = model.num_layers();
-    p.forward_s = c.forward;
-    p.backward_s = c.backward;
-    p.comm_forward_s = c.comm_forward;
-    p.comm_backward_s = c.comm_backward;
-    p.parameters = t.num_parameters;
-    const auto groups = model.trace(p.num_blocks, 1, seq_len_, {}).blocks;
-    p.block_parameters = groups.empty() ? 0 : groups.front().parameters_per_block;
-    return passes_.emplace(key, p).first->second;
-  }
-  // cost(L, n) = base + L * block + n * recompute, from traces of 1 and 2 blocks (and one block
-  // recomputed when the candidate recomputes any).
-  trace::TraceOptions plain = a;
-  plain.recompute = trace::Recompute::kNone;
-  plain.recompute_blocks = 0;
-  const trace::Trace t1 = shallow_trace(model, 1, micro_batch, seq_len_, plain);
-  const trace::Trace t2 = shallow_trace(model, 2, micro_batch, seq_len_, plain);
   const Times c1 = times(t1), c2 = times(t2);
   Times rc;
-  if (a.recompute != trace::Recompute::kNone && recompute_blocks != 0) {
-    trace::TraceOptions first = a;
-    first.recompute_blocks = 1;
-    const Times r1 = times(shallow_trace(model, 1, micro_batch, seq_len_, first));
-    rc = {r1.forward - c1.forward, r1.backward - c1.backward, r1.comm_forward - c1.comm_forward,
-          r1.comm_backward - c1.comm_backward};
+  if (r1 != nullptr) {
+    const Times r = times(*r1);
+    rc = {r.forward - c1.forward, r.backward - c1.backward, r.comm_forward - c1.comm_forward,
+          r.comm_backward - c1.comm_backward};
   }
-  p.num_blocks = model.num_layers();
+  p.num_blocks = num_blocks;
   const double L = static_cast<double>(p.num_blocks);
   const int64_t n_rc =
-      recompute_blocks < 0 ? p.num_blocks : std::min(recompute_blocks, p.num_blocks);
+      a.recompute_blocks < 0 ? p.num_blocks : std::min(a.recompute_blocks, p.num_blocks);
   // More blocks never cost less than one: a pipeline rank's trace of one block may not hold all
   // of its stages (interleaved: one block for two virtual stages), and its messages then differ
   // from the two-block trace's, which made the step's communication negative.
@@ -284,7 +273,69 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
   p.block_parameters = t2.num_parameters - t1.num_parameters;
   p.parameters = t1.num_parameters + (p.num_blocks - 1) * p.block_parameters;
   p.block_s = (c2.forward - c1.forward) + (c2.backward - c1.backward);
-  return passes_.emplace(key, p).first->second;
+  return p;
+}
+
+const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankModel& rank,
+                                           const std::string& layout,
+                                           const trace::TraceOptions& a) {
+  const int64_t micro_batch = cand.micro_batch;
+  const auto key = pass_key(layout, cand.mesh, micro_batch, a);
+  if (auto it = passes_.find(key); it != passes_.end()) return it->second;
+  // The model as the candidate's rank runs it (its stages, shards and tp / cp / pp messages).
+  const trace::ModelRef& model = rank.model;
+  if (!model.extrapolates()) {
+    // A module traced whole: its own figures, recomputation included.
+    const trace::Trace t = shallow_trace(model, 0, micro_batch, seq_len_, a);
+    PassCost p = extrapolated_pass(t, t, nullptr, model.num_layers(), cand.mesh, a);
+    p.parameters = t.num_parameters;
+    p.block_s = 0;
+    const auto groups = model.trace(p.num_blocks, 1, seq_len_, {}).blocks;
+    p.block_parameters = groups.empty() ? 0 : groups.front().parameters_per_block;
+    ++passes_traced_;
+    return passes_.emplace(key, p).first->second;
+  }
+  // cost(L, n) = base + L * block + n * recompute, from traces of 1 and 2 blocks (and one block
+  // recomputed when the candidate recomputes any).
+  trace::TraceOptions plain = a;
+  plain.recompute = trace::Recompute::kNone;
+  plain.recompute_blocks = 0;
+  trace::TraceOptions first = a;
+  first.recompute_blocks = 1;
+  const bool recomputes = a.recompute != trace::Recompute::kNone && a.recompute_blocks != 0;
+  ++passes_traced_;
+  const auto expected = expected_.find(layout);
+  constexpr int64_t kLow = trace::BatchTraces::kLow;
+  if (expected != expected_.end() && micro_batch >= kLow &&
+      expected->second.count({micro_batch, cand.mesh.dp}) != 0 && model.is_registry()) {
+    // Every expected micro-batch (from kLow up) and dp of the rank's trace from its traces at
+    // kLow and kLow + 1 samples (trace::BatchTraces), when those follow the batch.
+    auto pair = [&](int64_t depth, const trace::TraceOptions& o) {
+      return trace::BatchTraces(shallow_trace(model, depth, kLow, seq_len_, o),
+                                shallow_trace(model, depth, kLow + 1, seq_len_, o));
+    };
+    trace::BatchTraces t1 = pair(1, plain), t2 = pair(2, plain);
+    std::optional<trace::BatchTraces> r1;
+    if (recomputes) r1 = pair(1, first);
+    if (t1.affine() && t2.affine() && (!r1 || r1->affine())) {
+      for (const auto& [at, mesh] : expected->second) {
+        const auto k = pass_key(layout, mesh, at.first, a);
+        if (at.first < kLow || passes_.count(k) != 0) continue;
+        passes_.emplace(
+            k, extrapolated_pass(t1.at(at.first), t2.at(at.first), r1 ? &r1->at(at.first) : nullptr,
+                                 model.num_layers(), mesh, a));
+      }
+      return passes_.at(key);
+    }
+  }
+  const trace::Trace t1 = shallow_trace(model, 1, micro_batch, seq_len_, plain);
+  const trace::Trace t2 = shallow_trace(model, 2, micro_batch, seq_len_, plain);
+  std::optional<trace::Trace> r1;
+  if (recomputes) r1 = shallow_trace(model, 1, micro_batch, seq_len_, first);
+  return passes_
+      .emplace(key,
+               extrapolated_pass(t1, t2, r1 ? &*r1 : nullptr, model.num_layers(), cand.mesh, a))
+      .first->second;
 }
 
 TimePrediction CostModel::predict(const Candidate& c) {

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "acc/models/language_model.hpp"
+#include "acc/trace/batch_traces.hpp"
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
 
@@ -431,12 +432,13 @@ const trace::TrainingNeed& MemoryModel::need(const trace::ModelRef& model,
     blockwise = trace::BlockwiseGradients{.in_flight_fraction = *in_flight_fraction,
                                           .accumulated = accumulated};
   }
-  if (batches != nullptr && batches->size() > 1 && batches->count(micro_batch) != 0 &&
-      model.is_registry()) {
-    // Every expected micro-batch of the layout from the same traces.
+  if (batches != nullptr && micro_batch >= trace::BatchTraces::kLow &&
+      batches->count(micro_batch) != 0 && model.is_registry()) {
+    // Every expected micro-batch of the rank's trace from the same traces (those smaller than
+    // the pair's are traced each on its own).
     std::vector<int64_t> todo;
     for (const int64_t b : *batches) {
-      if (needs_.count(key_at(b)) == 0) todo.push_back(b);
+      if (b >= trace::BatchTraces::kLow && needs_.count(key_at(b)) == 0) todo.push_back(b);
     }
     std::vector<trace::TrainingNeed> made =
         trace::estimate_training_needs(model, todo, seq_len_, activations, optimizer_, blockwise);

@@ -288,6 +288,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   search::CostModel cost(model, o.seq_len, machine, comm, contention);
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
   for (const auto& g : group_comm) cost.add_group_calibration(g);
+  cost.expect(s.candidates);  // each rank trace's micro-batches from one pair of traces
   recut_pipelines(s, cost);
   return rank_rows(s, cost);
 }
@@ -695,6 +696,7 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
   const double space_s = total.elapsed_s();
   search::CostModel cost(model, o.seq_len, cluster);
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
+  cost.expect(s.candidates);  // each rank trace's micro-batches from one pair of traces
   if (!pinned) recut_pipelines(s, cost);
   const double flops_per_step =
       model_flops_per_sample(model, o.seq_len) * static_cast<double>(o.global_batch);

@@ -8,10 +8,10 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <span>
 #include <tuple>
 
 #include "acc/models/language_model.hpp"
+#include "acc/trace/batch_traces.hpp"
 #include "acc/trace/dump.hpp"
 #include "acc/trace/model_ref.hpp"
 #include "acc/util/checked.hpp"
@@ -59,15 +59,10 @@ void end_block_backward(Segment& sg, int64_t grads, double in_flight_fraction, b
   sg.high = std::max(sg.high, sg.delta);
 }
 
-// `event_bytes`: as estimate_memory's (empty: the trace's own).
 Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
-                  std::optional<BlockwiseGradients> blockwise,
-                  std::span<const int64_t> event_bytes = {}) {
+                  std::optional<BlockwiseGradients> blockwise) {
   Timeline tl;
   const Graph& g = t.graph;
-  ACC_CHECK_INTERNAL(event_bytes.empty() || event_bytes.size() == g.memory_events().size(),
-                     "timeline: ", event_bytes.size(), " event sizes for ",
-                     g.memory_events().size(), " memory events");
   const int N = static_cast<int>(blocks.size());
   const int between = N + 1, after = 2 * N + 2;
   std::vector<int> seg_of_op;
@@ -117,9 +112,7 @@ Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
                        "blockwise gradients");
     open = -1;
   };
-  for (size_t i = 0; i < g.memory_events().size(); ++i) {
-    MemoryEvent ev = g.memory_events()[i];
-    if (!event_bytes.empty()) ev.bytes = event_bytes[i];
+  for (const MemoryEvent& ev : g.memory_events()) {
     const int s = ev.op_index < 0 ? 0 : seg_of_op.at(static_cast<size_t>(ev.op_index));
     const bool parameter = g.parameter_storages().count(ev.storage) > 0;
     const bool gradient = g.gradient_storages().count(ev.storage) > 0;
@@ -190,23 +183,19 @@ struct Sample {
 };
 
 // Traces the model at `layers` blocks on the meta device.
-// The Sample of a trace (`event_bytes`: as estimate_memory's; `compute`: the FLOPs when they are
-// not the trace's own).
-Sample sample_of(const ModelRef::Traced& traced, const std::string& optimizer,
-                 std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out,
-                 std::span<const int64_t> event_bytes = {},
-                 std::optional<ComputeEstimate> compute = std::nullopt) {
-  const Trace& t = traced.trace;
+// The Sample of a trace whose repeated blocks are `groups`.
+Sample sample_of(const Trace& t, const std::vector<BlockGroup>& groups,
+                 const std::string& optimizer, std::optional<BlockwiseGradients> blockwise,
+                 TrainingNeed* blocks_out) {
   Sample s;
   s.parameters = t.num_parameters;
-  s.memory = estimate_memory(t, optimizer, event_bytes);
-  s.compute = compute ? *compute : estimate_compute(t);
+  s.memory = estimate_memory(t, optimizer);
+  s.compute = estimate_compute(t);
   s.vertices = static_cast<int64_t>(t.graph.num_vertices());
   s.ops = static_cast<int64_t>(t.graph.ops().size());
   s.forward_ops = t.graph.backward_begin();
-  const auto& groups = traced.blocks;
   if (!groups.empty()) {
-    s.timeline = timeline(t, groups.front().blocks, blockwise, event_bytes);
+    s.timeline = timeline(t, groups.front().blocks, blockwise);
     if (blocks_out != nullptr) {
       blocks_out->block_type = groups.front().type_name;
       blocks_out->block_container = groups.front().container;
@@ -219,50 +208,8 @@ Sample sample_of(const ModelRef::Traced& traced, const std::string& optimizer,
 Sample sample(const ModelRef& ref, int64_t layers, int64_t batch, int64_t seq_len,
               const TraceOptions& options, const std::string& optimizer,
               std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out = nullptr) {
-  return sample_of(ref.trace(layers, batch, seq_len, options), optimizer, blockwise, blocks_out);
-}
-
-// One trace of estimate_training_need (its block count, options and blockwise gradients) at
-// the need's batch.
-using Sampler =
-    std::function<Sample(int64_t layers, const TraceOptions& options,
-                         std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out)>;
-
-// The same trace at 1 and at 2 samples. Where the two have the same ops and the same memory
-// events (the same storages born and freed in the same order), every event's bytes are affine in
-// the batch (a tensor's batch dimension is its only one that grows with it: none of the
-// registry's models sizes a tensor by the batch otherwise, which the tests check against direct
-// traces), so the step at any batch b is that trace with event i's bytes
-// e1 + (b - 1)(e2 - e1), and its FLOPs likewise.
-struct BatchPair {
-  ModelRef::Traced one, two;
-  ComputeEstimate compute_one, compute_two;
-  bool affine = false;
-};
-
-bool same_structure(const Trace& a, const Trace& b) {
-  const Graph &ga = a.graph, &gb = b.graph;
-  if (ga.ops().size() != gb.ops().size() || ga.backward_begin() != gb.backward_begin() ||
-      ga.memory_events().size() != gb.memory_events().size() ||
-      a.num_parameters != b.num_parameters || a.parameter_bytes != b.parameter_bytes ||
-      ga.parameter_storages() != gb.parameter_storages() ||
-      ga.gradient_storages() != gb.gradient_storages() ||
-      ga.input_storages() != gb.input_storages()) {
-    return false;
-  }
-  for (size_t i = 0; i < ga.memory_events().size(); ++i) {
-    const MemoryEvent &x = ga.memory_events()[i], &y = gb.memory_events()[i];
-    if (x.op_index != y.op_index || x.storage != y.storage || (x.bytes > 0) != (y.bytes > 0)) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// x1 + (b - 1)(x2 - x1), checked.
-int64_t at_batch(int64_t x1, int64_t x2, int64_t b, const char* what) {
-  // Same-signed (same_structure checks it), so the difference cannot overflow.
-  return checked_add(x1, checked_mul(b - 1, x2 - x1, what), what);
+  const ModelRef::Traced traced = ref.trace(layers, batch, seq_len, options);
+  return sample_of(traced.trace, traced.blocks, optimizer, blockwise, blocks_out);
 }
 
 // A run of `count` blocks of one kind, as few blocks as keep its first, middle and last distinct
@@ -290,6 +237,12 @@ struct Extrapolation {
     return f;
   }
 };
+
+// One trace of estimate_training_need (its block count, options and blockwise gradients) at
+// the need's batch.
+using Sampler =
+    std::function<Sample(int64_t layers, const TraceOptions& options,
+                         std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out)>;
 
 }  // namespace
 
@@ -499,49 +452,35 @@ std::vector<TrainingNeed> estimate_training_needs(const ModelRef& ref,
     }
     return out;
   }
-  // Each of the need's traces (block count, options, blockwise gradients) at 1 and 2 samples.
-  using Key = std::tuple<int64_t, bool, int, int64_t, bool, bool, double, bool>;
-  std::map<Key, BatchPair> pairs;
-  std::vector<int64_t> bytes;
+  // Each of the need's traces (block count, options) at BatchTraces::kLow and one more samples,
+  // and its blocks; a smaller batch is traced itself.
+  using Key = std::tuple<int64_t, bool, int, int64_t, bool>;
+  std::map<Key, std::pair<BatchTraces, std::vector<BlockGroup>>> pairs;
   for (const int64_t b : batches) {
     out.push_back(need_from(
         ref, b, seq_len, options, optimizer, blockwise,
         [&](int64_t layers, const TraceOptions& o, std::optional<BlockwiseGradients> bw,
             TrainingNeed* blocks_out) {
-          const Key key{layers,
-                        o.backward,
-                        static_cast<int>(o.recompute),
-                        o.recompute_blocks,
-                        o.bf16_activations,
-                        bw.has_value(),
-                        bw ? bw->in_flight_fraction : 0.0,
-                        bw && bw->accumulated};
+          const Key key{layers, o.backward, static_cast<int>(o.recompute), o.recompute_blocks,
+                        o.bf16_activations};
+          if (b < BatchTraces::kLow) {
+            return sample(ref, layers, b, seq_len, o, optimizer, bw, blocks_out);
+          }
           auto it = pairs.find(key);
           if (it == pairs.end()) {
-            BatchPair p;
-            p.one = ref.trace(layers, 1, seq_len, o);
-            p.two = ref.trace(layers, 2, seq_len, o);
-            p.compute_one = estimate_compute(p.one.trace);
-            p.compute_two = estimate_compute(p.two.trace);
-            p.affine = same_structure(p.one.trace, p.two.trace);
-            it = pairs.emplace(key, std::move(p)).first;
+            ModelRef::Traced low = ref.trace(layers, BatchTraces::kLow, seq_len, o);
+            ModelRef::Traced next = ref.trace(layers, BatchTraces::kLow + 1, seq_len, o);
+            it = pairs
+                     .emplace(key,
+                              std::pair{BatchTraces(std::move(low.trace), std::move(next.trace)),
+                                        std::move(low.blocks)})
+                     .first;
           }
-          const BatchPair& p = it->second;
-          if (b == 1) return sample_of(p.one, optimizer, bw, blocks_out);
-          if (b == 2) return sample_of(p.two, optimizer, bw, blocks_out);
-          if (!p.affine) return sample(ref, layers, b, seq_len, o, optimizer, bw, blocks_out);
-          const auto& e1 = p.one.trace.graph.memory_events();
-          const auto& e2 = p.two.trace.graph.memory_events();
-          bytes.resize(e1.size());
-          for (size_t i = 0; i < e1.size(); ++i) {
-            bytes[i] = at_batch(e1[i].bytes, e2[i].bytes, b, "bytes of a memory event");
+          auto& [traces, groups] = it->second;
+          if (b > BatchTraces::kLow + 1 && !traces.affine()) {
+            return sample(ref, layers, b, seq_len, o, optimizer, bw, blocks_out);
           }
-          ComputeEstimate compute;
-          compute.forward_flops = at_batch(p.compute_one.forward_flops, p.compute_two.forward_flops,
-                                           b, "forward FLOPs");
-          compute.backward_flops = at_batch(p.compute_one.backward_flops,
-                                            p.compute_two.backward_flops, b, "backward FLOPs");
-          return sample_of(p.one, optimizer, bw, blocks_out, bytes, compute);
+          return sample_of(traces.at(b), groups, optimizer, bw, blocks_out);
         }));
   }
   return out;

@@ -288,22 +288,12 @@ int64_t optimizer_state_bytes(const std::string& optimizer, int64_t parameter_by
 }
 
 MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer) {
-  return estimate_memory(t, optimizer, {});
-}
-
-MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer,
-                               std::span<const int64_t> event_bytes) {
   MemoryEstimate m;
   const Graph& g = t.graph;
-  ACC_CHECK(event_bytes.empty() || event_bytes.size() == g.memory_events().size(),
-            "estimate_memory: ", event_bytes.size(), " event sizes for a trace of ",
-            g.memory_events().size(), " memory events");
   m.optimizer_state = optimizer_state_bytes(optimizer, t.parameter_bytes);
   int64_t live = 0, activations = 0;
   bool backward = false;
-  for (size_t i = 0; i < g.memory_events().size(); ++i) {
-    MemoryEvent ev = g.memory_events()[i];
-    if (!event_bytes.empty()) ev.bytes = event_bytes[i];
+  for (const MemoryEvent& ev : g.memory_events()) {
     if (!backward && ev.op_index >= g.backward_begin()) {
       backward = true;
       m.activations_saved = activations;

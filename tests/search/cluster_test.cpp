@@ -17,6 +17,8 @@
 #include "acc/optim/adam.hpp"
 #include "acc/optim/sgd.hpp"
 #include "acc/search/cluster.hpp"
+#include "acc/search/cost.hpp"
+#include "acc/search/space.hpp"
 #include "acc/trace/model_ref.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/json.hpp"
@@ -343,6 +345,37 @@ TEST(PlanForCluster, TheOptimizersStateIsTheOneGiven) {
             params(adamw));
   EXPECT_LT(momentum.at("time").at("optimizer_s").get<double>(),
             adamw.at("time").at("optimizer_s").get<double>());
+}
+
+// Told the candidates (expect), the cost model prices each rank trace's micro-batches and dp
+// sizes from its traces at 2 and 3 samples: on a cluster profile (GEMM efficiency by shape, each
+// group placed by the mesh), every candidate of the space at 8 devices (dp methods, amp,
+// recomputation, accumulation, tp, sp, pp) is predicted exactly as without it, from fewer traces.
+TEST(CostModel, ExpectedMicroBatchesGiveTheSameTimesFromFewerTraces) {
+  const nlohmann::json config = {
+      {"n_layer", 4}, {"n_head", 4}, {"n_embd", 64}, {"vocab_size", 256}, {"block_size", 64}};
+  const int64_t T = 32;
+  const auto model = trace::ModelRef::registry("gpt", config);
+  const ClusterProfile selene = ClusterProfile::load(profiles("a100-selene.json"));
+  SpaceOptions so;
+  so.world = 8;
+  so.global_batch = 32;
+  so.seq_len = T;
+  so.allow_bf16 = true;
+  MemoryModel memory(model, T);
+  const auto cands = enumerate_candidates(so, memory.num_blocks());
+  CostModel direct(model, T, selene), told(model, T, selene);
+  told.expect(cands);
+  size_t priced = 0;
+  for (const Candidate& c : cands) {
+    if (memory.layout_refusal(c)) continue;
+    ASSERT_EQ(told.predict(c).to_json(), direct.predict(c).to_json())
+        << c.describe() << " micro-batch " << c.micro_batch;
+    ++priced;
+  }
+  EXPECT_GT(priced, 500u);
+  EXPECT_LT(2 * told.passes_priced(), direct.passes_priced())
+      << "told " << told.passes_priced() << ", direct " << direct.passes_priced();
 }
 
 }  // namespace

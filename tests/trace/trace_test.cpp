@@ -11,8 +11,10 @@
 #include "acc/nn/recompute.hpp"
 #include "acc/optim/adam.hpp"
 #include "acc/tensor/allocator.hpp"
+#include "acc/trace/batch_traces.hpp"
 #include "acc/trace/dump.hpp"
 #include "acc/trace/estimate.hpp"
+#include "acc/trace/model_ref.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/system.hpp"
@@ -618,6 +620,53 @@ TEST(System, MemoryAndCoresArePositiveAndWithinTheMachine) {
   EXPECT_LE(total, kib * 1024);
   EXPECT_GE(usable_cores(), 1);
   EXPECT_LE(usable_cores(), static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// A step traced at 2 and 3 samples gives the step at any larger batch: the rewritten trace's dump
+// (every op, tensor shape and byte count, FLOPs, edges) and memory events are those of the trace
+// made at that batch, for GPT and a GQA Llama, with and without recomputation and bf16
+// activations, at 1 and 2 blocks.
+TEST(BatchTraces, TheStepAtAnyBatchIsTheTracedOne) {
+  const nlohmann::json llama = {{"hidden_size", 64},
+                                {"intermediate_size", 176},
+                                {"num_hidden_layers", 2},
+                                {"num_attention_heads", 4},
+                                {"num_key_value_heads", 2},
+                                {"vocab_size", 256},
+                                {"max_position_embeddings", 64}};
+  std::vector<trace::TraceOptions> options(4);
+  options[1].recompute = trace::Recompute::kBlock;
+  options[2].recompute = trace::Recompute::kSelective;
+  options[3].recompute = trace::Recompute::kBlock;
+  options[3].recompute_blocks = 1;
+  options[3].bf16_activations = true;
+  const int64_t T = 16;
+  int compared = 0;
+  for (const auto& ref : {trace::ModelRef::registry("gpt", small_gpt().to_json()),
+                          trace::ModelRef::registry("llama", llama)}) {
+    for (const int64_t layers : {1, 2}) {
+      for (const auto& o : options) {
+        trace::BatchTraces pair(ref.trace(layers, 2, T, o).trace, ref.trace(layers, 3, T, o).trace);
+        ASSERT_TRUE(pair.affine()) << ref.type() << " at " << layers << " blocks";
+        for (const int64_t b : {2, 3, 4, 7, 4}) {  // back to 4: the copy is rewritten again
+          const trace::Trace traced = ref.trace(layers, b, T, o).trace;
+          const trace::Trace& made = pair.at(b);
+          ASSERT_EQ(trace::to_json(made), trace::to_json(traced)) << ref.type() << " batch " << b;
+          ASSERT_EQ(made.graph.memory_events().size(), traced.graph.memory_events().size());
+          for (size_t i = 0; i < made.graph.memory_events().size(); ++i) {
+            ASSERT_EQ(made.graph.memory_events()[i].bytes, traced.graph.memory_events()[i].bytes)
+                << ref.type() << " batch " << b << " event " << i;
+          }
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 2 * 4 * 5);
+  trace::BatchTraces pair(
+      trace::ModelRef::registry("gpt", small_gpt().to_json()).trace(1, 2, T, {}).trace,
+      trace::ModelRef::registry("gpt", small_gpt().to_json()).trace(1, 3, T, {}).trace);
+  EXPECT_THROW((void)pair.at(1), ValueError);
 }
 
 }  // namespace

@@ -98,8 +98,14 @@ class CostModel {
   /// default; SGD with momentum 1; SGD 0), which its update reads and writes. Throws
   /// acc::ValueError when negative.
   void set_optimizer_state_buffers(int buffers);
-  /// Distinct passes priced (each from 2 or 3 traces): what the predictions so far cost in traces.
-  size_t passes_priced() const { return passes_.size(); }
+  /// Tells the model the candidates it will predict: a pass first traced for one of the
+  /// (micro-batch, dp) of the candidates running a rank's trace (RankModel::trace_key) is then
+  /// priced at all of them from the same traces at 2 and 3 samples (trace::BatchTraces: the
+  /// traces at any larger batch, to the byte), instead of traced again for each. Optional.
+  void expect(const std::vector<Candidate>& candidates);
+  /// Passes traced so far (each from 2 or 3 traces, or from their pairs at 2 and 3 samples for
+  /// every expected micro-batch): what the predictions so far cost in traces.
+  size_t passes_priced() const { return passes_traced_; }
   /// The α-β fits measured on groups of `comm.world` ranks (a tp or cp group of the job).
   void add_group_calibration(CommCalibration comm);
   /// The fits for a group of `size` ranks: measured on that size, else the job's.
@@ -128,6 +134,14 @@ class CostModel {
   const PassCost& pass(const Candidate& c, const RankModel& rank, const std::string& key,
                        const trace::TraceOptions& activations);
   TimePrediction predict_pipeline(const Candidate& c, const std::vector<RankModel>& ranks);
+  std::tuple<std::string, int64_t, int, int64_t, bool> pass_key(
+      const std::string& layout, const dist::DeviceMesh& mesh, int64_t micro_batch,
+      const trace::TraceOptions& activations) const;
+  /// The pass of a model of `num_blocks` blocks from its traces of 1 and 2 blocks (and of 1
+  /// recomputed: `r1`, null when nothing is), priced on `mesh`.
+  PassCost extrapolated_pass(const trace::Trace& t1, const trace::Trace& t2, const trace::Trace* r1,
+                             int64_t num_blocks, const dist::DeviceMesh& mesh,
+                             const trace::TraceOptions& activations) const;
   /// The data-parallel methods' communication of a rank holding `p`'s parameters (StepEffects'
   /// collectives over dp x cp), added to `t`; `overlap`: whether gradient buckets overlap the
   /// last backward.
@@ -145,6 +159,9 @@ class CostModel {
   int optimizer_buffers_ = 2;              // AdamW's exp_avg and exp_avg_sq
   // (layout, micro-batch, recomputation, recomputed blocks, bf16 activations).
   std::map<std::tuple<std::string, int64_t, int, int64_t, bool>, PassCost> passes_;
+  size_t passes_traced_ = 0;
+  // Rank trace key -> (micro-batch, dp) -> the mesh of the candidates expected (expect).
+  std::map<std::string, std::map<std::pair<int64_t, int>, dist::DeviceMesh>> expected_;
 };
 
 /// A pipeline candidate re-cut where `cost` balances its stages' time (balanced_stages), with the

@@ -112,11 +112,11 @@ TrainingNeed estimate_training_need(const ModelRef& model, int64_t batch, int64_
                                     std::optional<BlockwiseGradients> blockwise = std::nullopt);
 
 /// estimate_training_need at each of `batches`, equal to it field by field, for the cost of
-/// one batch's traces: a registry model's traces are made at 1 and 2 samples and every other
-/// batch is evaluated from them (each memory event's bytes and the FLOPs are affine in the batch:
-/// a tensor grows with the batch along its batch dimension alone; where the two traces do not
-/// have the same ops and memory events, that batch is traced itself). A user's module is traced
-/// at each batch. Throws what estimate_training_need throws, and acc::ValueError for no batches.
+/// two batches' traces: a registry model's traces are made at 2 and 3 samples and every larger
+/// batch is evaluated from them (trace::BatchTraces: every size in a trace is affine in the
+/// batch; where the two traces do not have the same ops and memory events, each batch is traced
+/// itself), a batch of 1 traced itself. A user's module is traced at each batch. Throws what
+/// estimate_training_need throws, and acc::ValueError for no batches.
 std::vector<TrainingNeed> estimate_training_needs(
     const ModelRef& model, const std::vector<int64_t>& batches, int64_t seq_len,
     const TraceOptions& options = {}, const std::string& optimizer = "adamw",

@@ -94,6 +94,7 @@ class Graph {
 
  private:
   friend class Recorder;
+  friend class BatchTraces;  // rewrites the events' bytes of a trace at another batch
   BoostGraph g_;
   std::vector<VertexId> ops_;
   int64_t backward_begin_ = 0;

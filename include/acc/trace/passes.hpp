@@ -8,7 +8,6 @@
 // acc::ValueError naming the quantity, never a wrapped negative number.
 
 #include <map>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,11 +114,6 @@ struct MemoryEstimate {
 };
 /// From liveness over the trace (the trace's recompute choice included).
 MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer = "adamw");
-/// The same with event i's bytes read from `event_bytes[i]` instead of the trace's own (one per
-/// memory event: the same step at another batch, trace::estimate_training_needs). Throws
-/// acc::ValueError when the count differs from the trace's events.
-MemoryEstimate estimate_memory(const Trace& t, const std::string& optimizer,
-                               std::span<const int64_t> event_bytes);
 
 struct ComputeEstimate {
   int64_t forward_flops = 0;
