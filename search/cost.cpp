@@ -224,7 +224,8 @@ void CostModel::expect(const std::vector<Candidate>& candidates) {
   for (const Candidate& c : candidates) {
     try {
       for (const RankModel& r : ranks_.of(c)) {
-        expected_[r.trace_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
+        const trace::TraceOptions a = activation_trace_options(rank_effects(c.effects, r));
+        expected_[batch_pair_key(r.trace_key, a)].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
       }
     } catch (const ValueError&) {  // a pipeline cut that cannot be made: predict says so
     }
@@ -304,7 +305,7 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
   first.recompute_blocks = 1;
   const bool recomputes = a.recompute != trace::Recompute::kNone && a.recompute_blocks != 0;
   ++passes_traced_;
-  const auto expected = expected_.find(layout);
+  const auto expected = expected_.find(batch_pair_key(layout, a));
   constexpr int64_t kLow = trace::BatchTraces::kLow;
   if (expected != expected_.end() && micro_batch >= kLow &&
       expected->second.count({micro_batch, cand.mesh.dp}) != 0 && model.is_registry()) {

@@ -216,6 +216,18 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
       continue;
     }
     do {
+      // A pair of methods one of which never composes with the other (MethodSearch::never_with):
+      // refused before the strategy is built, as parse_strategy would refuse it.
+      bool never = false;
+      for (size_t g = 0; g < groups.size() && !never; ++g) {
+        const MethodSearch* a = groups[g][pick[g]].method;
+        if (a == nullptr || a->never_with.empty()) continue;
+        for (size_t h = 0; h < groups.size() && !never; ++h) {
+          const MethodSearch* b = groups[h][pick[h]].method;
+          never = h != g && b != nullptr && contains(a->never_with, b->name);
+        }
+      }
+      if (never) continue;
       strategies::Strategy s;
       for (size_t g = 0; g < groups.size(); ++g) {
         const Option& opt = groups[g][pick[g]];
@@ -457,30 +469,31 @@ int64_t MemoryModel::num_blocks() {
   return need(1, strategies::StepEffects{}).num_layers;
 }
 
+std::string batch_pair_key(const std::string& trace_key, const trace::TraceOptions& a) {
+  return trace_key + "|" + std::to_string(static_cast<int>(a.recompute)) + "/" +
+         std::to_string(a.recompute_blocks) + (a.bf16_activations ? "/bf16" : "");
+}
+
 void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   for (const Candidate& c : candidates) {
     try {
-      for (const RankModel& r : ranks_.of(c)) expected_[r.trace_key].insert(c.micro_batch);
+      for (const RankModel& r : ranks_.of(c)) {
+        const trace::TraceOptions a = activation_trace_options(rank_effects(c.effects, r));
+        expected_[batch_pair_key(r.trace_key, a)].insert(c.micro_batch);
+      }
     } catch (const ValueError&) {  // a pipeline cut that cannot be made: predict says so
     }
   }
 }
 
-const std::set<int64_t>* MemoryModel::expected(const RankModel& rank) const {
-  const auto it = expected_.find(rank.trace_key);
-  return it == expected_.end() ? nullptr : &it->second;
-}
-
 MemoryPrediction MemoryModel::predict(const Candidate& c) {
   const std::vector<RankModel>& ranks = ranks_.of(c);
-  if (ranks.size() == 1) {
-    return predict_rank(c, ranks.front(), ranks.front().trace_key, expected(ranks.front()));
-  }
+  if (ranks.size() == 1) return predict_rank(c, ranks.front(), ranks.front().trace_key);
   // A pipeline: each pp rank holds its own stages; the candidate needs its largest.
   MemoryPrediction worst;
   std::vector<int64_t> peaks;
   for (const RankModel& r : ranks) {
-    MemoryPrediction m = predict_rank(c, r, r.trace_key, expected(r));
+    MemoryPrediction m = predict_rank(c, r, r.trace_key);
     peaks.push_back(m.peak);
     if (peaks.size() == 1 || m.peak > worst.peak) worst = m;
   }
@@ -535,9 +548,14 @@ std::vector<int64_t> stage_gradient_bytes(const trace::TrainingNeed& n, const Ra
 }
 
 MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& rank,
-                                           const std::string& layout,
-                                           const std::set<int64_t>* batches) {
+                                           const std::string& layout) {
   const strategies::StepEffects e = rank_effects(c.effects, rank);
+  // The micro-batches expected of the rank's trace under these options (expect).
+  const std::set<int64_t>* batches = nullptr;
+  if (!expected_.empty()) {
+    const auto it = expected_.find(batch_pair_key(layout, activation_trace_options(e)));
+    if (it != expected_.end()) batches = &it->second;
+  }
   // The model as the candidate's rank runs it (its stages, its tensor-parallel shards, its share
   // of the sequence), which the data-parallel methods then shard over dp x cp.
   const trace::ModelRef& model = rank.model;

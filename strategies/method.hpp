@@ -156,6 +156,9 @@ struct MethodSpec {
   /// Checks the config against the whole strategy (a method that needs another), after every
   /// entry parsed: acc::ValueError naming both.
   std::function<void(const nlohmann::json&, const Strategy&)> check_with;
+  /// Methods it never composes with, whatever either's config, each with why (parse_strategy
+  /// refuses the pair with it; the search skips such combinations before building them).
+  std::vector<std::pair<std::string, std::string>> never_with;
 };
 
 MethodSpec ddp_method();

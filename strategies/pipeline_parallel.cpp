@@ -725,17 +725,12 @@ MethodSpec pipeline_parallel_method() {
           },
       .mesh = [](const nlohmann::json& c, dist::DeviceMesh& mesh) { mesh.pp = size_from(c); },
       .layout = true,
-      .check_with =
-          [](const nlohmann::json&, const Strategy& s) {
-            for (const auto& m : s) {
-              ACC_CHECK(m.name != "fsdp",
-                        "pipeline_parallel does not compose with fsdp (it gathers every unit of "
-                        "the whole model on each step): use zero1 or zero2 over dp");
-              ACC_CHECK(m.name != "grad_accum",
-                        "pipeline_parallel accumulates its own micro-batches: drop grad_accum and "
-                        "set pipeline_parallel's micro_batches");
-            }
-          }};
+      .never_with = {{"fsdp",
+                      "pipeline_parallel does not compose with fsdp (it gathers every unit of "
+                      "the whole model on each step): use zero1 or zero2 over dp"},
+                     {"grad_accum",
+                      "pipeline_parallel accumulates its own micro-batches: drop grad_accum and "
+                      "set pipeline_parallel's micro_batches"}}};
 }
 
 }  // namespace acc::strategies

@@ -93,19 +93,20 @@ std::vector<MethodSearch> searchable_methods() {
          .choices = m.search_choices
                         ? m.search_choices
                         : [](const SearchContext&) { return std::vector<nlohmann::json>{}; },
-         .effects = m.effects});
+         .effects = m.effects,
+         .never_with = {}});
+    for (const auto& [other, why] : m.never_with) out.back().never_with.push_back(other);
   }
   return out;
 }
 
 // The composition rules, all of them: a method at most once; at most one method per exclusive
-// slot (grad_sync: ddp, zero1, zero2, fsdp); pairs that do not compose are listed in kExcluded.
+// slot (grad_sync: ddp, zero1, zero2, fsdp); pairs that do not compose, as a method's never_with
+// lists them.
 // Each method's config is checked against its keys, then by its own apply on a scratch plan.
 Strategy parse_strategy(const nlohmann::json& j) {
   ACC_CHECK(j.is_array(), "strategy must be a JSON list of {\"name\", \"config\"} entries, got ",
             j.dump());
-  // Method pairs that do not compose (none yet: tensor and pipeline parallel will add some).
-  static const std::vector<std::pair<std::string, std::string>> kExcluded = {};
   Strategy s;
   TrainingPlan plan;
   std::map<std::string, std::string> slot_owner;
@@ -126,11 +127,6 @@ Strategy parse_strategy(const nlohmann::json& j) {
     for (const auto& prev : s) {
       ACC_CHECK(prev.name != m.name, "strategy entry ", i, ": method '", m.name,
                 "' is given twice");
-      for (const auto& [a, b] : kExcluded) {
-        ACC_CHECK(!((a == m.name && b == prev.name) || (b == m.name && a == prev.name)),
-                  "strategy entry ", i, ": '", m.name, "' cannot be combined with '", prev.name,
-                  "'");
-      }
     }
     if (spec->exclusive_slot) {
       auto [it, fresh] = slot_owner.emplace(spec->slot, m.name);
@@ -147,6 +143,11 @@ Strategy parse_strategy(const nlohmann::json& j) {
   }
   for (size_t i = 0; i < s.size(); ++i) {
     const MethodSpec* spec = find(s[i].name);
+    for (const auto& [other, why] : spec->never_with) {
+      const bool present =
+          std::any_of(s.begin(), s.end(), [&](const Method& m) { return m.name == other; });
+      ACC_CHECK(!present, "strategy entry ", i, " ('", s[i].name, "'): ", why);
+    }
     if (!spec->check_with) continue;
     try {
       spec->check_with(s[i].config, s);

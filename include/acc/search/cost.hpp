@@ -99,7 +99,8 @@ class CostModel {
   /// acc::ValueError when negative.
   void set_optimizer_state_buffers(int buffers);
   /// Tells the model the candidates it will predict: a pass first traced for one of the
-  /// (micro-batch, dp) of the candidates running a rank's trace (RankModel::trace_key) is then
+  /// (micro-batch, dp) of the candidates running a rank's trace with the same activation
+  /// options (batch_pair_key) is then
   /// priced at all of them from the same traces at 2 and 3 samples (trace::BatchTraces: the
   /// traces at any larger batch, to the byte), instead of traced again for each. Optional.
   void expect(const std::vector<Candidate>& candidates);
@@ -160,7 +161,7 @@ class CostModel {
   // (layout, micro-batch, recomputation, recomputed blocks, bf16 activations).
   std::map<std::tuple<std::string, int64_t, int, int64_t, bool>, PassCost> passes_;
   size_t passes_traced_ = 0;
-  // Rank trace key -> (micro-batch, dp) -> the mesh of the candidates expected (expect).
+  // batch_pair_key -> (micro-batch, dp) -> the mesh of the candidates expected (expect).
   std::map<std::string, std::map<std::pair<int64_t, int>, dist::DeviceMesh>> expected_;
 };
 

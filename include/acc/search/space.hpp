@@ -169,6 +169,11 @@ strategies::StepEffects rank_effects(const strategies::StepEffects& e, const Ran
 /// bf16_activations), as the memory and the time model trace it.
 trace::TraceOptions activation_trace_options(const strategies::StepEffects& e);
 
+/// A rank's trace (RankModel::trace_key) under activation options `a`, as a key: the candidates
+/// of a space that share it are those whose micro-batches the memory and time models price
+/// from one pair of traces (MemoryModel::expect, CostModel::expect).
+std::string batch_pair_key(const std::string& trace_key, const trace::TraceOptions& a);
+
 /// A candidate's predicted per-rank memory, bytes.
 struct MemoryPrediction {
   int64_t parameters = 0;  // resident parameters (sharded or whole)
@@ -194,8 +199,8 @@ class MemoryModel {
   MemoryModel(trace::ModelRef model, int64_t seq_len, std::string optimizer = "adamw");
   MemoryPrediction predict(const Candidate& c);
   /// Tells the model the candidates it will predict: a need first traced for one of the
-  /// micro-batches of the candidates running a rank's trace (RankModel::trace_key) is then
-  /// evaluated at all of them from the same traces
+  /// micro-batches of the candidates running a rank's trace with the same activation options
+  /// (batch_pair_key) is then evaluated at all of them from the same traces
   /// (trace::estimate_training_needs: exact, each tensor's bytes are affine in the batch), instead
   /// of traced again for each. Optional: without it each micro-batch is traced on its own.
   void expect(const std::vector<Candidate>& candidates);
@@ -217,11 +222,7 @@ class MemoryModel {
 
  private:
   // The prediction for one pp rank (`key`: its model's cache key).
-  // The micro-batches expected of the candidates that run `rank`'s trace (null: none).
-  const std::set<int64_t>* expected(const RankModel& rank) const;
-  // `batches`: the micro-batches expected of the rank's trace (null: none).
-  MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key,
-                                const std::set<int64_t>* batches);
+  MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key);
   // `layout` keys the cache: the rank's trace key, whose model `model` is. Given `batches` holding
   // `micro_batch`, the need is made at each of them at once.
   const trace::TrainingNeed& need(const trace::ModelRef& model, const std::string& layout,
@@ -235,7 +236,7 @@ class MemoryModel {
   RankModels ranks_;  // the model as each pp rank of a candidate runs it
   std::map<std::string, std::optional<std::string>> refusals_;  // by layout key
   std::set<std::string> traced_ranks_;                 // rank trace keys traced without a refusal
-  std::map<std::string, std::set<int64_t>> expected_;  // rank trace key -> micro-batches
+  std::map<std::string, std::set<int64_t>> expected_;  // batch_pair_key -> micro-batches
   size_t needs_traced_ = 0;
   // (layout, micro-batch, recomputation, recomputed blocks, bf16, in-flight fraction,
   // accumulated).

@@ -90,6 +90,8 @@ struct MethodSearch {
   /// Adds what the method with `config` does to a step. Methods of exclusive slots with
   /// needs_ranks (the gradient synchronisation) run after the others.
   std::function<void(const nlohmann::json& config, const SearchContext&, StepEffects&)> effects;
+  /// Methods it never composes with (parse_strategy refuses any strategy holding both).
+  std::vector<std::string> never_with;
 };
 
 /// The registered methods' search declarations, in registry order.
