@@ -210,9 +210,9 @@ class MemoryModel {
                                   std::optional<double> in_flight_fraction = std::nullopt,
                                   bool accumulated = false);
   int64_t num_blocks();
-  /// Needs traced so far (each from a few traces of 1 to 6 blocks; the needs of all of a
-  /// layout's expected micro-batches, made from one set of traces, count once): what the
-  /// predictions so far cost in traces (bench_plan reports it).
+  /// Needs traced so far (each from a few traces of 1 to 6 blocks; the needs at all of a
+  /// batch_pair_key's expected micro-batches, made from one set of trace pairs, count once):
+  /// what the predictions so far cost in traces (bench_plan reports it).
   size_t needs_traced() const { return needs_traced_; }
   /// Why the candidate's layout (tensor_parallel, sequence_parallel) cannot run this model, as its
   /// transform says when the model is traced through it ("tensor_parallel: ... has 6 heads, not a
