@@ -95,7 +95,7 @@ std::vector<MethodSearch> searchable_methods() {
                         : [](const SearchContext&) { return std::vector<nlohmann::json>{}; },
          .effects = m.effects,
          .never_with = {}});
-    for (const auto& [other, why] : m.never_with) out.back().never_with.push_back(other);
+    for (const auto& never : m.never_with) out.back().never_with.push_back(never.first);
   }
   return out;
 }
@@ -143,10 +143,10 @@ Strategy parse_strategy(const nlohmann::json& j) {
   }
   for (size_t i = 0; i < s.size(); ++i) {
     const MethodSpec* spec = find(s[i].name);
-    for (const auto& [other, why] : spec->never_with) {
+    for (const auto& never : spec->never_with) {
       const bool present =
-          std::any_of(s.begin(), s.end(), [&](const Method& m) { return m.name == other; });
-      ACC_CHECK(!present, "strategy entry ", i, " ('", s[i].name, "'): ", why);
+          std::any_of(s.begin(), s.end(), [&](const Method& m) { return m.name == never.first; });
+      ACC_CHECK(!present, "strategy entry ", i, " ('", s[i].name, "'): ", never.second);
     }
     if (!spec->check_with) continue;
     try {
