@@ -162,6 +162,15 @@ Times trace_times(const trace::Trace& t, const Pricer& pricer) {
   return out;
 }
 
+// A trace's times: on a cluster (`cluster` set) with each group placed by `mesh`, else at this
+// machine's calibration and `comm_of`'s fits.
+template <typename CommFor>
+Times priced(const trace::Trace& t, const ClusterProfile* cluster, const dist::DeviceMesh& mesh,
+             bool bf16, const MachineCalibration& machine, const CommFor& comm_of) {
+  if (cluster != nullptr) return trace_times(t, ClusterPricer(*cluster, mesh, bf16));
+  return trace_times(t, MeasuredPricer<CommFor>(machine, comm_of));
+}
+
 }  // namespace
 
 nlohmann::json TimePrediction::to_json() const {
@@ -246,8 +255,7 @@ CostModel::PassCost CostModel::extrapolated_pass(const trace::Trace& t1, const t
                                                  const trace::TraceOptions& a) const {
   auto comm_of = [this](int size) -> const CommCalibration& { return comm_for(size); };
   auto times = [&](const trace::Trace& t) {
-    if (cluster_) return trace_times(t, ClusterPricer(*cluster_, mesh, a.bf16_activations));
-    return trace_times(t, MeasuredPricer<decltype(comm_of)>(machine_, comm_of));
+    return priced(t, cluster_ ? &*cluster_ : nullptr, mesh, a.bf16_activations, machine_, comm_of);
   };
   PassCost p;
   const Times c1 = times(t1), c2 = times(t2);
@@ -288,9 +296,16 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
   if (!model.extrapolates()) {
     // A module traced whole: its own figures, recomputation included.
     const trace::Trace t = shallow_trace(model, 0, micro_batch, seq_len_, a);
-    PassCost p = extrapolated_pass(t, t, nullptr, model.num_layers(), cand.mesh, a);
+    auto comm_of = [this](int size) -> const CommCalibration& { return comm_for(size); };
+    const Times c = priced(t, cluster_ ? &*cluster_ : nullptr, cand.mesh, a.bf16_activations,
+                           machine_, comm_of);
+    PassCost p;
+    p.num_blocks = model.num_layers();
+    p.forward_s = c.forward;
+    p.backward_s = c.backward;
+    p.comm_forward_s = c.comm_forward;
+    p.comm_backward_s = c.comm_backward;
     p.parameters = t.num_parameters;
-    p.block_s = 0;
     const auto groups = model.trace(p.num_blocks, 1, seq_len_, {}).blocks;
     p.block_parameters = groups.empty() ? 0 : groups.front().parameters_per_block;
     ++passes_traced_;

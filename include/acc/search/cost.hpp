@@ -99,10 +99,10 @@ class CostModel {
   /// acc::ValueError when negative.
   void set_optimizer_state_buffers(int buffers);
   /// Tells the model the candidates it will predict: a pass first traced for one of the
-  /// (micro-batch, dp) of the candidates running a rank's trace with the same activation
-  /// options (batch_pair_key) is then
-  /// priced at all of them from the same traces at 2 and 3 samples (trace::BatchTraces: the
-  /// traces at any larger batch, to the byte), instead of traced again for each. Optional.
+  /// (micro-batch, dp) of the candidates running a rank's trace with the same activation options
+  /// (batch_pair_key) is then priced at all of them from the same traces at 2 and 3 samples
+  /// (trace::BatchTraces: the traces at any larger batch, to the byte), instead of traced again
+  /// for each. Optional.
   void expect(const std::vector<Candidate>& candidates);
   /// Passes traced so far (each from 2 or 3 traces, or from their pairs at 2 and 3 samples for
   /// every expected micro-batch): what the predictions so far cost in traces.

@@ -7,9 +7,9 @@
 // moved, a collective's bytes, each memory event) is affine in the batch: x(b) = x(lo) + (b - lo)
 // x (x(lo + 1) - x(lo)). Where the two traces have the same ops, tensors and memory events
 // (checked), the trace at b >= lo is the one at lo with every size so rewritten, and equal to a
-// trace made at b (tests/trace/batch_traces_test.cpp compares their dumps). The pair is taken at 2
-// and 3 samples: at 1 sample a transpose can leave a tensor contiguous, and the trace then lacks
-// the copy every larger batch makes. The memory and time models use it to price every
+// trace made at b (tests/trace/trace_test.cpp, BatchTraces.*, compares their dumps). The pair is
+// taken at 2 and 3 samples: at 1 sample a transpose can leave a tensor contiguous, and the trace
+// then lacks the copy every larger batch makes. The memory and time models use it to price every
 // micro-batch of a layout from one pair of traces.
 
 #include <cstdint>
