@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
     const search::ClusterProfile cluster = search::ClusterProfile::load(cluster_path);
     search::MemoryModel memory(model, seq_len);
     search::CostModel cost(model, seq_len, cluster);
+    cost.share_traces(memory.traces());  // as auto_accelerate's search does
 
     auto t0 = std::chrono::steady_clock::now();
     search::SpaceOptions so;
@@ -120,7 +121,10 @@ int main(int argc, char** argv) {
           {"end_to_end_s", enumerate_s + memory_s + time_s}}},
         {"warm", {{"evals_per_s", bench::median(warm)}, {"passes", repeat}}},
         {"traces",
-         {{"memory_needs", memory.needs_traced()}, {"time_passes", cost.passes_priced()}}},
+         {{"memory_needs", memory.needs_traced()},
+          {"time_passes", cost.passes_priced()},
+          {"made", memory.traces()->traced()},
+          {"served_again", memory.traces()->served()}}},
         {"checksum", static_cast<double>(checksum) + step_sum}};
     std::printf("%s\n", out.dump(2).c_str());
   } catch (const std::exception& e) {

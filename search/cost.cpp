@@ -14,10 +14,13 @@ namespace {
 
 // A trace of the model at `depth` blocks for a micro-batch, on the meta device (a module that is
 // not the registry's: whole, whatever the depth asked).
-trace::Trace shallow_trace(const trace::ModelRef& model, int64_t depth, int64_t micro_batch,
-                           int64_t seq_len, const trace::TraceOptions& activations) {
+// Shared, not copied, when the model keeps its traces (trace::ModelRef::shared_traces).
+std::shared_ptr<const trace::Trace> shallow_trace(const trace::ModelRef& model, int64_t depth,
+                                                  int64_t micro_batch, int64_t seq_len,
+                                                  const trace::TraceOptions& activations) {
   if (!model.extrapolates()) depth = model.num_layers();
-  return model.trace(depth, micro_batch, seq_len, activations).trace;
+  auto t = model.traced(depth, micro_batch, seq_len, activations);
+  return {t, &t->trace};
 }
 
 struct Times {
@@ -212,7 +215,7 @@ std::vector<GemmShape> CostModel::shapes_to_measure(const trace::ModelRef& model
                                                     int64_t seq_len) {
   std::set<GemmShape> shapes;
   for (const int64_t b : micro_batches) {
-    for (const auto& s : gemm_shapes(shallow_trace(model, 1, b, seq_len, {}))) {
+    for (const auto& s : gemm_shapes(*shallow_trace(model, 1, b, seq_len, {}))) {
       shapes.insert(s);
     }
   }
@@ -295,7 +298,8 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
   const trace::ModelRef& model = rank.model;
   if (!model.extrapolates()) {
     // A module traced whole: its own figures, recomputation included.
-    const trace::Trace t = shallow_trace(model, 0, micro_batch, seq_len_, a);
+    const auto whole = shallow_trace(model, 0, micro_batch, seq_len_, a);
+    const trace::Trace& t = *whole;
     auto comm_of = [this](int size) -> const CommCalibration& { return comm_for(size); };
     const Times c = priced(t, cluster_ ? &*cluster_ : nullptr, cand.mesh, a.bf16_activations,
                            machine_, comm_of);
@@ -344,13 +348,12 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
       return passes_.at(key);
     }
   }
-  const trace::Trace t1 = shallow_trace(model, 1, micro_batch, seq_len_, plain);
-  const trace::Trace t2 = shallow_trace(model, 2, micro_batch, seq_len_, plain);
-  std::optional<trace::Trace> r1;
+  const auto t1 = shallow_trace(model, 1, micro_batch, seq_len_, plain);
+  const auto t2 = shallow_trace(model, 2, micro_batch, seq_len_, plain);
+  std::shared_ptr<const trace::Trace> r1;
   if (recomputes) r1 = shallow_trace(model, 1, micro_batch, seq_len_, first);
   return passes_
-      .emplace(key,
-               extrapolated_pass(t1, t2, r1 ? &*r1 : nullptr, model.num_layers(), cand.mesh, a))
+      .emplace(key, extrapolated_pass(*t1, *t2, r1.get(), model.num_layers(), cand.mesh, a))
       .first->second;
 }
 

@@ -264,6 +264,7 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
     RankModel whole;
     whole.model = rewrite ? model.rewritten(std::move(rewrite)) : model;
     whole.trace_key = c.layout_key();
+    whole.shape_key = whole.trace_key;
     return {std::move(whole)};
   }
   ACC_CHECK(model.is_registry(), "pipeline_parallel: the model (", model.type(),
@@ -329,9 +330,11 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
     config[model.layers_key()] = pipe->blocks_of_rank(r);
     rm.model = trace::ModelRef::registry(model.type(), config)
                    .rewritten(strategies::layout_rewrite(c.strategy, c.world, true, r));
+    const std::string ends = std::string(rm.first ? "#first" : "") + (rm.last ? "#last" : "");
     rm.trace_key = stage_layout + "#stages";
     for (const auto& st : rm.stages) rm.trace_key += ":" + std::to_string(st.end - st.begin);
-    rm.trace_key += std::string(rm.first ? "#first" : "") + (rm.last ? "#last" : "");
+    rm.trace_key += ends;
+    rm.shape_key = stage_layout + "#stages" + std::to_string(rm.stages.size()) + ends;
     rm.message_bytes = checked_mul(checked_mul(checked_mul(c.micro_batch, T, "activation elements"),
                                                lm->hidden_size(), "activation elements"),
                                    4, "activation bytes");
@@ -341,7 +344,7 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
 }
 
 RankModels::RankModels(trace::ModelRef model, int64_t seq_len)
-    : model_(std::move(model)), seq_len_(seq_len) {}
+    : model_(std::move(model)), seq_len_(seq_len), traces_(std::make_shared<trace::TraceCache>()) {}
 
 const std::vector<RankModel>& RankModels::of(const Candidate& c) {
   const std::string key = c.layout_key();
@@ -349,10 +352,18 @@ const std::vector<RankModel>& RankModels::of(const Candidate& c) {
   if (it == layouts_.end()) {
     std::vector<RankModel> ranks(1);
     ranks.front().model = model_;  // no layout: the model itself
-    it = layouts_.emplace(key, key.empty() ? std::move(ranks) : rank_models(model_, c, seq_len_))
-             .first;
+    if (!key.empty()) ranks = rank_models(model_, c, seq_len_);
+    for (RankModel& r : ranks) {
+      if (traces_) r.model = r.model.shared_traces(traces_, r.shape_key);
+    }
+    it = layouts_.emplace(key, std::move(ranks)).first;
   }
   return it->second;
+}
+
+void RankModels::share_traces(std::shared_ptr<trace::TraceCache> cache) {
+  traces_ = std::move(cache);
+  layouts_.clear();  // their models hold the cache they were made with
 }
 
 strategies::StepEffects rank_effects(const strategies::StepEffects& e, const RankModel& r) {

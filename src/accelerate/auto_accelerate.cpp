@@ -286,6 +286,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
     contention = search::contention_for_job(*group, machine, shapes, co, &contention_cached);
   }
   search::CostModel cost(model, o.seq_len, machine, comm, contention);
+  cost.share_traces(s.memory->traces());  // the space's traces, priced again
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
   for (const auto& g : group_comm) cost.add_group_calibration(g);
   cost.expect(s.candidates);  // each rank trace's micro-batches from one pair of traces
@@ -678,7 +679,8 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
     // The pinned strategy alone, priced even when over the budget (its row says so).
     s.budget = budgeted.mem_per_rank;
     s.optimizer_buffers = buffers;
-    search::MemoryModel memory(model, o.seq_len, s.optimizer());
+    s.memory = std::make_shared<search::MemoryModel>(model, o.seq_len, s.optimizer());
+    search::MemoryModel& memory = *s.memory;
     s.candidates.push_back(pinned_candidate(*pinned, world, model, o));
     const Candidate& c = s.candidates.back();
     if (const auto refusal = memory.layout_refusal(c)) {
@@ -695,6 +697,7 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
   }
   const double space_s = total.elapsed_s();
   search::CostModel cost(model, o.seq_len, cluster);
+  cost.share_traces(s.memory->traces());  // the space's traces, priced again
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
   cost.expect(s.candidates);  // each rank trace's micro-batches from one pair of traces
   if (!pinned) recut_pipelines(s, cost);

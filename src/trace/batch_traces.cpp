@@ -80,20 +80,27 @@ void scale(std::vector<TensorInfo>& out, const std::vector<TensorInfo>& one,
 }  // namespace
 
 BatchTraces::BatchTraces(Trace low, Trace next)
-    : low_(std::move(low)), next_(std::move(next)), affine_(same_structure(low_, next_)) {}
+    : BatchTraces(std::make_shared<const Trace>(std::move(low)),
+                  std::make_shared<const Trace>(std::move(next))) {}
+
+BatchTraces::BatchTraces(std::shared_ptr<const Trace> low, std::shared_ptr<const Trace> next)
+    : low_(std::move(low)), next_(std::move(next)) {
+  ACC_CHECK_INTERNAL(low_ != nullptr && next_ != nullptr, "BatchTraces: a null trace");
+  affine_ = same_structure(*low_, *next_);
+}
 
 const Trace& BatchTraces::at(int64_t b) {
   ACC_CHECK(b >= kLow, "BatchTraces: the batch must have >= ", kLow, " samples, got ", b);
-  if (b == kLow) return low_;
-  if (b == kLow + 1) return next_;
+  if (b == kLow) return *low_;
+  if (b == kLow + 1) return *next_;
   ACC_CHECK_INTERNAL(affine_, "BatchTraces: the traces at ", kLow, " and ", kLow + 1,
                      " samples differ in structure");
   if (!copied_) {
-    scaled_ = low_;
+    scaled_ = *low_;
     copied_ = true;
   }
   Graph& g = scaled_.graph;
-  const Graph &g1 = low_.graph, &g2 = next_.graph;
+  const Graph &g1 = low_->graph, &g2 = next_->graph;
   for (VertexId v = 0; v < g.num_vertices(); ++v) {
     Vertex& x = g.vertex(v);
     const Vertex &x1 = g1.vertex(v), &x2 = g2.vertex(v);
@@ -116,7 +123,7 @@ const Trace& BatchTraces::at(int64_t b) {
   }
   for (size_t i = 0; i < scaled_.input_shapes.size(); ++i) {
     for (size_t d = 0; d < scaled_.input_shapes[i].size(); ++d) {
-      scaled_.input_shapes[i][d] = at_batch(low_.input_shapes[i][d], next_.input_shapes[i][d], b);
+      scaled_.input_shapes[i][d] = at_batch(low_->input_shapes[i][d], next_->input_shapes[i][d], b);
     }
   }
   return scaled_;

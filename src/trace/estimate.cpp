@@ -208,8 +208,9 @@ Sample sample_of(const Trace& t, const std::vector<BlockGroup>& groups,
 Sample sample(const ModelRef& ref, int64_t layers, int64_t batch, int64_t seq_len,
               const TraceOptions& options, const std::string& optimizer,
               std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out = nullptr) {
-  const ModelRef::Traced traced = ref.trace(layers, batch, seq_len, options);
-  return sample_of(traced.trace, traced.blocks, optimizer, blockwise, blocks_out);
+  const std::shared_ptr<const ModelRef::Traced> traced =
+      ref.traced(layers, batch, seq_len, options);
+  return sample_of(traced->trace, traced->blocks, optimizer, blockwise, blocks_out);
 }
 
 // A run of `count` blocks of one kind, as few blocks as keep its first, middle and last distinct
@@ -468,12 +469,14 @@ std::vector<TrainingNeed> estimate_training_needs(const ModelRef& ref,
           }
           auto it = pairs.find(key);
           if (it == pairs.end()) {
-            ModelRef::Traced low = ref.trace(layers, BatchTraces::kLow, seq_len, o);
-            ModelRef::Traced next = ref.trace(layers, BatchTraces::kLow + 1, seq_len, o);
+            // Shared, not copied, when the model keeps its traces (ModelRef::shared_traces).
+            const auto low = ref.traced(layers, BatchTraces::kLow, seq_len, o);
+            const auto next = ref.traced(layers, BatchTraces::kLow + 1, seq_len, o);
             it = pairs
-                     .emplace(key,
-                              std::pair{BatchTraces(std::move(low.trace), std::move(next.trace)),
-                                        std::move(low.blocks)})
+                     .emplace(key, std::pair{BatchTraces(
+                                                 std::shared_ptr<const Trace>(low, &low->trace),
+                                                 std::shared_ptr<const Trace>(next, &next->trace)),
+                                             low->blocks})
                      .first;
           }
           auto& [traces, groups] = it->second;

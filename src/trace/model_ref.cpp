@@ -22,6 +22,9 @@ struct ModelRef::Impl {
   BatchLoss loss;
   // How a candidate's rank runs the model (ModelRef::rewritten), if set.
   Rewrite rewrite;
+  // Where its traces are kept, and under what (ModelRef::shared_traces), if set.
+  std::shared_ptr<TraceCache> cache;
+  std::string cache_identity;
 };
 
 ModelRef ModelRef::registry(std::string type, nlohmann::json config) {
@@ -112,6 +115,9 @@ Trace trace_on_batch(nn::Module& module, const data::Batch& sample, const BatchL
 ModelRef ModelRef::rewritten(Rewrite rewrite) const {
   auto impl = std::make_shared<Impl>(*impl_);
   impl->rewrite = std::move(rewrite);
+  // Traced otherwise now: not under the identity it was given.
+  impl->cache.reset();
+  impl->cache_identity.clear();
   ModelRef r;
   r.impl_ = std::move(impl);
   return r;
@@ -147,9 +153,75 @@ ModelRef::Traced trace_rewritten(nn::Module& model, const data::Batch& sample,
 
 }  // namespace
 
+ModelRef ModelRef::shared_traces(std::shared_ptr<TraceCache> cache, std::string identity) const {
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->cache = std::move(cache);
+  impl->cache_identity = std::move(identity);
+  ModelRef r;
+  r.impl_ = std::move(impl);
+  return r;
+}
+
+// A field added to TraceOptions changes what a trace is: it must join TraceCache::Key.
+static_assert(sizeof(TraceOptions) == 24, "TraceOptions changed: update TraceCache::Key");
+
 ModelRef::Traced ModelRef::trace(int64_t layers, int64_t batch, int64_t seq_len,
                                  const TraceOptions& options) const {
   ACC_CHECK(batch >= 1, "trace: the batch must have >= 1 sample, got ", batch);
+  if (!impl_->cache) return trace_uncached(layers, batch, seq_len, options);
+  Traced t = *traced(layers, batch, seq_len, options);
+  t.trace.options = options;  // as asked (the dump shows them)
+  return t;
+}
+
+std::shared_ptr<const ModelRef::Traced> ModelRef::traced(int64_t layers, int64_t batch,
+                                                         int64_t seq_len,
+                                                         const TraceOptions& options) const {
+  ACC_CHECK(batch >= 1, "trace: the batch must have >= 1 sample, got ", batch);
+  TraceCache* cache = impl_->cache.get();
+  if (cache == nullptr) {
+    return std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
+  }
+  // Options that trace alike share a key: without recomputation the recomputed blocks' count is
+  // not read, and recomputing at least as many blocks as the model has is recomputing them all
+  // (the tracer's BlockWrappers).
+  const int64_t recomputed = options.recompute == Recompute::kNone ? 0
+                             : options.recompute_blocks < 0 || options.recompute_blocks >= layers
+                                 ? -1
+                                 : options.recompute_blocks;
+  TraceCache::Key key{impl_->cache_identity,
+                      layers,
+                      batch,
+                      seq_len,
+                      options.backward,
+                      static_cast<int>(options.recompute),
+                      recomputed,
+                      options.bf16_activations};
+  {
+    const std::lock_guard<std::mutex> lock(cache->mutex_);
+    if (auto it = cache->traces_.find(key); it != cache->traces_.end()) {
+      ++cache->served_;
+      return it->second;
+    }
+  }
+  // Traced unlocked (a trace takes milliseconds); a race traces twice and keeps the first.
+  auto t = std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
+  const std::lock_guard<std::mutex> lock(cache->mutex_);
+  return cache->traces_.emplace(std::move(key), std::move(t)).first->second;
+}
+
+size_t TraceCache::traced() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return traces_.size();
+}
+
+size_t TraceCache::served() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return served_;
+}
+
+ModelRef::Traced ModelRef::trace_uncached(int64_t layers, int64_t batch, int64_t seq_len,
+                                          const TraceOptions& options) const {
   if (!impl_->rewrite) return trace_as_is(layers, batch, seq_len, options);
   DefaultDeviceGuard meta(Device::kMeta);  // what the forward creates is meta too
   if (is_registry()) {

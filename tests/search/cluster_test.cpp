@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "acc/accelerate.hpp"
@@ -376,6 +377,46 @@ TEST(CostModel, ExpectedMicroBatchesGiveTheSameTimesFromFewerTraces) {
   EXPECT_GT(priced, 500u);
   EXPECT_LT(2 * told.passes_priced(), direct.passes_priced())
       << "told " << told.passes_priced() << ", direct " << direct.passes_priced();
+}
+
+// The pp ranks of pipelines of every depth that run alike share their traces (one cache for the
+// memory and the time model, as the search keeps): every prediction equals the one from traces
+// made afresh for each candidate's ranks.
+TEST(TraceCache, SharedTracesGiveThePredictionsOfFreshOnes) {
+  const nlohmann::json config = {
+      {"n_layer", 8}, {"n_head", 4}, {"n_embd", 32}, {"vocab_size", 128}, {"block_size", 32}};
+  const int64_t T = 16;
+  const auto model = trace::ModelRef::registry("gpt", config);
+  const ClusterProfile selene = ClusterProfile::load(profiles("a100-selene.json"));
+  SpaceOptions so;
+  so.world = 8;
+  so.global_batch = 8;
+  so.seq_len = T;
+  MemoryModel fresh_memory(model, T), memory(model, T);
+  CostModel fresh_cost(model, T, selene), cost(model, T, selene);
+  fresh_memory.share_traces(nullptr);
+  fresh_cost.share_traces(nullptr);
+  cost.share_traces(memory.traces());
+  const auto cands = enumerate_candidates(so, memory.num_blocks());
+  std::set<int> depths;
+  size_t predicted = 0;
+  for (const Candidate& c : cands) {
+    if (fresh_memory.layout_refusal(c)) continue;
+    ASSERT_FALSE(memory.layout_refusal(c).has_value()) << c.describe();
+    ASSERT_EQ(memory.predict(c).to_json(), fresh_memory.predict(c).to_json())
+        << c.describe() << " micro-batch " << c.micro_batch;
+    ASSERT_EQ(cost.predict(c).to_json(), fresh_cost.predict(c).to_json())
+        << c.describe() << " micro-batch " << c.micro_batch;
+    depths.insert(c.mesh.pp);
+    ++predicted;
+  }
+  EXPECT_EQ(depths, (std::set<int>{1, 2, 4, 8}));
+  EXPECT_GT(predicted, 200u);
+  // Each trace made was asked for again at least as often (by another depth's ranks, by the
+  // other model).
+  const trace::TraceCache& traces = *memory.traces();
+  EXPECT_GT(traces.traced(), 0u);
+  EXPECT_GE(traces.served(), traces.traced()) << traces.traced() << " made";
 }
 
 }  // namespace

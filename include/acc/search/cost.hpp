@@ -107,6 +107,12 @@ class CostModel {
   /// Passes traced so far (each from 2 or 3 traces, or from their pairs at 2 and 3 samples for
   /// every expected micro-batch): what the predictions so far cost in traces.
   size_t passes_priced() const { return passes_traced_; }
+  /// Its traces kept in `cache` (RankModels::share_traces; by default a cache of its own): the
+  /// memory model's of the same search, whose passes trace much the same.
+  void share_traces(std::shared_ptr<trace::TraceCache> cache) {
+    ranks_.share_traces(std::move(cache));
+  }
+  const std::shared_ptr<trace::TraceCache>& traces() const { return ranks_.traces(); }
   /// The α-β fits measured on groups of `comm.world` ranks (a tp or cp group of the job).
   void add_group_calibration(CommCalibration comm);
   /// The fits for a group of `size` ranks: measured on that size, else the job's.

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -123,6 +124,11 @@ struct RankModel {
   /// candidates (other micro-batch counts or schedules, other ranks in the middle of one
   /// pipeline) that run the same stages share it, and so share their traces.
   std::string trace_key;
+  /// What its traces at a few blocks depend on: trace_key without the stages' block counts (the
+  /// copy traced splits its blocks evenly among the rank's stages, whatever their counts). The
+  /// ranks of pipelines of every depth that share it trace alike (their messages' peers and tags
+  /// aside) and share their traces (trace::ModelRef::shared_traces).
+  std::string shape_key;
 };
 
 /// The model as each pp rank of `c` runs it: without a pipeline, layout_model alone. With one
@@ -150,13 +156,20 @@ std::vector<int64_t> stage_gradient_bytes(const trace::TrainingNeed& need, const
 /// model each keep one).
 class RankModels {
  public:
+  /// Its rank models keep their traces in a cache of its own, shared by the ranks of every
+  /// layout with the same RankModel::shape_key.
   RankModels(trace::ModelRef model, int64_t seq_len);
   /// The models of `c`'s pp ranks: the model itself when `c` has no layout.
   const std::vector<RankModel>& of(const Candidate& c);
+  /// Keeps the traces in `cache` from now on (another model's of the same model and sequence
+  /// length: the memory and the time model of one search share theirs); null: traced each time.
+  void share_traces(std::shared_ptr<trace::TraceCache> cache);
+  const std::shared_ptr<trace::TraceCache>& traces() const { return traces_; }
 
  private:
   trace::ModelRef model_;
   int64_t seq_len_ = 0;
+  std::shared_ptr<trace::TraceCache> traces_;
   std::map<std::string, std::vector<RankModel>> layouts_;  // layout_key -> its ranks' models
 };
 
@@ -219,6 +232,11 @@ class MemoryModel {
   /// multiple of tp 4"); nullopt when it can (or the candidate has no layout). Checked once per
   /// layout.
   std::optional<std::string> layout_refusal(const Candidate& c);
+  /// Its traces kept in `cache` (RankModels::share_traces; by default a cache of its own).
+  void share_traces(std::shared_ptr<trace::TraceCache> cache) {
+    ranks_.share_traces(std::move(cache));
+  }
+  const std::shared_ptr<trace::TraceCache>& traces() const { return ranks_.traces(); }
 
  private:
   // The prediction for one pp rank (`key`: its model's cache key).

@@ -13,6 +13,7 @@
 // micro-batch of a layout from one pair of traces.
 
 #include <cstdint>
+#include <memory>
 
 #include "acc/trace/tracer.hpp"
 
@@ -24,6 +25,8 @@ class BatchTraces {
   static constexpr int64_t kLow = 2;
   /// `low` and `next`: the same step (model, depth, options) traced at kLow and kLow + 1 samples.
   BatchTraces(Trace low, Trace next);
+  /// The same over traces kept elsewhere (trace::TraceCache's), not copied.
+  BatchTraces(std::shared_ptr<const Trace> low, std::shared_ptr<const Trace> next);
   /// Whether the two have the same ops, tensors and memory events: then at() gives any batch
   /// from kLow up.
   bool affine() const { return affine_; }
@@ -33,7 +36,8 @@ class BatchTraces {
   const Trace& at(int64_t batch);
 
  private:
-  Trace low_, next_, scaled_;
+  std::shared_ptr<const Trace> low_, next_;
+  Trace scaled_;
   bool affine_ = false;
   bool copied_ = false;  // scaled_ holds a copy of low_
 };

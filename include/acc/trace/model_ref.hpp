@@ -15,9 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "acc/data/batch.hpp"
@@ -36,6 +40,8 @@ using BatchLoss = std::function<Tensor(nn::Module&, const data::Batch&)>;
 /// traces. Throws what the module and the loss throw.
 Trace trace_on_batch(nn::Module& module, const data::Batch& sample, const BatchLoss& loss,
                      int64_t batch = 0, const TraceOptions& options = {});
+
+class TraceCache;
 
 class ModelRef {
  public:
@@ -78,7 +84,17 @@ class ModelRef {
                                                                const BatchLoss&)>;
   /// This model traced through `rewrite` (none: as it is). hash() and the facts above stay this
   /// model's: the rewrite is how a candidate runs it, not another model.
+  /// Its traces are no longer shared (shared_traces): it traces otherwise.
   ModelRef rewritten(Rewrite rewrite) const;
+
+  /// This model with its traces kept in `cache` under `identity`: a trace asked again, by this
+  /// model or by another given the same cache and identity, is a copy of the one made first.
+  /// The caller vouches that every model it gives one identity traces the same ops, shapes and
+  /// bytes at the same (layers, batch, seq_len, options) — what every estimate reads; what none
+  /// reads may differ (a pipeline message's peer and tag). The search gives the pp ranks of
+  /// pipelines of every depth that run alike one identity (search::RankModel::shape_key). Null
+  /// `cache`: traced each time.
+  ModelRef shared_traces(std::shared_ptr<TraceCache> cache, std::string identity) const;
 
   struct Traced {
     Trace trace;
@@ -88,16 +104,40 @@ class ModelRef {
   /// ignored for a module) at `layers` blocks (registry; a module is traced whole: layers must be
   /// num_layers()). Throws what the model throws, acc::ValueError for batch < 1.
   Traced trace(int64_t layers, int64_t batch, int64_t seq_len, const TraceOptions& options) const;
+  /// The same, shared: with shared_traces, the cache's own trace (no copy; its options are those
+  /// it was first traced with, which trace alike), else a new one.
+  std::shared_ptr<const Traced> traced(int64_t layers, int64_t batch, int64_t seq_len,
+                                       const TraceOptions& options) const;
   /// 16 hex digits (see the top of this file). Equal on every rank for the same model and sample
   /// shapes.
   std::string hash() const;
 
  private:
+  Traced trace_uncached(int64_t layers, int64_t batch, int64_t seq_len,
+                        const TraceOptions& options) const;
   Traced trace_as_is(int64_t layers, int64_t batch, int64_t seq_len,
                      const TraceOptions& options) const;
 
   struct Impl;
   std::shared_ptr<const Impl> impl_;
+};
+
+/// The traces of the ModelRefs given it (ModelRef::shared_traces), each kept once per (identity,
+/// layers, batch, seq_len, options). Safe to share between threads. Its traces live as long as it
+/// does: a search keeps one per model it prices.
+class TraceCache {
+ public:
+  /// Traces made for it, and asks answered with a copy of one made before.
+  size_t traced() const;
+  size_t served() const;
+
+ private:
+  friend class ModelRef;
+  // (identity, layers, batch, seq_len, backward, recompute, recompute_blocks, bf16_activations).
+  using Key = std::tuple<std::string, int64_t, int64_t, int64_t, bool, int, int64_t, bool>;
+  mutable std::mutex mutex_;
+  std::map<Key, std::shared_ptr<const ModelRef::Traced>> traces_;
+  size_t served_ = 0;
 };
 
 }  // namespace acc::trace
