@@ -124,7 +124,9 @@ int main(int argc, char** argv) {
          {{"memory_needs", memory.needs_traced()},
           {"time_passes", cost.passes_priced()},
           {"made", memory.traces()->traced()},
-          {"served_again", memory.traces()->served()}}},
+          {"served_again", memory.traces()->served()},
+          {"samples_evaluated", memory.traces()->figures_made()},
+          {"samples_served_again", memory.traces()->figures_served()}}},
         {"checksum", static_cast<double>(checksum) + step_sum}};
     std::printf("%s\n", out.dump(2).c_str());
   } catch (const std::exception& e) {

@@ -182,12 +182,27 @@ struct Sample {
   Timeline timeline;
 };
 
-// Traces the model at `layers` blocks on the meta device.
-// The Sample of a trace whose repeated blocks are `groups`.
-Sample sample_of(const Trace& t, const std::vector<BlockGroup>& groups,
-                 const std::string& optimizer, std::optional<BlockwiseGradients> blockwise,
-                 TrainingNeed* blocks_out) {
-  Sample s;
+}  // namespace
+
+// What estimate_training_need(s) read of one trace: its Sample and its blocks, kept beside the
+// trace where the model keeps its traces (ModelRef::figures), so that the needs of several stage
+// layouts and micro-batch lists sharing a trace evaluate it once.
+struct TraceFigures {
+  Sample sample;
+  bool has_blocks = false;
+  std::string block_type, block_container;
+  int64_t parameters_per_block = 0;
+};
+
+namespace {
+
+// The figures of a trace whose repeated blocks are `groups`.
+std::shared_ptr<const TraceFigures> figures_of(const Trace& t,
+                                               const std::vector<BlockGroup>& groups,
+                                               const std::string& optimizer,
+                                               std::optional<BlockwiseGradients> blockwise) {
+  auto f = std::make_shared<TraceFigures>();
+  Sample& s = f->sample;
   s.parameters = t.num_parameters;
   s.memory = estimate_memory(t, optimizer);
   s.compute = estimate_compute(t);
@@ -196,21 +211,47 @@ Sample sample_of(const Trace& t, const std::vector<BlockGroup>& groups,
   s.forward_ops = t.graph.backward_begin();
   if (!groups.empty()) {
     s.timeline = timeline(t, groups.front().blocks, blockwise);
-    if (blocks_out != nullptr) {
-      blocks_out->block_type = groups.front().type_name;
-      blocks_out->block_container = groups.front().container;
-      blocks_out->parameters_per_block = groups.front().parameters_per_block;
-    }
+    f->has_blocks = true;
+    f->block_type = groups.front().type_name;
+    f->block_container = groups.front().container;
+    f->parameters_per_block = groups.front().parameters_per_block;
   }
-  return s;
+  return f;
+}
+
+// The sample of `f`, its blocks written into `blocks_out` (when given and it has them).
+Sample taken(const TraceFigures& f, TrainingNeed* blocks_out) {
+  if (blocks_out != nullptr && f.has_blocks) {
+    blocks_out->block_type = f.block_type;
+    blocks_out->block_container = f.block_container;
+    blocks_out->parameters_per_block = f.parameters_per_block;
+  }
+  return f.sample;
+}
+
+// What a trace's figures depend on beyond the trace (ModelRef::figures' `what`).
+std::string figures_what(const std::string& optimizer,
+                         const std::optional<BlockwiseGradients>& blockwise) {
+  std::string w = optimizer;
+  if (blockwise) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "|%a|%d", blockwise->in_flight_fraction,
+                  blockwise->accumulated ? 1 : 0);
+    w += buf;
+  }
+  return w;
 }
 
 Sample sample(const ModelRef& ref, int64_t layers, int64_t batch, int64_t seq_len,
               const TraceOptions& options, const std::string& optimizer,
               std::optional<BlockwiseGradients> blockwise, TrainingNeed* blocks_out = nullptr) {
-  const std::shared_ptr<const ModelRef::Traced> traced =
-      ref.traced(layers, batch, seq_len, options);
-  return sample_of(traced->trace, traced->blocks, optimizer, blockwise, blocks_out);
+  const auto f =
+      ref.figures(layers, batch, seq_len, options, figures_what(optimizer, blockwise), [&] {
+        const std::shared_ptr<const ModelRef::Traced> traced =
+            ref.traced(layers, batch, seq_len, options);
+        return figures_of(traced->trace, traced->blocks, optimizer, blockwise);
+      });
+  return taken(*f, blocks_out);
 }
 
 // A run of `count` blocks of one kind, as few blocks as keep its first, middle and last distinct
@@ -467,23 +508,32 @@ std::vector<TrainingNeed> estimate_training_needs(const ModelRef& ref,
           if (b < BatchTraces::kLow) {
             return sample(ref, layers, b, seq_len, o, optimizer, bw, blocks_out);
           }
-          auto it = pairs.find(key);
-          if (it == pairs.end()) {
-            // Shared, not copied, when the model keeps its traces (ModelRef::shared_traces).
-            const auto low = ref.traced(layers, BatchTraces::kLow, seq_len, o);
-            const auto next = ref.traced(layers, BatchTraces::kLow + 1, seq_len, o);
-            it = pairs
-                     .emplace(key, std::pair{BatchTraces(
-                                                 std::shared_ptr<const Trace>(low, &low->trace),
-                                                 std::shared_ptr<const Trace>(next, &next->trace)),
-                                             low->blocks})
-                     .first;
-          }
-          auto& [traces, groups] = it->second;
-          if (b > BatchTraces::kLow + 1 && !traces.affine()) {
-            return sample(ref, layers, b, seq_len, o, optimizer, bw, blocks_out);
-          }
-          return sample_of(traces.at(b), groups, optimizer, bw, blocks_out);
+          // Evaluated once per trace where the model keeps its traces: the pair is made only for
+          // figures not kept yet.
+          const auto f = ref.figures(
+              layers, b, seq_len, o, figures_what(optimizer, bw),
+              [&]() -> std::shared_ptr<const TraceFigures> {
+                auto it = pairs.find(key);
+                if (it == pairs.end()) {
+                  // Shared, not copied, when the model keeps its traces.
+                  const auto low = ref.traced(layers, BatchTraces::kLow, seq_len, o);
+                  const auto next = ref.traced(layers, BatchTraces::kLow + 1, seq_len, o);
+                  it = pairs
+                           .emplace(key,
+                                    std::pair{BatchTraces(
+                                                  std::shared_ptr<const Trace>(low, &low->trace),
+                                                  std::shared_ptr<const Trace>(next, &next->trace)),
+                                              low->blocks})
+                           .first;
+                }
+                auto& [traces, groups] = it->second;
+                if (b > BatchTraces::kLow + 1 && !traces.affine()) {
+                  const auto traced = ref.traced(layers, b, seq_len, o);
+                  return figures_of(traced->trace, traced->blocks, optimizer, bw);
+                }
+                return figures_of(traces.at(b), groups, optimizer, bw);
+              });
+          return taken(*f, blocks_out);
         }));
   }
   return out;

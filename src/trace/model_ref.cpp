@@ -182,21 +182,7 @@ std::shared_ptr<const ModelRef::Traced> ModelRef::traced(int64_t layers, int64_t
   if (cache == nullptr) {
     return std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
   }
-  // Options that trace alike share a key: without recomputation the recomputed blocks' count is
-  // not read, and recomputing at least as many blocks as the model has is recomputing them all
-  // (the tracer's BlockWrappers).
-  const int64_t recomputed = options.recompute == Recompute::kNone ? 0
-                             : options.recompute_blocks < 0 || options.recompute_blocks >= layers
-                                 ? -1
-                                 : options.recompute_blocks;
-  TraceCache::Key key{impl_->cache_identity,
-                      layers,
-                      batch,
-                      seq_len,
-                      options.backward,
-                      static_cast<int>(options.recompute),
-                      recomputed,
-                      options.bf16_activations};
+  TraceCache::Key key = TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options);
   {
     const std::lock_guard<std::mutex> lock(cache->mutex_);
     if (auto it = cache->traces_.find(key); it != cache->traces_.end()) {
@@ -208,6 +194,55 @@ std::shared_ptr<const ModelRef::Traced> ModelRef::traced(int64_t layers, int64_t
   auto t = std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
   const std::lock_guard<std::mutex> lock(cache->mutex_);
   return cache->traces_.emplace(std::move(key), std::move(t)).first->second;
+}
+
+std::shared_ptr<const TraceFigures> ModelRef::figures(
+    int64_t layers, int64_t batch, int64_t seq_len, const TraceOptions& options,
+    const std::string& what,
+    const std::function<std::shared_ptr<const TraceFigures>()>& make) const {
+  TraceCache* cache = impl_->cache.get();
+  if (cache == nullptr) return make();
+  std::pair<TraceCache::Key, std::string> key{
+      TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options), what};
+  {
+    const std::lock_guard<std::mutex> lock(cache->mutex_);
+    if (auto it = cache->figures_.find(key); it != cache->figures_.end()) {
+      ++cache->figures_served_;
+      return it->second;
+    }
+  }
+  auto f = make();
+  const std::lock_guard<std::mutex> lock(cache->mutex_);
+  return cache->figures_.emplace(std::move(key), std::move(f)).first->second;
+}
+
+TraceCache::Key TraceCache::key_of(const std::string& identity, int64_t layers, int64_t batch,
+                                   int64_t seq_len, const TraceOptions& options) {
+  // Options that trace alike share a key: without recomputation the recomputed blocks' count is
+  // not read, and recomputing at least as many blocks as the model has is recomputing them all
+  // (the tracer's BlockWrappers).
+  const int64_t recomputed = options.recompute == Recompute::kNone ? 0
+                             : options.recompute_blocks < 0 || options.recompute_blocks >= layers
+                                 ? -1
+                                 : options.recompute_blocks;
+  return {identity,
+          layers,
+          batch,
+          seq_len,
+          options.backward,
+          static_cast<int>(options.recompute),
+          recomputed,
+          options.bf16_activations};
+}
+
+size_t TraceCache::figures_made() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return figures_.size();
+}
+
+size_t TraceCache::figures_served() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return figures_served_;
 }
 
 size_t TraceCache::traced() const {

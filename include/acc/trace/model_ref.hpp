@@ -42,6 +42,7 @@ Trace trace_on_batch(nn::Module& module, const data::Batch& sample, const BatchL
                      int64_t batch = 0, const TraceOptions& options = {});
 
 class TraceCache;
+struct TraceFigures;  // what trace/estimate.cpp reads of a trace (defined there)
 
 class ModelRef {
  public:
@@ -108,6 +109,14 @@ class ModelRef {
   /// it was first traced with, which trace alike), else a new one.
   std::shared_ptr<const Traced> traced(int64_t layers, int64_t batch, int64_t seq_len,
                                        const TraceOptions& options) const;
+  /// Figures derived from the trace at (layers, batch, seq_len, options) under `what` (what else
+  /// they depend on): with shared_traces, kept in the cache beside the trace (`make` runs once
+  /// per key), else made each time. `make` derives them however it likes (from traced(), or from
+  /// a BatchTraces at `batch`): they must be those of that trace. For trace/estimate.cpp.
+  std::shared_ptr<const TraceFigures> figures(
+      int64_t layers, int64_t batch, int64_t seq_len, const TraceOptions& options,
+      const std::string& what,
+      const std::function<std::shared_ptr<const TraceFigures>()>& make) const;
   /// 16 hex digits (see the top of this file). Equal on every rank for the same model and sample
   /// shapes.
   std::string hash() const;
@@ -127,9 +136,12 @@ class ModelRef {
 /// does: a search keeps one per model it prices.
 class TraceCache {
  public:
-  /// Traces made for it, and asks answered with a copy of one made before.
+  /// Traces made for it, and asks answered with one made before.
   size_t traced() const;
   size_t served() const;
+  /// Figures derived from its traces (ModelRef::figures) made, and asks answered with them.
+  size_t figures_made() const;
+  size_t figures_served() const;
 
  private:
   friend class ModelRef;
@@ -138,6 +150,11 @@ class TraceCache {
   mutable std::mutex mutex_;
   std::map<Key, std::shared_ptr<const ModelRef::Traced>> traces_;
   size_t served_ = 0;
+  std::map<std::pair<Key, std::string>, std::shared_ptr<const TraceFigures>> figures_;
+  size_t figures_served_ = 0;
+  // The key of a trace of `ref` (options that trace alike share one).
+  static Key key_of(const std::string& identity, int64_t layers, int64_t batch, int64_t seq_len,
+                    const TraceOptions& options);
 };
 
 }  // namespace acc::trace
