@@ -153,6 +153,27 @@ ModelRef::Traced trace_rewritten(nn::Module& model, const data::Batch& sample,
 
 }  // namespace
 
+namespace {
+
+// What `map` keeps under `key` (an ask answered: `served` counted), else what `make` gives, kept.
+// Made unlocked (a trace takes milliseconds); a race makes it twice and keeps the first.
+template <class Map, class Make>
+typename Map::mapped_type kept(std::mutex& mutex, Map& map, size_t& served,
+                               typename Map::key_type key, const Make& make) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = map.find(key); it != map.end()) {
+      ++served;
+      return it->second;
+    }
+  }
+  typename Map::mapped_type made = make();
+  const std::lock_guard<std::mutex> lock(mutex);
+  return map.emplace(std::move(key), std::move(made)).first->second;
+}
+
+}  // namespace
+
 ModelRef ModelRef::shared_traces(std::shared_ptr<TraceCache> cache, std::string identity) const {
   auto impl = std::make_shared<Impl>(*impl_);
   impl->cache = std::move(cache);
@@ -182,18 +203,11 @@ std::shared_ptr<const ModelRef::Traced> ModelRef::traced(int64_t layers, int64_t
   if (cache == nullptr) {
     return std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
   }
-  TraceCache::Key key = TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options);
-  {
-    const std::lock_guard<std::mutex> lock(cache->mutex_);
-    if (auto it = cache->traces_.find(key); it != cache->traces_.end()) {
-      ++cache->served_;
-      return it->second;
-    }
-  }
-  // Traced unlocked (a trace takes milliseconds); a race traces twice and keeps the first.
-  auto t = std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
-  const std::lock_guard<std::mutex> lock(cache->mutex_);
-  return cache->traces_.emplace(std::move(key), std::move(t)).first->second;
+  return kept(
+      cache->mutex_, cache->traces_, cache->served_,
+      TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options), [&] {
+        return std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
+      });
 }
 
 std::shared_ptr<const TraceFigures> ModelRef::figures(
@@ -202,18 +216,10 @@ std::shared_ptr<const TraceFigures> ModelRef::figures(
     const std::function<std::shared_ptr<const TraceFigures>()>& make) const {
   TraceCache* cache = impl_->cache.get();
   if (cache == nullptr) return make();
-  std::pair<TraceCache::Key, std::string> key{
-      TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options), what};
-  {
-    const std::lock_guard<std::mutex> lock(cache->mutex_);
-    if (auto it = cache->figures_.find(key); it != cache->figures_.end()) {
-      ++cache->figures_served_;
-      return it->second;
-    }
-  }
-  auto f = make();
-  const std::lock_guard<std::mutex> lock(cache->mutex_);
-  return cache->figures_.emplace(std::move(key), std::move(f)).first->second;
+  return kept(
+      cache->mutex_, cache->figures_, cache->figures_served_,
+      std::pair{TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options), what},
+      make);
 }
 
 TraceCache::Key TraceCache::key_of(const std::string& identity, int64_t layers, int64_t batch,

@@ -89,7 +89,8 @@ class ModelRef {
   ModelRef rewritten(Rewrite rewrite) const;
 
   /// This model with its traces kept in `cache` under `identity`: a trace asked again, by this
-  /// model or by another given the same cache and identity, is a copy of the one made first.
+  /// model or by another given the same cache and identity, is the one made first (traced()
+  /// hands it out; trace() copies it).
   /// The caller vouches that every model it gives one identity traces the same ops, shapes and
   /// bytes at the same (layers, batch, seq_len, options) — what every estimate reads; what none
   /// reads may differ (a pipeline message's peer and tag). The search gives the pp ranks of
