@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
          {{"memory_needs", memory.needs_traced()},
           {"time_passes", cost.passes_priced()},
           {"made", memory.traces()->traced()},
+          {"refused", memory.traces()->refused()},
           {"served_again", memory.traces()->served()},
           {"samples_evaluated", memory.traces()->figures_made()},
           {"samples_served_again", memory.traces()->figures_served()}}},

@@ -367,9 +367,12 @@ void kill_children() {
   }
 }
 
-// A node is healthy when mpirun can start a process there within the timeout.
+// A node is healthy when mpirun can start a process there within the timeout. mpirun told to stop
+// (SIGTERM) waits for its daemons, and one on a lost node may never answer: 2 s after the TERM,
+// KILL (`timeout -k`); its daemons come back to acc-run, which reaps them (kill_children).
 bool healthy(const LaunchOptions& o, const std::string& node) {
-  std::vector<std::string> argv = {"timeout", std::to_string(o.health_timeout_s), o.mpirun};
+  std::vector<std::string> argv = {"timeout", "-k", "2", std::to_string(o.health_timeout_s),
+                                   o.mpirun};
   argv.insert(argv.end(), o.mpirun_args.begin(), o.mpirun_args.end());
   for (const std::string& a : {std::string("--host"), node + ":1", std::string("-np"),
                                std::string("1"), std::string("true")}) {

@@ -326,9 +326,7 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
       backward_seen = true;
       --now.in_flight[s];
     }
-    nlohmann::json config = model.config();
-    config[model.layers_key()] = pipe->blocks_of_rank(r);
-    rm.model = trace::ModelRef::registry(model.type(), config)
+    rm.model = model.at_depth(pipe->blocks_of_rank(r))
                    .rewritten(strategies::layout_rewrite(c.strategy, c.world, true, r));
     const std::string ends = std::string(rm.first ? "#first" : "") + (rm.last ? "#last" : "");
     rm.trace_key = stage_layout + "#stages";
@@ -362,8 +360,11 @@ const std::vector<RankModel>& RankModels::of(const Candidate& c) {
 }
 
 void RankModels::share_traces(std::shared_ptr<trace::TraceCache> cache) {
+  // of() hands out references to the layouts it made, whose models hold the cache they were made
+  // with: swapping the cache then would leave them dangling or stale.
+  ACC_CHECK(layouts_.empty(), "RankModels::share_traces: called after ", layouts_.size(),
+            " layout(s) were made; give the cache before the first prediction");
   traces_ = std::move(cache);
-  layouts_.clear();  // their models hold the cache they were made with
 }
 
 strategies::StepEffects rank_effects(const strategies::StepEffects& e, const RankModel& r) {

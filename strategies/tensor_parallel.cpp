@@ -36,17 +36,20 @@ int size_from(const nlohmann::json& c) {
   return int_from("tensor_parallel", c, "size", 1, 1024);
 }
 
-// The trace the patterns are found in: the model's step on meta tensors.
+// The trace the patterns are found in: the model's forward on meta tensors (the attention and MLP
+// patterns are forward ops; the backward would double the trace's cost, which the search pays for
+// every tensor-parallel candidate it traces).
 trace::Trace trace_for_patterns(nn::Module& model, const data::Batch& sample, const LossFn& loss) {
+  const trace::TraceOptions forward_only{.backward = false};
   if (auto* lm = dynamic_cast<models::LanguageModel*>(&model)) {
     const Tensor idx =
         empty({1, std::min<int64_t>(4, lm->max_seq_len())}, {DType::kInt64, Device::kMeta});
-    return trace::trace(*lm, {idx, idx});
+    return trace::trace(*lm, {idx, idx}, forward_only);
   }
   ACC_CHECK(!sample.tensors().empty() && loss, "tensor_parallel: the model (", model.type_name(),
             ") is no language model, so its attention and MLP patterns are found by tracing it on "
             "a sample batch: give ApplyOptions::sample_batch (auto_accelerate passes its own)");
-  return trace::trace_on_batch(model, sample, loss);
+  return trace::trace_on_batch(model, sample, loss, 0, forward_only);
 }
 
 }  // namespace

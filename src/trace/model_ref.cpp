@@ -112,6 +112,18 @@ Trace trace_on_batch(nn::Module& module, const data::Batch& sample, const BatchL
   return trace(module, run, inputs, options);
 }
 
+ModelRef ModelRef::at_depth(int64_t layers) const {
+  ACC_CHECK(is_registry(), "ModelRef::at_depth: the model (", impl_->type,
+            ") is a module of the user's, traced whole");
+  ACC_CHECK(layers >= 1, "ModelRef::at_depth: the layer count must be >= 1, got ", layers);
+  auto impl = std::make_shared<Impl>(*impl_);
+  impl->config[layers_key()] = layers;
+  impl->num_layers = layers;
+  ModelRef r;
+  r.impl_ = std::move(impl);
+  return r;
+}
+
 ModelRef ModelRef::rewritten(Rewrite rewrite) const {
   auto impl = std::make_shared<Impl>(*impl_);
   impl->rewrite = std::move(rewrite);
@@ -153,28 +165,52 @@ ModelRef::Traced trace_rewritten(nn::Module& model, const data::Batch& sample,
 
 }  // namespace
 
-namespace {
-
-// What `map` keeps under `key` (an ask answered: `served` counted), else what `make` gives, kept.
-// Made unlocked (a trace takes milliseconds); a race makes it twice and keeps the first.
+// What `map` keeps under `key` (an ask answered: `served` counted), else what `make` gives, kept;
+// a refusal of the model's (a ValueError, ShapeError or TypeError: the same every time) is kept
+// too and thrown again. Made unlocked (a trace takes milliseconds); a race makes it twice and
+// keeps the first.
 template <class Map, class Make>
-typename Map::mapped_type kept(std::mutex& mutex, Map& map, size_t& served,
-                               typename Map::key_type key, const Make& make) {
+typename Map::mapped_type::value_type TraceCache::kept(Map& map, size_t& served,
+                                                       typename Map::key_type key,
+                                                       const Make& make) {
+  auto give = [](const typename Map::mapped_type& k) {
+    if (k.refusal) std::rethrow_exception(k.refusal);
+    return k.value;
+  };
   {
-    const std::lock_guard<std::mutex> lock(mutex);
+    const std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = map.find(key); it != map.end()) {
       ++served;
-      return it->second;
+      return give(it->second);
     }
   }
-  typename Map::mapped_type made = make();
-  const std::lock_guard<std::mutex> lock(mutex);
-  return map.emplace(std::move(key), std::move(made)).first->second;
+  typename Map::mapped_type made;
+  try {
+    made.value = make();
+  } catch (const ValueError&) {
+    made.refusal = std::current_exception();
+  } catch (const ShapeError&) {
+    made.refusal = std::current_exception();
+  } catch (const TypeError&) {
+    made.refusal = std::current_exception();
+  }
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return give(map.emplace(std::move(key), std::move(made)).first->second);
 }
 
-}  // namespace
-
 ModelRef ModelRef::shared_traces(std::shared_ptr<TraceCache> cache, std::string identity) const {
+  if (cache) {
+    // One cache, one model: the identities of two models' ranks could be equal.
+    // The depth aside: a trace's depth is in its key (a pipeline rank's model holds its blocks).
+    nlohmann::json config = impl_->config;
+    if (is_registry()) config.erase(layers_key());
+    const std::string model = impl_->type + " " + config.dump();
+    const std::lock_guard<std::mutex> lock(cache->mutex_);
+    if (cache->model_.empty()) cache->model_ = model;
+    ACC_CHECK(cache->model_ == model,
+              "shared_traces: this trace cache keeps the traces of another model (",
+              cache->model_.substr(0, 120), "), not of ", model.substr(0, 120));
+  }
   auto impl = std::make_shared<Impl>(*impl_);
   impl->cache = std::move(cache);
   impl->cache_identity = std::move(identity);
@@ -182,9 +218,6 @@ ModelRef ModelRef::shared_traces(std::shared_ptr<TraceCache> cache, std::string 
   r.impl_ = std::move(impl);
   return r;
 }
-
-// A field added to TraceOptions changes what a trace is: it must join TraceCache::Key.
-static_assert(sizeof(TraceOptions) == 24, "TraceOptions changed: update TraceCache::Key");
 
 ModelRef::Traced ModelRef::trace(int64_t layers, int64_t batch, int64_t seq_len,
                                  const TraceOptions& options) const {
@@ -203,8 +236,8 @@ std::shared_ptr<const ModelRef::Traced> ModelRef::traced(int64_t layers, int64_t
   if (cache == nullptr) {
     return std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
   }
-  return kept(
-      cache->mutex_, cache->traces_, cache->served_,
+  return cache->kept(
+      cache->traces_, cache->served_,
       TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options), [&] {
         return std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
       });
@@ -216,8 +249,8 @@ std::shared_ptr<const TraceFigures> ModelRef::figures(
     const std::function<std::shared_ptr<const TraceFigures>()>& make) const {
   TraceCache* cache = impl_->cache.get();
   if (cache == nullptr) return make();
-  return kept(
-      cache->mutex_, cache->figures_, cache->figures_served_,
+  return cache->kept(
+      cache->figures_, cache->figures_served_,
       std::pair{TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options), what},
       make);
 }
@@ -225,20 +258,15 @@ std::shared_ptr<const TraceFigures> ModelRef::figures(
 TraceCache::Key TraceCache::key_of(const std::string& identity, int64_t layers, int64_t batch,
                                    int64_t seq_len, const TraceOptions& options) {
   // Options that trace alike share a key: without recomputation the recomputed blocks' count is
-  // not read, and recomputing at least as many blocks as the model has is recomputing them all
-  // (the tracer's BlockWrappers).
-  const int64_t recomputed = options.recompute == Recompute::kNone ? 0
-                             : options.recompute_blocks < 0 || options.recompute_blocks >= layers
-                                 ? -1
-                                 : options.recompute_blocks;
-  return {identity,
-          layers,
-          batch,
-          seq_len,
-          options.backward,
-          static_cast<int>(options.recompute),
-          recomputed,
-          options.bf16_activations};
+  // not read, recomputing none of the blocks is not recomputing, and recomputing at least as many
+  // blocks as the model has is recomputing them all (the tracer's BlockWrappers).
+  TraceOptions o = options;
+  if (o.recompute != Recompute::kNone && o.recompute_blocks == 0) o.recompute = Recompute::kNone;
+  o.recompute_blocks = o.recompute == Recompute::kNone ? 0
+                       : o.recompute_blocks < 0 || o.recompute_blocks >= layers
+                           ? -1
+                           : o.recompute_blocks;
+  return {identity, layers, batch, seq_len, o.key_fields()};
 }
 
 size_t TraceCache::figures_made() const {
@@ -253,7 +281,16 @@ size_t TraceCache::figures_served() const {
 
 size_t TraceCache::traced() const {
   const std::lock_guard<std::mutex> lock(mutex_);
-  return traces_.size();
+  size_t n = 0;
+  for (const auto& [key, k] : traces_) n += k.refusal ? 0 : 1;
+  return n;
+}
+
+size_t TraceCache::refused() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  size_t n = 0;
+  for (const auto& [key, k] : traces_) n += k.refusal ? 1 : 0;
+  return n;
 }
 
 size_t TraceCache::served() const {

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "acc/autograd/ops.hpp"
 #include "acc/models/language_model.hpp"
@@ -13,6 +14,39 @@
 #include "acc/util/error.hpp"
 
 namespace acc::trace {
+
+Graph::Graph(const Graph& other)
+    : g_(std::make_unique<BoostGraph>(*other.g_)),
+      ops_(other.ops_),
+      backward_begin_(other.backward_begin_),
+      events_(other.events_),
+      param_storages_(other.param_storages_),
+      grad_storages_(other.grad_storages_),
+      input_storages_(other.input_storages_) {}
+
+Graph& Graph::operator=(const Graph& other) {
+  if (this != &other) *this = Graph(other);
+  return *this;
+}
+
+Graph::Graph(Graph&& other) : Graph() {
+  *this = std::move(other);
+}
+
+Graph& Graph::operator=(Graph&& other) {
+  if (this == &other) return *this;
+  g_.swap(other.g_);
+  *other.g_ = BoostGraph();  // what this one held goes: the moved-from graph is empty
+  ops_ = std::exchange(other.ops_, {});
+  backward_begin_ = std::exchange(other.backward_begin_, 0);
+  events_ = std::exchange(other.events_, {});
+  param_storages_ = std::exchange(other.param_storages_, {});
+  grad_storages_ = std::exchange(other.grad_storages_, {});
+  input_storages_ = std::exchange(other.input_storages_, {});
+  return *this;
+}
+
+Graph::~Graph() = default;
 
 const char* vertex_kind_name(VertexKind k) {
   switch (k) {
@@ -72,13 +106,13 @@ class Recorder : public detail::OpObserver {
 
   VertexId add_source(VertexKind kind, const std::string& name, const Tensor& t) {
     Vertex v;
-    v.id = static_cast<int64_t>(boost::num_vertices(g_.g_));
+    v.id = static_cast<int64_t>(boost::num_vertices(*g_.g_));
     v.kind = kind;
     v.op = vertex_kind_name(kind);
     v.name = name;
     v.outputs.push_back(info(t));
     v.bytes_written = v.outputs.back().nbytes;
-    VertexId id = boost::add_vertex(v, g_.g_);
+    VertexId id = boost::add_vertex(v, *g_.g_);
     set_producer(v.outputs.back().id, id);
     (kind == VertexKind::kParameter ? g_.param_storages_ : g_.input_storages_)
         .insert(v.outputs.back().storage);
@@ -129,7 +163,7 @@ class Recorder : public detail::OpObserver {
   void on_op(const std::string& name, const std::string& scope, const std::vector<Tensor>& inputs,
              const std::vector<Tensor>& outputs, bool backward) override {
     Vertex v;
-    v.id = static_cast<int64_t>(boost::num_vertices(g_.g_));
+    v.id = static_cast<int64_t>(boost::num_vertices(*g_.g_));
     v.kind = VertexKind::kOp;
     v.op = name;
     v.scope = scope;
@@ -158,14 +192,15 @@ class Recorder : public detail::OpObserver {
       v.bytes_written =
           checked_add(v.bytes_written, v.outputs.back().nbytes, "bytes written by ", v.name);
     }
-    VertexId id = boost::add_vertex(v, g_.g_);
+    VertexId id = boost::add_vertex(v, *g_.g_);
     g_.ops_.push_back(id);
-    for (const TensorInfo& in : g_.g_[id].inputs) {
+    for (const TensorInfo& in : (*g_.g_)[id].inputs) {
       if (in.id < static_cast<int64_t>(producer_.size()) && producer_[in.id] >= 0) {
-        boost::add_edge(static_cast<VertexId>(producer_[in.id]), id, Edge{in.id, in.nbytes}, g_.g_);
+        boost::add_edge(static_cast<VertexId>(producer_[in.id]), id, Edge{in.id, in.nbytes},
+                        *g_.g_);
       }
     }
-    for (const TensorInfo& out : g_.g_[id].outputs) set_producer(out.id, id);
+    for (const TensorInfo& out : (*g_.g_)[id].outputs) set_producer(out.id, id);
   }
 
  private:

@@ -669,5 +669,83 @@ TEST(BatchTraces, TheStepAtAnyBatchIsTheTracedOne) {
   EXPECT_THROW((void)pair.at(1), ValueError);
 }
 
+// A moved trace hands its graph over (Boost's adjacency_list has no move: Graph holds it by
+// pointer) and leaves an empty one; a copy is a deep copy, equal in its dump.
+TEST(Trace, GraphsMoveWithoutCopyingAndCopyDeeply) {
+  auto model = models::create_meta_model("gpt", small_gpt().to_json(), 2);
+  const Tensor idx = empty({2, 16}, {DType::kInt64, Device::kMeta});
+  trace::Trace t = trace::trace(*model, {idx, idx});
+  const nlohmann::json dump = trace::to_json(t);
+  const size_t vertices = t.graph.num_vertices();
+  ASSERT_GT(vertices, 10u);
+  const trace::Vertex* first = &t.graph.vertex(0);
+  trace::Trace moved = std::move(t);
+  EXPECT_EQ(&moved.graph.vertex(0), first) << "the vertices were copied, not handed over";
+  EXPECT_EQ(t.graph.num_vertices(), 0u);  // NOLINT(bugprone-use-after-move): the moved-from state
+  EXPECT_TRUE(t.graph.ops().empty());     // NOLINT(bugprone-use-after-move)
+  trace::Trace copy = moved;
+  EXPECT_NE(&copy.graph.vertex(0), first);
+  EXPECT_EQ(trace::to_json(copy), dump);
+  t = std::move(copy);
+  EXPECT_EQ(trace::to_json(t), dump);
+  EXPECT_EQ(copy.graph.num_vertices(), 0u);  // NOLINT(bugprone-use-after-move)
+}
+
+// The trace cache keeps a refusal of the model's (a layout that cannot be made) and throws it again
+// without tracing again; recomputing none of the blocks is the trace without recomputation; a cache
+// keeps one model's traces (any depth of it: a pipeline rank's share of the blocks).
+TEST(TraceCache, KeepsRefusalsAndKeysAlikeOptionsAlike) {
+  const int64_t T = 16;
+  const auto gpt = trace::ModelRef::registry("gpt", small_gpt(4).to_json());
+  auto cache = std::make_shared<trace::TraceCache>();
+  int rewrites = 0;
+  const auto refusing =
+      gpt.rewritten([&](nn::Module&, const data::Batch&,
+                        const trace::BatchLoss&) -> std::pair<nn::Undo, trace::BatchLoss> {
+           ++rewrites;
+           ACC_THROW(ValueError, "tensor_parallel: 4 heads do not divide over 3 ranks");
+         })
+          .shared_traces(cache, "refusing");
+  for (int ask = 0; ask < 3; ++ask) {
+    try {
+      (void)refusing.traced(1, 2, T, {});
+      ADD_FAILURE() << "no refusal";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("4 heads do not divide over 3 ranks"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(rewrites, 1);
+  EXPECT_EQ(cache->refused(), 1u);
+  EXPECT_EQ(cache->traced(), 0u);
+  EXPECT_EQ(cache->served(), 2u);
+
+  const auto kept = gpt.shared_traces(cache, "plain");
+  trace::TraceOptions none_recomputed;
+  none_recomputed.recompute = trace::Recompute::kBlock;
+  none_recomputed.recompute_blocks = 0;
+  const auto a = kept.traced(2, 2, T, none_recomputed);
+  const auto b = kept.traced(2, 2, T, {});
+  EXPECT_EQ(a.get(), b.get());
+  nlohmann::json kept_dump = trace::to_json(a->trace),
+                 fresh_dump = trace::to_json(gpt.trace(2, 2, T, {}).trace);
+  kept_dump.erase("options");
+  fresh_dump.erase("options");
+  EXPECT_EQ(kept_dump, fresh_dump);
+  trace::TraceOptions first_recomputed = none_recomputed;
+  first_recomputed.recompute_blocks = 1;
+  EXPECT_NE(kept.traced(2, 2, T, first_recomputed).get(), a.get());
+  EXPECT_EQ(cache->traced(), 2u);
+
+  // Another depth of the same model shares the cache; another model does not.
+  nlohmann::json deeper = small_gpt(4).to_json();
+  deeper["n_layer"] = 12;
+  EXPECT_NO_THROW((void)trace::ModelRef::registry("gpt", deeper).shared_traces(cache, "deep"));
+  nlohmann::json wider = small_gpt(4).to_json();
+  wider["n_embd"] = 128;
+  EXPECT_THROW((void)trace::ModelRef::registry("gpt", wider).shared_traces(cache, "plain"),
+               ValueError);
+}
+
 }  // namespace
 }  // namespace acc

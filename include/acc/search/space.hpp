@@ -161,8 +161,9 @@ class RankModels {
   RankModels(trace::ModelRef model, int64_t seq_len);
   /// The models of `c`'s pp ranks: the model itself when `c` has no layout.
   const std::vector<RankModel>& of(const Candidate& c);
-  /// Keeps the traces in `cache` from now on (another model's of the same model and sequence
-  /// length: the memory and the time model of one search share theirs); null: traced each time.
+  /// Keeps the traces in `cache` (another model's of the same model and sequence length: the
+  /// memory and the time model of one search share theirs); null: traced each time. Before the
+  /// first of(): acc::ValueError after it.
   void share_traces(std::shared_ptr<trace::TraceCache> cache);
   const std::shared_ptr<trace::TraceCache>& traces() const { return traces_; }
 

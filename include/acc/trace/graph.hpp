@@ -10,9 +10,11 @@
 #include <boost/graph/adjacency_list.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "acc/tensor/observer.hpp"
@@ -76,11 +78,22 @@ struct MemoryEvent {
 
 class Graph {
  public:
-  BoostGraph& boost_graph() { return g_; }
-  const BoostGraph& boost_graph() const { return g_; }
-  size_t num_vertices() const { return boost::num_vertices(g_); }
-  const Vertex& vertex(VertexId v) const { return g_[v]; }
-  Vertex& vertex(VertexId v) { return g_[v]; }
+  // The Boost graph is held by pointer: Boost 1.74's adjacency_list has no move constructor or
+  // assignment (and its swap() copies it three times), so a Graph holding it by value would copy
+  // every vertex each time a trace is moved (several times on its way out of the tracer). A
+  // moved-from Graph is empty.
+  Graph() : g_(std::make_unique<BoostGraph>()) {}
+  Graph(const Graph& other);
+  Graph& operator=(const Graph& other);
+  Graph(Graph&& other);
+  Graph& operator=(Graph&& other);
+  ~Graph();
+
+  BoostGraph& boost_graph() { return *g_; }
+  const BoostGraph& boost_graph() const { return *g_; }
+  size_t num_vertices() const { return boost::num_vertices(*g_); }
+  const Vertex& vertex(VertexId v) const { return (*g_)[v]; }
+  Vertex& vertex(VertexId v) { return (*g_)[v]; }
   /// Op vertices in execution order.
   const std::vector<VertexId>& ops() const { return ops_; }
   /// Index into ops() of the first backward op (ops().size() without backward).
@@ -95,7 +108,7 @@ class Graph {
  private:
   friend class Recorder;
   friend class BatchTraces;  // rewrites the events' bytes of a trace at another batch
-  BoostGraph g_;
+  std::unique_ptr<BoostGraph> g_;
   std::vector<VertexId> ops_;
   int64_t backward_begin_ = 0;
   std::vector<MemoryEvent> events_;

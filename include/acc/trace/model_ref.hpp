@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -76,6 +77,11 @@ class ModelRef {
   /// The samples per batch of the module's sample (0 for the registry).
   int64_t sample_size() const;
 
+  /// The same registry model at `layers` blocks (the config's layer count replaced; a pipeline
+  /// rank's share of the blocks), without building it again. Throws acc::ValueError for a module
+  /// or layers < 1.
+  ModelRef at_depth(int64_t layers) const;
+
   /// Rewrites the model before each of its traces as one rank of a parallel layout runs it (the
   /// search's tensor- and sequence-parallel candidates: strategies::layout_rewrite): given the
   /// model about to be traced (a registry model's meta copy, a module itself), the batch it is
@@ -133,12 +139,18 @@ class ModelRef {
 };
 
 /// The traces of the ModelRefs given it (ModelRef::shared_traces), each kept once per (identity,
-/// layers, batch, seq_len, options). Safe to share between threads. Its traces live as long as it
-/// does: a search keeps one per model it prices.
+/// layers, batch, seq_len, options). A trace the model refuses (the acc::ValueError, ShapeError or
+/// TypeError of a layout that cannot be made: heads that tp does not divide, ...) is kept as
+/// refused: asked again, the same error is thrown without tracing again. Its lookups lock a
+/// mutex; a trace is made outside the lock (two threads asking for one key at once may both
+/// trace it; the first kept wins). Its traces live as long as it does: a search keeps one per
+/// model it prices, and the models given one must be one model (the first fixes it: type and
+/// config).
 class TraceCache {
  public:
-  /// Traces made for it, and asks answered with one made before.
+  /// Traces made for it, refusals kept, and asks answered with one made before.
   size_t traced() const;
+  size_t refused() const;
   size_t served() const;
   /// Figures derived from its traces (ModelRef::figures) made, and asks answered with them.
   size_t figures_made() const;
@@ -146,12 +158,23 @@ class TraceCache {
 
  private:
   friend class ModelRef;
-  // (identity, layers, batch, seq_len, backward, recompute, recompute_blocks, bf16_activations).
-  using Key = std::tuple<std::string, int64_t, int64_t, int64_t, bool, int, int64_t, bool>;
+  // (identity, layers, batch, seq_len, TraceOptions::key_fields() normalised).
+  using Key = std::tuple<std::string, int64_t, int64_t, int64_t, TraceOptions::KeyFields>;
+  // What was made under a key: the value, or the refusal to rethrow.
+  template <class T>
+  struct Kept {
+    using value_type = T;
+    T value;
+    std::exception_ptr refusal;
+  };
+  template <class Map, class Make>
+  typename Map::mapped_type::value_type kept(Map& map, size_t& served, typename Map::key_type key,
+                                             const Make& make);
   mutable std::mutex mutex_;
-  std::map<Key, std::shared_ptr<const ModelRef::Traced>> traces_;
+  std::string model_;  // the type and config (but its depth) of the model whose traces it keeps
+  std::map<Key, Kept<std::shared_ptr<const ModelRef::Traced>>> traces_;
   size_t served_ = 0;
-  std::map<std::pair<Key, std::string>, std::shared_ptr<const TraceFigures>> figures_;
+  std::map<std::pair<Key, std::string>, Kept<std::shared_ptr<const TraceFigures>>> figures_;
   size_t figures_served_ = 0;
   // The key of a trace of `ref` (options that trace alike share one).
   static Key key_of(const std::string& identity, int64_t layers, int64_t batch, int64_t seq_len,

@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "acc/nn/module.hpp"
@@ -34,6 +35,11 @@ struct TraceOptions {
   int64_t recompute_blocks = -1;
   /// Activations saved inside the repeated blocks kept in bf16, as the `amp` strategy method does.
   bool bf16_activations = false;
+
+  /// Every field above, for keys of traces (trace::TraceCache): a field added above that changes
+  /// what is traced must join it.
+  using KeyFields = std::tuple<bool, Recompute, int64_t, bool>;
+  KeyFields key_fields() const { return {backward, recompute, recompute_blocks, bf16_activations}; }
 };
 
 /// A captured step.
