@@ -233,15 +233,10 @@ const CommCalibration& CostModel::comm_for(int size) const {
 }
 
 void CostModel::expect(const std::vector<Candidate>& candidates) {
-  for (const Candidate& c : candidates) {
-    try {
-      for (const RankModel& r : ranks_.of(c)) {
-        const trace::TraceOptions a = activation_trace_options(rank_effects(c.effects, r));
-        expected_[batch_pair_key(r.trace_key, a)].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
-      }
-    } catch (const ValueError&) {  // a pipeline cut that cannot be made: predict says so
-    }
-  }
+  ranks_.for_each_rank(candidates,
+                       [&](const Candidate& c, const RankModel&, const std::string& pair_key) {
+                         expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
+                       });
 }
 
 std::tuple<std::string, int64_t, int, int64_t, bool> CostModel::pass_key(

@@ -367,6 +367,22 @@ void RankModels::share_traces(std::shared_ptr<trace::TraceCache> cache) {
   traces_ = std::move(cache);
 }
 
+void RankModels::for_each_rank(
+    const std::vector<Candidate>& candidates,
+    const std::function<void(const Candidate&, const RankModel&, const std::string&)>& f) {
+  for (const Candidate& c : candidates) {
+    const std::vector<RankModel>* ranks = nullptr;
+    try {
+      ranks = &of(c);
+    } catch (const ValueError&) {  // a pipeline cut that cannot be made: predict says so
+      continue;
+    }
+    for (const RankModel& r : *ranks) {
+      f(c, r, batch_pair_key(r.trace_key, activation_trace_options(rank_effects(c.effects, r))));
+    }
+  }
+}
+
 strategies::StepEffects rank_effects(const strategies::StepEffects& e, const RankModel& r) {
   strategies::StepEffects out = e;
   if (r.stages.empty() || e.recompute_blocks < 0) return out;
@@ -487,15 +503,10 @@ std::string batch_pair_key(const std::string& trace_key, const trace::TraceOptio
 }
 
 void MemoryModel::expect(const std::vector<Candidate>& candidates) {
-  for (const Candidate& c : candidates) {
-    try {
-      for (const RankModel& r : ranks_.of(c)) {
-        const trace::TraceOptions a = activation_trace_options(rank_effects(c.effects, r));
-        expected_[batch_pair_key(r.trace_key, a)].insert(c.micro_batch);
-      }
-    } catch (const ValueError&) {  // a pipeline cut that cannot be made: predict says so
-    }
-  }
+  ranks_.for_each_rank(candidates,
+                       [&](const Candidate& c, const RankModel&, const std::string& pair_key) {
+                         expected_[pair_key].insert(c.micro_batch);
+                       });
 }
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -161,6 +162,11 @@ class RankModels {
   RankModels(trace::ModelRef model, int64_t seq_len);
   /// The models of `c`'s pp ranks: the model itself when `c` has no layout.
   const std::vector<RankModel>& of(const Candidate& c);
+  /// For each rank of each candidate whose layout can be made: `f(c, rank, batch_pair_key)`, the
+  /// key under which its micro-batches share traces (what the models' expect() collect).
+  void for_each_rank(const std::vector<Candidate>& candidates,
+                     const std::function<void(const Candidate&, const RankModel&,
+                                              const std::string& pair_key)>& f);
   /// Keeps the traces in `cache` (another model's of the same model and sequence length: the
   /// memory and the time model of one search share theirs); null: traced each time. Before the
   /// first of(): acc::ValueError after it.
