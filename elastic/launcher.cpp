@@ -369,7 +369,7 @@ void kill_children() {
 
 // A node is healthy when mpirun can start a process there within the timeout. mpirun told to stop
 // (SIGTERM) waits for its daemons, and one on a lost node may never answer: 2 s after the TERM,
-// KILL (`timeout -k`); its daemons come back to acc-run, which reaps them (kill_children).
+// `timeout -k` sends KILL (run_attempt then kills and reaps the probe's process group).
 bool healthy(const LaunchOptions& o, const std::string& node) {
   std::vector<std::string> argv = {"timeout", "-k", "2", std::to_string(o.health_timeout_s),
                                    o.mpirun};

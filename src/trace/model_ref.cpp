@@ -118,7 +118,7 @@ ModelRef ModelRef::at_depth(int64_t layers) const {
   ACC_CHECK(layers >= 1, "ModelRef::at_depth: the layer count must be >= 1, got ", layers);
   auto impl = std::make_shared<Impl>(*impl_);
   impl->config[layers_key()] = layers;
-  impl->num_layers = layers;
+  impl->num_layers = models::config_num_layers(impl->type, impl->config);  // checked as registry()
   ModelRef r;
   r.impl_ = std::move(impl);
   return r;
@@ -207,9 +207,10 @@ ModelRef ModelRef::shared_traces(std::shared_ptr<TraceCache> cache, std::string 
     const std::string model = impl_->type + " " + config.dump();
     const std::lock_guard<std::mutex> lock(cache->mutex_);
     if (cache->model_.empty()) cache->model_ = model;
-    ACC_CHECK(cache->model_ == model,
-              "shared_traces: this trace cache keeps the traces of another model (",
-              cache->model_.substr(0, 120), "), not of ", model.substr(0, 120));
+    // An InternalError, not a ValueError: the search reads a ValueError as a layout refused.
+    ACC_CHECK_INTERNAL(cache->model_ == model,
+                       "shared_traces: this trace cache keeps the traces of another model (",
+                       cache->model_.substr(0, 120), "), not of ", model.substr(0, 120));
   }
   auto impl = std::make_shared<Impl>(*impl_);
   impl->cache = std::move(cache);
@@ -271,7 +272,9 @@ TraceCache::Key TraceCache::key_of(const std::string& identity, int64_t layers, 
 
 size_t TraceCache::figures_made() const {
   const std::lock_guard<std::mutex> lock(mutex_);
-  return figures_.size();
+  size_t n = 0;
+  for (const auto& [key, k] : figures_) n += k.refusal ? 0 : 1;
+  return n;
 }
 
 size_t TraceCache::figures_served() const {

@@ -36,7 +36,7 @@ Graph::Graph(Graph&& other) : Graph() {
 Graph& Graph::operator=(Graph&& other) {
   if (this == &other) return *this;
   g_.swap(other.g_);
-  *other.g_ = BoostGraph();  // what this one held goes: the moved-from graph is empty
+  other.g_->clear();  // what this one held goes: the moved-from graph is empty
   ops_ = std::exchange(other.ops_, {});
   backward_begin_ = std::exchange(other.backward_begin_, 0);
   events_ = std::exchange(other.events_, {});

@@ -686,9 +686,14 @@ TEST(Trace, GraphsMoveWithoutCopyingAndCopyDeeply) {
   trace::Trace copy = moved;
   EXPECT_NE(&copy.graph.vertex(0), first);
   EXPECT_EQ(trace::to_json(copy), dump);
+  const trace::Vertex* copied = &copy.graph.vertex(0);
   t = std::move(copy);
+  EXPECT_EQ(&t.graph.vertex(0), copied) << "move-assigned by copying";
   EXPECT_EQ(trace::to_json(t), dump);
   EXPECT_EQ(copy.graph.num_vertices(), 0u);  // NOLINT(bugprone-use-after-move)
+  copy = t;                                  // copy-assigned: deep
+  EXPECT_NE(&copy.graph.vertex(0), copied);
+  EXPECT_EQ(trace::to_json(copy), dump);
 }
 
 // The trace cache keeps a refusal of the model's (a layout that cannot be made) and throws it again
@@ -744,7 +749,39 @@ TEST(TraceCache, KeepsRefusalsAndKeysAlikeOptionsAlike) {
   nlohmann::json wider = small_gpt(4).to_json();
   wider["n_embd"] = 128;
   EXPECT_THROW((void)trace::ModelRef::registry("gpt", wider).shared_traces(cache, "plain"),
-               ValueError);
+               InternalError);
+
+  // What is not the model refusing (here an InternalError) is not kept: asked again, traced again.
+  int failing = 0;
+  const auto broken =
+      gpt.rewritten([&](nn::Module&, const data::Batch&,
+                        const trace::BatchLoss&) -> std::pair<nn::Undo, trace::BatchLoss> {
+           ++failing;
+           ACC_THROW(InternalError, "a bug, not a refusal");
+         })
+          .shared_traces(cache, "broken");
+  EXPECT_THROW((void)broken.traced(1, 2, T, {}), InternalError);
+  EXPECT_THROW((void)broken.traced(1, 2, T, {}), InternalError);
+  EXPECT_EQ(failing, 2);
+  EXPECT_EQ(cache->refused(), 1u);
+}
+
+// ModelRef::at_depth: the registry model at another depth (a pipeline rank's blocks), checked as
+// registry() checks it, tracing as registry() of that config does.
+TEST(ModelRef, AtDepthIsTheRegistryModelAtThatDepth) {
+  const auto gpt = trace::ModelRef::registry("gpt", small_gpt(4).to_json());
+  const auto deep = gpt.at_depth(12);
+  EXPECT_EQ(deep.num_layers(), 12);
+  EXPECT_EQ(deep.config()["n_layer"], 12);
+  EXPECT_EQ(gpt.num_layers(), 4);
+  EXPECT_EQ(deep.hash(), trace::ModelRef::registry("gpt", deep.config()).hash());
+  EXPECT_NE(deep.hash(), gpt.hash());
+  EXPECT_THROW((void)gpt.at_depth(0), ValueError);
+  auto user = std::make_shared<UserModel>();
+  const auto module = trace::ModelRef::module(
+      user, data::Batch(std::vector<data::Batch::Entry>{{"x", randn({2, 8})}}),
+      [](nn::Module& m, const data::Batch& b) { return sum(m.forward(b.at("x"))); });
+  EXPECT_THROW((void)module.at_depth(2), ValueError);
 }
 
 }  // namespace

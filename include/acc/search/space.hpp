@@ -168,8 +168,8 @@ class RankModels {
                      const std::function<void(const Candidate&, const RankModel&,
                                               const std::string& pair_key)>& f);
   /// Keeps the traces in `cache` (another model's of the same model and sequence length: the
-  /// memory and the time model of one search share theirs); null: traced each time. Before the
-  /// first of(): acc::ValueError after it.
+  /// memory and the time model of one search share theirs); null: traced each time. Call it
+  /// before the first of(); afterwards it throws acc::ValueError.
   void share_traces(std::shared_ptr<trace::TraceCache> cache);
   const std::shared_ptr<trace::TraceCache>& traces() const { return traces_; }
 

@@ -142,10 +142,11 @@ class ModelRef {
 /// layers, batch, seq_len, options). A trace the model refuses (the acc::ValueError, ShapeError or
 /// TypeError of a layout that cannot be made: heads that tp does not divide, ...) is kept as
 /// refused: asked again, the same error is thrown without tracing again. Its lookups lock a
-/// mutex; a trace is made outside the lock (two threads asking for one key at once may both
-/// trace it; the first kept wins). Its traces live as long as it does: a search keeps one per
-/// model it prices, and the models given one must be one model (the first fixes it: type and
-/// config).
+/// mutex and a trace is made outside the lock (two threads asking for one key at once may both
+/// trace it; the first kept wins): a registry model's traces may be asked from several threads,
+/// a module's not (its traces run on the module itself). Its traces live as long as it does: a
+/// search keeps one per model it prices, and the models given one must be one model (the first
+/// fixes it: type and config).
 class TraceCache {
  public:
   /// Traces made for it, refusals kept, and asks answered with one made before.

@@ -41,6 +41,8 @@ struct TraceOptions {
   using KeyFields = std::tuple<bool, Recompute, int64_t, bool>;
   KeyFields key_fields() const { return {backward, recompute, recompute_blocks, bf16_activations}; }
 };
+// A tripwire for a new field (one that fits in the padding slips by): does it join key_fields()?
+static_assert(sizeof(TraceOptions) == 24, "TraceOptions changed: update TraceOptions::key_fields");
 
 /// A captured step.
 struct Trace {
