@@ -155,15 +155,11 @@ std::string HardwareFingerprint::difference(const HardwareFingerprint& other) co
 // ---- GEMM shapes ----
 
 int64_t GemmShape::flops() const {
-  // The shape is named only when the product overflows: the cost model asks this of every GEMM
-  // of every trace it prices.
-  int64_t two_m = 0, two_mn = 0, f = 0;
-  if (__builtin_mul_overflow(int64_t{2}, m, &two_m) || __builtin_mul_overflow(two_m, n, &two_mn) ||
-      __builtin_mul_overflow(two_mn, k, &f)) [[unlikely]] {
-    ACC_THROW(ValueError, "FLOPs of GEMM ", str(), ": 2 * ", m, " * ", n, " * ", k,
-              " overflows 64 bits");
-  }
-  return f;
+  // The shape itself is passed, not str(): checked_mul formats it only when the product overflows
+  // (the cost model asks this of every GEMM of every trace it prices).
+  return checked_mul(
+      checked_mul(checked_mul(int64_t{2}, m, "FLOPs of GEMM ", *this), n, "FLOPs of GEMM ", *this),
+      k, "FLOPs of GEMM ", *this);
 }
 
 std::string GemmShape::str() const {

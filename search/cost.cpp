@@ -233,10 +233,9 @@ const CommCalibration& CostModel::comm_for(int size) const {
 }
 
 void CostModel::expect(const std::vector<Candidate>& candidates) {
-  ranks_.for_each_rank(candidates,
-                       [&](const Candidate& c, const RankModel&, const std::string& pair_key) {
-                         expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
-                       });
+  ranks_.for_each_rank(candidates, [&](const Candidate& c, const std::string& pair_key) {
+    expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
+  });
 }
 
 std::tuple<std::string, int64_t, int, int64_t, bool> CostModel::pass_key(

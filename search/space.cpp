@@ -367,9 +367,8 @@ void RankModels::share_traces(std::shared_ptr<trace::TraceCache> cache) {
   traces_ = std::move(cache);
 }
 
-void RankModels::for_each_rank(
-    const std::vector<Candidate>& candidates,
-    const std::function<void(const Candidate&, const RankModel&, const std::string&)>& f) {
+void RankModels::for_each_rank(const std::vector<Candidate>& candidates,
+                               const std::function<void(const Candidate&, const std::string&)>& f) {
   for (const Candidate& c : candidates) {
     const std::vector<RankModel>* ranks = nullptr;
     try {
@@ -378,7 +377,7 @@ void RankModels::for_each_rank(
       continue;
     }
     for (const RankModel& r : *ranks) {
-      f(c, r, batch_pair_key(r.trace_key, activation_trace_options(rank_effects(c.effects, r))));
+      f(c, batch_pair_key(r.trace_key, activation_trace_options(rank_effects(c.effects, r))));
     }
   }
 }
@@ -503,10 +502,9 @@ std::string batch_pair_key(const std::string& trace_key, const trace::TraceOptio
 }
 
 void MemoryModel::expect(const std::vector<Candidate>& candidates) {
-  ranks_.for_each_rank(candidates,
-                       [&](const Candidate& c, const RankModel&, const std::string& pair_key) {
-                         expected_[pair_key].insert(c.micro_batch);
-                       });
+  ranks_.for_each_rank(candidates, [&](const Candidate& c, const std::string& pair_key) {
+    expected_[pair_key].insert(c.micro_batch);
+  });
 }
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {

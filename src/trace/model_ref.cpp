@@ -270,11 +270,21 @@ TraceCache::Key TraceCache::key_of(const std::string& identity, int64_t layers, 
   return {identity, layers, batch, seq_len, o.key_fields()};
 }
 
+namespace {
+
+// How many of `map`'s entries are refusals (`refusals`) or values (else).
+template <class Map>
+size_t count_kept(const Map& map, bool refusals) {
+  size_t n = 0;
+  for (const auto& [key, k] : map) n += static_cast<bool>(k.refusal) == refusals ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
 size_t TraceCache::figures_made() const {
   const std::lock_guard<std::mutex> lock(mutex_);
-  size_t n = 0;
-  for (const auto& [key, k] : figures_) n += k.refusal ? 0 : 1;
-  return n;
+  return count_kept(figures_, false);
 }
 
 size_t TraceCache::figures_served() const {
@@ -284,16 +294,12 @@ size_t TraceCache::figures_served() const {
 
 size_t TraceCache::traced() const {
   const std::lock_guard<std::mutex> lock(mutex_);
-  size_t n = 0;
-  for (const auto& [key, k] : traces_) n += k.refusal ? 0 : 1;
-  return n;
+  return count_kept(traces_, false);
 }
 
 size_t TraceCache::refused() const {
   const std::lock_guard<std::mutex> lock(mutex_);
-  size_t n = 0;
-  for (const auto& [key, k] : traces_) n += k.refusal ? 1 : 0;
-  return n;
+  return count_kept(traces_, true);
 }
 
 size_t TraceCache::served() const {

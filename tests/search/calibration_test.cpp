@@ -262,6 +262,19 @@ TEST(MachineCalibration, GemmSecondsUsesTheShapeOrTheNearestMeasuredOne) {
             std::string::npos);
 }
 
+// GemmShape::flops: 2 m n k, and a product past 64 bits is an error naming the shape.
+TEST(GemmShape, FlopsNameTheShapeWhenTheyOverflow) {
+  EXPECT_EQ((GemmShape{2048, 2304, 768}.flops()), int64_t{2} * 2048 * 2304 * 768);
+  try {
+    (void)GemmShape{int64_t{1} << 30, int64_t{1} << 30, 16, true, false}.flops();
+    ADD_FAILURE() << "no overflow reported";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("FLOPs of GEMM 1073741824x1073741824x16 TN"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // ---- measuring ----
 
 TEST(CalibrateMachine, GivesSaneFiguresAndLeavesThreadsAndRngAsTheyWere) {

@@ -696,6 +696,17 @@ TEST(Trace, GraphsMoveWithoutCopyingAndCopyDeeply) {
   EXPECT_EQ(trace::to_json(copy), dump);
 }
 
+// A rewrite that counts its calls in `calls` and throws Exc(`message`): a model that fails to
+// trace.
+template <class Exc>
+trace::ModelRef::Rewrite throwing_rewrite(int& calls, std::string message) {
+  return [&calls, message](nn::Module&, const data::Batch&,
+                           const trace::BatchLoss&) -> std::pair<nn::Undo, trace::BatchLoss> {
+    ++calls;
+    throw Exc(message);
+  };
+}
+
 // The trace cache keeps a refusal of the model's (a layout that cannot be made) and throws it again
 // without tracing again; recomputing none of the blocks is the trace without recomputation; a cache
 // keeps one model's traces (any depth of it: a pipeline rank's share of the blocks).
@@ -705,11 +716,8 @@ TEST(TraceCache, KeepsRefusalsAndKeysAlikeOptionsAlike) {
   auto cache = std::make_shared<trace::TraceCache>();
   int rewrites = 0;
   const auto refusing =
-      gpt.rewritten([&](nn::Module&, const data::Batch&,
-                        const trace::BatchLoss&) -> std::pair<nn::Undo, trace::BatchLoss> {
-           ++rewrites;
-           ACC_THROW(ValueError, "tensor_parallel: 4 heads do not divide over 3 ranks");
-         })
+      gpt.rewritten(throwing_rewrite<ValueError>(
+                        rewrites, "tensor_parallel: 4 heads do not divide over 3 ranks"))
           .shared_traces(cache, "refusing");
   for (int ask = 0; ask < 3; ++ask) {
     try {
@@ -754,11 +762,7 @@ TEST(TraceCache, KeepsRefusalsAndKeysAlikeOptionsAlike) {
   // What is not the model refusing (here an InternalError) is not kept: asked again, traced again.
   int failing = 0;
   const auto broken =
-      gpt.rewritten([&](nn::Module&, const data::Batch&,
-                        const trace::BatchLoss&) -> std::pair<nn::Undo, trace::BatchLoss> {
-           ++failing;
-           ACC_THROW(InternalError, "a bug, not a refusal");
-         })
+      gpt.rewritten(throwing_rewrite<InternalError>(failing, "a bug, not a refusal"))
           .shared_traces(cache, "broken");
   EXPECT_THROW((void)broken.traced(1, 2, T, {}), InternalError);
   EXPECT_THROW((void)broken.traced(1, 2, T, {}), InternalError);

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,8 @@ struct GemmShape {
   std::string str() const;
 
   auto operator<=>(const GemmShape&) const = default;
+  /// Writes str(): what checked_mul formats, only when it throws.
+  friend std::ostream& operator<<(std::ostream& os, const GemmShape& s) { return os << s.str(); }
 };
 
 /// How often a traced training step runs one GEMM shape.

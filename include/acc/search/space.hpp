@@ -162,11 +162,11 @@ class RankModels {
   RankModels(trace::ModelRef model, int64_t seq_len);
   /// The models of `c`'s pp ranks: the model itself when `c` has no layout.
   const std::vector<RankModel>& of(const Candidate& c);
-  /// For each rank of each candidate whose layout can be made: `f(c, rank, batch_pair_key)`, the
-  /// key under which its micro-batches share traces (what the models' expect() collect).
+  /// For each rank of each candidate whose layout can be made: `f(c, pair_key)`, the rank's
+  /// batch_pair_key, under which its micro-batches share traces (what the models' expect()
+  /// collect).
   void for_each_rank(const std::vector<Candidate>& candidates,
-                     const std::function<void(const Candidate&, const RankModel&,
-                                              const std::string& pair_key)>& f);
+                     const std::function<void(const Candidate&, const std::string& pair_key)>& f);
   /// Keeps the traces in `cache` (another model's of the same model and sequence length: the
   /// memory and the time model of one search share theirs); null: traced each time. Call it
   /// before the first of(); afterwards it throws acc::ValueError.
