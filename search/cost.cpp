@@ -233,17 +233,17 @@ const CommCalibration& CostModel::comm_for(int size) const {
 }
 
 void CostModel::expect(const std::vector<Candidate>& candidates) {
-  ranks_.for_each_rank(candidates, [&](const Candidate& c, const std::string& pair_key) {
+  ranks_.for_each_rank(candidates, [&](const Candidate& c, const BatchPairKey& pair_key) {
     expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
   });
 }
 
-std::tuple<std::string, int64_t, int, int64_t, bool> CostModel::pass_key(
+std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields> CostModel::pass_key(
     const std::string& layout, const dist::DeviceMesh& mesh, int64_t micro_batch,
     const trace::TraceOptions& a) const {
   // A cluster places the pp neighbours by the mesh's dp too (cluster.hpp).
   return std::make_tuple(cluster_ ? layout + "#dp" + std::to_string(mesh.dp) : layout, micro_batch,
-                         static_cast<int>(a.recompute), a.recompute_blocks, a.bf16_activations);
+                         a.key_fields());
 }
 
 CostModel::PassCost CostModel::extrapolated_pass(const trace::Trace& t1, const trace::Trace& t2,

@@ -367,8 +367,9 @@ void RankModels::share_traces(std::shared_ptr<trace::TraceCache> cache) {
   traces_ = std::move(cache);
 }
 
-void RankModels::for_each_rank(const std::vector<Candidate>& candidates,
-                               const std::function<void(const Candidate&, const std::string&)>& f) {
+void RankModels::for_each_rank(
+    const std::vector<Candidate>& candidates,
+    const std::function<void(const Candidate&, const BatchPairKey&)>& f) {
   for (const Candidate& c : candidates) {
     const std::vector<RankModel>* ranks = nullptr;
     try {
@@ -459,9 +460,8 @@ const trace::TrainingNeed& MemoryModel::need(const trace::ModelRef& model,
                                              bool accumulated, const std::set<int64_t>* batches) {
   const trace::TraceOptions activations = activation_trace_options(e);
   auto key_at = [&](int64_t b) {
-    return std::make_tuple(layout, b, static_cast<int>(activations.recompute),
-                           activations.recompute_blocks, activations.bf16_activations,
-                           in_flight_fraction.value_or(-1.0), accumulated);
+    return std::make_tuple(layout, b, activations.key_fields(), in_flight_fraction.value_or(-1.0),
+                           accumulated);
   };
   const auto key = key_at(micro_batch);
   auto it = needs_.find(key);
@@ -496,13 +496,12 @@ int64_t MemoryModel::num_blocks() {
   return need(1, strategies::StepEffects{}).num_layers;
 }
 
-std::string batch_pair_key(const std::string& trace_key, const trace::TraceOptions& a) {
-  return trace_key + "|" + std::to_string(static_cast<int>(a.recompute)) + "/" +
-         std::to_string(a.recompute_blocks) + (a.bf16_activations ? "/bf16" : "");
+BatchPairKey batch_pair_key(const std::string& trace_key, const trace::TraceOptions& a) {
+  return {trace_key, a.key_fields()};
 }
 
 void MemoryModel::expect(const std::vector<Candidate>& candidates) {
-  ranks_.for_each_rank(candidates, [&](const Candidate& c, const std::string& pair_key) {
+  ranks_.for_each_rank(candidates, [&](const Candidate& c, const BatchPairKey& pair_key) {
     expected_[pair_key].insert(c.micro_batch);
   });
 }

@@ -141,7 +141,7 @@ class CostModel {
   const PassCost& pass(const Candidate& c, const RankModel& rank, const std::string& key,
                        const trace::TraceOptions& activations);
   TimePrediction predict_pipeline(const Candidate& c, const std::vector<RankModel>& ranks);
-  std::tuple<std::string, int64_t, int, int64_t, bool> pass_key(
+  std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields> pass_key(
       const std::string& layout, const dist::DeviceMesh& mesh, int64_t micro_batch,
       const trace::TraceOptions& activations) const;
   /// The pass of a model of `num_blocks` blocks from its traces of 1 and 2 blocks (and of 1
@@ -164,11 +164,11 @@ class CostModel {
   double contention_ = 1.0;
   std::optional<ClusterProfile> cluster_;  // set: priced for a cluster, not this machine
   int optimizer_buffers_ = 2;              // AdamW's exp_avg and exp_avg_sq
-  // (layout, micro-batch, recomputation, recomputed blocks, bf16 activations).
-  std::map<std::tuple<std::string, int64_t, int, int64_t, bool>, PassCost> passes_;
+  // (layout, micro-batch, the activation options' key_fields()).
+  std::map<std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields>, PassCost> passes_;
   size_t passes_traced_ = 0;
   // batch_pair_key -> (micro-batch, dp) -> the mesh of the candidates expected (expect).
-  std::map<std::string, std::map<std::pair<int64_t, int>, dist::DeviceMesh>> expected_;
+  std::map<BatchPairKey, std::map<std::pair<int64_t, int>, dist::DeviceMesh>> expected_;
 };
 
 /// A pipeline candidate re-cut where `cost` balances its stages' time (balanced_stages), with the

@@ -153,6 +153,13 @@ std::vector<int64_t> stage_saved_bytes(const trace::TrainingNeed& need,
 /// stage holding them, the embedding's or the head's. Sums to need.memory.gradients.
 std::vector<int64_t> stage_gradient_bytes(const trace::TrainingNeed& need, const RankModel& rank);
 
+/// A rank's trace (RankModel::trace_key) under activation options `a`, as a key: the candidates
+/// of a space that share it are those whose micro-batches the memory and time models price
+/// from one pair of traces (MemoryModel::expect, CostModel::expect). The options enter through
+/// TraceOptions::key_fields(), so a new option that changes a trace changes this key too.
+using BatchPairKey = std::pair<std::string, trace::TraceOptions::KeyFields>;
+BatchPairKey batch_pair_key(const std::string& trace_key, const trace::TraceOptions& a);
+
 /// rank_models of one model's candidates, each layout's computed once (the memory and the time
 /// model each keep one).
 class RankModels {
@@ -166,7 +173,7 @@ class RankModels {
   /// batch_pair_key, under which its micro-batches share traces (what the models' expect()
   /// collect).
   void for_each_rank(const std::vector<Candidate>& candidates,
-                     const std::function<void(const Candidate&, const std::string& pair_key)>& f);
+                     const std::function<void(const Candidate&, const BatchPairKey& pair_key)>& f);
   /// Keeps the traces in `cache` (another model's of the same model and sequence length: the
   /// memory and the time model of one search share theirs); null: traced each time. Call it
   /// before the first of(); afterwards it throws acc::ValueError.
@@ -188,11 +195,6 @@ strategies::StepEffects rank_effects(const strategies::StepEffects& e, const Ran
 /// -1 all, else the first n blocks, whole or, with selective_recompute, their attention cores;
 /// bf16_activations), as the memory and the time model trace it.
 trace::TraceOptions activation_trace_options(const strategies::StepEffects& e);
-
-/// A rank's trace (RankModel::trace_key) under activation options `a`, as a key: the candidates
-/// of a space that share it are those whose micro-batches the memory and time models price
-/// from one pair of traces (MemoryModel::expect, CostModel::expect).
-std::string batch_pair_key(const std::string& trace_key, const trace::TraceOptions& a);
 
 /// A candidate's predicted per-rank memory, bytes.
 struct MemoryPrediction {
@@ -260,12 +262,13 @@ class MemoryModel {
   std::string optimizer_;
   RankModels ranks_;  // the model as each pp rank of a candidate runs it
   std::map<std::string, std::optional<std::string>> refusals_;  // by layout key
-  std::set<std::string> traced_ranks_;                 // rank trace keys traced without a refusal
-  std::map<std::string, std::set<int64_t>> expected_;  // batch_pair_key -> micro-batches
+  std::set<std::string> traced_ranks_;                  // rank trace keys traced without a refusal
+  std::map<BatchPairKey, std::set<int64_t>> expected_;  // batch_pair_key -> micro-batches
   size_t needs_traced_ = 0;
   // (layout, micro-batch, recomputation, recomputed blocks, bf16, in-flight fraction,
   // accumulated).
-  std::map<std::tuple<std::string, int64_t, int, int64_t, bool, double, bool>, trace::TrainingNeed>
+  std::map<std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields, double, bool>,
+           trace::TrainingNeed>
       needs_;
 };
 
