@@ -275,21 +275,12 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
       c.strategy, model.num_layers(),
       strategies::head_cost_in_blocks(lm->hidden_size(), lm->vocab_size(), lm->max_seq_len()));
   ACC_CHECK_INTERNAL(pipe.has_value(), "search: a mesh of pp ", c.mesh.pp, " without a pipeline");
-  bool megatron_sp = false;
-  for (const auto& m : c.strategy) {
-    megatron_sp |= m.name == "sequence_parallel" && m.config.value("kind", "") == "megatron";
-  }
-  // A stage's message is its (B, T, C) activation: the sequence is split over tp under
-  // Megatron-SP, over cp under Ulysses (each cp rank sends its chunk to its peer of the next
-  // stage).
-  const int64_t T =
-      (seq_len > 0 ? seq_len : lm->max_seq_len()) / (megatron_sp ? c.mesh.tp : 1) / c.mesh.cp;
-  // The layout's methods but the pipeline, which each rank's key spells out by its stages.
-  strategies::Strategy within_stage;
-  for (const auto& m : strategies::layout_of(c.strategy)) {
-    if (m.name != "pipeline_parallel") within_stage.push_back(m);
-  }
-  const std::string stage_layout = strategies::to_json(within_stage).dump();
+  // A stage's message is its (B, T, C) activation, T as the layout splits the sequence.
+  const int64_t T = strategies::stage_message_tokens(c.strategy, c.mesh,
+                                                     seq_len > 0 ? seq_len : lm->max_seq_len());
+  // The methods each stage runs, to which each rank's key adds its stages.
+  const std::string stage_layout =
+      strategies::to_json(strategies::stage_layout_of(c.strategy)).dump();
   std::vector<RankModel> out;
   const int S = pipe->schedule->num_stages();
   for (int r = 0; r < pipe->schedule->ranks; ++r) {

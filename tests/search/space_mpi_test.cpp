@@ -197,6 +197,13 @@ void expect_stage_peaks(const std::string& type, const nlohmann::json& config) {
   int64_t tried = 0, pairs = 0, within = 0, wide_pairs = 0, wide_within = 0;
   for (const auto& c : cands) {
     const strategies::StepEffects& e = c.effects;
+    // Some blocks recomputed (checkpoint{"blocks": k}) is left out, and NOT within the bounds
+    // under interleaving. Measured on 2026-11-29 at 2 ranks (GPT, this test without this skip,
+    // ACC_TEST_ONLY='checkpoint{"blocks":2}'): 1F1B within 1.0 % on both ranks at 2, 4 and 8
+    // micro-batches; interleaved, pp rank 0 +6.2 %, -8.7 %, -5.0 % (rank 1 +4.8 % at 2). The model
+    // adds a moment's in-flight activations to the trace's peak wherever that peak falls; with
+    // only the first stage's block recomputed, the recomputation's transient comes in that
+    // stage's backward, a moment of other in-flight counts than the trace's peak.
     if (c.mesh.pp == 1 || (e.recompute_blocks > 0 && e.recompute_blocks < mm.num_blocks())) {
       continue;
     }

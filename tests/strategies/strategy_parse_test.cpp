@@ -240,3 +240,39 @@ TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
 
 }  // namespace
 }  // namespace acc
+
+namespace acc {
+namespace {
+
+// What a pipeline stage of a layout runs and sends, as the search prices it: the layout but the
+// pipeline, and the sequence split over tp under Megatron-SP (not under plain tensor
+// parallelism) and over cp under Ulysses.
+TEST(StageLayout, AStagesMethodsAndMessageFollowTheLayout) {
+  auto tokens = [](const char* text, int world) {
+    const strategies::Strategy s = strategies::parse_strategy(nlohmann::json::parse(text));
+    return strategies::stage_message_tokens(s, strategies::mesh_for(s, world), 64);
+  };
+  EXPECT_EQ(tokens(R"([{"name": "pipeline_parallel", "config": {"size": 2}}])", 2), 64);
+  EXPECT_EQ(tokens(R"([{"name": "tensor_parallel", "config": {"size": 2}},
+                       {"name": "pipeline_parallel", "config": {"size": 2}}])",
+                   4),
+            64);
+  EXPECT_EQ(tokens(R"([{"name": "tensor_parallel", "config": {"size": 2}},
+                       {"name": "sequence_parallel", "config": {"kind": "megatron"}},
+                       {"name": "pipeline_parallel", "config": {"size": 2}}])",
+                   4),
+            32);
+  EXPECT_EQ(tokens(R"([{"name": "sequence_parallel", "config": {"kind": "ulysses", "size": 2}},
+                       {"name": "pipeline_parallel", "config": {"size": 2}}])",
+                   8),
+            32);
+  const strategies::Strategy s = strategies::parse_strategy(nlohmann::json::parse(
+      R"([{"name": "zero1"}, {"name": "tensor_parallel", "config": {"size": 2}},
+          {"name": "pipeline_parallel", "config": {"size": 2}}])"));
+  const strategies::Strategy within = strategies::stage_layout_of(s);
+  ASSERT_EQ(within.size(), 1u);
+  EXPECT_EQ(within.front().name, "tensor_parallel");
+}
+
+}  // namespace
+}  // namespace acc

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "acc/strategies/strategy.hpp"
+
 namespace acc::strategies {
 
 /// What the search knows of the run when it asks a method for its choices.
@@ -96,5 +98,18 @@ struct MethodSearch {
 
 /// The registered methods' search declarations, in registry order.
 std::vector<MethodSearch> searchable_methods();
+
+/// layout_of(s) without the pipeline: the methods each pipeline stage runs (tensor and sequence
+/// parallelism). The search keys a pipeline rank's trace by them and by its stages.
+Strategy stage_layout_of(const Strategy& s);
+
+/// Tokens of one sample in the activation a pipeline stage of `s` on `mesh` sends to the next
+/// (and the gradient it gets back): the sequence of `seq_len` tokens, split over tp under
+/// Megatron-SP and over cp under Ulysses (each cp rank sends its chunk to its peer).
+///
+/// Not read from the search's trace: the copy a pp rank is traced on receives the whole sequence
+/// into its first block under Megatron-SP (the copy's first block scatters it, Pipeline::
+/// trace_step), where the run receives its tp chunk.
+int64_t stage_message_tokens(const Strategy& s, const dist::DeviceMesh& mesh, int64_t seq_len);
 
 }  // namespace acc::strategies
