@@ -247,14 +247,6 @@ Strategy stage_layout_of(const Strategy& s) {
   return within;
 }
 
-int64_t stage_message_tokens(const Strategy& s, const dist::DeviceMesh& mesh, int64_t seq_len) {
-  bool megatron_sp = false;
-  for (const auto& m : s) {
-    megatron_sp |= m.name == "sequence_parallel" && m.config.value("kind", "") == "megatron";
-  }
-  return seq_len / (megatron_sp ? mesh.tp : 1) / mesh.cp;
-}
-
 trace::ModelRef::Rewrite layout_rewrite(const Strategy& s, int world, bool default_loss,
                                         int pp_rank) {
   const Strategy layout = layout_of(s);

@@ -309,4 +309,13 @@ MethodSpec sequence_parallel_method() {
               }};
 }
 
+int64_t stage_message_tokens(const Strategy& s, const dist::DeviceMesh& mesh, int64_t seq_len) {
+  bool megatron = false;
+  for (const auto& m : s) {
+    megatron |= m.name == "sequence_parallel" &&
+                config_from(m.config).kind == SequenceParallelKind::kMegatron;
+  }
+  return seq_len / (megatron ? mesh.tp : 1) / mesh.cp;
+}
+
 }  // namespace acc::strategies

@@ -238,12 +238,6 @@ TEST(SearchDeclarations, EveryMethodDeclaresItsChoicesAndEffects) {
   EXPECT_TRUE(effects_of("amp", nlohmann::json::object()).bf16_communication);
 }
 
-}  // namespace
-}  // namespace acc
-
-namespace acc {
-namespace {
-
 // What a pipeline stage of a layout runs and sends, as the search prices it: the layout but the
 // pipeline, and the sequence split over tp under Megatron-SP (not under plain tensor
 // parallelism) and over cp under Ulysses.

@@ -265,8 +265,7 @@ class MemoryModel {
   std::set<std::string> traced_ranks_;                  // rank trace keys traced without a refusal
   std::map<BatchPairKey, std::set<int64_t>> expected_;  // batch_pair_key -> micro-batches
   size_t needs_traced_ = 0;
-  // (layout, micro-batch, recomputation, recomputed blocks, bf16, in-flight fraction,
-  // accumulated).
+  // (layout, micro-batch, the activation options' key_fields(), in-flight fraction, accumulated).
   std::map<std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields, double, bool>,
            trace::TrainingNeed>
       needs_;
