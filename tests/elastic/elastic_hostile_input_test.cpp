@@ -135,6 +135,12 @@ TEST_F(ElasticHostileInput, HugeDurationsAreRefusedByName) {
        1,
        {"ACC_COMM_POLL_US must be >= 0 and at most 1000000 (1 s), got 99999999999"},
        {"1215752191", "| loss"}},
+      // A switch: 0 or 1, nothing taken as either.
+      {"B",
+       "ACC_COMM_SPIN=2 {mpi} -np 2 {tg}",
+       1,
+       {"ACC_COMM_SPIN must be 0 or 1, got 2"},
+       {"| loss"}},
       // CLI11's Range let nan through: every node's check then failed, "does not answer".
       {"B",
        ACC_RUN_BIN " --hostfile {dir}/hosts --job-dir {job} --health-timeout nan -- true",
