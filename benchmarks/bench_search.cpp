@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <regex>
 #include <set>
 
 #include "acc/accelerate.hpp"
@@ -94,6 +95,7 @@ struct Row {
   std::string name;
   double predicted_s = 0;
   int64_t predicted_peak = 0;
+  nlohmann::json predicted_time;  // the report's breakdown (compute, exposed comm, bubble, ...)
   acc::search::DryRunResult measured;
 };
 
@@ -106,6 +108,7 @@ int main(int argc, char** argv) {
       retime_others = 2;
   bool no_bf16 = false;
   std::vector<std::string> excluded;
+  std::string only;
   CLI::App app{"auto_accelerate's choice and models against an exhaustive dry-run"};
   app.add_option("--model", model_type, "gpt | llama")->capture_default_str();
   app.add_option("--config", config_file,
@@ -127,6 +130,9 @@ int main(int argc, char** argv) {
                  "fastest candidates of the exhaustive pass re-timed beside the chosen one")
       ->capture_default_str();
   app.add_flag("--no-bf16", no_bf16, "leave amp out of the space");
+  app.add_option("--only", only,
+                 "dry-run only the candidates whose name matches this regular expression (and "
+                 "the chosen one) in the exhaustive pass");
   app.add_option("--exclude", excluded, "methods never tried")->delimiter(',');
   app.add_option("--cache-dir", cache_dir, "machine calibration cache (default: the library's)");
   CLI11_PARSE(app, argc, argv);
@@ -138,6 +144,12 @@ int main(int argc, char** argv) {
     auto world = dist::ProcessGroup::world();
     const int W = world->size();
     const bool leader = world->rank() == 0;
+    std::regex only_re;
+    try {
+      only_re = std::regex(only);
+    } catch (const std::regex_error& e) {
+      throw ValueError("bench_search: --only '" + only + "' is no regular expression: " + e.what());
+    }
     const nlohmann::json config = config_for(model_type, config_file);
     manual_seed(1);
     auto model = models::create_model(model_type, config);
@@ -224,11 +236,15 @@ int main(int argc, char** argv) {
       if (found == by_name.end()) continue;
       const nlohmann::json& row = *found->second;
       if (row.at("status") == "rejected" || row.at("status") == "excluded") continue;
+      if (!only.empty() && c.describe() != chosen && !std::regex_search(c.describe(), only_re)) {
+        continue;
+      }
       Row r;
       r.candidate = &c;
       r.name = c.describe();
       r.predicted_s = row.at("predicted").at("time").at("step_s");
       r.predicted_peak = row.at("predicted").at("memory").at("peak");
+      r.predicted_time = row.at("predicted").at("time");
       rows.push_back(std::move(r));
     }
     // Rounds alternate the order, so that a drift of the machine's load over a pass (other jobs
@@ -324,6 +340,7 @@ int main(int argc, char** argv) {
         nlohmann::json j = {{"name", r.name},
                             {"predicted_s", r.predicted_s},
                             {"predicted_peak", r.predicted_peak},
+                            {"predicted_time", r.predicted_time},
                             {"measured", r.measured.to_json()}};
         if (r.measured.status == search::Status::kOk) {
           pred.push_back(r.predicted_s);

@@ -16,6 +16,7 @@ namespace acc::search {
 nlohmann::json DryRunResult::to_json() const {
   nlohmann::json j = {
       {"status", status_name(status)}, {"step_seconds", step_seconds}, {"peak_bytes", peak_bytes}};
+  if (wait_seconds_max > 0) j["wait_seconds"] = {wait_seconds_min, wait_seconds_max};
   if (!error.empty()) j["error"] = error;
   return j;
 }
@@ -80,7 +81,7 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
   bool timed_out = false;  // a peer's failure seen from here: not this rank's own
   const int64_t base = memory::current_bytes();
   memory::reset_peak();
-  std::vector<double> times;
+  std::vector<double> times, waits;
   std::optional<int64_t> setup_peak, measured_peak;
   {
     memory::LimitGuard budget(options.memory_budget > 0 ? base + options.memory_budget : 0);
@@ -111,8 +112,12 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
       for (int i = 0; i < options.warmup_steps + options.measured_steps; ++i) {
         if (i == options.warmup_steps) setup_done();
         Timer t;
+        const double wait0 = dist::wait_seconds();
         r.losses.push_back(trainer->train_step(batch));
-        if (i >= options.warmup_steps) times.push_back(t.elapsed_s());
+        if (i >= options.warmup_steps) {
+          times.push_back(t.elapsed_s());
+          waits.push_back(dist::wait_seconds() - wait0);
+        }
       }
       // The measured steps' peak, before the Trainer goes: its teardown (a pipeline broadcasting
       // the other stages' tensors back, every rank then holding the whole model) is no step's.
@@ -140,6 +145,8 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
   if (!times.empty()) {
     std::sort(times.begin(), times.end());
     r.step_seconds = times[times.size() / 2];
+    std::sort(waits.begin(), waits.end());
+    r.wait_seconds_min = r.wait_seconds_max = waits[waits.size() / 2];
   }
   r.rank_step_peak_bytes = {step_peak};
   if (!distributed) return r;
@@ -150,7 +157,11 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
   Tensor flags = from_vector(std::vector<int64_t>{r.status == Status::kOk ? 0 : 1, first_hand,
                                                   r.peak_bytes, r.status == Status::kOom},
                              {4});
-  Tensor time = from_vector(std::vector<float>{static_cast<float>(r.step_seconds)}, {1});
+  // The slowest step, the most and (negated) the least any rank waited.
+  Tensor time = from_vector(
+      std::vector<float>{static_cast<float>(r.step_seconds), static_cast<float>(r.wait_seconds_max),
+                         -static_cast<float>(r.wait_seconds_min)},
+      {3});
   std::vector<int64_t> own_peak(static_cast<size_t>(group->size()), 0);
   own_peak[static_cast<size_t>(group->rank())] = step_peak;
   Tensor peaks = from_vector(own_peak, {group->size()});
@@ -163,7 +174,10 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
   const auto v = flags.to_vector<int64_t>();
   r.peak_bytes = v[2];
   r.rank_step_peak_bytes = peaks.to_vector<int64_t>();
-  r.step_seconds = time.to_vector<float>()[0];
+  const std::vector<float> times_of_ranks = time.to_vector<float>();
+  r.step_seconds = times_of_ranks[0];
+  r.wait_seconds_max = times_of_ranks[1];
+  r.wait_seconds_min = -times_of_ranks[2];
   if (v[0] == 0) return r;
   // Every rank is past the candidate: what its failure left in flight on the candidate's own
   // communicator (a collective the failed rank never joined) is left there for good.
@@ -173,7 +187,7 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
       dist::rank_messages(dist::allgather_text(*group, first_hand ? r.error : std::string()));
   r.status = v[3] ? Status::kOom : Status::kError;
   r.error = messages.empty() ? r.error : messages;
-  r.step_seconds = 0;
+  r.step_seconds = r.wait_seconds_min = r.wait_seconds_max = 0;
   r.losses.clear();
   return r;
 }

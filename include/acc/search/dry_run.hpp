@@ -51,6 +51,11 @@ struct DryRunResult {
   std::string error;
   /// Median of the measured steps' wall time, the slowest rank's (seconds).
   double step_seconds = 0;
+  /// Each rank's median over the measured steps of its time blocked in Work::wait
+  /// (dist::wait_seconds: communication the step left exposed, and waiting for a slower rank),
+  /// the least and the most of the ranks (seconds; 0 on one rank). What the time model's
+  /// exposed communication is compared with (bench_search).
+  double wait_seconds_min = 0, wait_seconds_max = 0;
   /// Highest tracked tensor bytes during the run above what was held before it (the setup, the
   /// steps and the Trainer's teardown), the largest rank's.
   int64_t peak_bytes = 0;
