@@ -54,7 +54,7 @@ if [[ ! -x "$PY" ]] || ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 if [[ ! -x "$BENCH" ]]; then
   echo "compare_torch.sh: $BENCH not found; build it with:" \
-       "cmake -S $ROOT -B $BUILD && make -C $BUILD -j2 bench_train" >&2
+       "cmake -S $ROOT -B $BUILD && cmake --build $BUILD -j2 --target bench_train" >&2
   exit 1
 fi
 if [[ ! "$ROUNDS" =~ ^[1-9][0-9]*$ ]]; then

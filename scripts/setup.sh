@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shared by scripts/demo and scripts/test: installs the Debian packages AutoAcc needs (only the
-# missing ones), then configures and builds into build/ (Release, ccache, -j2).
+# missing ones), then configures and builds into build/ (Release, ccache, Ninja, -j2).
 set -euo pipefail
 
 ACC_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -9,7 +9,7 @@ ACC_JOBS="${ACC_JOBS:-2}"
 
 # clang-format: the suite's format_check (tests/CMakeLists.txt) runs only where it is installed.
 acc_packages=(
-  g++ cmake make pkg-config ccache python3
+  g++ cmake make ninja-build pkg-config ccache python3
   openmpi-bin libopenmpi-dev libopenblas-dev libboost-graph-dev libtbb-dev
   nlohmann-json3-dev libspdlog-dev libzstd-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
@@ -33,9 +33,21 @@ acc_install() {
   fi
 }
 
+# Configures the tree $1 from the repository with the CMake arguments that follow. A new tree uses
+# Ninja: it compiles a target's objects while the libraries it links are still compiling, where
+# Makefiles wait for each library to be linked first. The sanitizer tree of scripts/test, cold and
+# without ccache on the 2-vCPU VM, took 521 s with Makefiles and 436 s with Ninja for the same
+# CPU time (2026-11-29). A tree configured before keeps its generator (CMake refuses a change).
+acc_configure() {
+  local dir="$1" generator=()
+  shift
+  [ -f "$dir/CMakeCache.txt" ] || generator=(-G Ninja)
+  cmake -S "$ACC_ROOT" -B "$dir" "${generator[@]}" "$@" >/dev/null
+}
+
 acc_build() {
   export CCACHE_DIR="${CCACHE_DIR:-$ACC_ROOT/.cache/ccache}"
-  cmake -S "$ACC_ROOT" -B "$ACC_BUILD" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  acc_configure "$ACC_BUILD" -DCMAKE_BUILD_TYPE=Release "$@"
   cmake --build "$ACC_BUILD" -j "$ACC_JOBS"
 }
 
