@@ -72,9 +72,10 @@ void CommEngine::start() {
             kMaxPollUs, " (1 s), got ", max_poll);
   poll_us_ = static_cast<int>(poll);
   max_poll_us_ = static_cast<int>(max_poll);
-  const int64_t spin = env::get_int("ACC_COMM_SPIN", 1);
-  ACC_CHECK(spin == 0 || spin == 1, "ACC_COMM_SPIN must be 0 or 1, got ", spin);
-  spin_when_waited_on_ = spin == 1;
+  const int64_t spin = env::get_int("ACC_COMM_SPIN_US", 250);
+  ACC_CHECK(spin >= 0 && spin <= kMaxPollUs, "ACC_COMM_SPIN_US must be >= 0 and at most ",
+            kMaxPollUs, " (1 s), got ", spin);
+  spin_us_ = static_cast<int>(spin);
   check_mpi(MPI_Op_create(&bf16_sum_fn, 1, &bf16_sum_), "MPI_Op_create(bf16 sum)");
   check_mpi(MPI_Op_create(&bf16_max_fn, 1, &bf16_max_), "MPI_Op_create(bf16 max)");
   stopping_ = false;
@@ -189,6 +190,9 @@ void CommEngine::run_sync(const std::function<void()>& fn) {
 
 void CommEngine::loop() {
   int backoff_us = poll_us_;
+  // When something last moved (or the wait began), and whether a thread waited at the last turn.
+  auto moved_at = std::chrono::steady_clock::now();
+  bool was_waited_on = false;
   while (true) {
     std::vector<Task> fresh;
     {
@@ -285,18 +289,23 @@ void CommEngine::loop() {
     // once for a new operation. Each wake-up preempts a computing thread on a busy core: in a
     // 2-rank ddp run on 2 cores, polling every 20 us preempted the main threads ~20k times in
     // 30 s, every 200 us ~4.5k times. While a thread is blocked in Work::wait there is no
-    // computation of this rank to preempt and the wait is exposed, so the comm thread spins,
-    // yielding the core to any other runnable thread (another rank's, oversubscribed) at each
-    // turn. MPI progresses a message only inside MPI_Testall, on both ends, and a timed wait of
-    // 20 us sleeps 60-70 us (the kernel's timer slack): sleeping between polls, a 4 KiB
-    // all-reduce of 2 ranks took 0.75 ms against 0.023 ms spinning, 1 MiB 0.75 against 0.21 ms
-    // (bench_collectives, 2026-11-29, 2 vCPUs), and a tensor-parallel step waits on about 20
-    // such collectives per micro-batch. ACC_COMM_SPIN=0 sleeps between polls while waited on too.
+    // computation of this rank to preempt and the wait is exposed, so the comm thread polls
+    // without backing off, and for spin_us_ after the wait began or anything last moved it
+    // does not sleep at all (yielding the core to any other runnable thread at each turn). MPI
+    // moves a message only inside MPI_Testall, on both ends, and a timed wait of 20 us sleeps
+    // 60-70 us (the kernel's timer slack): sleeping between polls, a 4 KiB all-reduce of 2 ranks
+    // took 0.75 ms against 0.023 ms spinning, 1 MiB 0.75 against 0.21 ms (bench_collectives,
+    // 2026-11-29, 2 vCPUs), and a tensor-parallel step waits on some 20 such collectives per
+    // micro-batch. The spin is bounded so that a rank waiting long for a late peer (a skewed
+    // step, a save, a hang) leaves the cores to the ranks still computing, oversubscribed.
     const bool waited_on = waiters_.load() > 0;
     if (progressed || waited_on) {
       backoff_us = poll_us_;
     }
-    if (!progressed && waited_on && spin_when_waited_on_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (progressed || !was_waited_on) moved_at = now;
+    was_waited_on = waited_on;
+    if (!progressed && waited_on && now - moved_at < std::chrono::microseconds(spin_us_)) {
       std::this_thread::yield();
     } else if (!progressed && poll_us_ > 0) {
       std::unique_lock<std::mutex> lock(mu_);

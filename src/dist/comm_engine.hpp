@@ -143,9 +143,9 @@ class CommEngine {
   std::atomic<int> waiters_{0};
   std::thread thread_;
   MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
-  int poll_us_ = 20;                 // ACC_COMM_POLL_US: the first wait when nothing progressed
-  int max_poll_us_ = 256;            // ACC_COMM_MAX_POLL_US: the longest
-  bool spin_when_waited_on_ = true;  // ACC_COMM_SPIN: poll without sleeping while waited on
+  int poll_us_ = 20;       // ACC_COMM_POLL_US: the first wait when nothing progressed
+  int max_poll_us_ = 256;  // ACC_COMM_MAX_POLL_US: the longest
+  int spin_us_ = 250;      // ACC_COMM_SPIN_US: polls without sleeping this long into a wait
 };
 
 }  // namespace acc::dist::detail

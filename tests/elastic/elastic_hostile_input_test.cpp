@@ -135,11 +135,10 @@ TEST_F(ElasticHostileInput, HugeDurationsAreRefusedByName) {
        1,
        {"ACC_COMM_POLL_US must be >= 0 and at most 1000000 (1 s), got 99999999999"},
        {"1215752191", "| loss"}},
-      // A switch: 0 or 1, nothing taken as either.
       {"B",
-       "ACC_COMM_SPIN=2 {mpi} -np 2 {tg}",
+       "ACC_COMM_SPIN_US=-1 {mpi} -np 2 {tg}",
        1,
-       {"ACC_COMM_SPIN must be 0 or 1, got 2"},
+       {"ACC_COMM_SPIN_US must be >= 0 and at most 1000000 (1 s), got -1"},
        {"| loss"}},
       // CLI11's Range let nan through: every node's check then failed, "does not answer".
       {"B",
