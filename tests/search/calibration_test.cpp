@@ -163,6 +163,7 @@ TEST(MachineCalibration, JsonRoundTripIsExact) {
   EXPECT_EQ(back.hardware, c.hardware);
   EXPECT_EQ(back.threads, c.threads);
   EXPECT_EQ(back.gemm_threading, c.gemm_threading);
+  EXPECT_EQ(back.gemm_operands, "cold");
   EXPECT_EQ(back.gemm_gflops, c.gemm_gflops);
   EXPECT_EQ(back.memory_gbps, c.memory_gbps);
   EXPECT_EQ(back.contention, c.contention);
@@ -170,6 +171,9 @@ TEST(MachineCalibration, JsonRoundTripIsExact) {
   nlohmann::json older = hand_made().to_json();
   ASSERT_FALSE(older.contains("contention"));
   EXPECT_TRUE(MachineCalibration::from_json(older).contention.empty());
+  // One written before the GEMMs were timed on cold operands timed them on hot ones.
+  older.erase("gemm_operands");
+  EXPECT_EQ(MachineCalibration::from_json(older).gemm_operands, "hot");
 }
 
 TEST(MachineCalibration, MalformedOrTruncatedJsonNamesTheField) {
@@ -193,6 +197,8 @@ TEST(MachineCalibration, MalformedOrTruncatedJsonNamesTheField) {
       {"threads", [](nlohmann::json& j) { j["threads"] = 0; }, "field 'threads' must be"},
       {"gemm_threading", [](nlohmann::json& j) { j["gemm_threading"] = "omp"; },
        "field 'gemm_threading' must be \"openblas\" or \"tbb\""},
+      {"gemm_operands", [](nlohmann::json& j) { j["gemm_operands"] = "warm"; },
+       "field 'gemm_operands' must be \"hot\" or \"cold\", got \"warm\""},
       {"memory", [](nlohmann::json& j) { j["memory_gbps"] = 0; },
        "field 'memory_gbps' must be a finite number > 0"},
       {"gemm type", [](nlohmann::json& j) { j["gemm"] = nlohmann::json::object(); },
@@ -384,6 +390,28 @@ TEST_F(CacheDir, ACacheOfAnotherMachineIsReplaced) {
       MachineCalibration::from_json(nlohmann::json::parse(read_file(path)));
   EXPECT_EQ(stored.hardware, hardware_fingerprint());
   EXPECT_EQ(stored.gemm_gflops.size(), 1u) << "the other machine's shapes are not kept";
+}
+
+// A cache whose GEMMs were timed on the same operands at every call (before 2026-11-29) is
+// measured again: its figures are faster than a step's GEMMs.
+TEST_F(CacheDir, ACacheOfGemmsTimedOnHotOperandsIsReplaced) {
+  const std::vector<GemmShape> shapes{{32, 32, 32}};
+  MachineCalibration hot = hand_made();
+  hot.gemm_operands = "hot";
+  hot.gemm_gflops[shapes[0]] = 12345;
+  fs::create_directories(dir_);
+  const fs::path path = machine_cache_path(options_);
+  write_file(path, hot.to_json().dump());
+
+  const MachineCalibration c = load_or_calibrate_machine(shapes, options_);
+  EXPECT_EQ(c.source.gemm_measured, 1);
+  EXPECT_EQ(c.source.gemm_from_cache, 0);
+  EXPECT_NE(c.source.note.find("timed its GEMMs on hot operands, this build on cold ones"),
+            std::string::npos)
+      << c.source.note;
+  EXPECT_NE(c.gemm_gflops.at(shapes[0]), 12345);
+  EXPECT_EQ(MachineCalibration::from_json(nlohmann::json::parse(read_file(path))).gemm_operands,
+            "cold");
 }
 
 TEST_F(CacheDir, ACorruptCacheIsAnErrorNamingTheFileAndIsLeftAlone) {

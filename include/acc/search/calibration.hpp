@@ -128,8 +128,12 @@ struct CalibrationSource {
 
 struct MachineCalibration {
   HardwareFingerprint hardware;
-  int threads = 1;                          // acc::set_num_threads during the measurement
-  std::string gemm_threading;               // "openblas" or "tbb" (acc::gemm_threading())
+  int threads = 1;             // acc::set_num_threads during the measurement
+  std::string gemm_threading;  // "openblas" or "tbb" (acc::gemm_threading())
+  /// How the GEMMs were timed: "cold", each call on the next of several copies of its operands
+  /// spanning 16 MiB (as a training step finds them: out of the core's caches); "hot", the same
+  /// operands every call (files written before 2026-11-29, which a search measures again).
+  std::string gemm_operands = "cold";
   std::map<GemmShape, double> gemm_gflops;  // measured GFLOP/s (1e9 FLOP/s) per shape
   /// Seconds every op of the engine costs beyond its work (dispatch, the caching allocator, the
   /// autograd node, and running that node in backward): measured on a chain of elementwise ops
@@ -155,16 +159,17 @@ struct MachineCalibration {
   /// acc::ValueError for negative bytes or when memory_gbps is not positive.
   double memory_seconds(int64_t bytes) const;
 
-  /// {"hardware": {...}, "threads": 1, "gemm_threading": "openblas", "memory_gbps": 23.7,
+  /// {"hardware": {...}, "threads": 1, "gemm_threading": "openblas", "gemm_operands": "cold",
+  ///  "memory_gbps": 23.7,
   ///  "op_overhead_us": 3.1,
   ///  "gemm": [{"m": 2048, "n": 2304, "k": 768, "trans_a": false, "trans_b": true,
   ///            "gflops": 105.3}, ...], "contention": [{"local_ranks": 2, "factor": 1.08}]}
   nlohmann::json to_json() const;
-  /// Every field required but "contention" and "op_overhead_us" (files written before they
-  /// existed), no others; GFLOP/s
-  /// and GB/s positive and finite, dimensions >= 1, no shape twice, factors >= 1 and finite, local
-  /// ranks >= 2 and not twice. Throws acc::ValueError "machine calibration: field '<path>' ..."
-  /// naming the field by its path ("gemm[2].gflops", "hardware.cores", "contention[0].factor").
+  /// Every field required but "contention", "op_overhead_us" and "gemm_operands" (files written
+  /// before they existed), no others; GFLOP/s and GB/s positive and finite, dimensions >= 1, no
+  /// shape twice, factors >= 1 and finite, local ranks >= 2 and not twice. Throws acc::ValueError
+  /// "machine calibration: field '<path>' ..." naming the field by its path ("gemm[2].gflops",
+  /// "hardware.cores", "contention[0].factor").
   static MachineCalibration from_json(const nlohmann::json& j);
 };
 
@@ -248,7 +253,8 @@ struct AlphaBeta {
   double seconds(int64_t bytes) const;
 };
 
-/// One measured point of a collective: the max over ranks of the ranks' median times.
+/// One measured point of a collective: the fastest round's max over ranks of the ranks' median
+/// times (calibrate_collectives).
 struct CommPoint {
   int64_t bytes = 0;
   double seconds = 0;
@@ -284,10 +290,12 @@ std::vector<int64_t> default_collective_sizes();
 /// Measures the four collectives of `group` at each size (f32 tensors; sizes rounded up to a
 /// multiple of 4 x world bytes) and fits t = alpha + beta * bytes to each. A collective over the
 /// group: every rank calls it with the same arguments, and every rank gets the same result.
-///  - Per point: one warm-up call (all ranks then agree, through an allreduce of the slowest
-///    warm-up, on how many timed calls fill seconds_per_point: at least 3, at most 1000); each
-///    rank times each call from issue to the end of wait() and takes the median; the point's time
-///    is the max over ranks of those medians (one allreduce for all points).
+///  - Per point, in each of 3 rounds (a round times every point before the next round begins):
+///    one warm-up call (all ranks then agree, through an allreduce of the slowest warm-up, on how
+///    many timed calls fill a third of seconds_per_point: at least 3, at most 1000); each rank
+///    times each call from issue to the end of wait() and takes the median; the round's time is
+///    the max over ranks of those medians (one allreduce for all points), the point's the fastest
+///    round's (a round can spend all its calls in a slow placement of the ranks' threads).
 ///  - The fit is least squares weighted by 1 / t, sum((alpha + beta b - t)^2 / t): a time's noise
 ///    grows with it, and the sizes span three orders of magnitude. Unweighted, the largest sizes
 ///    decide alpha (2 ranks here: -26..-30% at 4-64 KiB); weighted by 1 / t^2 (relative error),
