@@ -173,43 +173,60 @@ CommCalibration calibrate_collectives(dist::ProcessGroup& group,
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   const TensorOptions cpu{.device = Device::kCPU};
-  std::vector<float> medians;  // per (op, size), this rank's
-  for (const Collective& op : kCollectives) {
-    for (int64_t bytes : sizes) {
-      const int64_t n = elements_for(bytes, W);
-      // Zeros: sums stay zero over any number of repeats (no overflow to inf).
-      Tensor whole = zeros({n}, cpu), block = zeros({n / W}, cpu);
-      auto call = [&] { op.issue(group, whole, block)->wait(); };
-      Timer warm;
-      call();
-      // Every rank must make the same number of calls: they agree on the slowest warm-up.
-      Tensor slowest = from_vector(std::vector<float>{static_cast<float>(warm.elapsed_s())}, {1});
-      group.allreduce(slowest, dist::ReduceOp::kMax)->wait();
-      const double t_warm = std::max<double>(slowest.data<float>()[0], 1e-7);
-      const int repeats =
-          static_cast<int>(std::clamp(std::ceil(seconds_per_point / t_warm), 3.0, 1000.0));
-      std::vector<double> times;
-      times.reserve(repeats);
-      for (int r = 0; r < repeats; ++r) {
-        Timer t;
+  // Each point is timed in kRounds rounds of seconds_per_point / kRounds, a round over every
+  // (op, size) before the next: the point's time is the fastest round's. A round can fall into a
+  // slow placement of the ranks' threads for all of its calls (three calibrations of 2 ranks on
+  // 2 vCPUs, 2026-11-29: a 4 KiB all-reduce's median 21, 32 and 148 us, a reduce-scatter's 20, 20
+  // and 101 us), and that one point then moved a fit's alpha 3x.
+  constexpr int kRounds = 3;
+  const double seconds_per_round = seconds_per_point / kRounds;
+  std::vector<float> medians;  // per round, op and size: this rank's
+  for (int round = 0; round < kRounds; ++round) {
+    for (const Collective& op : kCollectives) {
+      for (int64_t bytes : sizes) {
+        const int64_t n = elements_for(bytes, W);
+        // Zeros: sums stay zero over any number of repeats (no overflow to inf).
+        Tensor whole = zeros({n}, cpu), block = zeros({n / W}, cpu);
+        auto call = [&] { op.issue(group, whole, block)->wait(); };
+        Timer warm;
         call();
-        times.push_back(t.elapsed_s());
+        // Every rank must make the same number of calls: they agree on the slowest warm-up.
+        Tensor slowest = from_vector(std::vector<float>{static_cast<float>(warm.elapsed_s())}, {1});
+        group.allreduce(slowest, dist::ReduceOp::kMax)->wait();
+        const double t_warm = std::max<double>(slowest.data<float>()[0], 1e-7);
+        const int repeats =
+            static_cast<int>(std::clamp(std::ceil(seconds_per_round / t_warm), 3.0, 1000.0));
+        std::vector<double> times;
+        times.reserve(repeats);
+        for (int r = 0; r < repeats; ++r) {
+          Timer t;
+          call();
+          times.push_back(t.elapsed_s());
+        }
+        std::sort(times.begin(), times.end());
+        const double median = repeats % 2 == 1
+                                  ? times[repeats / 2]
+                                  : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);
+        medians.push_back(static_cast<float>(median));
       }
-      std::sort(times.begin(), times.end());
-      const double median = repeats % 2 == 1 ? times[repeats / 2]
-                                             : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);
-      medians.push_back(static_cast<float>(median));
     }
   }
-  // The slowest rank's median is the point's time; identical on every rank after this.
+  // The slowest rank's median is a round's time for the point, the fastest round the point's;
+  // identical on every rank after this.
   Tensor all = from_vector(medians, {static_cast<int64_t>(medians.size())});
   group.allreduce(all, dist::ReduceOp::kMax)->wait();
+  const size_t per_round = medians.size() / kRounds;
   size_t i = 0;
   for (const Collective& collective : kCollectives) {
     const char* op = collective.name;
     std::vector<CommPoint>& pts = c.points[op];
     for (int64_t bytes : sizes) {
-      pts.push_back({elements_for(bytes, W) * 4, static_cast<double>(all.data<float>()[i++])});
+      double fastest = all.data<float>()[i];
+      for (int round = 1; round < kRounds; ++round) {
+        fastest = std::min<double>(fastest, all.data<float>()[i + round * per_round]);
+      }
+      ++i;
+      pts.push_back({elements_for(bytes, W) * 4, fastest});
     }
     c.ops[op] = fit_alpha_beta(pts);
     logging::debug("calibration: {} on '{}' ({} ranks): alpha {:.3g} s, {:.3g} GB/s", op,
