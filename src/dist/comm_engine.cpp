@@ -294,7 +294,7 @@ void CommEngine::loop() {
     // does not sleep at all (yielding the core to any other runnable thread at each turn). MPI
     // moves a message only inside MPI_Testall, on both ends, and a timed wait of 20 us sleeps
     // 60-70 us (the kernel's timer slack): sleeping between polls, a 4 KiB all-reduce of 2 ranks
-    // took 0.75 ms against 0.023 ms spinning, 1 MiB 0.75 against 0.21 ms (bench_collectives,
+    // took 0.75 ms against 0.022 ms spinning, 1 MiB 0.75 against 0.19 ms (bench_collectives,
     // 2026-11-29, 2 vCPUs), and a tensor-parallel step waits on some 20 such collectives per
     // micro-batch. The spin is bounded so that a rank waiting long for a late peer (a skewed
     // step, a save, a hang) leaves the cores to the ranks still computing, oversubscribed.
