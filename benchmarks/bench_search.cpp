@@ -400,6 +400,8 @@ int main(int argc, char** argv) {
           {"search_in_chosen_steps", search_s / retimed_s[0]},
           {"exhaustive_s", exhaustive_s},
           {"rounds", rounds},
+          // With --only, every figure above is of the matching candidates (and the chosen one).
+          {"only", only},
           {"rows", list}};
       std::printf("%s\n", out.dump().c_str());
       std::fflush(stdout);

@@ -32,7 +32,7 @@ while [[ $# -gt 0 ]]; do
 done
 BENCH="$BUILD/benchmarks/bench_train"
 command -v perf > /dev/null || { echo "profile_step.sh: perf not found (apt-get install linux-perf)" >&2; exit 1; }
-[[ -x "$BENCH" ]] || { echo "profile_step.sh: $BENCH not found; make -C $BUILD bench_train" >&2; exit 1; }
+[[ -x "$BENCH" ]] || { echo "profile_step.sh: $BENCH not found; cmake --build $BUILD --target bench_train" >&2; exit 1; }
 if [[ ! "$WARMUP" =~ ^[1-9][0-9]*$ ]]; then
   echo "profile_step.sh: --warmup must be >= 1 (perf attaches after the last warm-up step)," \
        "got '$WARMUP'" >&2

@@ -353,13 +353,19 @@ class GemmRun {
     const int64_t a = checked_mul(s.m, s.k, "calibration: A of ", s.str());
     const int64_t b = checked_mul(s.k, s.n, "calibration: B of ", s.str());
     const int64_t c = checked_mul(s.m, s.n, "calibration: C of ", s.str());
-    const int64_t set_bytes = 4 * (a + b + c);
-    const int64_t copies = std::clamp<int64_t>(kColdOperandBytes / std::max<int64_t>(1, set_bytes),
-                                               1, kMaxOperandCopies);
+    const int64_t set_bytes =
+        checked_mul(checked_add(checked_add(a, b, "calibration: operands of ", s.str()), c,
+                                "calibration: operands of ", s.str()),
+                    4, "calibration: operand bytes of ", s.str());
+    // Rounded up: a set of 9 MiB gets two copies, not one.
+    const int64_t copies =
+        std::clamp<int64_t>((kColdOperandBytes + set_bytes - 1) / std::max<int64_t>(1, set_bytes),
+                            1, kMaxOperandCopies);
+    // C zeroed, not empty: every copy's pages are touched before the timed calls.
     const TensorOptions cpu{.device = Device::kCPU};
-    sets_.push_back({filled(a, gen), filled(b, gen), empty({c}, cpu)});
+    sets_.push_back({filled(a, gen), filled(b, gen), zeros({c}, cpu)});
     for (int64_t i = 1; i < copies; ++i) {
-      sets_.push_back({sets_[0].a.clone(), sets_[0].b.clone(), empty({c}, cpu)});
+      sets_.push_back({sets_[0].a.clone(), sets_[0].b.clone(), zeros({c}, cpu)});
     }
   }
   void operator()() {

@@ -170,6 +170,7 @@ bool CommEngine::idle_locked() const {
 }
 
 void CommEngine::waiter_enter() {
+  wait_starts_.fetch_add(1);                         // each wait restarts the comm thread's spin
   if (waiters_.fetch_add(1) == 0) cv_.notify_all();  // cut a backed-off wait short
 }
 
@@ -190,9 +191,9 @@ void CommEngine::run_sync(const std::function<void()>& fn) {
 
 void CommEngine::loop() {
   int backoff_us = poll_us_;
-  // When something last moved (or the wait began), and whether a thread waited at the last turn.
+  // When something last moved or a wait began, and the waits begun by then.
   auto moved_at = std::chrono::steady_clock::now();
-  bool was_waited_on = false;
+  uint64_t waits_seen = 0;
   while (true) {
     std::vector<Task> fresh;
     {
@@ -290,7 +291,7 @@ void CommEngine::loop() {
     // 2-rank ddp run on 2 cores, polling every 20 us preempted the main threads ~20k times in
     // 30 s, every 200 us ~4.5k times. While a thread is blocked in Work::wait there is no
     // computation of this rank to preempt and the wait is exposed, so the comm thread polls
-    // without backing off, and for spin_us_ after the wait began or anything last moved it
+    // without backing off, and for spin_us_ after a wait began or anything last moved it
     // does not sleep at all (yielding the core to any other runnable thread at each turn). MPI
     // moves a message only inside MPI_Testall, on both ends, and a timed wait of 20 us sleeps
     // 60-70 us (the kernel's timer slack): sleeping between polls, a 4 KiB all-reduce of 2 ranks
@@ -303,8 +304,9 @@ void CommEngine::loop() {
       backoff_us = poll_us_;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (progressed || !was_waited_on) moved_at = now;
-    was_waited_on = waited_on;
+    const uint64_t waits = wait_starts_.load();
+    if (progressed || waits != waits_seen) moved_at = now;
+    waits_seen = waits;
     if (!progressed && waited_on && now - moved_at < std::chrono::microseconds(spin_us_)) {
       std::this_thread::yield();
     } else if (!progressed && poll_us_ > 0) {

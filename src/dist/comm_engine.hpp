@@ -141,6 +141,7 @@ class CommEngine {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> abandon_{false};
   std::atomic<int> waiters_{0};
+  std::atomic<uint64_t> wait_starts_{0};  // waits begun (waiter_enter), for the spin
   std::thread thread_;
   MPI_Op bf16_sum_ = MPI_OP_NULL, bf16_max_ = MPI_OP_NULL;
   int poll_us_ = 20;       // ACC_COMM_POLL_US: the first wait when nothing progressed

@@ -393,15 +393,17 @@ TEST_F(CacheDir, ACacheOfAnotherMachineIsReplaced) {
 }
 
 // A cache whose GEMMs were timed on the same operands at every call (before 2026-11-29) is
-// measured again: its figures are faster than a step's GEMMs.
+// measured again: its figures are faster than a step's GEMMs. The file is this machine's own (this
+// process's threads and GEMM threading), with the field changed.
 TEST_F(CacheDir, ACacheOfGemmsTimedOnHotOperandsIsReplaced) {
   const std::vector<GemmShape> shapes{{32, 32, 32}};
-  MachineCalibration hot = hand_made();
-  hot.gemm_operands = "hot";
-  hot.gemm_gflops[shapes[0]] = 12345;
-  fs::create_directories(dir_);
+  (void)load_or_calibrate_machine(shapes, options_);
   const fs::path path = machine_cache_path(options_);
-  write_file(path, hot.to_json().dump());
+  nlohmann::json hot = nlohmann::json::parse(read_file(path));
+  ASSERT_EQ(hot.at("gemm_operands"), "cold");
+  hot["gemm_operands"] = "hot";
+  hot["gemm"][0]["gflops"] = 12345;
+  write_file(path, hot.dump());
 
   const MachineCalibration c = load_or_calibrate_machine(shapes, options_);
   EXPECT_EQ(c.source.gemm_measured, 1);

@@ -82,6 +82,11 @@ TEST(MemoryModel, EveryCandidatesPredictedPeakIsWithinFivePercent) {
     const DryRunResult r = dry_run(*model, optim::AdamW::factory({.lr = 1e-3}), c, batch, world,
                                    {.warmup_steps = 1, .measured_steps = 1});
     ASSERT_EQ(r.status, search::Status::kOk) << c.describe() << ": " << r.error;
+    // The time blocked in Work::wait, least and most over the ranks; a tensor-parallel step
+    // waits on every forward all-reduce of its blocks.
+    EXPECT_GE(r.wait_seconds_min, 0) << c.describe();
+    EXPECT_LE(r.wait_seconds_min, r.wait_seconds_max) << c.describe();
+    if (c.mesh.tp > 1) EXPECT_GT(r.wait_seconds_max, 0) << c.describe();
     const double err = static_cast<double>(p.peak - r.peak_bytes) / r.peak_bytes;
     if (c.effects.shard_parameters) {
       if (std::abs(err) > std::abs(worst_fsdp)) worst_fsdp = err;

@@ -292,7 +292,7 @@ std::vector<int64_t> default_collective_sizes();
 /// group: every rank calls it with the same arguments, and every rank gets the same result.
 ///  - Per point, in each of 3 rounds (a round times every point before the next round begins):
 ///    one warm-up call (all ranks then agree, through an allreduce of the slowest warm-up, on how
-///    many timed calls fill a third of seconds_per_point: at least 3, at most 1000); each rank
+///    many timed calls fill a third of seconds_per_point: at least 1, at most 1000); each rank
 ///    times each call from issue to the end of wait() and takes the median; the round's time is
 ///    the max over ranks of those medians (one allreduce for all points), the point's the fastest
 ///    round's (a round can spend all its calls in a slow placement of the ranks' threads).
