@@ -131,34 +131,37 @@ struct TrainingPlan {
   std::shared_ptr<Pipeline> pipeline;
 };
 
+// Every member has an initialiser (`{}` at least): each method file's designated initialiser
+// leaves out what it does not use, which GCC 12's -Wmissing-field-initializers reports of a member
+// without one.
 struct MethodSpec {
-  std::string name;
+  std::string name{};
   /// Methods in the same exclusive slot cannot be combined (one grad_sync method at most).
-  std::string slot;
+  std::string slot{};
   bool exclusive_slot = false;
   /// Config keys the method accepts.
-  std::vector<std::string> config_keys;
+  std::vector<std::string> config_keys{};
   /// Validates the config (acc::ValueError naming the key and value) and contributes to the plan.
-  std::function<void(const nlohmann::json& config, TrainingPlan& plan)> apply;
+  std::function<void(const nlohmann::json& config, TrainingPlan& plan)> apply{};
   /// The search's view of the method (search.hpp): when it is tried, with which configs, and what
   /// it does to a step's memory and time. Each method file declares its own.
   bool needs_bf16 = false;
   bool needs_ranks = false;
-  std::function<std::vector<nlohmann::json>(const SearchContext&)> search_choices;
-  std::function<void(const nlohmann::json&, const SearchContext&, StepEffects&)> effects;
+  std::function<std::vector<nlohmann::json>(const SearchContext&)> search_choices{};
+  std::function<void(const nlohmann::json&, const SearchContext&, StepEffects&)> effects{};
   /// A method that owns a mesh dimension sets its size (tensor_parallel: tp); the Trainer builds
   /// the run's mesh from them (mesh_for).
-  std::function<void(const nlohmann::json&, dist::DeviceMesh&)> mesh;
+  std::function<void(const nlohmann::json&, dist::DeviceMesh&)> mesh{};
   /// Its model transform changes what a rank holds and computes (tensor_parallel's shards,
   /// sequence_parallel's split sequence): the search traces a candidate through it
   /// (layout_rewrite) rather than pricing one rank holding everything.
   bool layout = false;
   /// Checks the config against the whole strategy (a method that needs another), after every
   /// entry parsed: acc::ValueError naming both.
-  std::function<void(const nlohmann::json&, const Strategy&)> check_with;
+  std::function<void(const nlohmann::json&, const Strategy&)> check_with{};
   /// Methods it never composes with, whatever either's config, each with why (parse_strategy
   /// refuses the pair with it; the search skips such combinations before building them).
-  std::vector<std::pair<std::string, std::string>> never_with;
+  std::vector<std::pair<std::string, std::string>> never_with{};
 };
 
 MethodSpec ddp_method();

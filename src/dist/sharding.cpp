@@ -57,7 +57,10 @@ bool ShardingSpec::any(Placement::Kind k) const {
 std::string ShardingSpec::to_string() const {
   std::string out;
   for (MeshDim d : kMeshDims) {
-    out += (out.empty() ? "" : " ") + std::string(mesh_dim_name(d)) + ":" + (*this)[d].to_string();
+    if (!out.empty()) out += ' ';
+    out += mesh_dim_name(d);
+    out += ':';
+    out += (*this)[d].to_string();
   }
   return out;
 }
