@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "acc/models/language_model.hpp"
@@ -217,6 +218,27 @@ std::vector<GemmShape> CostModel::shapes_to_measure(const trace::ModelRef& model
   for (const int64_t b : micro_batches) {
     for (const auto& s : gemm_shapes(*shallow_trace(model, 1, b, seq_len, {}))) {
       shapes.insert(s);
+    }
+  }
+  return {shapes.begin(), shapes.end()};
+}
+
+std::vector<GemmShape> CostModel::shapes_to_measure_for(
+    const trace::ModelRef& model, const std::vector<const Candidate*>& candidates,
+    int64_t seq_len) {
+  std::map<std::string, std::pair<const Candidate*, std::set<int64_t>>> micro;
+  for (const Candidate* c : candidates) {
+    auto& [first, sizes] = micro[c->layout_key()];
+    if (first == nullptr) first = c;
+    sizes.insert(c->micro_batch);
+  }
+  std::set<GemmShape> shapes;
+  for (const auto& [layout, of] : micro) {
+    for (const RankModel& r : rank_models(model, *of.first, seq_len)) {
+      const std::vector<int64_t> batches(of.second.begin(), of.second.end());
+      for (const GemmShape& s : shapes_to_measure(r.model, batches, seq_len)) {
+        shapes.insert(s);
+      }
     }
   }
   return {shapes.begin(), shapes.end()};

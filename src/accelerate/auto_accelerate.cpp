@@ -257,25 +257,13 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
                                const std::vector<search::CommCalibration>& group_comm,
                                search::MachineCalibration& machine, double& contention,
                                bool& contention_cached) {
-  // The GEMM shapes of each layout's rank (tensor-parallel shards multiply smaller matrices).
-  std::map<std::string, std::pair<const Candidate*, std::set<int64_t>>> micro;
+  // The GEMM shapes of each layout's ranks (tensor-parallel shards multiply smaller matrices).
+  std::vector<const Candidate*> fit;
   for (const auto& r : s.rows) {
-    if (search::is_refused(r.status)) continue;
-    auto& [first, sizes] = micro[r.candidate->layout_key()];
-    if (first == nullptr) first = r.candidate;
-    sizes.insert(r.candidate->micro_batch);
+    if (!search::is_refused(r.status)) fit.push_back(r.candidate);
   }
-  std::vector<search::GemmShape> shapes;
-  for (const auto& [layout, of] : micro) {
-    // Each pp rank's stages (the head's projection on the last alone).
-    for (const search::RankModel& r : search::rank_models(model, *of.first, o.seq_len)) {
-      const auto more = search::CostModel::shapes_to_measure(
-          r.model, {of.second.begin(), of.second.end()}, o.seq_len);
-      shapes.insert(shapes.end(), more.begin(), more.end());
-    }
-  }
-  std::sort(shapes.begin(), shapes.end());
-  shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
+  const std::vector<search::GemmShape> shapes =
+      search::CostModel::shapes_to_measure_for(model, fit, o.seq_len);
   search::CalibrationOptions co;
   co.cache_dir = o.cache_dir;
   if (!group || group->rank() == 0) machine = search::load_or_calibrate_machine(shapes, co);

@@ -126,6 +126,12 @@ class CostModel {
   static std::vector<GemmShape> shapes_to_measure(const trace::ModelRef& model,
                                                   const std::vector<int64_t>& micro_batches,
                                                   int64_t seq_len);
+  /// Every GEMM shape the candidates' ranks run: each layout's pp ranks (tensor-parallel shards
+  /// multiply smaller matrices; the head's projection is on the last stage alone) at each
+  /// micro-batch of the candidates of that layout. Sorted, each once.
+  static std::vector<GemmShape> shapes_to_measure_for(
+      const trace::ModelRef& model, const std::vector<const Candidate*>& candidates,
+      int64_t seq_len);
 
  private:
   struct PassCost {
