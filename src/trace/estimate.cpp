@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -21,27 +22,35 @@
 namespace acc::trace {
 namespace {
 
-// The memory timeline of a step cut where its N blocks begin and end: segment 0 before the
-// blocks, 1..N the forwards of blocks 0..N-1, N+1 between (head, loss), N+2..2N+1 the backwards of
-// blocks N-1..0, 2N+2 after. A deep model whose block i stands for counts[i] blocks of the same
-// kind and place runs each block's two segments counts[i] times. Repetition r of a segment starts
-// r x (its net change) higher than the first, so the highest point over the repetitions lies in
-// the first or the last: the peak of the deep step follows exactly, wherever in the step it falls.
-struct Segment {
-  int64_t delta = 0;  // net bytes born minus died over one repetition
-  int64_t high = 0;   // highest running total after an event, relative to the segment's start
-  bool any = false;   // has events at all
-};
+// The memory timeline of a step cut where its N blocks begin and end (TimelineCut). A deep
+// model whose block i stands for counts[i] blocks of the same kind and place runs each block's two
+// segments counts[i] times. Repetition r of a segment starts r x (its net change) higher than the
+// first, so the highest point over the repetitions lies in the first or the last: the peak of the
+// deep step follows exactly, wherever in the step it falls.
+using Segment = TimelineSegment;
 using Curve = std::vector<Segment>;
 
 // Parameters are all born before the first op and die after the last, so they sit under the whole
 // timeline as one constant (the deep model's parameter bytes) and are left out of `live`.
 struct Timeline {
-  bool ok = false;    // the ops fell into the segments above, in order
-  Curve live;         // every storage but the parameters (estimate_memory's peak)
-  Curve activations;  // activations only (estimate_memory's activations_peak)
-  Curve blockwise;    // `live` with the blocks' gradients held as fsdp holds them (when asked)
+  bool ok = false;  // the ops fell into the segments above, in order
+  // Some ran between two blocks (a pipeline rank's messages between its stages), counted with the
+  // block before them: a cut whose blocks stand for several would repeat them, so only a
+  // timeline of every block (each standing for itself) is read then.
+  bool inner_ops = false;
+  bool plain() const { return ok && !inner_ops; }
+  Curve live;          // every storage but the parameters (estimate_memory's peak)
+  Curve activations;   // activations only (estimate_memory's activations_peak)
+  Curve blockwise;     // `live` with the blocks' gradients held as fsdp holds them (when asked)
+  Curve accumulating;  // activations, each gradient only as it is made (TimelineCut)
 };
+
+// Adds `bytes` (born > 0, died < 0) to a segment's running total.
+void add_event(Segment& sg, int64_t bytes) {
+  sg.delta = checked_add(sg.delta, bytes, "bytes alive in the step");
+  sg.high = sg.any ? std::max(sg.high, sg.delta) : sg.delta;
+  sg.any = true;
+}
 
 // The end of block b's backward segment in the blockwise curve (see BlockwiseGradients): the
 // previous block's buffer completes (`previous`: every block's backward but the first has one),
@@ -81,6 +90,11 @@ Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
       s = seg == 0 ? 0 : after;
     } else if (seg == N || seg == between) {
       s = between;
+    } else {
+      // Between two blocks of a forward or a backward: a pipeline rank's message between its
+      // stages (send_to, recv_from), with the block before it.
+      s = seg;
+      tl.inner_ops = true;
     }
     if (s < seg) return tl;  // not the structure the extrapolation assumes
     seg = s;
@@ -92,6 +106,7 @@ Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
   }
   tl.live.resize(seen.size());
   tl.activations.resize(seen.size());
+  tl.accumulating.resize(seen.size());
   if (blockwise) tl.blockwise.resize(seen.size());
   const bool accumulated = blockwise && blockwise->accumulated;
   auto is_block_backward = [N](int s) { return s >= N + 2 && s <= 2 * N + 1; };
@@ -139,10 +154,16 @@ Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
     }
     for (Curve* c : {parameter ? nullptr : &tl.live, activation ? &tl.activations : nullptr,
                      in_blockwise ? &tl.blockwise : nullptr}) {
-      if (c == nullptr) continue;
-      Segment& sg = (*c)[s];
-      sg.delta = checked_add(sg.delta, ev.bytes, "bytes alive in the step");
-      sg.high = sg.any ? std::max(sg.high, sg.delta) : sg.delta;
+      if (c != nullptr) add_event((*c)[s], ev.bytes);
+    }
+    if (activation) {
+      add_event(tl.accumulating[s], ev.bytes);
+    } else if (gradient && ev.bytes > 0) {
+      // Added into the gradient held and freed: only a moment's bytes (estimate_memory's
+      // accumulating_peak).
+      Segment& sg = tl.accumulating[s];
+      const int64_t moment = checked_add(sg.delta, ev.bytes, "bytes of an accumulation");
+      sg.high = sg.any ? std::max(sg.high, moment) : moment;
       sg.any = true;
     }
   }
@@ -401,9 +422,13 @@ TrainingNeed need_from(const ModelRef& ref, int64_t batch, int64_t seq_len,
   if (direct) {
     need.memory.activations_peak = base.memory.activations_peak;
     need.memory.peak = base.memory.peak;
+    if (base.timeline.ok) {
+      need.timeline = TimelineCut{std::vector<int64_t>((base.timeline.live.size() - 3) / 2, 1),
+                                  base.timeline.live, base.timeline.accumulating};
+    }
     if (blockwise) {
       need.blockwise_live_peak =
-          base.timeline.ok
+          base.timeline.plain()
               ? held(peak_of(base.timeline.blockwise,
                              std::vector<int64_t>((base.timeline.blockwise.size() - 3) / 2, 1),
                              ex.label, "blockwise peak bytes"))
@@ -420,7 +445,9 @@ TrainingNeed need_from(const ModelRef& ref, int64_t batch, int64_t seq_len,
     const std::vector<int64_t> once(counts.size(), 1);
     // The cut must give back the sample's own peaks; if the blocks do not run one after another,
     // the peaks are extrapolated like the counts (exact only where the peak keeps its place).
-    if (tl.ok &&
+    const bool every_block =
+        std::all_of(counts.begin(), counts.end(), [](int64_t c) { return c == 1; });
+    if (tl.ok && (!tl.inner_ops || every_block) &&
         peak_of(tl.live, once, ex.label, "peak bytes") ==
             shape.memory.peak - shape.memory.optimizer_state - shape.memory.parameters &&
         peak_of(tl.activations, once, ex.label, "activation peak bytes") ==
@@ -432,8 +459,10 @@ TrainingNeed need_from(const ModelRef& ref, int64_t batch, int64_t seq_len,
                                      need.memory.optimizer_state, ex.label, ": peak bytes");
       if (blockwise) {
         need.blockwise_live_peak =
-            held(peak_of(tl.blockwise, counts, ex.label, "blockwise peak bytes"));
+            tl.inner_ops ? held(whole_live())
+                         : held(peak_of(tl.blockwise, counts, ex.label, "blockwise peak bytes"));
       }
+      need.timeline = TimelineCut{counts, tl.live, tl.accumulating};
     } else {
       need.memory.activations_peak = ex(base.memory.activations_peak, two.memory.activations_peak,
                                         mixed.memory.activations_peak, "activation peak bytes");
@@ -539,10 +568,89 @@ std::vector<TrainingNeed> estimate_training_needs(const ModelRef& ref,
   return out;
 }
 
+std::optional<std::vector<StageHighs>> stage_highs(const TrainingNeed& need,
+                                                   const std::vector<int64_t>& stage_blocks) {
+  if (!need.timeline) return std::nullopt;
+  const TimelineCut& cut = *need.timeline;
+  // The search asks this of every pipeline rank of every candidate: one allocation, the result.
+  auto label = [&] {
+    return need.model_type + " " + need.layers_key + " " + std::to_string(need.num_layers) +
+           ": stage highs";
+  };
+  ACC_CHECK(!stage_blocks.empty(), label(), ": no stages given");
+  int64_t total = 0;
+  for (const int64_t b : stage_blocks) {
+    ACC_CHECK(b >= 1, label(), ": a stage of ", b, " blocks (each needs at least one)");
+    total = checked_add(total, b, "stage blocks");
+  }
+  ACC_CHECK(total == need.num_layers, label(), ": the stages hold ", total, " blocks, the model ",
+            need.num_layers);
+  const size_t N = cut.counts.size(), V = stage_blocks.size();
+  int64_t deep = 0;
+  for (const int64_t c : cut.counts) deep += c;
+  ACC_CHECK_INTERNAL(
+      cut.live.size() == 2 * N + 3 && cut.accumulating.size() == cut.live.size() && deep == total,
+      label(), ": a timeline cut of ", N, " blocks standing for ", deep, " with ", cut.live.size(),
+      " segments");
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
+  std::vector<StageHighs> out(V, StageHighs{kNone, kNone, kNone});
+  // The highest of a segment starting at `start` over its repetitions [a, b) (each r x delta
+  // higher), the level it starts from included, into `slot`.
+  auto raise = [](int64_t& slot, const Segment& sg, int64_t start, int64_t a, int64_t b) {
+    const int64_t lift = std::max(checked_mul(a, sg.delta, "stage highs"),
+                                  checked_mul(b - 1, sg.delta, "stage highs"));
+    const int64_t top = checked_add(checked_add(start, lift, "stage highs"),
+                                    sg.any ? std::max<int64_t>(0, sg.high) : 0, "stage highs");
+    slot = std::max(slot, top);
+  };
+  for (const bool accumulating : {false, true}) {
+    const std::vector<Segment>& curve = accumulating ? cut.accumulating : cut.live;
+    auto slot = [&](size_t stage, bool backward) -> int64_t& {
+      return !backward      ? out[stage].forward
+             : accumulating ? out[stage].backward_accumulating
+                            : out[stage].backward;
+    };
+    int64_t start = 0;
+    // Forward segments: block i of the cut runs deep blocks [lo, lo + counts[i]) in order.
+    int64_t lo = 0;
+    for (size_t s = 0; s < curve.size(); ++s) {
+      const Segment& sg = curve[s];
+      if (s == 0 || s == N + 1 || s == 2 * N + 2) {
+        // The ends: the embedding (the first stage's), the head and loss (the last stage's).
+        if (s != 0 || !accumulating) raise(slot(s == N + 1 ? V - 1 : 0, s != 0), sg, start, 0, 1);
+        start = checked_add(start, sg.delta, "stage highs");
+        continue;
+      }
+      const bool backward = s > N + 1;
+      const size_t i = backward ? 2 * N + 1 - s : s - 1;
+      if (backward && s == N + 2) lo = total;  // the backwards run the blocks from the last
+      const int64_t count = cut.counts[i];
+      const int64_t first = backward ? lo - count : lo;  // the run's deep blocks [first, +count)
+      // Each stage the run overlaps (forwards make no gradient: the live figure only): forward
+      // repetition r runs deep block first + r, backward repetition r runs first + count - 1 - r.
+      int64_t begin = 0;
+      for (size_t st = 0; st < V && !(accumulating && !backward); ++st) {
+        const int64_t end = begin + stage_blocks[st];
+        const int64_t from = std::max(first, begin), to = std::min(first + count, end);
+        begin = end;
+        if (from >= to) continue;
+        if (backward) {
+          raise(slot(st, true), sg, start, first + count - to, first + count - from);
+        } else {
+          raise(slot(st, false), sg, start, from - first, to - first);
+        }
+      }
+      lo = backward ? first : first + count;
+      start = checked_add(start, checked_mul(count, sg.delta, "stage highs"), "stage highs");
+    }
+  }
+  return out;
+}
+
 int64_t blockwise_live_peak(const Trace& t, const std::vector<std::string>& blocks,
                             const BlockwiseGradients& blockwise) {
   const Timeline tl = timeline(t, blocks, blockwise);
-  ACC_CHECK(tl.ok, "blockwise_live_peak: the trace's blocks do not run one after another");
+  ACC_CHECK(tl.plain(), "blockwise_live_peak: the trace's blocks do not run one after another");
   const int64_t peak = peak_of(tl.blockwise, std::vector<int64_t>(blocks.size(), 1), "trace",
                                "blockwise peak bytes");
   return blockwise.accumulated

@@ -542,27 +542,51 @@ TEST(MemoryModel, AnInterleavedRanksStagesSaveAndHoldTheirOwn) {
       cands,
       "ddp + pipeline_parallel{\"micro_batches\":4,\"schedule\":\"interleaved\",\"size\":2,"
       "\"virtual\":2}");
+  // The in-flight counts at a rank's first backward (no gradient held yet).
+  auto first_backward = [](const RankModel& r) {
+    for (const StageAction& a : r.actions) {
+      if (a.backward) {
+        EXPECT_EQ(a.gradients, std::vector<bool>(r.stages.size(), false));
+        return a.in_flight;
+      }
+    }
+    ADD_FAILURE() << "no backward on pp rank " << r.pp_rank;
+    return std::vector<int>{};
+  };
   const std::vector<RankModel> flat = rank_models(model, one, T);
   ASSERT_EQ(flat.size(), 2u);
-  EXPECT_EQ(flat[0].in_flight_first, std::vector<int>{2});  // p micro-batches on the first stage
-  EXPECT_EQ(flat[1].in_flight_first, std::vector<int>{1});
+  EXPECT_EQ(first_backward(flat[0]), std::vector<int>{2});  // p micro-batches on the first stage
+  EXPECT_EQ(first_backward(flat[1]), std::vector<int>{1});
   const std::vector<RankModel> ranks = rank_models(model, il, T);
   ASSERT_EQ(ranks.size(), 2u);
   // Rank 0: F0@0 F1@0 F0@2 F1@2 F2@0 B0@2; rank 1: F0@1 F1@1 F0@3 B0@3.
-  EXPECT_EQ(ranks[0].in_flight_first, (std::vector<int>{3, 2}));
-  EXPECT_EQ(ranks[1].in_flight_first, (std::vector<int>{2, 1}));
+  EXPECT_EQ(first_backward(ranks[0]), (std::vector<int>{3, 2}));
+  EXPECT_EQ(first_backward(ranks[1]), (std::vector<int>{2, 1}));
+  // F0@0 and F1@0 are not kept: F2@0 holds more on every stage, nothing else differing.
+  auto kept = [&](const StageAction& a) {
+    return std::count(ranks[0].actions.begin(), ranks[0].actions.end(), a);
+  };
+  EXPECT_EQ(kept({0, false, {1, 0}, {false, false}}), 0);
+  EXPECT_EQ(kept({0, false, {2, 0}, {false, false}}), 0);
+  EXPECT_EQ(kept({0, false, {3, 2}, {false, false}}), 1);
   // After B0@2, rank 0 holds stage 2's gradients and not yet stage 0's: at F3@0, four
   // micro-batches in flight on stage 0 and one on stage 2, before B0@0.
-  const StageMoment after_first{{4, 1}, {false, true}};
-  EXPECT_NE(std::find(ranks[0].later_moments.begin(), ranks[0].later_moments.end(), after_first),
-            ranks[0].later_moments.end());
-  for (const StageMoment& at : ranks[0].later_moments) {
+  const StageAction f3{0, false, {4, 1}, {false, true}};
+  EXPECT_NE(std::find(ranks[0].actions.begin(), ranks[0].actions.end(), f3),
+            ranks[0].actions.end());
+  for (const StageAction& at : ranks[0].actions) {
     ASSERT_EQ(at.in_flight.size(), 2u);
     ASSERT_EQ(at.gradients.size(), 2u);
   }
-  // Under 1F1B every later moment holds the rank's gradients.
-  for (const StageMoment& at : flat[0].later_moments)
-    EXPECT_EQ(at.gradients, std::vector<bool>{true});
+  // Under 1F1B every action after the rank's first backward holds its gradients.
+  bool after = false;
+  for (const StageAction& at : flat[0].actions) {
+    if (after) {
+      EXPECT_EQ(at.gradients, std::vector<bool>{true});
+    }
+    after |= at.backward;
+  }
+  EXPECT_TRUE(after);
 
   for (const RankModel& r : ranks) {
     const trace::TrainingNeed need = trace::estimate_training_need(r.model, 2, T);

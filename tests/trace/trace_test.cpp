@@ -1,8 +1,10 @@
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -18,6 +20,7 @@
 #include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/system.hpp"
+#include "error_of.hpp"
 
 namespace acc {
 namespace {
@@ -447,6 +450,72 @@ struct NeedCase {
 
 class TrainingNeed : public testing::TestWithParam<NeedCase> {};
 
+// trace::stage_highs of a full trace, straight from its memory events: each op's stage and phase
+// from its scope (ops outside the blocks: the embedding before the first block's forward, head
+// and loss until the first block's backward, the embedding's backward after), the running total
+// of every storage but the parameters (and, accumulating, of the activations with each gradient
+// counted as it is made), the highest point while each stage runs, the level it starts from
+// included.
+std::vector<trace::StageHighs> stage_highs_of(const trace::Trace& t,
+                                              const std::vector<std::string>& blocks,
+                                              const std::vector<int64_t>& stage_blocks) {
+  const trace::Graph& g = t.graph;
+  std::vector<int> stage_of_block;
+  for (size_t st = 0; st < stage_blocks.size(); ++st) {
+    for (int64_t b = 0; b < stage_blocks[st]; ++b) stage_of_block.push_back(static_cast<int>(st));
+  }
+  // Per op: its stage, and whether it belongs to the stage's backward.
+  std::vector<std::pair<int, bool>> where;
+  bool block_forward_seen = false, block_backward_seen = false;
+  for (trace::VertexId v : g.ops()) {
+    const trace::Vertex& vx = g.vertex(v);
+    int block = -1;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      if (vx.scope == blocks[b] || vx.scope.rfind(blocks[b] + ".", 0) == 0) {
+        block = static_cast<int>(b);
+      }
+    }
+    const bool backward = vx.phase != trace::Phase::kForward;
+    if (block >= 0) {
+      (backward ? block_backward_seen : block_forward_seen) = true;
+      where.emplace_back(stage_of_block.at(static_cast<size_t>(block)), backward);
+    } else if (!block_forward_seen) {
+      where.emplace_back(0, false);
+    } else if (!block_backward_seen) {
+      where.emplace_back(static_cast<int>(stage_blocks.size()) - 1, true);
+    } else {
+      where.emplace_back(0, true);
+    }
+  }
+  const int64_t lowest = std::numeric_limits<int64_t>::min();
+  std::vector<trace::StageHighs> out(stage_blocks.size(), {lowest, lowest, lowest});
+  int64_t live = 0, accumulating = 0;
+  std::pair<int, bool> now{-1, false};
+  for (const trace::MemoryEvent& ev : g.memory_events()) {
+    const std::pair<int, bool> at =
+        ev.op_index < 0 ? std::pair{0, false} : where.at(static_cast<size_t>(ev.op_index));
+    trace::StageHighs& h = out.at(static_cast<size_t>(at.first));
+    int64_t& high = at.second ? h.backward : h.forward;
+    if (at != now) {  // a stage's action begins at the level the one before left
+      high = std::max(high, live);
+      if (at.second) h.backward_accumulating = std::max(h.backward_accumulating, accumulating);
+      now = at;
+    }
+    const bool parameter = g.parameter_storages().count(ev.storage) > 0;
+    const bool gradient = g.gradient_storages().count(ev.storage) > 0;
+    const bool input = g.input_storages().count(ev.storage) > 0;
+    if (parameter) continue;
+    live += ev.bytes;
+    high = std::max(high, live);
+    if (!gradient && !input) accumulating += ev.bytes;
+    if (at.second) {
+      const int64_t moment = accumulating + (gradient && ev.bytes > 0 ? ev.bytes : 0);
+      h.backward_accumulating = std::max(h.backward_accumulating, moment);
+    }
+  }
+  return out;
+}
+
 // Against full traces of the same config at several depths, every figure equal: the counts are
 // linear in the depth, the peaks follow from the timeline of the runs of blocks cut short.
 TEST_P(TrainingNeed, ExtrapolationMatchesFullTraces) {
@@ -490,7 +559,43 @@ TEST_P(TrainingNeed, ExtrapolationMatchesFullTraces) {
     const int64_t held = trace::blockwise_live_peak(t, blocks.blocks, accumulated);
     EXPECT_EQ(need_accumulated.blockwise_live_peak, held) << at;
     EXPECT_GE(held, mem.gradients) << at;
+    // The timeline over each stage of a pipeline rank holding these blocks: all in one stage,
+    // the first or last block alone, the middle ones in stages of their own.
+    std::vector<std::vector<int64_t>> splits{{n}};
+    if (n >= 2) {
+      splits.push_back({1, n - 1});
+      splits.push_back({n - 1, 1});
+    }
+    if (n >= 4) splits.push_back({1, 1, n - 3, 1});
+    for (const auto& split : splits) {
+      const auto highs = trace::stage_highs(need, split);
+      ASSERT_TRUE(highs.has_value()) << at;
+      const std::vector<trace::StageHighs> full = stage_highs_of(t, blocks.blocks, split);
+      ASSERT_EQ(highs->size(), split.size());
+      int64_t top = 0;
+      for (size_t st = 0; st < split.size(); ++st) {
+        const std::string where =
+            at + ", stage " + std::to_string(st) + " of " + std::to_string(split.size());
+        EXPECT_EQ((*highs)[st].forward, full[st].forward) << where;
+        EXPECT_EQ((*highs)[st].backward, full[st].backward) << where;
+        EXPECT_EQ((*highs)[st].backward_accumulating, full[st].backward_accumulating) << where;
+        top = std::max({top, (*highs)[st].forward, (*highs)[st].backward});
+      }
+      // The step's own peak is the highest of them.
+      EXPECT_EQ(top, mem.peak - mem.parameters - mem.optimizer_state) << at;
+    }
   }
+  // Stages that do not hold the model's blocks are refused by name.
+  const trace::TrainingNeed need = trace::estimate_training_need(
+      nc.model, models::config_with_num_layers(nc.model, config, 4), B, T, nc.options);
+  EXPECT_THAT(test::error_of<ValueError>([&] {
+                (void)trace::stage_highs(need, {1, 2});
+              }),
+              testing::HasSubstr("the stages hold 3 blocks, the model 4"));
+  EXPECT_THAT(test::error_of<ValueError>([&] {
+                (void)trace::stage_highs(need, {4, 0});
+              }),
+              testing::HasSubstr("a stage of 0 blocks"));
 }
 
 INSTANTIATE_TEST_SUITE_P(

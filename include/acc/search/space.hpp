@@ -94,12 +94,16 @@ int64_t per_rank_batch(int64_t global_batch, int world);
 /// With a pipeline, the first pp rank's model (rank_models()[0]).
 trace::ModelRef layout_model(const trace::ModelRef& model, const Candidate& c);
 
-/// A moment of a pipeline rank's schedule, per stage of the rank: the forwards each holds, and
-/// whether its gradients exist yet (a backward of it has begun).
-struct StageMoment {
+/// One action of a pipeline rank's schedule as the memory model sees it: the stage (of the rank's
+/// own, RankModel::stages) it runs, forward or backward, the forwards each stage holds during it
+/// (a forward's own micro-batch counted; a backward's until it ends) and the stages whose
+/// gradients are held before it begins (a backward of them has run this step).
+struct StageAction {
+  int stage = 0;
+  bool backward = false;
   std::vector<int> in_flight;
   std::vector<bool> gradients;
-  bool operator==(const StageMoment&) const = default;
+  bool operator==(const StageAction&) const = default;
 };
 
 /// The model as one pp rank of a candidate runs it.
@@ -109,13 +113,9 @@ struct RankModel {
   /// The whole model's blocks this rank runs, per stage (empty without a pipeline: all of them).
   std::vector<strategies::StageBlocks> stages;
   bool first = true, last = true;  // holds the first stage (embedding) / the last (head, loss)
-  /// Forwards in flight on this rank, per stage of `stages` (from the schedule's list): at its
-  /// first backward, before any gradient is held; then every later action's moment (each
-  /// distinct one once), with the gradients of the stages whose backward has begun (all of
-  /// them under 1F1B; interleaved, the rank's first stage's only after its own first backward).
-  /// Empty without a pipeline.
-  std::vector<int> in_flight_first;
-  std::vector<StageMoment> later_moments;
+  /// The rank's actions in the schedule's order, each distinct one once and none another of its
+  /// kind holds more than (a step's peak is at one of them). Empty without a pipeline.
+  std::vector<StageAction> actions;
   /// Bytes of one activation between stages (a micro-batch's (B, T, C) f32, T / tp under
   /// Megatron-SP): the runtime posts a receive of one ahead from each neighbour.
   int64_t message_bytes = 0;
@@ -248,14 +248,20 @@ class MemoryModel {
   const std::shared_ptr<trace::TraceCache>& traces() const { return ranks_.traces(); }
 
  private:
+  // A need, and its timeline over the stages of the rank whose trace key keyed it (made when
+  // first asked: every pipeline rank's prediction reads them).
+  struct NeedEntry {
+    trace::TrainingNeed need;
+    bool highs_made = false;
+    std::optional<std::vector<trace::StageHighs>> highs{};
+  };
   // The prediction for one pp rank (`key`: its model's cache key).
   MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key);
   // `layout` keys the cache: the rank's trace key, whose model `model` is. Given `batches` holding
   // `micro_batch`, the need is made at each of them at once.
-  const trace::TrainingNeed& need(const trace::ModelRef& model, const std::string& layout,
-                                  int64_t micro_batch, const strategies::StepEffects& e,
-                                  std::optional<double> in_flight_fraction, bool accumulated,
-                                  const std::set<int64_t>* batches = nullptr);
+  NeedEntry& need(const trace::ModelRef& model, const std::string& layout, int64_t micro_batch,
+                  const strategies::StepEffects& e, std::optional<double> in_flight_fraction,
+                  bool accumulated, const std::set<int64_t>* batches = nullptr);
 
   trace::ModelRef model_;
   int64_t seq_len_;
@@ -267,7 +273,7 @@ class MemoryModel {
   size_t needs_traced_ = 0;
   // (layout, micro-batch, the activation options' key_fields(), in-flight fraction, accumulated).
   std::map<std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields, double, bool>,
-           trace::TrainingNeed>
+           NeedEntry>
       needs_;
 };
 

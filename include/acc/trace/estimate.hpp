@@ -55,6 +55,35 @@ struct BlockwiseGradients {
   bool accumulated = false;
 };
 
+/// One segment of a step's memory timeline cut at its blocks: the bytes it adds over one run of it
+/// (born less died) and the highest point it reaches above its start.
+struct TimelineSegment {
+  int64_t delta = 0;
+  int64_t high = 0;
+  bool any = false;  // it has memory events at all
+};
+
+/// A step's memory timeline (every storage but the parameters) cut where its blocks begin and
+/// end: segment 0 before the blocks, 1..N the forwards of blocks 0..N-1, N+1 between (head, loss),
+/// N+2..2N+1 the backwards of blocks N-1..0, 2N+2 after. Block i of the cut stands for counts[i]
+/// consecutive blocks of the deep model, each running its two segments once (ops between two
+/// blocks, a pipeline rank's messages between its stages, count with the block before them; a
+/// need keeps such a timeline only when each block of its cut stands for itself). `accumulating` is
+/// the same step adding into gradients held from an earlier micro-batch: activations only, each
+/// gradient alive only as it is made (MemoryEstimate::accumulating_peak's timeline).
+struct TimelineCut {
+  std::vector<int64_t> counts;
+  std::vector<TimelineSegment> live, accumulating;
+};
+
+/// The highest point of a step's memory timeline while each stage of a pipeline rank runs (see
+/// stage_highs), relative to the timeline's start (parameters and optimizer state left out).
+struct StageHighs {
+  int64_t forward = 0;                // during the stage's forward (the first stage's embedding)
+  int64_t backward = 0;               // during its backward (the last stage's head and loss)
+  int64_t backward_accumulating = 0;  // the same on TimelineCut::accumulating
+};
+
 struct TrainingNeed {
   std::string model_type;   // "gpt" | "llama"
   std::string layers_key;   // the config field counting blocks ("n_layer", "num_hidden_layers")
@@ -80,6 +109,9 @@ struct TrainingNeed {
   // blocks' gradients held block by block (compare memory.peak - parameters - optimizer_state).
   // Exact as the other peaks; when the blocks do not run one after another, the whole-model figure.
   int64_t blockwise_live_peak = 0;
+  // The timeline the peaks come from, for stage_highs; empty when the trace's ops do not run
+  // block after block (the peaks are then extrapolated like the counts).
+  std::optional<TimelineCut> timeline;
   // The graph a full trace would hold, and the host memory it would take.
   int64_t graph_vertices = 0;
   int64_t graph_ops = 0;
@@ -121,6 +153,18 @@ std::vector<TrainingNeed> estimate_training_needs(
     const ModelRef& model, const std::vector<int64_t>& batches, int64_t seq_len,
     const TraceOptions& options = {}, const std::string& optimizer = "adamw",
     std::optional<BlockwiseGradients> blockwise = std::nullopt);
+
+/// The highest point of `need`'s timeline (its memory.peak less parameter and optimizer bytes is
+/// the highest of all) during each stage's forward and backward, its blocks cut into stages of
+/// `stage_blocks` consecutive blocks (a pipeline rank's stages, in the order its trace runs
+/// them): what a schedule running the stages' actions among other micro-batches' adds its own
+/// in-flight activations to. What runs before the first block (the embedding) counts to the
+/// first stage's forward and, after the last block's backward, to its backward; what runs between
+/// the forwards and the backwards (head, loss) to the last stage's backward. Exact as the
+/// peaks are, at any depth. std::nullopt when the need has no timeline. Throws acc::ValueError
+/// when a stage has no block or the stages do not hold the need's num_layers blocks.
+std::optional<std::vector<StageHighs>> stage_highs(const TrainingNeed& need,
+                                                   const std::vector<int64_t>& stage_blocks);
 
 /// The BlockwiseGradients peak of a full trace whose repeated blocks (find_blocks) are `blocks`,
 /// straight from its timeline: what estimate_training_need extrapolates. Throws acc::ValueError
