@@ -36,8 +36,13 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
 }
 
 std::string to_string(const PipeAction& a, bool with_stage) {
-  std::string s = (a.step == PipeStep::kForward ? "F" : "B") + std::to_string(a.micro_batch);
-  if (with_stage) s += "@" + std::to_string(a.stage);
+  // Appended piece by piece: GCC 12 reports a false -Wrestrict overlap for "F" + to_string().
+  std::string s(1, a.step == PipeStep::kForward ? 'F' : 'B');
+  s += std::to_string(a.micro_batch);
+  if (with_stage) {
+    s += '@';
+    s += std::to_string(a.stage);
+  }
   return s;
 }
 
