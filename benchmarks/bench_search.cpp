@@ -188,7 +188,10 @@ int main(int argc, char** argv) {
       // stage): the whole model's alone left the sharded ones to the search's own calibration
       // (69 % of a Llama search at 2 ranks on 2026-11-29).
       std::vector<const search::Candidate*> all;
-      for (const auto& c : candidates) all.push_back(&c);
+      for (const auto& c : candidates) {
+        // A layout the model refuses (tp not dividing the heads) has no ranks to trace.
+        if (!memory.layout_refusal(c)) all.push_back(&c);
+      }
       const auto shapes = search::CostModel::shapes_to_measure_for(
           trace::ModelRef::registry(model_type, config), all, seq);
       search::MachineCalibration m;

@@ -648,15 +648,18 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
           held = checked_add(held, checked_mul(a.in_flight[t], saved[t], "in-flight bytes"),
                              "in-flight bytes");
           if (a.gradients[t]) held = checked_add(held, grads[t], "held gradient bytes");
-          if (t < s || (a.backward && t == s)) earlier += saved[t];
-          if (t > s) later_grads += grads[t];
+          if (t < s || (a.backward && t == s)) {
+            earlier = checked_add(earlier, saved[t], "saved bytes");
+          }
+          if (t > s) later_grads = checked_add(later_grads, grads[t], "gradient bytes");
         }
         const trace::StageHighs& h = (*highs)[s];
         int64_t excess = 0;
-        if (!a.backward) {
-          excess = h.forward - earlier - saved[s];  // its own micro-batch is in `held`
+        // Differences of non-negative figures, each checked as it was made: no overflow.
+        if (!a.backward) {  // its own micro-batch is in `held`
+          excess = h.forward - checked_add(earlier, saved[s], "saved bytes");
         } else if (!a.gradients[s]) {
-          excess = h.backward - earlier - later_grads;
+          excess = h.backward - checked_add(earlier, later_grads, "held bytes");
         } else {
           excess = h.backward_accumulating - earlier;
         }

@@ -570,8 +570,6 @@ std::vector<TrainingNeed> estimate_training_needs(const ModelRef& ref,
 
 std::optional<std::vector<StageHighs>> stage_highs(const TrainingNeed& need,
                                                    const std::vector<int64_t>& stage_blocks) {
-  if (!need.timeline) return std::nullopt;
-  const TimelineCut& cut = *need.timeline;
   // The search asks this of every pipeline rank of every candidate: one allocation, the result.
   auto label = [&] {
     return need.model_type + " " + need.layers_key + " " + std::to_string(need.num_layers) +
@@ -585,9 +583,11 @@ std::optional<std::vector<StageHighs>> stage_highs(const TrainingNeed& need,
   }
   ACC_CHECK(total == need.num_layers, label(), ": the stages hold ", total, " blocks, the model ",
             need.num_layers);
+  if (!need.timeline) return std::nullopt;
+  const TimelineCut& cut = *need.timeline;
   const size_t N = cut.counts.size(), V = stage_blocks.size();
   int64_t deep = 0;
-  for (const int64_t c : cut.counts) deep += c;
+  for (const int64_t c : cut.counts) deep = checked_add(deep, c, "stage highs");
   ACC_CHECK_INTERNAL(
       cut.live.size() == 2 * N + 3 && cut.accumulating.size() == cut.live.size() && deep == total,
       label(), ": a timeline cut of ", N, " blocks standing for ", deep, " with ", cut.live.size(),

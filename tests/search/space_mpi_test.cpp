@@ -208,7 +208,9 @@ void expect_stage_peaks(const std::string& type, const nlohmann::json& config) {
     // pp rank 0 was +6.2 %, -8.7 %, -5.0 % off at 2 ranks (GPT), as the model added a moment's
     // in-flight activations to the trace's peak wherever that peak fell, while a recomputed
     // stage's transient comes at its own backward, among other in-flight counts. Each action of
-    // the schedule is now priced from the trace's timeline over its own stage (stage_highs).
+    // the schedule is now priced from the trace's timeline over its own stage (stage_highs):
+    // these models' ranks (2 blocks each) are traced whole, which a rank of several stages needs
+    // for that; a deeper one of several stages keeps the former model (MemoryModel::predict_rank).
     if (c.mesh.pp == 1) continue;
     bool buckets = false;  // the bucket sizes' variants hold the same memory here
     for (const auto& m : c.strategy) buckets |= m.config.contains("bucket_mb");

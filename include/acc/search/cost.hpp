@@ -128,7 +128,8 @@ class CostModel {
                                                   int64_t seq_len);
   /// Every GEMM shape the candidates' ranks run: each layout's pp ranks (tensor-parallel shards
   /// multiply smaller matrices; the head's projection is on the last stage alone) at each
-  /// micro-batch of the candidates of that layout. Sorted, each once.
+  /// micro-batch of the candidates of that layout. Sorted, each once. Throws what a layout's
+  /// rewrite throws for a layout the model refuses (MemoryModel::layout_refusal: leave those out).
   static std::vector<GemmShape> shapes_to_measure_for(
       const trace::ModelRef& model, const std::vector<const Candidate*>& candidates,
       int64_t seq_len);
