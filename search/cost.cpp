@@ -234,8 +234,8 @@ std::vector<GemmShape> CostModel::shapes_to_measure_for(
   }
   std::set<GemmShape> shapes;
   for (const auto& [layout, of] : micro) {
+    const std::vector<int64_t> batches(of.second.begin(), of.second.end());
     for (const RankModel& r : rank_models(model, *of.first, seq_len)) {
-      const std::vector<int64_t> batches(of.second.begin(), of.second.end());
       for (const GemmShape& s : shapes_to_measure(r.model, batches, seq_len)) {
         shapes.insert(s);
       }

@@ -52,6 +52,14 @@ void add_event(Segment& sg, int64_t bytes) {
   sg.any = true;
 }
 
+// A gradient of `bytes` added into the one held (an earlier micro-batch's) and freed: alive only
+// for a moment above the segment's running total.
+void add_moment(Segment& sg, int64_t bytes) {
+  const int64_t moment = checked_add(sg.delta, bytes, "bytes of an accumulation");
+  sg.high = sg.any ? std::max(sg.high, moment) : moment;
+  sg.any = true;
+}
+
 // The end of block b's backward segment in the blockwise curve (see BlockwiseGradients): the
 // previous block's buffer completes (`previous`: every block's backward but the first has one),
 // a buffer of the block's live gradients `grads` is taken while they are alive, they are dropped,
@@ -142,13 +150,8 @@ Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
         in_blockwise = !dropped.count(ev.storage);
       }
       if (gradient && accumulated) {
-        // Added into the gradient already held (counted apart) and freed: only a moment's bytes.
-        Segment& sg = tl.blockwise[s];
-        if (ev.bytes > 0) {
-          const int64_t moment = checked_add(sg.delta, ev.bytes, "bytes alive in the step");
-          sg.high = sg.any ? std::max(sg.high, moment) : moment;
-          sg.any = true;
-        }
+        // The gradient already held is counted apart.
+        if (ev.bytes > 0) add_moment(tl.blockwise[s], ev.bytes);
         in_blockwise = false;
       }
     }
@@ -159,12 +162,7 @@ Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
     if (activation) {
       add_event(tl.accumulating[s], ev.bytes);
     } else if (gradient && ev.bytes > 0) {
-      // Added into the gradient held and freed: only a moment's bytes (estimate_memory's
-      // accumulating_peak).
-      Segment& sg = tl.accumulating[s];
-      const int64_t moment = checked_add(sg.delta, ev.bytes, "bytes of an accumulation");
-      sg.high = sg.any ? std::max(sg.high, moment) : moment;
-      sg.any = true;
+      add_moment(tl.accumulating[s], ev.bytes);  // estimate_memory's accumulating_peak
     }
   }
   if (blockwise) close();
@@ -422,16 +420,15 @@ TrainingNeed need_from(const ModelRef& ref, int64_t batch, int64_t seq_len,
   if (direct) {
     need.memory.activations_peak = base.memory.activations_peak;
     need.memory.peak = base.memory.peak;
+    // Every block of the trace stands for itself.
+    const std::vector<int64_t> ones(base.timeline.ok ? (base.timeline.live.size() - 3) / 2 : 0, 1);
     if (base.timeline.ok) {
-      need.timeline = TimelineCut{std::vector<int64_t>((base.timeline.live.size() - 3) / 2, 1),
-                                  base.timeline.live, base.timeline.accumulating};
+      need.timeline = TimelineCut{ones, base.timeline.live, base.timeline.accumulating};
     }
     if (blockwise) {
       need.blockwise_live_peak =
           base.timeline.plain()
-              ? held(peak_of(base.timeline.blockwise,
-                             std::vector<int64_t>((base.timeline.blockwise.size() - 3) / 2, 1),
-                             ex.label, "blockwise peak bytes"))
+              ? held(peak_of(base.timeline.blockwise, ones, ex.label, "blockwise peak bytes"))
               : held(whole_live());
     }
   } else {
