@@ -255,9 +255,10 @@ const CommCalibration& CostModel::comm_for(int size) const {
 }
 
 void CostModel::expect(const std::vector<Candidate>& candidates) {
-  ranks_.for_each_rank(candidates, [&](const Candidate& c, const BatchPairKey& pair_key) {
-    expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
-  });
+  ranks_.for_each_rank(candidates,
+                       [&](const Candidate& c, const RankModel&, const BatchPairKey& pair_key) {
+                         expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
+                       });
 }
 
 std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields> CostModel::pass_key(

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "acc/models/language_model.hpp"
+#include "acc/tensor/threading.hpp"
 #include "acc/trace/batch_traces.hpp"
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
@@ -255,55 +256,44 @@ trace::ModelRef layout_model(const trace::ModelRef& model, const Candidate& c) {
   return rank_models(model, c, 0).front().model;
 }
 
-std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate& c,
-                                   int64_t seq_len) {
-  // A registry model trains on its own next-token loss, which a split vocabulary replaces with
-  // the vocabulary-parallel one; a module on the user's loss.
-  if (c.mesh.pp == 1) {
-    trace::ModelRef::Rewrite rewrite =
-        strategies::layout_rewrite(c.strategy, c.world, model.is_registry());
-    RankModel whole;
-    whole.model = rewrite ? model.rewritten(std::move(rewrite)) : model;
-    whole.trace_key = c.layout_key();
-    whole.shape_key = whole.trace_key;
-    return {std::move(whole)};
+namespace {
+
+// What a pipeline's walk depends on: its method's config (size, schedule, virtual stages,
+// micro-batches, stages given).
+std::string pipeline_walk_key(const strategies::Strategy& s) {
+  for (const strategies::Method& m : s) {
+    if (m.name == "pipeline_parallel") return m.config.dump();
   }
-  ACC_CHECK(model.is_registry(), "pipeline_parallel: the model (", model.type(),
-            ") is no language model of the registry: stages are cut between the blocks of a "
-            "language model's embed -> blocks -> head (a module of your own is not cut yet)");
-  const models::LanguageModelPtr lm = models::create_meta_model(model.type(), model.config(), 1);
-  const std::optional<strategies::PipelineLayout> pipe = strategies::pipeline_layout(
-      c.strategy, model.num_layers(),
-      strategies::head_cost_in_blocks(lm->hidden_size(), lm->vocab_size(), lm->max_seq_len()));
-  ACC_CHECK_INTERNAL(pipe.has_value(), "search: a mesh of pp ", c.mesh.pp, " without a pipeline");
-  // A stage's message is its (B, T, C) activation, T as the layout splits the sequence.
-  const int64_t T = strategies::stage_message_tokens(c.strategy, c.mesh,
-                                                     seq_len > 0 ? seq_len : lm->max_seq_len());
-  // The methods each stage runs, to which each rank's key adds its stages.
-  const std::string stage_layout =
-      strategies::to_json(strategies::stage_layout_of(c.strategy)).dump();
+  return "";
+}
+
+// Each pp rank of `pipe`: its stages, ends and actions (model, keys and messages left unset).
+std::vector<RankModel> walk_pipeline(const strategies::PipelineLayout& pipe) {
   std::vector<RankModel> out;
-  const int S = pipe->schedule->num_stages();
-  for (int r = 0; r < pipe->schedule->ranks; ++r) {
+  const int S = pipe.schedule->num_stages();
+  for (int r = 0; r < pipe.schedule->ranks; ++r) {
     RankModel rm;
     rm.pp_rank = r;
-    for (int st = r; st < S; st += pipe->schedule->ranks) {
-      rm.stages.push_back(pipe->stages[static_cast<size_t>(st)]);
+    for (int st = r; st < S; st += pipe.schedule->ranks) {
+      rm.stages.push_back(pipe.stages[static_cast<size_t>(st)]);
     }
-    rm.first = r == pipe->schedule->rank_of_stage(0);
-    rm.last = r == pipe->schedule->rank_of_stage(S - 1);
+    rm.first = r == pipe.schedule->rank_of_stage(0);
+    rm.last = r == pipe.schedule->rank_of_stage(S - 1);
     // Walk the rank's list: a forward adds one in flight to its stage, a backward holds its own
     // until it ends and, from then on, its stage's gradients.
     std::vector<int> in_flight(rm.stages.size(), 0);
     std::vector<bool> gradients(rm.stages.size(), false);
-    for (const strategies::PipeAction& a : pipe->schedule->actions[static_cast<size_t>(r)]) {
-      const int s = (a.stage - r) / pipe->schedule->ranks;
+    for (const strategies::PipeAction& a : pipe.schedule->actions[static_cast<size_t>(r)]) {
+      const int s = (a.stage - r) / pipe.schedule->ranks;
       const bool backward = a.step != strategies::PipeStep::kForward;
       if (!backward) ++in_flight[static_cast<size_t>(s)];
-      StageAction now{s, backward, in_flight, gradients};
-      if (std::find(rm.actions.begin(), rm.actions.end(), now) == rm.actions.end()) {
-        rm.actions.push_back(std::move(now));
-      }
+      // Compared in place: a schedule of m micro-batches has 2 m v actions a rank, few distinct.
+      const bool seen =
+          std::any_of(rm.actions.begin(), rm.actions.end(), [&](const StageAction& x) {
+            return x.stage == s && x.backward == backward && x.in_flight == in_flight &&
+                   x.gradients == gradients;
+          });
+      if (!seen) rm.actions.push_back({s, backward, in_flight, gradients});
       if (backward) {
         gradients[static_cast<size_t>(s)] = true;
         --in_flight[static_cast<size_t>(s)];
@@ -325,8 +315,57 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
       if (!dominated(a)) kept.push_back(a);
     }
     rm.actions = std::move(kept);
-    rm.model = model.at_depth(pipe->blocks_of_rank(r))
-                   .rewritten(strategies::layout_rewrite(c.strategy, c.world, true, r));
+    out.push_back(std::move(rm));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate& c,
+                                   int64_t seq_len, PipelineWalks* walks) {
+  // A registry model trains on its own next-token loss, which a split vocabulary replaces with
+  // the vocabulary-parallel one; a module on the user's loss.
+  if (c.mesh.pp == 1) {
+    trace::ModelRef::Rewrite rewrite =
+        strategies::layout_rewrite(c.strategy, c.world, model.is_registry());
+    RankModel whole;
+    whole.model = rewrite ? model.rewritten(std::move(rewrite)) : model;
+    whole.trace_key = c.layout_key();
+    whole.shape_key = whole.trace_key;
+    return {std::move(whole)};
+  }
+  ACC_CHECK(model.is_registry(), "pipeline_parallel: the model (", model.type(),
+            ") is no language model of the registry: stages are cut between the blocks of a "
+            "language model's embed -> blocks -> head (a module of your own is not cut yet)");
+  const models::LanguageModelPtr lm = models::create_meta_model(model.type(), model.config(), 1);
+  // A stage's message is its (B, T, C) activation, T as the layout splits the sequence.
+  const int64_t T = strategies::stage_message_tokens(c.strategy, c.mesh,
+                                                     seq_len > 0 ? seq_len : lm->max_seq_len());
+  // The methods each stage runs, to which each rank's key adds its stages.
+  const std::string stage_layout =
+      strategies::to_json(strategies::stage_layout_of(c.strategy)).dump();
+  // Each pp rank's stages and actions: the cut and the schedule's walk, the same for every layout
+  // around one pipeline config (tp, sp, the data-parallel method), so made once per config when
+  // `walks` keeps them.
+  std::vector<RankModel> out;
+  const std::string walk_key = pipeline_walk_key(c.strategy);
+  if (walks != nullptr) {
+    if (const auto hit = walks->find(walk_key); hit != walks->end()) out = hit->second;
+  }
+  if (out.empty()) {
+    const std::optional<strategies::PipelineLayout> pipe = strategies::pipeline_layout(
+        c.strategy, model.num_layers(),
+        strategies::head_cost_in_blocks(lm->hidden_size(), lm->vocab_size(), lm->max_seq_len()));
+    ACC_CHECK_INTERNAL(pipe.has_value(), "search: a mesh of pp ", c.mesh.pp, " without a pipeline");
+    out = walk_pipeline(*pipe);
+    if (walks != nullptr) walks->emplace(walk_key, out);
+  }
+  for (RankModel& rm : out) {
+    int64_t blocks = 0;
+    for (const auto& st : rm.stages) blocks += st.end - st.begin;
+    rm.model = model.at_depth(blocks).rewritten(
+        strategies::layout_rewrite(c.strategy, c.world, true, rm.pp_rank));
     const std::string ends = std::string(rm.first ? "#first" : "") + (rm.last ? "#last" : "");
     rm.trace_key = stage_layout + "#stages";
     for (const auto& st : rm.stages) rm.trace_key += ":" + std::to_string(st.end - st.begin);
@@ -335,7 +374,6 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
     rm.message_bytes = checked_mul(checked_mul(checked_mul(c.micro_batch, T, "activation elements"),
                                                lm->hidden_size(), "activation elements"),
                                    4, "activation bytes");
-    out.push_back(std::move(rm));
   }
   return out;
 }
@@ -349,7 +387,7 @@ const std::vector<RankModel>& RankModels::of(const Candidate& c) {
   if (it == layouts_.end()) {
     std::vector<RankModel> ranks(1);
     ranks.front().model = model_;  // no layout: the model itself
-    if (!key.empty()) ranks = rank_models(model_, c, seq_len_);
+    if (!key.empty()) ranks = rank_models(model_, c, seq_len_, &walks_);
     for (RankModel& r : ranks) {
       if (traces_) r.model = r.model.shared_traces(traces_, r.shape_key);
     }
@@ -368,7 +406,7 @@ void RankModels::share_traces(std::shared_ptr<trace::TraceCache> cache) {
 
 void RankModels::for_each_rank(
     const std::vector<Candidate>& candidates,
-    const std::function<void(const Candidate&, const BatchPairKey&)>& f) {
+    const std::function<void(const Candidate&, const RankModel&, const BatchPairKey&)>& f) {
   for (const Candidate& c : candidates) {
     const std::vector<RankModel>* ranks = nullptr;
     try {
@@ -377,7 +415,7 @@ void RankModels::for_each_rank(
       continue;
     }
     for (const RankModel& r : *ranks) {
-      f(c, batch_pair_key(r.trace_key, activation_trace_options(rank_effects(c.effects, r))));
+      f(c, r, batch_pair_key(r.trace_key, activation_trace_options(rank_effects(c.effects, r))));
     }
   }
 }
@@ -501,9 +539,71 @@ BatchPairKey batch_pair_key(const std::string& trace_key, const trace::TraceOpti
 }
 
 void MemoryModel::expect(const std::vector<Candidate>& candidates) {
-  ranks_.for_each_rank(candidates, [&](const Candidate& c, const BatchPairKey& pair_key) {
-    expected_[pair_key].insert(c.micro_batch);
+  // Each pair's first rank model (the one whose need predict_rank keeps under its trace key) and
+  // the activation options its key was made of.
+  struct Pair {
+    const RankModel* rank = nullptr;
+    trace::TraceOptions activations;
+  };
+  std::map<BatchPairKey, Pair> first;
+  ranks_.for_each_rank(
+      candidates, [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
+        expected_[pair_key].insert(c.micro_batch);
+        if (first.count(pair_key) == 0) {
+          first.emplace(pair_key, Pair{&r, activation_trace_options(rank_effects(c.effects, r))});
+        }
+      });
+  // Each pair's needs made now, on the configured threads: the need predict_rank asks of each
+  // candidate (no blockwise gradients), made as need() makes it. The pairs of one trace key run on
+  // one thread, so that the model they share (its meta mesh, its rewrite) is never traced twice
+  // at once; the traces are shared through the cache, which is thread-safe. A pair whose layout
+  // the model refuses is left for predict to refuse.
+  std::map<std::string, std::vector<const BatchPairKey*>> by_trace_key;
+  for (const auto& [key, batches] : expected_) by_trace_key[key.first].push_back(&key);
+  std::vector<const std::vector<const BatchPairKey*>*> jobs;
+  for (const auto& [trace_key, keys] : by_trace_key) jobs.push_back(&keys);
+  struct Made {
+    std::vector<std::pair<NeedKey, trace::TrainingNeed>> needs;
+    size_t traced = 0;  // as needs_traced_ counts
+  };
+  std::vector<Made> made(jobs.size());
+  parallel_for(static_cast<int64_t>(jobs.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      Made& out = made[static_cast<size_t>(j)];
+      for (const BatchPairKey* key : *jobs[static_cast<size_t>(j)]) {
+        const Pair& pair = first.at(*key);
+        const trace::ModelRef& model = pair.rank->model;
+        auto need_key = [&](int64_t b) { return NeedKey{key->first, b, key->second, -1.0, false}; };
+        try {
+          std::vector<int64_t> paired;  // from one pair of traces (need()'s batches)
+          for (const int64_t b : expected_.at(*key)) {
+            if (b >= trace::BatchTraces::kLow && model.is_registry()) {
+              paired.push_back(b);
+              continue;
+            }
+            out.needs.emplace_back(
+                need_key(b), trace::estimate_training_need(model, b, seq_len_, pair.activations,
+                                                           optimizer_, std::nullopt));
+            ++out.traced;
+          }
+          if (paired.empty()) continue;
+          std::vector<trace::TrainingNeed> needs = trace::estimate_training_needs(
+              model, paired, seq_len_, pair.activations, optimizer_, std::nullopt);
+          ++out.traced;
+          for (size_t i = 0; i < needs.size(); ++i) {
+            out.needs.emplace_back(need_key(paired[i]), std::move(needs[i]));
+          }
+        } catch (const ValueError&) {  // a layout the model refuses
+        } catch (const ShapeError&) {
+        } catch (const TypeError&) {
+        }
+      }
+    }
   });
+  for (Made& m : made) {
+    needs_traced_ += m.traced;
+    for (auto& [key, n] : m.needs) needs_.emplace(key, NeedEntry{std::move(n)});
+  }
 }
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {

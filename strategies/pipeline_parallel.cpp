@@ -159,11 +159,25 @@ std::vector<StageBlocks> balance_stages(int64_t blocks, int stages, double first
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(S + 1, std::vector<double>(N + 1, inf));
   best[S][N] = 0;
+  // Stage i ends at b in (a, N - (S - 1 - i)] (each later stage keeps a block). Over that range
+  // its own cost rises with b and the rest's, best[i + 1][b], does not: the least largest of the
+  // two is at the first b where the own cost reaches the rest's, or just before it, so a binary
+  // search finds it (O(S N log N) rather than O(S N^2); the search prices every pipeline cut).
   for (size_t i = S; i-- > 0;) {
-    for (size_t a = 0; a < N; ++a) {
-      for (size_t b = a + 1; b <= N; ++b) {
-        best[i][a] = std::min(best[i][a], std::max(cost(i, a, b), best[i + 1][b]));
+    const size_t last_end = N - (S - 1 - i);
+    for (size_t a = 0; a < last_end; ++a) {
+      size_t lo = a + 1, hi = last_end;  // the first b in [lo, hi] whose cost >= the rest's
+      while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (cost(i, a, mid) >= best[i + 1][mid]) {
+          hi = mid;
+        } else {
+          lo = mid + 1;
+        }
       }
+      double m = std::max(cost(i, a, lo), best[i + 1][lo]);
+      if (lo > a + 1) m = std::min(m, std::max(cost(i, a, lo - 1), best[i + 1][lo - 1]));
+      best[i][a] = m;
     }
   }
   std::vector<StageBlocks> out;

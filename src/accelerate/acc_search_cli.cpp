@@ -314,7 +314,8 @@ int acc_search_main(int argc, char** argv) {
   try {
     const nlohmann::json config = acc::read_json_file(a.config, "--config");
     if (a.plan_only) {
-      if (a.threads > 0) acc::set_num_threads(a.threads);
+      // One process: the memory model makes its traces on every usable core.
+      acc::set_num_threads(a.threads > 0 ? a.threads : acc::usable_cores());
       rc = plan(a, config);
     } else {
       acc::dist::init(argc, argv);

@@ -20,6 +20,7 @@
 #include "acc/search/cluster.hpp"
 #include "acc/search/cost.hpp"
 #include "acc/search/space.hpp"
+#include "acc/tensor/threading.hpp"
 #include "acc/trace/model_ref.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/json.hpp"
@@ -417,6 +418,46 @@ TEST(TraceCache, SharedTracesGiveThePredictionsOfFreshOnes) {
   const trace::TraceCache& traces = *memory.traces();
   EXPECT_GT(traces.traced(), 0u);
   EXPECT_GE(traces.served(), traces.traced()) << traces.traced() << " made";
+}
+
+// MemoryModel::expect makes the candidates' needs ahead, on two threads here (the trace keys'
+// pairs split between them, the traces shared through one cache): every prediction is the one a
+// model that made each need when first asked gives, on one thread, over a space of tp, sp,
+// pipelines of every depth and the data-parallel methods; and the needs were made by expect, not
+// by the predictions.
+TEST(MemoryModel, NeedsMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
+  const nlohmann::json config = {
+      {"n_layer", 8}, {"n_head", 4}, {"n_embd", 32}, {"vocab_size", 128}, {"block_size", 32}};
+  const int64_t T = 16;
+  const auto model = trace::ModelRef::registry("gpt", config);
+  SpaceOptions so;
+  so.world = 8;
+  so.global_batch = 8;
+  so.seq_len = T;
+  so.allow_bf16 = true;
+  MemoryModel asked(model, T), ahead(model, T);
+  const auto cands = enumerate_candidates(so, asked.num_blocks());
+  const int threads = get_num_threads();
+  set_num_threads(2);
+  ahead.expect(cands);
+  set_num_threads(threads);
+  const size_t made_ahead = ahead.needs_traced();
+  EXPECT_GT(made_ahead, 50u);
+  std::set<int> depths;
+  size_t predicted = 0;
+  for (const Candidate& c : cands) {
+    if (asked.layout_refusal(c)) continue;
+    ASSERT_FALSE(ahead.layout_refusal(c).has_value()) << c.describe();
+    ASSERT_EQ(ahead.predict(c).to_json(), asked.predict(c).to_json())
+        << c.describe() << " micro-batch " << c.micro_batch;
+    depths.insert(c.mesh.pp);
+    ++predicted;
+  }
+  EXPECT_EQ(depths, (std::set<int>{1, 2, 4, 8}));
+  EXPECT_GT(predicted, 200u);
+  // The predictions made only the needs with blockwise gradients (which expect does not make).
+  EXPECT_LT(ahead.needs_traced() - made_ahead, made_ahead / 4)
+      << made_ahead << " made ahead, " << ahead.needs_traced() << " in all";
 }
 
 }  // namespace

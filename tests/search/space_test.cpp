@@ -703,6 +703,73 @@ TEST(CostModel, APipelineIsCutWhereItsStagesTakeEvenTime) {
   EXPECT_THROW(strategies::balance_stages(6, 2, -1.0, 0.0), ValueError);
 }
 
+// balance_stages' binary search gives the cut of the quadratic dynamic program it replaced (each
+// stage's end tried at every block): the least largest stage cost an exhaustive walk of every cut
+// finds, and the same cut among those reaching it (the fewest blocks on each stage in turn that
+// keeps the rest's optimum), for every block and stage count up to 12 and extras that make the
+// first, the last, both or neither stage dear.
+TEST(BalanceStages, MatchesTheQuadraticProgramAndAnExhaustiveWalk) {
+  for (int64_t blocks = 1; blocks <= 12; ++blocks) {
+    for (int stages = 1; stages <= blocks; ++stages) {
+      for (const auto& [first, last] : std::vector<std::pair<double, double>>{
+               {0.0, 0.0}, {0.0, 2.5}, {1.25, 0.0}, {3.0, 0.7}, {0.0, 40.0}, {0.5, 0.5}}) {
+        const auto S = static_cast<size_t>(stages);
+        const auto N = static_cast<size_t>(blocks);
+        auto cost = [&](size_t i, size_t a, size_t b) {
+          return static_cast<double>(b - a) + (i == 0 ? first : 0.0) + (i + 1 == S ? last : 0.0);
+        };
+        // The exhaustive walk: the least largest stage cost of any cut.
+        double least = std::numeric_limits<double>::infinity();
+        auto walk = [&](auto&& self, size_t i, size_t a, double worst) -> void {
+          if (i == S) {
+            if (a == N) least = std::min(least, worst);
+            return;
+          }
+          for (size_t b = a + 1; b + (S - 1 - i) <= N; ++b) {
+            self(self, i + 1, b, std::max(worst, cost(i, a, b)));
+          }
+        };
+        walk(walk, 0, 0, 0.0);
+        // The quadratic program and its reconstruction.
+        const double inf = std::numeric_limits<double>::infinity();
+        std::vector<std::vector<double>> best(S + 1, std::vector<double>(N + 1, inf));
+        best[S][N] = 0;
+        for (size_t i = S; i-- > 0;) {
+          for (size_t a = 0; a < N; ++a) {
+            for (size_t b = a + 1; b <= N; ++b) {
+              best[i][a] = std::min(best[i][a], std::max(cost(i, a, b), best[i + 1][b]));
+            }
+          }
+        }
+        std::vector<int64_t> want;
+        for (size_t i = 0, a = 0; i < S; ++i) {
+          for (size_t b = a + 1; b <= N; ++b) {
+            if (std::max(cost(i, a, b), best[i + 1][b]) <= best[i][a] + 1e-12) {
+              want.push_back(static_cast<int64_t>(b));
+              a = b;
+              break;
+            }
+          }
+        }
+        const std::vector<strategies::StageBlocks> cut =
+            strategies::balance_stages(blocks, stages, first, last);
+        std::vector<int64_t> got;
+        double worst = 0;
+        for (size_t i = 0; i < cut.size(); ++i) {
+          got.push_back(cut[i].end);
+          worst = std::max(
+              worst, cost(i, static_cast<size_t>(cut[i].begin), static_cast<size_t>(cut[i].end)));
+        }
+        const std::string what = std::to_string(blocks) + " blocks, " + std::to_string(stages) +
+                                 " stages, extras " + std::to_string(first) + " / " +
+                                 std::to_string(last);
+        EXPECT_EQ(got, want) << what;
+        EXPECT_EQ(worst, least) << what;
+      }
+    }
+  }
+}
+
 // The other way round, with the first stage's memory respected: where the head's projection is
 // slow (its GEMMs at 2 GFLOP/s, the blocks' at 100), the balanced cut gives the first stage more
 // blocks than the FLOP cut, and more memory (it holds the most micro-batches in flight). Under a

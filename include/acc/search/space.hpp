@@ -138,8 +138,12 @@ struct RankModel {
 /// traced through strategies::layout_rewrite at that pp rank: its embedding or head when it holds
 /// them, and its stages' messages. `seq_len`: the run's (0: the model's longest), for
 /// message_bytes. Throws what the cut throws (fewer blocks than stages).
+/// `walks`, when given, keeps each pipeline config's cut and schedule walk (the ranks' stages,
+/// ends and actions) for the next layout around the same config: one model's, the cut depending
+/// on its blocks and head.
+using PipelineWalks = std::map<std::string, std::vector<RankModel>>;
 std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate& c,
-                                   int64_t seq_len);
+                                   int64_t seq_len, PipelineWalks* walks = nullptr);
 
 /// What one micro-batch's forward saves on each of a pipeline rank's stages (`need`: the rank
 /// model's trace under `effects`, rank_effects of the candidate's): each stage's blocks at the
@@ -173,7 +177,8 @@ class RankModels {
   /// batch_pair_key, under which its micro-batches share traces (what the models' expect()
   /// collect).
   void for_each_rank(const std::vector<Candidate>& candidates,
-                     const std::function<void(const Candidate&, const BatchPairKey& pair_key)>& f);
+                     const std::function<void(const Candidate&, const RankModel& rank,
+                                              const BatchPairKey& pair_key)>& f);
   /// Keeps the traces in `cache` (another model's of the same model and sequence length: the
   /// memory and the time model of one search share theirs); null: traced each time. Call it
   /// before the first of(); afterwards it throws acc::ValueError.
@@ -185,6 +190,7 @@ class RankModels {
   int64_t seq_len_ = 0;
   std::shared_ptr<trace::TraceCache> traces_;
   std::map<std::string, std::vector<RankModel>> layouts_;  // layout_key -> its ranks' models
+  PipelineWalks walks_;  // pipeline config -> its ranks' stages and actions
 };
 
 /// `e` as rank `r` of a pipeline sees it: of the model's first e.recompute_blocks blocks, those
@@ -225,6 +231,8 @@ class MemoryModel {
   /// (batch_pair_key) is then evaluated at all of them from the same traces
   /// (trace::estimate_training_needs: exact, each tensor's bytes are affine in the batch), instead
   /// of traced again for each. Optional: without it each micro-batch is traced on its own.
+  /// It also makes those needs (each candidate's own, without blockwise gradients) at once, on
+  /// the configured threads (acc::set_num_threads): the predictions that follow find them made.
   void expect(const std::vector<Candidate>& candidates);
   /// The traced need of a step of `micro_batch` samples with the candidate's activation options
   /// (and, given an in-flight fraction, its blockwise gradient peak: trace::BlockwiseGradients).
@@ -271,10 +279,10 @@ class MemoryModel {
   std::set<std::string> traced_ranks_;                  // rank trace keys traced without a refusal
   std::map<BatchPairKey, std::set<int64_t>> expected_;  // batch_pair_key -> micro-batches
   size_t needs_traced_ = 0;
-  // (layout, micro-batch, the activation options' key_fields(), in-flight fraction, accumulated).
-  std::map<std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields, double, bool>,
-           NeedEntry>
-      needs_;
+  // (layout, micro-batch, the activation options' key_fields(), in-flight fraction (-1: none),
+  // accumulated).
+  using NeedKey = std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields, double, bool>;
+  std::map<NeedKey, NeedEntry> needs_;
 };
 
 }  // namespace acc::search
