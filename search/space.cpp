@@ -542,24 +542,27 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   // Each pair's first rank model (the one whose need predict_rank keeps under its trace key) and
   // the activation options its key was made of.
   struct Pair {
+    const Candidate* candidate = nullptr;
     const RankModel* rank = nullptr;
     trace::TraceOptions activations;
   };
   std::map<BatchPairKey, Pair> first;
-  ranks_.for_each_rank(
-      candidates, [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
-        expected_[pair_key].insert(c.micro_batch);
-        if (first.count(pair_key) == 0) {
-          first.emplace(pair_key, Pair{&r, activation_trace_options(rank_effects(c.effects, r))});
-        }
-      });
+  ranks_.for_each_rank(candidates, [&](const Candidate& c, const RankModel& r,
+                                       const BatchPairKey& pair_key) {
+    expected_[pair_key].insert(c.micro_batch);
+    if (first.count(pair_key) == 0) {
+      first.emplace(pair_key, Pair{&c, &r, activation_trace_options(rank_effects(c.effects, r))});
+    }
+  });
   // Each pair's needs made now, on the configured threads: the need predict_rank asks of each
   // candidate (no blockwise gradients), made as need() makes it. The pairs of one trace key run on
   // one thread, so that the model they share (its meta mesh, its rewrite) is never traced twice
   // at once; the traces are shared through the cache, which is thread-safe. A pair whose layout
-  // the model refuses is left for predict to refuse.
+  // the model refuses (layout_refusal, as predict asks it first) is left out.
   std::map<std::string, std::vector<const BatchPairKey*>> by_trace_key;
-  for (const auto& [key, batches] : expected_) by_trace_key[key.first].push_back(&key);
+  for (const auto& [key, batches] : expected_) {
+    if (!layout_refusal(*first.at(key).candidate)) by_trace_key[key.first].push_back(&key);
+  }
   std::vector<const std::vector<const BatchPairKey*>*> jobs;
   for (const auto& [trace_key, keys] : by_trace_key) jobs.push_back(&keys);
   struct Made {
@@ -593,7 +596,7 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
           for (size_t i = 0; i < needs.size(); ++i) {
             out.needs.emplace_back(need_key(paired[i]), std::move(needs[i]));
           }
-        } catch (const ValueError&) {  // a layout the model refuses
+        } catch (const ValueError&) {  // refused at a depth or batch of its own: predict says so
         } catch (const ShapeError&) {
         } catch (const TypeError&) {
         }
