@@ -361,11 +361,19 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
     out = walk_pipeline(*pipe);
     if (walks != nullptr) walks->emplace(walk_key, out);
   }
+  // Each rank's rewrite is built when its model is first traced: most ranks of a pipeline share
+  // their traces with another's (shape_key) and are never traced, and building one (the meta mesh
+  // and its groups) for each of a deep pipeline's ranks was a tenth of a plan-only search.
+  const auto strategy = std::make_shared<const strategies::Strategy>(c.strategy);
+  const int world = c.world;
   for (RankModel& rm : out) {
     int64_t blocks = 0;
     for (const auto& st : rm.stages) blocks += st.end - st.begin;
     rm.model = model.at_depth(blocks).rewritten(
-        strategies::layout_rewrite(c.strategy, c.world, true, rm.pp_rank));
+        [strategy, world, pp_rank = rm.pp_rank](nn::Module& m, const data::Batch& batch,
+                                                const trace::BatchLoss& loss) {
+          return strategies::layout_rewrite(*strategy, world, true, pp_rank)(m, batch, loss);
+        });
     const std::string ends = std::string(rm.first ? "#first" : "") + (rm.last ? "#last" : "");
     rm.trace_key = stage_layout + "#stages";
     for (const auto& st : rm.stages) rm.trace_key += ":" + std::to_string(st.end - st.begin);
@@ -555,16 +563,32 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
     }
   });
   // Each pair's needs made now, on the configured threads: the need predict_rank asks of each
-  // candidate (no blockwise gradients), made as need() makes it. The pairs of one trace key run on
-  // one thread, so that the model they share (its meta mesh, its rewrite) is never traced twice
-  // at once; the traces are shared through the cache, which is thread-safe. A pair whose layout
-  // the model refuses (layout_refusal, as predict asks it first) is left out.
-  std::map<std::string, std::vector<const BatchPairKey*>> by_trace_key;
-  for (const auto& [key, batches] : expected_) {
-    if (!layout_refusal(*first.at(key).candidate)) by_trace_key[key.first].push_back(&key);
+  // candidate (no blockwise gradients), made as need() makes it. The pairs whose rank models
+  // share their traces (one shape_key, the trace cache's identity) run on one thread, in order:
+  // a model (its meta mesh, its rewrite) is never traced twice at once, and which of them makes a
+  // shared trace does not depend on the threads' timing, so the traces are those one thread
+  // makes. A module of the user's is traced in place (its parameters swapped to meta storage and
+  // back, its layers replaced by a tensor-parallel rewrite): all of its pairs run on one thread.
+  // A pair whose layout the model refuses (layout_refusal, as predict asks it first) is left out,
+  // and so is a need made before.
+  struct Job {
+    const BatchPairKey* key = nullptr;
+    std::vector<int64_t> batches;  // not made yet
+  };
+  std::map<std::string, std::vector<Job>> by_shape;
+  for (const auto& [key, pair] : first) {
+    if (layout_refusal(*pair.candidate)) continue;
+    Job job{&key, {}};
+    for (const int64_t b : expected_.at(key)) {
+      if (needs_.count(NeedKey{key.first, b, key.second, -1.0, false}) == 0) {
+        job.batches.push_back(b);
+      }
+    }
+    if (job.batches.empty()) continue;
+    by_shape[model_.is_registry() ? pair.rank->shape_key : ""].push_back(std::move(job));
   }
-  std::vector<const std::vector<const BatchPairKey*>*> jobs;
-  for (const auto& [trace_key, keys] : by_trace_key) jobs.push_back(&keys);
+  std::vector<const std::vector<Job>*> jobs;
+  for (const auto& [shape_key, list] : by_shape) jobs.push_back(&list);
   struct Made {
     std::vector<std::pair<NeedKey, trace::TrainingNeed>> needs;
     size_t traced = 0;  // as needs_traced_ counts
@@ -573,13 +597,14 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   parallel_for(static_cast<int64_t>(jobs.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
       Made& out = made[static_cast<size_t>(j)];
-      for (const BatchPairKey* key : *jobs[static_cast<size_t>(j)]) {
+      for (const Job& job : *jobs[static_cast<size_t>(j)]) {
+        const BatchPairKey* key = job.key;
         const Pair& pair = first.at(*key);
         const trace::ModelRef& model = pair.rank->model;
         auto need_key = [&](int64_t b) { return NeedKey{key->first, b, key->second, -1.0, false}; };
         try {
           std::vector<int64_t> paired;  // from one pair of traces (need()'s batches)
-          for (const int64_t b : expected_.at(*key)) {
+          for (const int64_t b : job.batches) {
             if (b >= trace::BatchTraces::kLow && model.is_registry()) {
               paired.push_back(b);
               continue;

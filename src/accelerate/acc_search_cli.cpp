@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -299,7 +300,9 @@ int acc_search_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cache-dir", a.cache_dir,
                  "machine calibration cache (default ~/.cache/autoacc)");
-  app.add_option("--threads", a.threads, "threads per rank (default: usable cores / local ranks)")
+  app.add_option("--threads", a.threads,
+                 "threads per rank (default: usable cores / local ranks; --plan-only: "
+                 "ACC_NUM_THREADS if set, else usable cores)")
       ->check(integer(1, 4096));
   app.add_option("--seed", a.seed, "seed of the model the dry-runs copy")
       ->check(integer(0))
@@ -314,8 +317,15 @@ int acc_search_main(int argc, char** argv) {
   try {
     const nlohmann::json config = acc::read_json_file(a.config, "--config");
     if (a.plan_only) {
-      // One process: the memory model makes its traces on every usable core.
-      acc::set_num_threads(a.threads > 0 ? a.threads : acc::usable_cores());
+      // One process: the memory model makes its traces on every usable core, unless
+      // --threads or ACC_NUM_THREADS says otherwise.
+      if (a.threads > 0) {
+        acc::set_num_threads(a.threads);
+      } else if (std::getenv("ACC_NUM_THREADS") != nullptr) {
+        acc::init_threads_from_env();
+      } else {
+        acc::set_num_threads(acc::usable_cores());
+      }
       rc = plan(a, config);
     } else {
       acc::dist::init(argc, argv);

@@ -40,9 +40,12 @@ Tensor recompute(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
   autograd::record_op("RecomputeBackward", inputs, {out},
                       [fn, saved, wants_grad, seed, offset](const std::vector<Tensor>& g,
                                                             const std::vector<bool>&) {
+                        // The generator is written only when it moved: meta traces (the
+                        // search's, on several threads at once) read it and never advance it.
                         Generator& gen = default_generator();
                         const uint64_t now_seed = gen.seed(), now_offset = gen.offset();
-                        gen.set_state(seed, offset);
+                        const bool moved = now_seed != seed || now_offset != offset;
+                        if (moved) gen.set_state(seed, offset);
                         std::vector<Tensor> again;
                         for (size_t i = 0; i < saved.size(); ++i) {
                           Tensor input = saved[i].detach();
@@ -54,7 +57,9 @@ Tensor recompute(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                           GradModeGuard grad_on(true);
                           y = fn(again);
                         }
-                        gen.set_state(now_seed, now_offset);
+                        if (moved || gen.seed() != now_seed || gen.offset() != now_offset) {
+                          gen.set_state(now_seed, now_offset);
+                        }
                         if (y.requires_grad()) autograd::backward({y}, {g[0]});
                         std::vector<Tensor> grads;
                         for (size_t i = 0; i < again.size(); ++i) {

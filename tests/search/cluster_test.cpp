@@ -460,5 +460,65 @@ TEST(MemoryModel, NeedsMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
       << made_ahead << " made ahead, " << ahead.needs_traced() << " in all";
 }
 
+// A module of the user's is traced in place (its parameters swapped to meta storage and back, its
+// Linear pairs replaced by tensor-parallel shards and put back): expect makes all of its needs on
+// one thread, whatever the threads configured. Over a space of tensor parallel and the
+// data-parallel methods: every prediction is the one made without expect, and the module's
+// parameters end where they began (on the CPU, their values unchanged).
+TEST(MemoryModel, AModuleOfTheUsersNeedsAreMadeOnOneThread) {
+  struct Block : nn::Module {
+    Block() : nn::Module("Block") {
+      fc1 = register_module("fc1", std::make_shared<nn::Linear>(16, 32));
+      fc2 = register_module("fc2", std::make_shared<nn::Linear>(32, 16));
+    }
+    Tensor forward(const Tensor& x) override { return add(x, (*fc2)(gelu((*fc1)(x)))); }
+    std::shared_ptr<nn::Linear> fc1, fc2;
+  };
+  struct Net : nn::Module {
+    Net() : nn::Module("Net") {
+      a = register_module("a", std::make_shared<Block>());
+      b = register_module("b", std::make_shared<Block>());
+    }
+    Tensor forward(const Tensor& x) override { return (*b)((*a)(x)); }
+    std::shared_ptr<Block> a, b;
+  };
+  auto net = std::make_shared<Net>();
+  std::map<std::string, std::vector<float>> before;
+  for (const auto& [name, p] : net->named_parameters()) before[name] = p.to_vector<float>();
+  const auto model = trace::ModelRef::module(
+      net, data::Batch(std::vector<data::Batch::Entry>{{"x", randn({4, 16})}}),
+      [](nn::Module& m, const data::Batch& b) { return mean(m.forward(b.at("x"))); });
+  SpaceOptions so;
+  so.world = 4;
+  so.global_batch = 16;
+  so.seq_len = 1;
+  so.has_attention = false;
+  so.language_model = false;
+  MemoryModel asked(model, 1), ahead(model, 1);
+  const auto cands = enumerate_candidates(so, asked.num_blocks());
+  const int threads = get_num_threads();
+  struct Restore {
+    int n;
+    ~Restore() { set_num_threads(n); }
+  } restore{threads};
+  set_num_threads(2);
+  ahead.expect(cands);
+  set_num_threads(threads);
+  EXPECT_GT(ahead.needs_traced(), 0u);
+  std::set<int> tp;
+  for (const Candidate& c : cands) {
+    if (asked.layout_refusal(c)) continue;
+    ASSERT_FALSE(ahead.layout_refusal(c).has_value()) << c.describe();
+    ASSERT_EQ(ahead.predict(c).to_json(), asked.predict(c).to_json())
+        << c.describe() << " micro-batch " << c.micro_batch;
+    tp.insert(c.mesh.tp);
+  }
+  EXPECT_TRUE(tp.count(2) != 0 && tp.count(1) != 0) << "tensor-parallel candidates predicted";
+  for (const auto& [name, p] : net->named_parameters()) {
+    EXPECT_FALSE(p.is_meta()) << name;
+    EXPECT_EQ(p.to_vector<float>(), before.at(name)) << name;
+  }
+}
+
 }  // namespace
 }  // namespace acc::search
