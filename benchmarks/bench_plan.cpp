@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
          {{"memory_needs", memory.needs_traced()},
           {"time_passes", cost.passes_priced()},
           {"made", memory.traces()->traced()},
+          {"made_not_kept", memory.traces()->dropped()},
           {"refused", memory.traces()->refused()},
           {"served_again", memory.traces()->served()},
           {"samples_evaluated", memory.traces()->figures_made()},

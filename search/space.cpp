@@ -40,8 +40,7 @@ std::string Candidate::describe() const {
 }
 
 std::string Candidate::layout_key() const {
-  const strategies::Strategy layout = strategies::layout_of(strategy);
-  return layout.empty() ? "" : strategies::to_json(layout).dump();
+  return strategies::layout_key(strategy);
 }
 
 int64_t per_rank_batch(int64_t global_batch, int world) {
@@ -387,7 +386,13 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
 }
 
 RankModels::RankModels(trace::ModelRef model, int64_t seq_len)
-    : model_(std::move(model)), seq_len_(seq_len), traces_(std::make_shared<trace::TraceCache>()) {}
+    : model_(std::move(model)),
+      seq_len_(seq_len),
+      // The traces of 1 and 2 blocks kept, which the time model reads for every mesh
+      // (CostModel::pass); the memory estimator's deeper ones dropped once their figures are
+      // made (trace::TraceCache). A module of the user's is traced whole: every trace kept.
+      traces_(model_.extrapolates() ? std::make_shared<trace::TraceCache>(2)
+                                    : std::make_shared<trace::TraceCache>()) {}
 
 const std::vector<RankModel>& RankModels::of(const Candidate& c) {
   const std::string key = c.layout_key();
@@ -498,44 +503,76 @@ std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
   return refusals_.emplace(key, refusal).first->second;
 }
 
-MemoryModel::NeedEntry& MemoryModel::need(const trace::ModelRef& model, const std::string& layout,
-                                          int64_t micro_batch, const strategies::StepEffects& e,
+MemoryModel::NeedKey MemoryModel::need_key(const std::string& layout, int64_t micro_batch,
+                                           const trace::TraceOptions& activations,
+                                           std::optional<double> in_flight_fraction,
+                                           bool accumulated) {
+  return NeedKey{layout, micro_batch, activations.key_fields(), in_flight_fraction.value_or(-1.0),
+                 accumulated};
+}
+
+MemoryModel::Made MemoryModel::make_needs(const trace::ModelRef& model, const std::string& layout,
+                                          const std::vector<int64_t>& batches,
+                                          const trace::TraceOptions& activations,
                                           std::optional<double> in_flight_fraction,
-                                          bool accumulated, const std::set<int64_t>* batches) {
-  const trace::TraceOptions activations = activation_trace_options(e);
-  auto key_at = [&](int64_t b) {
-    return std::make_tuple(layout, b, activations.key_fields(), in_flight_fraction.value_or(-1.0),
-                           accumulated);
-  };
-  const auto key = key_at(micro_batch);
-  auto it = needs_.find(key);
-  if (it != needs_.end()) return it->second;
+                                          bool accumulated, bool paired) const {
   std::optional<trace::BlockwiseGradients> blockwise;
   if (in_flight_fraction) {
     blockwise = trace::BlockwiseGradients{.in_flight_fraction = *in_flight_fraction,
                                           .accumulated = accumulated};
   }
-  if (batches != nullptr && micro_batch >= trace::BatchTraces::kLow &&
-      batches->count(micro_batch) != 0 && model.is_registry()) {
-    // Every expected micro-batch of the rank's trace from the same traces (those smaller than
-    // the pair's are traced each on its own).
-    std::vector<int64_t> todo;
-    for (const int64_t b : *batches) {
-      if (b >= trace::BatchTraces::kLow && needs_.count(key_at(b)) == 0) todo.push_back(b);
+  Made out;
+  auto key = [&](int64_t b) {
+    return need_key(layout, b, activations, in_flight_fraction, accumulated);
+  };
+  std::vector<int64_t> pair;  // from one pair of traces (trace::estimate_training_needs)
+  for (const int64_t b : batches) {
+    if (paired && b >= trace::BatchTraces::kLow && model.is_registry()) {
+      pair.push_back(b);
+      continue;
     }
-    std::vector<trace::TrainingNeed> made =
-        trace::estimate_training_needs(model, todo, seq_len_, activations, optimizer_, blockwise);
-    ++needs_traced_;
-    for (size_t i = 0; i < todo.size(); ++i) {
-      needs_.emplace(key_at(todo[i]), NeedEntry{std::move(made[i])});
-    }
-    return needs_.at(key);
+    out.needs.emplace_back(key(b), trace::estimate_training_need(model, b, seq_len_, activations,
+                                                                 optimizer_, blockwise));
+    ++out.traced;
   }
-  ++needs_traced_;
-  return needs_
-      .emplace(key, NeedEntry{trace::estimate_training_need(model, micro_batch, seq_len_,
-                                                            activations, optimizer_, blockwise)})
-      .first->second;
+  if (pair.empty()) return out;
+  std::vector<trace::TrainingNeed> needs =
+      trace::estimate_training_needs(model, pair, seq_len_, activations, optimizer_, blockwise);
+  ++out.traced;
+  for (size_t i = 0; i < needs.size(); ++i)
+    out.needs.emplace_back(key(pair[i]), std::move(needs[i]));
+  return out;
+}
+
+void MemoryModel::keep(Made made) {
+  needs_traced_ += made.traced;
+  for (auto& [key, n] : made.needs) needs_.emplace(key, NeedEntry{std::move(n)});
+}
+
+MemoryModel::NeedEntry& MemoryModel::need(const trace::ModelRef& model, const std::string& layout,
+                                          int64_t micro_batch, const strategies::StepEffects& e,
+                                          std::optional<double> in_flight_fraction,
+                                          bool accumulated, const std::set<int64_t>* batches) {
+  const trace::TraceOptions activations = activation_trace_options(e);
+  const NeedKey key = need_key(layout, micro_batch, activations, in_flight_fraction, accumulated);
+  auto it = needs_.find(key);
+  if (it != needs_.end()) return it->second;
+  std::vector<int64_t> todo{micro_batch};
+  const bool paired = batches != nullptr && micro_batch >= trace::BatchTraces::kLow &&
+                      batches->count(micro_batch) != 0 && model.is_registry();
+  if (paired) {
+    // Every expected micro-batch of the rank's trace from the same traces (those smaller than
+    // the pair's are made on their own when asked).
+    todo.clear();
+    for (const int64_t b : *batches) {
+      if (b >= trace::BatchTraces::kLow &&
+          needs_.count(need_key(layout, b, activations, in_flight_fraction, accumulated)) == 0) {
+        todo.push_back(b);
+      }
+    }
+  }
+  keep(make_needs(model, layout, todo, activations, in_flight_fraction, accumulated, paired));
+  return needs_.at(key);
 }
 
 int64_t MemoryModel::num_blocks() {
@@ -580,7 +617,7 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
     if (layout_refusal(*pair.candidate)) continue;
     Job job{&key, {}};
     for (const int64_t b : expected_.at(key)) {
-      if (needs_.count(NeedKey{key.first, b, key.second, -1.0, false}) == 0) {
+      if (needs_.count(need_key(key.first, b, pair.activations, std::nullopt, false)) == 0) {
         job.batches.push_back(b);
       }
     }
@@ -589,38 +626,17 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   }
   std::vector<const std::vector<Job>*> jobs;
   for (const auto& [shape_key, list] : by_shape) jobs.push_back(&list);
-  struct Made {
-    std::vector<std::pair<NeedKey, trace::TrainingNeed>> needs;
-    size_t traced = 0;  // as needs_traced_ counts
-  };
   std::vector<Made> made(jobs.size());
   parallel_for(static_cast<int64_t>(jobs.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
       Made& out = made[static_cast<size_t>(j)];
       for (const Job& job : *jobs[static_cast<size_t>(j)]) {
-        const BatchPairKey* key = job.key;
-        const Pair& pair = first.at(*key);
-        const trace::ModelRef& model = pair.rank->model;
-        auto need_key = [&](int64_t b) { return NeedKey{key->first, b, key->second, -1.0, false}; };
+        const Pair& pair = first.at(*job.key);
         try {
-          std::vector<int64_t> paired;  // from one pair of traces (need()'s batches)
-          for (const int64_t b : job.batches) {
-            if (b >= trace::BatchTraces::kLow && model.is_registry()) {
-              paired.push_back(b);
-              continue;
-            }
-            out.needs.emplace_back(
-                need_key(b), trace::estimate_training_need(model, b, seq_len_, pair.activations,
-                                                           optimizer_, std::nullopt));
-            ++out.traced;
-          }
-          if (paired.empty()) continue;
-          std::vector<trace::TrainingNeed> needs = trace::estimate_training_needs(
-              model, paired, seq_len_, pair.activations, optimizer_, std::nullopt);
-          ++out.traced;
-          for (size_t i = 0; i < needs.size(); ++i) {
-            out.needs.emplace_back(need_key(paired[i]), std::move(needs[i]));
-          }
+          Made m = make_needs(pair.rank->model, job.key->first, job.batches, pair.activations,
+                              std::nullopt, false, /*paired=*/true);
+          out.traced += m.traced;
+          for (auto& n : m.needs) out.needs.push_back(std::move(n));
         } catch (const ValueError&) {  // refused at a depth or batch of its own: predict says so
         } catch (const ShapeError&) {
         } catch (const TypeError&) {
@@ -628,10 +644,7 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
       }
     }
   });
-  for (Made& m : made) {
-    needs_traced_ += m.traced;
-    for (auto& [key, n] : m.needs) needs_.emplace(key, NeedEntry{std::move(n)});
-  }
+  for (Made& m : made) keep(std::move(m));
 }
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {

@@ -239,6 +239,19 @@ Strategy layout_of(const Strategy& s) {
   return layout;
 }
 
+std::string layout_key(const Strategy& s) {
+  std::string key;
+  for (const auto& m : s) {
+    const MethodSpec* spec = find(m.name);
+    ACC_CHECK(spec != nullptr, "unknown method '", m.name, "' (known: ", known_names(), ")");
+    if (!spec->layout) continue;
+    // As nlohmann::json dumps {"name", "config"}: its keys sorted.
+    key += key.empty() ? "[" : ",";
+    key += "{\"config\":" + m.config.dump() + ",\"name\":" + nlohmann::json(m.name).dump() + "}";
+  }
+  return key.empty() ? key : key + "]";
+}
+
 Strategy stage_layout_of(const Strategy& s) {
   Strategy within;
   for (auto& m : layout_of(s)) {

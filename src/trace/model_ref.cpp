@@ -171,8 +171,8 @@ ModelRef::Traced trace_rewritten(nn::Module& model, const data::Batch& sample,
 // keeps the first.
 template <class Map, class Make>
 typename Map::mapped_type::value_type TraceCache::kept(Map& map, size_t& served,
-                                                       typename Map::key_type key,
-                                                       const Make& make) {
+                                                       typename Map::key_type key, const Make& make,
+                                                       bool keep) {
   auto give = [](const typename Map::mapped_type& k) {
     if (k.refusal) std::rethrow_exception(k.refusal);
     return k.value;
@@ -195,7 +195,15 @@ typename Map::mapped_type::value_type TraceCache::kept(Map& map, size_t& served,
     made.refusal = std::current_exception();
   }
   const std::lock_guard<std::mutex> lock(mutex_);
+  if (!keep && !made.refusal) {
+    ++dropped_;
+    return made.value;
+  }
   return give(map.emplace(std::move(key), std::move(made)).first->second);
+}
+
+TraceCache::TraceCache(int64_t kept_blocks) : kept_blocks_(kept_blocks) {
+  ACC_CHECK(kept_blocks >= 0, "TraceCache: kept_blocks must be >= 0, got ", kept_blocks);
 }
 
 ModelRef ModelRef::shared_traces(std::shared_ptr<TraceCache> cache, std::string identity) const {
@@ -239,9 +247,11 @@ std::shared_ptr<const ModelRef::Traced> ModelRef::traced(int64_t layers, int64_t
   }
   return cache->kept(
       cache->traces_, cache->served_,
-      TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options), [&] {
+      TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options),
+      [&] {
         return std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
-      });
+      },
+      layers <= cache->kept_blocks_);
 }
 
 std::shared_ptr<const TraceFigures> ModelRef::figures(
@@ -294,7 +304,12 @@ size_t TraceCache::figures_served() const {
 
 size_t TraceCache::traced() const {
   const std::lock_guard<std::mutex> lock(mutex_);
-  return count_kept(traces_, false);
+  return count_kept(traces_, false) + dropped_;
+}
+
+size_t TraceCache::dropped() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return dropped_;
 }
 
 size_t TraceCache::refused() const {

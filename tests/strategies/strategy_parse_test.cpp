@@ -268,5 +268,27 @@ TEST(StageLayout, AStagesMethodsAndMessageFollowTheLayout) {
   EXPECT_EQ(within.front().name, "tensor_parallel");
 }
 
+// The search keys rank models by layout_key: it must be the layout's JSON, byte for byte, so two
+// candidates share rank models exactly when their layouts are equal.
+TEST(LayoutKey, IsTheLayoutsJsonDumped) {
+  for (const char* text :
+       {R"([])", R"([{"name": "zero2", "config": {"bucket_mb": 25}}, {"name": "amp"}])",
+        R"([{"name": "tensor_parallel", "config": {"size": 2}}])",
+        R"([{"name": "zero1"}, {"name": "tensor_parallel", "config": {"size": 2}},
+               {"name": "sequence_parallel", "config": {"kind": "megatron"}},
+               {"name": "pipeline_parallel",
+                "config": {"size": 2, "schedule": "interleaved", "virtual": 2,
+                           "micro_batches": 4}}])",
+        R"([{"name": "sequence_parallel", "config": {"kind": "ulysses", "size": 2}},
+               {"name": "amp"}, {"name": "pipeline_parallel", "config": {"size": 2}}])"}) {
+    const strategies::Strategy s = strategies::parse_strategy(nlohmann::json::parse(text));
+    const strategies::Strategy layout = strategies::layout_of(s);
+    const std::string expected = layout.empty() ? "" : strategies::to_json(layout).dump();
+    EXPECT_EQ(strategies::layout_key(s), expected) << text;
+  }
+  const strategies::Strategy unknown{{"no_such_method", nlohmann::json::object()}};
+  EXPECT_THROW((void)strategies::layout_key(unknown), ValueError);
+}
+
 }  // namespace
 }  // namespace acc

@@ -875,6 +875,53 @@ TEST(TraceCache, KeepsRefusalsAndKeysAlikeOptionsAlike) {
   EXPECT_EQ(cache->refused(), 1u);
 }
 
+// A cache that keeps traces of at most 2 blocks (the search's): a deeper trace is made each time
+// it is asked, equal to one made fresh, and counted as made and dropped; a shallow one is kept;
+// a deeper refusal is kept all the same (asked again, thrown without tracing again); the figures
+// made from a deep trace are kept. A negative bound is refused by name.
+TEST(TraceCache, KeepsTracesUpToItsBlockBoundAndEveryRefusal) {
+  const int64_t T = 16;
+  const auto gpt = trace::ModelRef::registry("gpt", small_gpt(4).to_json());
+  auto cache = std::make_shared<trace::TraceCache>(2);
+  const auto kept = gpt.shared_traces(cache, "plain");
+  const auto shallow = kept.traced(2, 2, T, {});
+  EXPECT_EQ(kept.traced(2, 2, T, {}).get(), shallow.get());
+  const auto deep = kept.traced(3, 2, T, {});
+  const auto again = kept.traced(3, 2, T, {});
+  EXPECT_NE(deep.get(), again.get());
+  EXPECT_EQ(trace::to_json(deep->trace), trace::to_json(again->trace));
+  nlohmann::json fresh = trace::to_json(gpt.trace(3, 2, T, {}).trace);
+  EXPECT_EQ(trace::to_json(deep->trace), fresh);
+  EXPECT_EQ(cache->traced(), 3u);  // the shallow one, the deep one twice
+  EXPECT_EQ(cache->dropped(), 2u);
+  EXPECT_EQ(cache->served(), 1u);
+
+  int made = 0;
+  auto figures = [&] {
+    ++made;
+    return std::shared_ptr<const trace::TraceFigures>();
+  };
+  (void)kept.figures(3, 2, T, {}, "what", figures);
+  (void)kept.figures(3, 2, T, {}, "what", figures);
+  EXPECT_EQ(made, 1);
+
+  int rewrites = 0;
+  const auto refusing = gpt.rewritten(throwing_rewrite<ValueError>(rewrites, "heads do not divide"))
+                            .shared_traces(cache, "refusing");
+  EXPECT_THROW((void)refusing.traced(4, 2, T, {}), ValueError);
+  EXPECT_THROW((void)refusing.traced(4, 2, T, {}), ValueError);
+  EXPECT_EQ(rewrites, 1);
+  EXPECT_EQ(cache->refused(), 1u);
+
+  try {
+    trace::TraceCache bad(-1);
+    ADD_FAILURE() << "kept_blocks -1 accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("kept_blocks must be >= 0, got -1"), std::string::npos)
+        << e.what();
+  }
+}
+
 // ModelRef::at_depth: the registry model at another depth (a pipeline rank's blocks), checked as
 // registry() checks it, tracing as registry() of that config does.
 TEST(ModelRef, AtDepthIsTheRegistryModelAtThatDepth) {

@@ -266,6 +266,25 @@ class MemoryModel {
     bool highs_made = false;
     std::optional<std::vector<trace::StageHighs>> highs{};
   };
+  // (layout, micro-batch, the activation options' key_fields(), in-flight fraction (-1: none),
+  // accumulated).
+  using NeedKey = std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields, double, bool>;
+  static NeedKey need_key(const std::string& layout, int64_t micro_batch,
+                          const trace::TraceOptions& activations,
+                          std::optional<double> in_flight_fraction, bool accumulated);
+  // Needs made, not kept yet, and the traces they cost (as needs_traced_ counts).
+  struct Made {
+    std::vector<std::pair<NeedKey, trace::TrainingNeed>> needs;
+    size_t traced = 0;
+  };
+  // The needs of `model` (keyed `layout`) at `batches`, none made yet: with `paired`, those from
+  // BatchTraces::kLow up of a registry model from one set of trace pairs
+  // (trace::estimate_training_needs), the rest each traced on its own. Reads no member but
+  // seq_len_ and optimizer_: expect() runs it on several threads.
+  Made make_needs(const trace::ModelRef& model, const std::string& layout,
+                  const std::vector<int64_t>& batches, const trace::TraceOptions& activations,
+                  std::optional<double> in_flight_fraction, bool accumulated, bool paired) const;
+  void keep(Made made);
   // The prediction for one pp rank (`key`: its model's cache key).
   MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key);
   // `layout` keys the cache: the rank's trace key, whose model `model` is. Given `batches` holding
@@ -282,9 +301,6 @@ class MemoryModel {
   std::set<std::string> traced_ranks_;                  // rank trace keys traced without a refusal
   std::map<BatchPairKey, std::set<int64_t>> expected_;  // batch_pair_key -> micro-batches
   size_t needs_traced_ = 0;
-  // (layout, micro-batch, the activation options' key_fields(), in-flight fraction (-1: none),
-  // accumulated).
-  using NeedKey = std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields, double, bool>;
   std::map<NeedKey, NeedEntry> needs_;
 };
 

@@ -141,6 +141,9 @@ dist::DeviceMesh mesh_for(const Strategy& s, int world);
 /// sequence_parallel, pipeline_parallel), in order: the candidates of a search that share them
 /// share a layout.
 Strategy layout_of(const Strategy& s);
+/// layout_of(s) as a key: to_json(layout_of(s)).dump(), "" when it is empty, made without copying
+/// the methods (the search keys every candidate's rank models by it, several times each).
+std::string layout_key(const Strategy& s);
 
 /// How rank 0 of `s`'s mesh over `world` ranks runs the model, for the search's traces
 /// (trace::ModelRef::rewritten): the model transforms of the methods that change what a rank holds
