@@ -583,6 +583,21 @@ BatchPairKey batch_pair_key(const std::string& trace_key, const trace::TraceOpti
   return {trace_key, a.key_fields()};
 }
 
+namespace {
+
+// What of a block's packed gradients stays in flight under sharded parameters (fsdp), as a share
+// of them (MemoryModel::predict_rank says why): the packed buffer (half of it in bf16), the ring's
+// partial sums (min(2, W - 2) chunks of 1/W of it over W data-parallel ranks) and, in bf16, the
+// output chunk.
+double sharded_in_flight(const strategies::StepEffects& e, int64_t W) {
+  const double elem_share = e.bf16_communication ? 0.5 : 1.0;
+  const int64_t ring_chunks = std::min<int64_t>(2, std::max<int64_t>(0, W - 2));
+  return elem_share * (1.0 + static_cast<double>(ring_chunks + (e.bf16_communication ? 1 : 0)) /
+                                 static_cast<double>(W));
+}
+
+}  // namespace
+
 void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   // Each pair's first rank model (the one whose need predict_rank keeps under its trace key) and
   // the activation options its key was made of.
@@ -592,13 +607,24 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
     trace::TraceOptions activations;
   };
   std::map<BatchPairKey, Pair> first;
-  ranks_.for_each_rank(candidates, [&](const Candidate& c, const RankModel& r,
-                                       const BatchPairKey& pair_key) {
-    expected_[pair_key].insert(c.micro_batch);
-    if (first.count(pair_key) == 0) {
-      first.emplace(pair_key, Pair{&c, &r, activation_trace_options(rank_effects(c.effects, r))});
-    }
-  });
+  // The blockwise needs predict_rank asks of the candidates with sharded parameters (its
+  // in-flight fraction, accumulated with more than one micro-batch), per pair: the micro-batches
+  // from BatchTraces::kLow up are made as need() makes them (every expected one at once), a
+  // smaller one for the candidate that asks it.
+  using Blockwise = std::pair<double, bool>;
+  std::map<BatchPairKey, std::map<Blockwise, std::set<int64_t>>> blockwise;
+  ranks_.for_each_rank(
+      candidates, [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
+        expected_[pair_key].insert(c.micro_batch);
+        const strategies::StepEffects e = rank_effects(c.effects, r);
+        if (first.count(pair_key) == 0) {
+          first.emplace(pair_key, Pair{&c, &r, activation_trace_options(e)});
+        }
+        if (e.shard_parameters) {
+          blockwise[pair_key][{sharded_in_flight(e, c.data_parallel_ranks()), e.micro_batches > 1}]
+              .insert(c.micro_batch);
+        }
+      });
   // Each pair's needs made now, on the configured threads: the need predict_rank asks of each
   // candidate (no blockwise gradients), made as need() makes it. The pairs whose rank models
   // share their traces (one shape_key, the trace cache's identity) run on one thread, in order:
@@ -608,21 +634,40 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   // back, its layers replaced by a tensor-parallel rewrite): all of its pairs run on one thread.
   // A pair whose layout the model refuses (layout_refusal, as predict asks it first) is left out,
   // and so is a need made before.
+  // A job: one pair's needs of one kind (plain, or blockwise with a fraction), not made yet.
   struct Job {
     const BatchPairKey* key = nullptr;
-    std::vector<int64_t> batches;  // not made yet
+    std::optional<double> in_flight_fraction;
+    bool accumulated = false;
+    std::vector<int64_t> batches;
   };
   std::map<std::string, std::vector<Job>> by_shape;
   for (const auto& [key, pair] : first) {
     if (layout_refusal(*pair.candidate)) continue;
-    Job job{&key, {}};
-    for (const int64_t b : expected_.at(key)) {
-      if (needs_.count(need_key(key.first, b, pair.activations, std::nullopt, false)) == 0) {
-        job.batches.push_back(b);
+    auto add = [&](Job job, const std::set<int64_t>& asked) {
+      for (const int64_t b : asked) {
+        if (needs_.count(need_key(key.first, b, pair.activations, job.in_flight_fraction,
+                                  job.accumulated)) == 0) {
+          job.batches.push_back(b);
+        }
+      }
+      if (job.batches.empty()) return;
+      by_shape[model_.is_registry() ? pair.rank->shape_key : ""].push_back(std::move(job));
+    };
+    const std::set<int64_t>& expected = expected_.at(key);
+    add(Job{&key, std::nullopt, false, {}}, expected);
+    if (auto it = blockwise.find(key); it != blockwise.end()) {
+      for (const auto& [variant, asked] : it->second) {
+        std::set<int64_t> batches;
+        for (const int64_t b : expected) {
+          if (b >= trace::BatchTraces::kLow) batches.insert(b);
+        }
+        for (const int64_t b : asked) {
+          if (b < trace::BatchTraces::kLow) batches.insert(b);
+        }
+        add(Job{&key, variant.first, variant.second, {}}, batches);
       }
     }
-    if (job.batches.empty()) continue;
-    by_shape[model_.is_registry() ? pair.rank->shape_key : ""].push_back(std::move(job));
   }
   std::vector<const std::vector<Job>*> jobs;
   for (const auto& [shape_key, list] : by_shape) jobs.push_back(&list);
@@ -634,7 +679,7 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
         const Pair& pair = first.at(*job.key);
         try {
           Made m = make_needs(pair.rank->model, job.key->first, job.batches, pair.activations,
-                              std::nullopt, false, /*paired=*/true);
+                              job.in_flight_fraction, job.accumulated, /*paired=*/true);
           out.traced += m.traced;
           for (auto& n : m.needs) out.needs.push_back(std::move(n));
         } catch (const ValueError&) {  // refused at a depth or batch of its own: predict says so
@@ -864,11 +909,7 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     // ring's partial sums (min(2, W - 2) chunks of 1/W) and, in bf16, the output chunk.
     const int64_t gathered = std::min(e.gathered_blocks, 1) * block_bytes;
     m.buffers = root_bytes + gathered;
-    const double elem_share = e.bf16_communication ? 0.5 : 1.0;
-    const int64_t ring_chunks = std::min<int64_t>(2, std::max<int64_t>(0, W - 2));
-    const double in_flight =
-        elem_share * (1.0 + static_cast<double>(ring_chunks + (e.bf16_communication ? 1 : 0)) /
-                                static_cast<double>(W));
+    const double in_flight = sharded_in_flight(e, W);
     const int64_t base = resident + m.buffers;
     if (e.micro_batches == 1) {
       m.peak = base + need(c.micro_batch, e, in_flight).blockwise_live_peak;

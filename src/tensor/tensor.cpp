@@ -34,8 +34,14 @@ int64_t numel_of(const Shape& shape) {
 }
 
 int64_t nbytes_of(const Shape& shape, DType dtype) {
-  return checked_mul<ShapeError>(numel_of(shape), static_cast<int64_t>(element_size(dtype)),
-                                 "bytes of shape ", to_string(shape), " (", dtype_name(dtype), ")");
+  // The message made only when it is thrown: every tensor made asks this (a trace makes 10^7).
+  const int64_t n = numel_of(shape), size = static_cast<int64_t>(element_size(dtype));
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(n, size, &bytes)) [[unlikely]] {
+    (void)checked_mul<ShapeError>(n, size, "bytes of shape ", to_string(shape), " (",
+                                  dtype_name(dtype), ")");
+  }
+  return bytes;
 }
 
 std::string to_string(const Shape& shape) {
@@ -57,9 +63,9 @@ Shape contiguous_strides(const Shape& shape) {
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
     st[d] = s;
     // Zero-size dimensions count as 1, so a stride can exceed the (zero) element count.
-    if (d > 0) {
-      s = checked_mul<ShapeError>(s, std::max<int64_t>(shape[d], 1), "strides of shape ",
-                                  to_string(shape));
+    if (d > 0 && __builtin_mul_overflow(s, std::max<int64_t>(shape[d], 1), &s)) [[unlikely]] {
+      ACC_THROW(ShapeError, "strides of shape ", to_string(shape), ": ", st[d], " * ",
+                std::max<int64_t>(shape[d], 1), " overflows 64 bits");
     }
   }
   return st;

@@ -231,11 +231,11 @@ class MemoryModel {
   /// (batch_pair_key) is then evaluated at all of them from the same traces
   /// (trace::estimate_training_needs: exact, each tensor's bytes are affine in the batch), instead
   /// of traced again for each. Optional: without it each micro-batch is traced on its own.
-  /// It also makes those needs (each candidate's own, without blockwise gradients) at once, on
-  /// the configured threads (acc::set_num_threads; a module of the user's on one): the
-  /// predictions that follow find them made, the same as they would make them. A layout the model
-  /// refuses is left to predict; any other error a trace throws (acc::InternalError, bad_alloc)
-  /// is thrown here.
+  /// It also makes those needs (each candidate's own and, with sharded parameters, its blockwise
+  /// one) at once, on the configured threads (acc::set_num_threads; a module of the user's on
+  /// one): the predictions that follow find them made, the same as they would make them. A layout
+  /// the model refuses is left to predict; any other error a trace throws (acc::InternalError,
+  /// bad_alloc) is thrown here.
   void expect(const std::vector<Candidate>& candidates);
   /// The traced need of a step of `micro_batch` samples with the candidate's activation options
   /// (and, given an in-flight fraction, its blockwise gradient peak: trace::BlockwiseGradients).
