@@ -4,7 +4,10 @@
 // at 1, 2 and 4 ranks; a case whose mesh does not fit the world is skipped.
 //
 // Tolerances (fp32), as tp_strategy_test.cpp's: 1e-5 relative on every step's loss and gradient
-// norm, every final parameter (full_parameters) within 2e-5 + 1e-4 |p| of one process's. The
+// norm, every final parameter (full_parameters) within 5e-5 + 1e-4 |p| of one process's (2e-5
+// until 2026-11-29, tighter than tp's for no stated reason: tp 2 x Ulysses 2 on an AVX-512 Xeon,
+// whose OpenBLAS kernels round GEMMs otherwise, put transformer.h.1.mlp.c_proj.weight 2.09e-5
+// off after 6 AdamW steps at lr 1e-2, at 18cbb32 as after it). The
 // attention of a chunk is computed exactly as one process computes it (the whole sequence of H/s
 // heads); what differs is the order of sums: each cp rank's loss is its chunk's mean, averaged
 // over cp, and gradients are summed over cp ranks and then averaged.
@@ -73,9 +76,9 @@ TrainRun train(const ModelSpec& spec, const std::string& strategy_json,
   return test::train_lm(spec, strategy_json, group, run_options());
 }
 
-// Losses and gradient norms within 1e-5 relative, parameters within 2e-5 + 1e-4 |p|.
+// Losses and gradient norms within 1e-5 relative, parameters within 5e-5 + 1e-4 |p|.
 void expect_close(const TrainRun& got, const TrainRun& want) {
-  test::expect_same_training(got, want, 1e-5, 2e-5);
+  test::expect_same_training(got, want, 1e-5, 5e-5);
 }
 
 const TrainRun& reference(const ModelSpec& spec, const std::string& strategy = "[]") {
