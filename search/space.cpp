@@ -642,7 +642,10 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
     std::vector<int64_t> batches;
   };
   std::map<std::string, std::vector<Job>> by_shape;
-  for (const auto& [key, pair] : first) {
+  for (const auto& entry : first) {
+    // Named, not bound: a lambda below captures them (clang refuses to capture a binding).
+    const BatchPairKey& key = entry.first;
+    const Pair& pair = entry.second;
     if (layout_refusal(*pair.candidate)) continue;
     auto add = [&](Job job, const std::set<int64_t>& asked) {
       for (const int64_t b : asked) {
