@@ -608,9 +608,9 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   };
   std::map<BatchPairKey, Pair> first;
   // The blockwise needs predict_rank asks of the candidates with sharded parameters (its
-  // in-flight fraction, accumulated with more than one micro-batch), per pair: the micro-batches
-  // from BatchTraces::kLow up are made as need() makes them (every expected one at once), a
-  // smaller one for the candidate that asks it.
+  // in-flight fraction, accumulated with more than one micro-batch), per pair: each micro-batch
+  // asked and, as need() makes them once one from BatchTraces::kLow up is asked of a registry
+  // model, every expected one from kLow up.
   using Blockwise = std::pair<double, bool>;
   std::map<BatchPairKey, std::map<Blockwise, std::set<int64_t>>> blockwise;
   ranks_.for_each_rank(
@@ -625,8 +625,9 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
               .insert(c.micro_batch);
         }
       });
-  // Each pair's needs made now, on the configured threads: the need predict_rank asks of each
-  // candidate (no blockwise gradients), made as need() makes it. The pairs whose rank models
+  // Each pair's needs made now, on the configured threads: the needs predict_rank asks of each
+  // candidate (without blockwise gradients, and the blockwise ones above), made as need() makes
+  // them. The pairs whose rank models
   // share their traces (one shape_key, the trace cache's identity) run on one thread, in order:
   // a model (its meta mesh, its rewrite) is never traced twice at once, and which of them makes a
   // shared trace does not depend on the threads' timing, so the traces are those one thread
@@ -661,12 +662,9 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
     add(Job{&key, std::nullopt, false, {}}, expected);
     if (auto it = blockwise.find(key); it != blockwise.end()) {
       for (const auto& [variant, asked] : it->second) {
-        std::set<int64_t> batches;
-        for (const int64_t b : expected) {
-          if (b >= trace::BatchTraces::kLow) batches.insert(b);
-        }
-        for (const int64_t b : asked) {
-          if (b < trace::BatchTraces::kLow) batches.insert(b);
+        std::set<int64_t> batches = asked;
+        if (model_.is_registry() && *asked.rbegin() >= trace::BatchTraces::kLow) {
+          batches.insert(expected.lower_bound(trace::BatchTraces::kLow), expected.end());
         }
         add(Job{&key, variant.first, variant.second, {}}, batches);
       }

@@ -34,7 +34,8 @@ int64_t numel_of(const Shape& shape) {
 }
 
 int64_t nbytes_of(const Shape& shape, DType dtype) {
-  // The message made only when it is thrown: every tensor made asks this (a trace makes 10^7).
+  // The message made only when it is thrown (checked_mul throws it, with the same operands): every
+  // tensor made asks this (a trace makes 10^7).
   const int64_t n = numel_of(shape), size = static_cast<int64_t>(element_size(dtype));
   int64_t bytes = 0;
   if (__builtin_mul_overflow(n, size, &bytes)) [[unlikely]] {
@@ -63,9 +64,10 @@ Shape contiguous_strides(const Shape& shape) {
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
     st[d] = s;
     // Zero-size dimensions count as 1, so a stride can exceed the (zero) element count.
+    // The message made only when it is thrown (checked_mul throws it), as in nbytes_of.
     if (d > 0 && __builtin_mul_overflow(s, std::max<int64_t>(shape[d], 1), &s)) [[unlikely]] {
-      ACC_THROW(ShapeError, "strides of shape ", to_string(shape), ": ", st[d], " * ",
-                std::max<int64_t>(shape[d], 1), " overflows 64 bits");
+      (void)checked_mul<ShapeError>(st[d], std::max<int64_t>(shape[d], 1), "strides of shape ",
+                                    to_string(shape));
     }
   }
   return st;
