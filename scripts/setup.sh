@@ -19,6 +19,7 @@ acc_packages=(
   openmpi-bin libopenmpi-dev libopenblas-dev libboost-graph-dev libtbb-dev
   nlohmann-json3-dev libspdlog-dev libzstd-dev libcli11-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libgoogle-perftools-dev
   iproute2 coreutils
   clang-format
 )
