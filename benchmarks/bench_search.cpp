@@ -304,7 +304,8 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<strategies::Trainer>> trainers;
     for (const auto* c : retimed) {
       copies.push_back(models::clone_model(*model));
-      trainers.push_back(strategies::apply(copies.back(), factory, c->strategy, {.group = world}));
+      trainers.push_back(
+          strategies::apply(copies.back(), factory, c->strategy(), {.group = world}));
     }
     // Turns: each trainer in turn runs a warm-up step (its weights and state back in cache after
     // the others') and two timed steps; every step starts from a barrier.

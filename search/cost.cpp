@@ -445,7 +445,7 @@ std::optional<Recut> rebalanced_pipeline(const Candidate& c, CostModel& cost, Me
   const double last = cost.stage_ends(c)->last;  // priced once: the passes are cached
   while (cut != own) {
     Recut r{c, {}};
-    r.candidate.strategy = strategies::with_pipeline_stages(c.strategy, cut);
+    r.candidate.set_strategy(strategies::with_pipeline_stages(c.strategy(), cut));
     r.memory = memory.predict(r.candidate);
     if (static_cast<double>(r.memory.peak) * (1 + margin) <= static_cast<double>(budget)) return r;
     // A block fewer on the first stage, the rest balanced over the later ones.

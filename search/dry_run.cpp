@@ -98,7 +98,7 @@ DryRunResult dry_run(nn::Module& model, const optim::OptimizerFactory& factory,
                   "candidate trains it in place");
         snapshot.emplace(model);
       }
-      auto trainer = strategies::apply(target, factory, candidate.strategy,
+      auto trainer = strategies::apply(target, factory, candidate.strategy(),
                                        {.group = own,
                                         .grad_clip = options.grad_clip,
                                         .loss = options.loss,

@@ -36,11 +36,12 @@ struct Option {
 }  // namespace
 
 std::string Candidate::describe() const {
-  return strategies::describe(strategy);
+  return strategies::describe(strategy());
 }
 
-std::string Candidate::layout_key() const {
-  return strategies::layout_key(strategy);
+void Candidate::set_strategy(strategies::Strategy s) {
+  layout_key_ = strategies::layout_key(s);
+  strategy_ = std::move(s);
 }
 
 int64_t per_rank_batch(int64_t global_batch, int world) {
@@ -53,9 +54,15 @@ int64_t per_rank_batch(int64_t global_batch, int world) {
 
 Candidate candidate_of(const strategies::Strategy& s, int world, int64_t global_batch,
                        const strategies::SearchContext& ctx,
-                       const std::vector<MethodSearch>& methods) {
+                       const std::vector<MethodSearch>& methods,
+                       const std::optional<std::string>& layout_key) {
   Candidate c;
-  c.strategy = s;
+  if (layout_key) {
+    c.strategy_ = s;
+    c.layout_key_ = *layout_key;
+  } else {
+    c.set_strategy(s);
+  }
   c.world = world;
   c.mesh = strategies::mesh_for(s, world);
   c.per_rank_batch = global_batch / c.mesh.dp;
@@ -136,7 +143,16 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
       groups.push_back({Option{}});  // none
       group_slot.push_back(m.exclusive_slot ? m.slot : "");
     }
-    for (auto& c : choices) groups[g].push_back({&m, std::move(c)});
+    for (auto& c : choices) {
+      // Each choice's config checked once here; each combination's composition below.
+      try {
+        strategies::check_config({m.name, c});
+      } catch (const ValueError& e) {
+        ACC_THROW(InternalError, "search: method '", m.name, "' offers a config it refuses (",
+                  c.dump(), "): ", e.what());
+      }
+      groups[g].push_back({&m, std::move(c)});
+    }
   }
   // A required slot (gradient synchronisation on several ranks) has no "none"; an included
   // method's group keeps only that method.
@@ -185,6 +201,16 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
     }
     (sets_mesh ? outer : inner).push_back(g);
   }
+  // The layout methods (tensor, sequence, pipeline parallel) set mesh dimensions, so their groups
+  // are outer ones and a candidate's layout key is its outer choices': made once for them. Should
+  // a layout method's group ever be an inner one, each candidate makes its own.
+  bool layout_outer = true;
+  for (const size_t g : inner) {
+    for (const Option& opt : groups[g]) {
+      layout_outer &=
+          !opt.method || strategies::layout_key({{opt.method->name, opt.config}}).empty();
+    }
+  }
   std::vector<Candidate> out;
   int64_t batch_refused = 0;  // meshes whose dp does not divide the global batch
   std::vector<size_t> pick(groups.size(), 0);
@@ -216,6 +242,15 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
       ++batch_refused;
       continue;
     }
+    std::optional<std::string> layout;  // the outer choices' layout key (layout_outer)
+    if (layout_outer) {
+      strategies::Strategy outer_methods;  // in group order, as a candidate lists them
+      for (const size_t g : outer) {
+        const Option& opt = groups[g][pick[g]];
+        if (opt.method) outer_methods.push_back({opt.method->name, opt.config});
+      }
+      layout = strategies::layout_key(outer_methods);
+    }
     do {
       // A pair of methods one of which never composes with the other (MethodSearch::never_with):
       // refused before the strategy is built, as parse_strategy would refuse it.
@@ -235,11 +270,11 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
         if (opt.method) s.push_back({opt.method->name, opt.config});
       }
       try {
-        strategies::parse_strategy(strategies::to_json(s));  // the composition rules
+        strategies::check_composition(s);
       } catch (const ValueError&) {
         continue;
       }
-      Candidate c = candidate_of(s, o.world, o.global_batch, ctx, methods);
+      Candidate c = candidate_of(s, o.world, o.global_batch, ctx, methods, layout);
       // Micro-batches offered for a larger per-rank batch than this candidate's.
       if (c.per_rank_batch % c.effects.micro_batches == 0) out.push_back(std::move(c));
     } while (advance(inner));
@@ -327,7 +362,7 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
   // the vocabulary-parallel one; a module on the user's loss.
   if (c.mesh.pp == 1) {
     trace::ModelRef::Rewrite rewrite =
-        strategies::layout_rewrite(c.strategy, c.world, model.is_registry());
+        strategies::layout_rewrite(c.strategy(), c.world, model.is_registry());
     RankModel whole;
     whole.model = rewrite ? model.rewritten(std::move(rewrite)) : model;
     whole.trace_key = c.layout_key();
@@ -339,22 +374,22 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
             "language model's embed -> blocks -> head (a module of your own is not cut yet)");
   const models::LanguageModelPtr lm = models::create_meta_model(model.type(), model.config(), 1);
   // A stage's message is its (B, T, C) activation, T as the layout splits the sequence.
-  const int64_t T = strategies::stage_message_tokens(c.strategy, c.mesh,
+  const int64_t T = strategies::stage_message_tokens(c.strategy(), c.mesh,
                                                      seq_len > 0 ? seq_len : lm->max_seq_len());
   // The methods each stage runs, to which each rank's key adds its stages.
   const std::string stage_layout =
-      strategies::to_json(strategies::stage_layout_of(c.strategy)).dump();
+      strategies::to_json(strategies::stage_layout_of(c.strategy())).dump();
   // Each pp rank's stages and actions: the cut and the schedule's walk, the same for every layout
   // around one pipeline config (tp, sp, the data-parallel method), so made once per config when
   // `walks` keeps them.
   std::vector<RankModel> out;
-  const std::string walk_key = pipeline_walk_key(c.strategy);
+  const std::string walk_key = pipeline_walk_key(c.strategy());
   if (walks != nullptr) {
     if (const auto hit = walks->find(walk_key); hit != walks->end()) out = hit->second;
   }
   if (out.empty()) {
     const std::optional<strategies::PipelineLayout> pipe = strategies::pipeline_layout(
-        c.strategy, model.num_layers(),
+        c.strategy(), model.num_layers(),
         strategies::head_cost_in_blocks(lm->hidden_size(), lm->vocab_size(), lm->max_seq_len()));
     ACC_CHECK_INTERNAL(pipe.has_value(), "search: a mesh of pp ", c.mesh.pp, " without a pipeline");
     out = walk_pipeline(*pipe);
@@ -363,7 +398,7 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
   // Each rank's rewrite is built when its model is first traced: most ranks of a pipeline share
   // their traces with another's (shape_key) and are never traced, and building one (the meta mesh
   // and its groups) for each of a deep pipeline's ranks was a tenth of a plan-only search.
-  const auto strategy = std::make_shared<const strategies::Strategy>(c.strategy);
+  const auto strategy = std::make_shared<const strategies::Strategy>(c.strategy());
   const int world = c.world;
   for (RankModel& rm : out) {
     int64_t blocks = 0;

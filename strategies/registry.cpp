@@ -100,47 +100,27 @@ std::vector<MethodSearch> searchable_methods() {
   return out;
 }
 
-// The composition rules, all of them: a method at most once; at most one method per exclusive
-// slot (grad_sync: ddp, zero1, zero2, fsdp); pairs that do not compose, as a method's never_with
-// lists them.
-// Each method's config is checked against its keys, then by its own apply on a scratch plan.
-Strategy parse_strategy(const nlohmann::json& j) {
-  ACC_CHECK(j.is_array(), "strategy must be a JSON list of {\"name\", \"config\"} entries, got ",
-            j.dump());
-  Strategy s;
-  TrainingPlan plan;
-  std::map<std::string, std::string> slot_owner;
-  for (size_t i = 0; i < j.size(); ++i) {
-    const auto& e = j[i];
-    ACC_CHECK(e.is_object() && e.contains("name") && e["name"].is_string(), "strategy entry ", i,
-              " must be an object with a string \"name\", got ", e.dump());
-    for (auto it = e.begin(); it != e.end(); ++it) {
-      ACC_CHECK(it.key() == "name" || it.key() == "config", "strategy entry ", i,
-                ": unknown field '", it.key(), "' (expected name and config)");
-    }
-    Method m;
-    m.name = e["name"].get<std::string>();
-    if (e.contains("config")) m.config = e["config"];
-    const MethodSpec* spec = find(m.name);
-    ACC_CHECK(spec != nullptr, "strategy entry ", i, ": unknown method '", m.name,
-              "' (known: ", known_names(), ")");
-    for (const auto& prev : s) {
-      ACC_CHECK(prev.name != m.name, "strategy entry ", i, ": method '", m.name,
-                "' is given twice");
-    }
-    if (spec->exclusive_slot) {
-      auto [it, fresh] = slot_owner.emplace(spec->slot, m.name);
-      ACC_CHECK(fresh, "strategy entry ", i, ": '", m.name, "' cannot be combined with '",
-                it->second, "' (one ", spec->slot, " method at most)");
-    }
-    try {
-      check_keys(m.name, m.config, spec->config_keys);
-      spec->apply(m.config, plan);
-    } catch (const ValueError& err) {
-      ACC_THROW(ValueError, "strategy entry ", i, " ('", m.name, "'): ", err.what());
-    }
-    s.push_back(std::move(m));
+namespace {
+
+// Entry i of `s` against the entries before it: a method at most once, at most one method per
+// exclusive slot (grad_sync: ddp, zero1, zero2, fsdp).
+void check_entry_composes(const Strategy& s, size_t i) {
+  const MethodSpec* spec = find(s[i].name);
+  ACC_CHECK(spec != nullptr, "strategy entry ", i, ": unknown method '", s[i].name,
+            "' (known: ", known_names(), ")");
+  for (size_t k = 0; k < i; ++k) {
+    ACC_CHECK(s[k].name != s[i].name, "strategy entry ", i, ": method '", s[i].name,
+              "' is given twice");
+    const MethodSpec* prev = find(s[k].name);
+    ACC_CHECK(!spec->exclusive_slot || !prev->exclusive_slot || prev->slot != spec->slot,
+              "strategy entry ", i, ": '", s[i].name, "' cannot be combined with '", s[k].name,
+              "' (one ", spec->slot, " method at most)");
   }
+}
+
+// The rules over the whole list: pairs that do not compose, as a method's never_with lists them,
+// and each method's check_with.
+void check_whole_composes(const Strategy& s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const MethodSpec* spec = find(s[i].name);
     for (const auto& never : spec->never_with) {
@@ -155,7 +135,49 @@ Strategy parse_strategy(const nlohmann::json& j) {
       ACC_THROW(ValueError, "strategy entry ", i, " ('", s[i].name, "'): ", err.what());
     }
   }
+}
+
+}  // namespace
+
+// The composition rules, all of them (check_entry_composes as each entry is read, then
+// check_whole_composes), and each entry's config (check_config).
+Strategy parse_strategy(const nlohmann::json& j) {
+  ACC_CHECK(j.is_array(), "strategy must be a JSON list of {\"name\", \"config\"} entries, got ",
+            j.dump());
+  Strategy s;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& e = j[i];
+    ACC_CHECK(e.is_object() && e.contains("name") && e["name"].is_string(), "strategy entry ", i,
+              " must be an object with a string \"name\", got ", e.dump());
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      ACC_CHECK(it.key() == "name" || it.key() == "config", "strategy entry ", i,
+                ": unknown field '", it.key(), "' (expected name and config)");
+    }
+    Method& m = s.emplace_back();
+    m.name = e["name"].get<std::string>();
+    if (e.contains("config")) m.config = e["config"];
+    check_entry_composes(s, i);
+    try {
+      check_config(m);
+    } catch (const ValueError& err) {
+      ACC_THROW(ValueError, "strategy entry ", i, " ('", m.name, "'): ", err.what());
+    }
+  }
+  check_whole_composes(s);
   return s;
+}
+
+void check_config(const Method& m) {
+  const MethodSpec* spec = find(m.name);
+  ACC_CHECK(spec != nullptr, "unknown method '", m.name, "' (known: ", known_names(), ")");
+  check_keys(m.name, m.config, spec->config_keys);
+  TrainingPlan plan;  // a scratch plan without a context: the method checks its config only
+  spec->apply(m.config, plan);
+}
+
+void check_composition(const Strategy& s) {
+  for (size_t i = 0; i < s.size(); ++i) check_entry_composes(s, i);
+  check_whole_composes(s);
 }
 
 bool is_inline_json(const std::string& arg) {

@@ -165,7 +165,7 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
     if (const auto refusal = memory.layout_refusal(c)) {
       if (!excluded_layouts.insert(c.layout_key()).second) continue;
       Candidate& shown = s.excluded.emplace_back(c);  // the row names the layout alone
-      shown.strategy = strategies::layout_of(c.strategy);
+      shown.set_strategy(strategies::layout_of(c.strategy()));
       s.rows.push_back({&shown,
                         {},
                         std::nullopt,
@@ -285,7 +285,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
 nlohmann::json rows_json(const Space& s, const Row* chosen) {
   nlohmann::json table = nlohmann::json::array();
   for (const auto& r : s.rows) {
-    nlohmann::json row = {{"strategy", strategies::to_json(r.candidate->strategy)},
+    nlohmann::json row = {{"strategy", strategies::to_json(r.candidate->strategy())},
                           {"name", r.candidate->describe()},
                           {"micro_batch", r.candidate->micro_batch},
                           {"mesh", r.candidate->mesh.to_string()},
@@ -304,7 +304,7 @@ nlohmann::json rows_json(const Space& s, const Row* chosen) {
 // adds what priced it ("comm" or "cluster") and its "timing".
 nlohmann::json plan_report(const Space& s, const Row* best, int world, const AccelerateOptions& o) {
   return {{"source", search::source_name(search::Source::kPlan)},
-          {"chosen", strategies::to_json(best->candidate->strategy)},
+          {"chosen", strategies::to_json(best->candidate->strategy())},
           {"chosen_name", best->candidate->describe()},
           {"world", world},
           {"global_batch", o.global_batch},
@@ -389,7 +389,7 @@ struct LoadDecision {
 int find_row(const Space& s, const strategies::Strategy& strategy) {
   const nlohmann::json want = strategies::to_json(strategy);
   for (size_t i = 0; i < s.rows.size(); ++i) {
-    if (strategies::to_json(s.rows[i].candidate->strategy) == want) return static_cast<int>(i);
+    if (strategies::to_json(s.rows[i].candidate->strategy()) == want) return static_cast<int>(i);
   }
   return -1;
 }
@@ -405,7 +405,7 @@ int replan(const Space& s, const search::StrategyCache& cache) {
     if (search::is_refused(r.status)) continue;
     int names = 0, exact = 0;
     for (const auto& m : cache.strategy) {
-      for (const auto& n : r.candidate->strategy) {
+      for (const auto& n : r.candidate->strategy()) {
         if (n.name != m.name) continue;
         ++names;
         exact += n.config == m.config;
@@ -774,7 +774,7 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
     best = &s.rows.at(static_cast<size_t>(decision.row));
     ACC_CHECK(!search::is_refused(best->status), "auto_accelerate: the strategy given (",
               best->candidate->describe(), ") does not fit: ", best->reason);
-    result.strategy = best->candidate->strategy;
+    result.strategy = best->candidate->strategy();
     report["source"] = search::source_name(decision.source);
   } else if (decision.action == LoadDecision::Action::kGiven) {
     ACC_CHECK(o.save_strategy_to.empty(), "auto_accelerate: save_strategy_to: the strategy given (",
@@ -873,7 +873,7 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
     progress.finish(out_of_time ? " (time budget ran out)" : "");
     ACC_CHECK(best != nullptr, "auto_accelerate: every dry-run candidate failed (", tried,
               " tried; the first: ", ranked.front()->reason, ")");
-    result.strategy = best->candidate->strategy;
+    result.strategy = best->candidate->strategy();
     report["dry_runs"] = tried;
     report["out_of_time"] = out_of_time;
     report["compute_contention"] = contention;

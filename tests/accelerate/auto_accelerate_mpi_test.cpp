@@ -281,7 +281,7 @@ TEST(DryRun, AFailureOnOneRankReachesEveryRankInSecondsAndLeavesNothingBehind) {
   so.excluded = {"amp", "checkpoint", "grad_accum"};
   const auto candidates = search::enumerate_candidates(so, 2);
   const auto ddp = std::find_if(candidates.begin(), candidates.end(), [](const auto& c) {
-    return c.strategy.size() == 1 && c.strategy[0].name == "ddp";
+    return c.strategy().size() == 1 && c.strategy()[0].name == "ddp";
   });
   ASSERT_NE(ddp, candidates.end());
   const data::Batch batch = batch_for(0, 8 / W, 16);

@@ -420,7 +420,7 @@ TEST(CustomModelAccelerate, DryRunsInPlaceLeaveTheModuleAsItWas) {
   so.excluded = {"amp", "checkpoint", "grad_accum"};
   const auto candidates = search::enumerate_candidates(so, 3);
   const auto fsdp = std::find_if(candidates.begin(), candidates.end(), [&](const auto& c) {
-    return c.strategy.size() == (W > 1 ? 1u : 0u) && (W == 1 || c.strategy[0].name == "fsdp");
+    return c.strategy().size() == (W > 1 ? 1u : 0u) && (W == 1 || c.strategy()[0].name == "fsdp");
   });
   ASSERT_NE(fsdp, candidates.end());
   const data::Shard shard{.rank = dist::rank(), .ranks = W, .global_batch = kGlobalBatch};

@@ -215,7 +215,7 @@ void expect_stage_peaks(const std::string& type, const nlohmann::json& config) {
     // for that; a deeper one of several stages keeps the former model (MemoryModel::predict_rank).
     if (c.mesh.pp == 1) continue;
     bool buckets = false;  // the bucket sizes' variants hold the same memory here
-    for (const auto& m : c.strategy) buckets |= m.config.contains("bucket_mb");
+    for (const auto& m : c.strategy()) buckets |= m.config.contains("bucket_mb");
     if (buckets || mm.layout_refusal(c)) continue;
     // ACC_TEST_ONLY=<text>: only the candidates whose description holds it (to look at one).
     if (const char* only = std::getenv("ACC_TEST_ONLY");
@@ -227,7 +227,7 @@ void expect_stage_peaks(const std::string& type, const nlohmann::json& config) {
     // the bounds below, 62 s on 2 cores).
     if (W > static_cast<int>(std::thread::hardware_concurrency()) &&
         (e.selective_recompute ||
-         std::any_of(c.strategy.begin(), c.strategy.end(),
+         std::any_of(c.strategy().begin(), c.strategy().end(),
                      [](const strategies::Method& m) { return m.name == "zero1"; }))) {
       continue;
     }

@@ -42,7 +42,7 @@ TEST(Space, OneRankSpaceHasNoGradSyncAndEveryOtherCombination) {
   std::set<std::string> seen;
   for (const auto& c : cands) {
     EXPECT_TRUE(seen.insert(c.describe()).second) << "twice: " << c.describe();
-    for (const auto& m : c.strategy) {
+    for (const auto& m : c.strategy()) {
       EXPECT_NE(m.name, "ddp");
       EXPECT_NE(m.name, "amp");
     }
@@ -63,7 +63,7 @@ TEST(Space, SeveralRanksAlwaysSynchroniseGradients) {
   EXPECT_EQ(cands.size(), 7u * 2 * 4 * 3);
   for (const auto& c : cands) {
     int sync = 0;
-    for (const auto& m : c.strategy) {
+    for (const auto& m : c.strategy()) {
       sync += m.name == "ddp" || m.name == "zero1" || m.name == "zero2" || m.name == "fsdp";
     }
     EXPECT_EQ(sync, 1) << c.describe();
@@ -75,7 +75,7 @@ TEST(Space, SeveralRanksAlwaysSynchroniseGradients) {
       4);
   EXPECT_EQ(only_fsdp_amp.size(), 4u * 3);
   for (const auto& c : only_fsdp_amp) {
-    EXPECT_EQ(c.strategy.front().name, "fsdp");
+    EXPECT_EQ(c.strategy().front().name, "fsdp");
     EXPECT_TRUE(c.effects.bf16_communication);
   }
 }
@@ -87,10 +87,15 @@ TEST(Space, LayoutsAreTheSizesThatDivideTheWorld) {
   for (const int world : {2, 4}) {
     std::map<std::string, std::set<int64_t>> layouts;  // layout -> per-rank batches seen
     for (const auto& c : enumerate_candidates(opts(world, 8), 4)) {
-      layouts[strategies::describe(strategies::layout_of(c.strategy))].insert(c.per_rank_batch);
+      layouts[strategies::describe(strategies::layout_of(c.strategy()))].insert(c.per_rank_batch);
       EXPECT_EQ(c.mesh.product(), world) << c.describe();
       EXPECT_EQ(c.per_rank_batch, 8 / c.mesh.dp) << c.describe();
       EXPECT_EQ(c.data_parallel_ranks(), c.mesh.dp * c.mesh.cp) << c.describe();
+      // Made once per mesh by the enumeration, for every candidate of it: its own layout's.
+      EXPECT_EQ(c.layout_key(), strategies::layout_key(c.strategy())) << c.describe();
+      // Each combination passed the composition rules alone: the whole list parses.
+      EXPECT_NO_THROW(strategies::parse_strategy(strategies::to_json(c.strategy())))
+          << c.describe();
     }
     std::set<std::string> names;
     for (const auto& [name, batches] : layouts) names.insert(name);
@@ -438,6 +443,27 @@ CommCalibration made_up_comm(int world, double alpha, double beta) {
   return c;
 }
 
+// The tensor-parallel transform finds its patterns in a forward trace shared by every meta copy
+// of one type and config (strategies/tensor_parallel.cpp): a copy of another depth is sharded by
+// its own, so each block adds the same (sharded) parameters at every depth, fewer than a whole
+// block's. Traced 1 block first: a trace shared across depths would leave the later blocks whole.
+TEST(MemoryModel, EveryBlockOfATensorParallelCopyIsShardedAtAnyDepth) {
+  const int64_t T = 32;
+  const auto cands = enumerate_candidates(opts(4, 8), 4);
+  const trace::ModelRef gpt = trace::ModelRef::registry("gpt", tiny_gpt());
+  const trace::ModelRef tp2 =
+      layout_model(gpt, candidate(cands, "ddp + tensor_parallel{\"size\":2}"));
+  std::vector<int64_t> sharded, whole;
+  for (const int64_t depth : {1, 2, 3, 4}) {
+    sharded.push_back(tp2.trace(depth, 2, T, {}).trace.parameter_bytes);
+    whole.push_back(gpt.trace(depth, 2, T, {}).trace.parameter_bytes);
+  }
+  for (size_t d = 1; d < sharded.size(); ++d) {
+    EXPECT_EQ(sharded[d] - sharded[d - 1], sharded[1] - sharded[0]) << "depth " << d + 1;
+    EXPECT_LT(sharded[d] - sharded[d - 1], whole[d] - whole[d - 1]) << "depth " << d + 1;
+  }
+}
+
 TEST(CostModel, ALayoutsCommunicationIsPricedAtItsGroupsFit) {
   const nlohmann::json config = tiny_gpt();
   const int64_t T = 32;
@@ -666,7 +692,7 @@ TEST(CostModel, APipelineIsCutWhereItsStagesTakeEvenTime) {
   // The method's own cut: the head's 1024 / (12 x 32 + 2 x 64) = 2 blocks of FLOPs.
   const std::vector<strategies::StageBlocks> flop_cut = {{0, 4}, {4, 6}};
   ASSERT_EQ(
-      strategies::pipeline_layout(c.strategy, 6, strategies::head_cost_in_blocks(32, 1024, 64))
+      strategies::pipeline_layout(c.strategy(), 6, strategies::head_cost_in_blocks(32, 1024, 64))
           ->stages,
       flop_cut);
   auto machine_for = [&](double memory_gbps) {
@@ -687,7 +713,7 @@ TEST(CostModel, APipelineIsCutWhereItsStagesTakeEvenTime) {
   EXPECT_EQ(cut->back().end, 6);
   EXPECT_EQ(cut->front().end, 3) << "the balanced cut gives the last stage a block more";
   Candidate recut = c;
-  recut.strategy = strategies::with_pipeline_stages(c.strategy, *cut);
+  recut.set_strategy(strategies::with_pipeline_stages(c.strategy(), *cut));
   const TimePrediction before = slow_memory.predict(c), after = slow_memory.predict(recut);
   EXPECT_LT(after.step_s, before.step_s);
   EXPECT_LT(after.bubble_s, before.bubble_s);
@@ -697,8 +723,8 @@ TEST(CostModel, APipelineIsCutWhereItsStagesTakeEvenTime) {
   // No pipeline, no cut.
   EXPECT_FALSE(slow_memory.balanced_stages(candidate(cands, "ddp")).has_value());
   // The cut written into a strategy is checked as a user's would be.
-  EXPECT_THROW(strategies::with_pipeline_stages(c.strategy, {{0, 6}}), ValueError);
-  EXPECT_THROW(strategies::with_pipeline_stages(candidate(cands, "ddp").strategy, *cut),
+  EXPECT_THROW(strategies::with_pipeline_stages(c.strategy(), {{0, 6}}), ValueError);
+  EXPECT_THROW(strategies::with_pipeline_stages(candidate(cands, "ddp").strategy(), *cut),
                ValueError);
   EXPECT_THROW(strategies::balance_stages(6, 2, -1.0, 0.0), ValueError);
 }

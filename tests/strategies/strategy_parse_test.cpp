@@ -77,6 +77,43 @@ TEST(Strategy, BadEntriesNameTheEntryAndTheReason) {
   EXPECT_THROW(strategies::parse_strategy_arg("/nonexistent/strategy.json"), IoError);
 }
 
+// check_composition (the search's check of each combination of configs it checked one by one)
+// refuses what parse_strategy refuses for the composition, with the same message, and passes what
+// it passes.
+TEST(Strategy, CheckCompositionRefusesWhatParseStrategyRefuses) {
+  for (const char* text : {
+           R"([{"name": "ddp"}, {"name": "amp"}])",
+           R"([{"name": "ddp"}, {"name": "fsdp"}])",
+           R"([{"name": "amp"}, {"name": "amp"}])",
+           R"([{"name": "zero1"}, {"name": "tensor_parallel", "config": {"size": 2}},
+               {"name": "zero2"}])",
+           R"([{"name": "sequence_parallel", "config": {"kind": "megatron"}}])",
+           R"([{"name": "tensor_parallel", "config": {"size": 2}},
+               {"name": "sequence_parallel", "config": {"kind": "megatron"}}])",
+           R"([{"name": "fsdp"}, {"name": "pipeline_parallel", "config": {"size": 2}}])",
+           R"([{"name": "zero1"}, {"name": "pipeline_parallel", "config": {"size": 2}}])",
+       }) {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    strategies::Strategy s;
+    for (const auto& e : j) s.push_back({e["name"], e.value("config", nlohmann::json::object())});
+    std::string parsed, composed;
+    try {
+      parse_strategy(j);
+    } catch (const ValueError& e) {
+      parsed = e.what();
+    }
+    try {
+      strategies::check_composition(s);
+    } catch (const ValueError& e) {
+      composed = e.what();
+    }
+    EXPECT_EQ(composed, parsed) << text;
+  }
+  EXPECT_THROW(strategies::check_config({"ddp", {{"bucket_mb", -1}}}), ValueError);
+  EXPECT_THROW(strategies::check_config({"tensor_magic", nlohmann::json::object()}), ValueError);
+  EXPECT_NO_THROW(strategies::check_config({"tensor_parallel", {{"size", 2}}}));
+}
+
 // parse_strategy_arg (train_gpt --strategy): a file or inline JSON; every refusal names it.
 TEST(Strategy, ArgumentErrorsNameTheFileOrTheText) {
   const std::string dir = ::testing::TempDir() + "acc_strategy_arg_test";

@@ -49,7 +49,9 @@ struct SpaceOptions {
 };
 
 struct Candidate {
-  strategies::Strategy strategy;
+  /// Its methods (set_strategy changes them, and its layout key with them).
+  const strategies::Strategy& strategy() const { return strategy_; }
+  void set_strategy(strategies::Strategy s);
   strategies::StepEffects effects;
   int world = 1;
   /// The strategy's mesh over the world (strategies::mesh_for): the data-parallel methods shard
@@ -61,18 +63,30 @@ struct Candidate {
   std::string describe() const;
   /// Ranks the data-parallel methods shard over and reduce gradients over: dp x cp.
   int data_parallel_ranks() const { return mesh.dp * mesh.cp; }
-  /// The candidate's layout methods (strategies::layout_of) as a key: "" when it has none.
-  std::string layout_key() const;
+  /// The candidate's layout methods (strategies::layout_of) as a key: "" when it has none. Made
+  /// when the strategy is set: the search reads it several times for each of 10^5 candidates,
+  /// and making it (the configs' JSON) was 7 % of a plan-only search.
+  const std::string& layout_key() const { return layout_key_; }
+
+ private:
+  friend Candidate candidate_of(const strategies::Strategy&, int, int64_t,
+                                const strategies::SearchContext&,
+                                const std::vector<strategies::MethodSearch>&,
+                                const std::optional<std::string>&);
+  strategies::Strategy strategy_;
+  std::string layout_key_;
 };
 
 /// The candidate of strategy `s` on `world` ranks at `global_batch` samples a step: its mesh
 /// (strategies::mesh_for), per-rank batch and micro-batch, and the effects its methods declare
 /// (`methods`: strategies::searchable_methods(); the gradient synchronisation last, as it reads
-/// what the others set), told `ctx` of the run. Throws acc::ValueError for a method that is not
-/// searchable, and what mesh_for throws.
+/// what the others set), told `ctx` of the run. `layout_key`: strategies::layout_key(s) when the
+/// caller made it (enumerate_candidates, once for all the candidates of one layout), else made
+/// here. Throws acc::ValueError for a method that is not searchable, and what mesh_for throws.
 Candidate candidate_of(const strategies::Strategy& s, int world, int64_t global_batch,
                        const strategies::SearchContext& ctx,
-                       const std::vector<strategies::MethodSearch>& methods);
+                       const std::vector<strategies::MethodSearch>& methods,
+                       const std::optional<std::string>& layout_key = std::nullopt);
 
 /// Every candidate for a model of `num_blocks` repeated blocks; a candidate's dp must divide the
 /// global batch (its tp and cp ranks read the same samples). Throws acc::ValueError naming the

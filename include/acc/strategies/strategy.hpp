@@ -75,6 +75,16 @@ using Strategy = std::vector<Method>;
 /// the entry index and name for an unknown method, a config key the method does not have, a bad
 /// value, a method given twice or an incompatible combination.
 Strategy parse_strategy(const nlohmann::json& j);
+/// One method's config alone, as parse_strategy checks each entry: its keys, then the method's
+/// own checks. Throws acc::ValueError naming the method, the key or the value.
+void check_config(const Method& m);
+/// The composition rules alone, on methods whose configs are each valid (check_config): a method
+/// at most once, one method per exclusive slot, no pair one of
+/// which never composes with the other, each method's check against the whole. Throws the
+/// acc::ValueError parse_strategy throws for the same list. The search checks each of 10^5
+/// combinations of configs it validated one by one with it (parse_strategy of each was 7 % of a
+/// plan-only search).
+void check_composition(const Strategy& s);
 /// A file path, or inline JSON (starting with '[' or '{'), read with acc::parse_json /
 /// acc::read_json_file (a repeated key is refused). Throws acc::IoError naming the argument when it
 /// is neither inline JSON nor an existing path, or when the file is a directory or unreadable;
