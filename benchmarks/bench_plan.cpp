@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     const search::ClusterProfile cluster = search::ClusterProfile::load(cluster_path);
     search::MemoryModel memory(model, seq_len);
     search::CostModel cost(model, seq_len, cluster);
-    cost.share_traces(memory.traces());  // as auto_accelerate's search does
+    cost.share_rank_models(memory.rank_models());  // as auto_accelerate's search does
 
     auto t0 = std::chrono::steady_clock::now();
     search::SpaceOptions so;

@@ -9,6 +9,7 @@
 #include "acc/trace/batch_traces.hpp"
 #include "acc/trace/tracer.hpp"
 #include "acc/util/error.hpp"
+#include "made_ahead.hpp"
 
 namespace acc::search {
 namespace {
@@ -192,7 +193,7 @@ CostModel::CostModel(std::string model_type, nlohmann::json config, int64_t seq_
 CostModel::CostModel(trace::ModelRef model, int64_t seq_len, MachineCalibration machine,
                      CommCalibration comm, double contention)
     : model_(model),
-      ranks_(model, seq_len),
+      ranks_(std::make_shared<RankModels>(model, seq_len)),
       seq_len_(seq_len),
       machine_(std::move(machine)),
       comm_(std::move(comm)),
@@ -202,7 +203,10 @@ CostModel::CostModel(trace::ModelRef model, int64_t seq_len, MachineCalibration 
 }
 
 CostModel::CostModel(trace::ModelRef model, int64_t seq_len, ClusterProfile cluster)
-    : model_(model), ranks_(model, seq_len), seq_len_(seq_len), cluster_(std::move(cluster)) {}
+    : model_(model),
+      ranks_(std::make_shared<RankModels>(model, seq_len)),
+      seq_len_(seq_len),
+      cluster_(std::move(cluster)) {}
 
 std::vector<GemmShape> CostModel::shapes_to_measure(const std::string& model_type,
                                                     const nlohmann::json& config,
@@ -244,6 +248,19 @@ std::vector<GemmShape> CostModel::shapes_to_measure_for(
   return {shapes.begin(), shapes.end()};
 }
 
+void CostModel::share_rank_models(std::shared_ptr<RankModels> ranks) {
+  ACC_CHECK_INTERNAL(ranks != nullptr, "CostModel::share_rank_models: no rank models");
+  ACC_CHECK_INTERNAL(passes_.empty() && expected_.empty(),
+                     "CostModel::share_rank_models: called after its first expect() or predict()");
+  const trace::ModelRef& theirs = ranks->model();
+  ACC_CHECK_INTERNAL(theirs.type() == model_.type() && theirs.config() == model_.config() &&
+                         ranks->seq_len() == seq_len_,
+                     "CostModel::share_rank_models: the rank models are of ", theirs.type(),
+                     " at sequence length ", ranks->seq_len(), ", this model is ", model_.type(),
+                     " at ", seq_len_);
+  ranks_ = std::move(ranks);
+}
+
 void CostModel::add_group_calibration(CommCalibration comm) {
   const int size = comm.world;
   group_comm_[size] = std::move(comm);
@@ -255,15 +272,62 @@ const CommCalibration& CostModel::comm_for(int size) const {
 }
 
 void CostModel::expect(const std::vector<Candidate>& candidates) {
-  ranks_.for_each_rank(candidates,
-                       [&](const Candidate& c, const RankModel&, const BatchPairKey& pair_key) {
-                         expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
-                       });
+  std::vector<const Candidate*> all;
+  all.reserve(candidates.size());
+  for (const Candidate& c : candidates) all.push_back(&c);
+  expect(all);
 }
 
-std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields> CostModel::pass_key(
-    const std::string& layout, const dist::DeviceMesh& mesh, int64_t micro_batch,
-    const trace::TraceOptions& a) const {
+void CostModel::expect(const std::vector<const Candidate*>& candidates) {
+  // Each pair's first rank model and the activation options its key was made of.
+  struct Pair {
+    const RankModel* rank = nullptr;
+    trace::TraceOptions activations;
+  };
+  std::map<BatchPairKey, Pair> first;
+  ranks_->for_each_rank(
+      candidates, [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
+        expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
+        if (first.count(pair_key) == 0) {
+          first.emplace(pair_key, Pair{&r, activation_trace_options(rank_effects(c.effects, r))});
+        }
+      });
+  // Each pair's passes made now, on the configured threads, as pass() makes them: grouped as
+  // MemoryModel::expect groups its needs (the pairs of one shape_key on one thread, in order; a
+  // module of the user's on one), so the traces made do not depend on the threads' timing. A pair
+  // whose layout or depth the model refuses is left to predict, which says so.
+  std::map<std::string, std::vector<const BatchPairKey*>> by_shape;
+  for (const auto& [key, pair] : first) {
+    by_shape[model_.is_registry() ? pair.rank->shape_key : ""].push_back(&key);
+  }
+  std::vector<const std::vector<const BatchPairKey*>*> jobs;
+  for (const auto& [shape, keys] : by_shape) jobs.push_back(&keys);
+  auto made = detail::made_ahead<MadePasses>(jobs, [&](const BatchPairKey* key, MadePasses& out) {
+    const Pair& pair = first.at(*key);
+    const Asked asked = not_made(key->first, pair.activations, expected_.at(*key), false);
+    if (asked.empty()) return;
+    MadePasses m = make_passes(*pair.rank, key->first, pair.activations, asked, true);
+    out.traced += m.traced;
+    for (auto& p : m.passes) out.passes.push_back(std::move(p));
+  });
+  for (MadePasses& m : made) keep(std::move(m));
+}
+
+CostModel::Asked CostModel::not_made(const std::string& layout, const trace::TraceOptions& a,
+                                     const Asked& expected, bool from_low) const {
+  Asked out;
+  std::set<PassKey> keys;  // a pass key once (off a cluster, every dp of a micro-batch shares one)
+  for (const auto& [at, mesh] : expected) {
+    if (from_low && at.first < trace::BatchTraces::kLow) continue;
+    PassKey key = pass_key(layout, mesh, at.first, a);
+    if (passes_.count(key) != 0 || !keys.insert(std::move(key)).second) continue;
+    out.emplace(at, mesh);
+  }
+  return out;
+}
+
+CostModel::PassKey CostModel::pass_key(const std::string& layout, const dist::DeviceMesh& mesh,
+                                       int64_t micro_batch, const trace::TraceOptions& a) const {
   // A cluster places the pp neighbours by the mesh's dp too (cluster.hpp).
   return std::make_tuple(cluster_ ? layout + "#dp" + std::to_string(mesh.dp) : layout, micro_batch,
                          a.key_fields());
@@ -305,32 +369,33 @@ CostModel::PassCost CostModel::extrapolated_pass(const trace::Trace& t1, const t
   return p;
 }
 
-const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankModel& rank,
-                                           const std::string& layout,
-                                           const trace::TraceOptions& a) {
-  const int64_t micro_batch = cand.micro_batch;
-  const auto key = pass_key(layout, cand.mesh, micro_batch, a);
-  if (auto it = passes_.find(key); it != passes_.end()) return it->second;
+CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const std::string& layout,
+                                             const trace::TraceOptions& a, const Asked& asked,
+                                             bool paired) const {
+  MadePasses out;
   // The model as the candidate's rank runs it (its stages, shards and tp / cp / pp messages).
   const trace::ModelRef& model = rank.model;
+  auto comm_of = [this](int size) -> const CommCalibration& { return comm_for(size); };
   if (!model.extrapolates()) {
     // A module traced whole: its own figures, recomputation included.
-    const auto whole = shallow_trace(model, 0, micro_batch, seq_len_, a);
-    const trace::Trace& t = *whole;
-    auto comm_of = [this](int size) -> const CommCalibration& { return comm_for(size); };
-    const Times c = priced(t, cluster_ ? &*cluster_ : nullptr, cand.mesh, a.bf16_activations,
-                           machine_, comm_of);
-    PassCost p;
-    p.num_blocks = model.num_layers();
-    p.forward_s = c.forward;
-    p.backward_s = c.backward;
-    p.comm_forward_s = c.comm_forward;
-    p.comm_backward_s = c.comm_backward;
-    p.parameters = t.num_parameters;
-    const auto groups = model.trace(p.num_blocks, 1, seq_len_, {}).blocks;
-    p.block_parameters = groups.empty() ? 0 : groups.front().parameters_per_block;
-    ++passes_traced_;
-    return passes_.emplace(key, p).first->second;
+    for (const auto& [at, mesh] : asked) {
+      const auto whole = shallow_trace(model, 0, at.first, seq_len_, a);
+      const trace::Trace& t = *whole;
+      const Times c =
+          priced(t, cluster_ ? &*cluster_ : nullptr, mesh, a.bf16_activations, machine_, comm_of);
+      PassCost p;
+      p.num_blocks = model.num_layers();
+      p.forward_s = c.forward;
+      p.backward_s = c.backward;
+      p.comm_forward_s = c.comm_forward;
+      p.comm_backward_s = c.comm_backward;
+      p.parameters = t.num_parameters;
+      const auto groups = model.trace(p.num_blocks, 1, seq_len_, {}).blocks;
+      p.block_parameters = groups.empty() ? 0 : groups.front().parameters_per_block;
+      ++out.traced;
+      out.passes.emplace_back(pass_key(layout, mesh, at.first, a), p);
+    }
+    return out;
   }
   // cost(L, n) = base + L * block + n * recompute, from traces of 1 and 2 blocks (and one block
   // recomputed when the candidate recomputes any).
@@ -340,13 +405,11 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
   trace::TraceOptions first = a;
   first.recompute_blocks = 1;
   const bool recomputes = a.recompute != trace::Recompute::kNone && a.recompute_blocks != 0;
-  ++passes_traced_;
-  const auto expected = expected_.find(batch_pair_key(layout, a));
   constexpr int64_t kLow = trace::BatchTraces::kLow;
-  if (expected != expected_.end() && micro_batch >= kLow &&
-      expected->second.count({micro_batch, cand.mesh.dp}) != 0 && model.is_registry()) {
-    // Every expected micro-batch (from kLow up) and dp of the rank's trace from its traces at
-    // kLow and kLow + 1 samples (trace::BatchTraces), when those follow the batch.
+  bool from_pair = false;  // the asked micro-batches from kLow up made from one set of pairs
+  if (paired && model.is_registry() && asked.rbegin()->first.first >= kLow) {
+    // Every asked micro-batch from kLow up (and its dp) from the rank's traces at kLow and
+    // kLow + 1 samples (trace::BatchTraces), when those follow the batch.
     auto pair = [&](int64_t depth, const trace::TraceOptions& o) {
       return trace::BatchTraces(shallow_trace(model, depth, kLow, seq_len_, o),
                                 shallow_trace(model, depth, kLow + 1, seq_len_, o));
@@ -354,28 +417,55 @@ const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankMode
     trace::BatchTraces t1 = pair(1, plain), t2 = pair(2, plain);
     std::optional<trace::BatchTraces> r1;
     if (recomputes) r1 = pair(1, first);
-    if (t1.affine() && t2.affine() && (!r1 || r1->affine())) {
-      for (const auto& [at, mesh] : expected->second) {
-        const auto k = pass_key(layout, mesh, at.first, a);
-        if (at.first < kLow || passes_.count(k) != 0) continue;
-        passes_.emplace(
-            k, extrapolated_pass(t1.at(at.first), t2.at(at.first), r1 ? &r1->at(at.first) : nullptr,
-                                 model.num_layers(), mesh, a));
+    from_pair = t1.affine() && t2.affine() && (!r1 || r1->affine());
+    if (from_pair) {
+      ++out.traced;
+      for (const auto& [at, mesh] : asked) {
+        if (at.first < kLow) continue;
+        out.passes.emplace_back(
+            pass_key(layout, mesh, at.first, a),
+            extrapolated_pass(t1.at(at.first), t2.at(at.first), r1 ? &r1->at(at.first) : nullptr,
+                              model.num_layers(), mesh, a));
       }
-      return passes_.at(key);
     }
   }
-  const auto t1 = shallow_trace(model, 1, micro_batch, seq_len_, plain);
-  const auto t2 = shallow_trace(model, 2, micro_batch, seq_len_, plain);
-  std::shared_ptr<const trace::Trace> r1;
-  if (recomputes) r1 = shallow_trace(model, 1, micro_batch, seq_len_, first);
-  return passes_
-      .emplace(key, extrapolated_pass(*t1, *t2, r1.get(), model.num_layers(), cand.mesh, a))
-      .first->second;
+  for (const auto& [at, mesh] : asked) {
+    if (from_pair && at.first >= kLow) continue;
+    const auto t1 = shallow_trace(model, 1, at.first, seq_len_, plain);
+    const auto t2 = shallow_trace(model, 2, at.first, seq_len_, plain);
+    std::shared_ptr<const trace::Trace> r1;
+    if (recomputes) r1 = shallow_trace(model, 1, at.first, seq_len_, first);
+    ++out.traced;
+    out.passes.emplace_back(pass_key(layout, mesh, at.first, a),
+                            extrapolated_pass(*t1, *t2, r1.get(), model.num_layers(), mesh, a));
+  }
+  return out;
+}
+
+void CostModel::keep(MadePasses made) {
+  passes_traced_ += made.traced;
+  for (auto& [key, p] : made.passes) passes_.try_emplace(std::move(key), p);
+}
+
+const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankModel& rank,
+                                           const std::string& layout,
+                                           const trace::TraceOptions& a) {
+  const auto key = pass_key(layout, cand.mesh, cand.micro_batch, a);
+  if (auto it = passes_.find(key); it != passes_.end()) return it->second;
+  // With the candidate expected, every expected micro-batch and dp of its rank's trace not made
+  // yet, from one set of trace pairs; else its own alone.
+  const auto expected = expected_.find(batch_pair_key(layout, a));
+  const bool paired = expected != expected_.end() && cand.micro_batch >= trace::BatchTraces::kLow &&
+                      expected->second.count({cand.micro_batch, cand.mesh.dp}) != 0;
+  keep(make_passes(rank, layout, a,
+                   paired ? not_made(layout, a, expected->second, true)
+                          : Asked{{{cand.micro_batch, cand.mesh.dp}, cand.mesh}},
+                   paired));
+  return passes_.at(key);
 }
 
 TimePrediction CostModel::predict(const Candidate& c) {
-  const std::vector<RankModel>& ranks = ranks_.of(c);
+  const std::vector<RankModel>& ranks = ranks_->of(c);
   if (ranks.size() > 1) return predict_pipeline(c, ranks);
   const strategies::StepEffects& e = c.effects;
   const PassCost& p = pass(c, ranks.front(), ranks.front().trace_key, activation_trace_options(e));
@@ -393,7 +483,7 @@ TimePrediction CostModel::predict(const Candidate& c) {
 }
 
 std::optional<CostModel::StageEnds> CostModel::stage_ends(const Candidate& c) {
-  const std::vector<RankModel>& ranks = ranks_.of(c);
+  const std::vector<RankModel>& ranks = ranks_->of(c);
   if (ranks.size() < 2) return std::nullopt;
   // What a rank computes beyond its blocks, in its blocks' time (without recomputation, which
   // costs per block).
@@ -423,7 +513,7 @@ std::optional<std::vector<strategies::StageBlocks>> CostModel::balanced_stages(c
 }
 
 std::vector<strategies::StageBlocks> CostModel::stages_of(const Candidate& c) {
-  const std::vector<RankModel>& ranks = ranks_.of(c);
+  const std::vector<RankModel>& ranks = ranks_->of(c);
   if (ranks.size() < 2) return {};
   // Stage s is on rank s % p, the (s / p)-th of its stages.
   std::vector<strategies::StageBlocks> out;

@@ -7,10 +7,10 @@
 #include <set>
 
 #include "acc/models/language_model.hpp"
-#include "acc/tensor/threading.hpp"
 #include "acc/trace/batch_traces.hpp"
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
+#include "made_ahead.hpp"
 
 namespace acc::search {
 namespace {
@@ -453,9 +453,10 @@ void RankModels::share_traces(std::shared_ptr<trace::TraceCache> cache) {
 }
 
 void RankModels::for_each_rank(
-    const std::vector<Candidate>& candidates,
+    const std::vector<const Candidate*>& candidates,
     const std::function<void(const Candidate&, const RankModel&, const BatchPairKey&)>& f) {
-  for (const Candidate& c : candidates) {
+  for (const Candidate* cp : candidates) {
+    const Candidate& c = *cp;
     const std::vector<RankModel>* ranks = nullptr;
     try {
       ranks = &of(c);
@@ -509,7 +510,10 @@ MemoryModel::MemoryModel(std::string model_type, nlohmann::json config, int64_t 
                   std::move(optimizer)) {}
 
 MemoryModel::MemoryModel(trace::ModelRef model, int64_t seq_len, std::string optimizer)
-    : model_(model), seq_len_(seq_len), optimizer_(std::move(optimizer)), ranks_(model, seq_len) {}
+    : model_(model),
+      seq_len_(seq_len),
+      optimizer_(std::move(optimizer)),
+      ranks_(std::make_shared<RankModels>(model, seq_len)) {}
 
 const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, const strategies::StepEffects& e,
                                              std::optional<double> in_flight_fraction,
@@ -525,7 +529,7 @@ std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
   std::optional<std::string> refusal;
   try {
     // Each distinct rank traced once (ranks running the same stages share a trace key).
-    for (const RankModel& r : ranks_.of(c)) {
+    for (const RankModel& r : ranks_->of(c)) {
       if (traced_ranks_.count(r.trace_key) != 0) continue;
       (void)r.model.trace(model_.extrapolates() ? 1 : r.model.num_layers(), 1, seq_len_, {});
       traced_ranks_.insert(r.trace_key);
@@ -634,6 +638,9 @@ double sharded_in_flight(const strategies::StepEffects& e, int64_t W) {
 }  // namespace
 
 void MemoryModel::expect(const std::vector<Candidate>& candidates) {
+  std::vector<const Candidate*> all;
+  all.reserve(candidates.size());
+  for (const Candidate& c : candidates) all.push_back(&c);
   // Each pair's first rank model (the one whose need predict_rank keeps under its trace key) and
   // the activation options its key was made of.
   struct Pair {
@@ -648,8 +655,8 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   // model, every expected one from kLow up.
   using Blockwise = std::pair<double, bool>;
   std::map<BatchPairKey, std::map<Blockwise, std::set<int64_t>>> blockwise;
-  ranks_.for_each_rank(
-      candidates, [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
+  ranks_->for_each_rank(
+      all, [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
         expected_[pair_key].insert(c.micro_batch);
         const strategies::StepEffects e = rank_effects(c.effects, r);
         if (first.count(pair_key) == 0) {
@@ -707,29 +714,18 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   }
   std::vector<const std::vector<Job>*> jobs;
   for (const auto& [shape_key, list] : by_shape) jobs.push_back(&list);
-  std::vector<Made> made(jobs.size());
-  parallel_for(static_cast<int64_t>(jobs.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      Made& out = made[static_cast<size_t>(j)];
-      for (const Job& job : *jobs[static_cast<size_t>(j)]) {
-        const Pair& pair = first.at(*job.key);
-        try {
-          Made m = make_needs(pair.rank->model, job.key->first, job.batches, pair.activations,
-                              job.in_flight_fraction, job.accumulated, /*paired=*/true);
-          out.traced += m.traced;
-          for (auto& n : m.needs) out.needs.push_back(std::move(n));
-        } catch (const ValueError&) {  // refused at a depth or batch of its own: predict says so
-        } catch (const ShapeError&) {
-        } catch (const TypeError&) {
-        }
-      }
-    }
+  auto made = detail::made_ahead<Made>(jobs, [&](const Job& job, Made& out) {
+    const Pair& pair = first.at(*job.key);
+    Made m = make_needs(pair.rank->model, job.key->first, job.batches, pair.activations,
+                        job.in_flight_fraction, job.accumulated, /*paired=*/true);
+    out.traced += m.traced;
+    for (auto& n : m.needs) out.needs.push_back(std::move(n));
   });
   for (Made& m : made) keep(std::move(m));
 }
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {
-  const std::vector<RankModel>& ranks = ranks_.of(c);
+  const std::vector<RankModel>& ranks = ranks_->of(c);
   if (ranks.size() == 1) return predict_rank(c, ranks.front(), ranks.front().trace_key);
   // A pipeline: each pp rank holds its own stages; the candidate needs its largest.
   MemoryPrediction worst;

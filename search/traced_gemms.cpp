@@ -34,7 +34,7 @@ std::vector<GemmCount> gemm_counts(const trace::Trace& t) {
     GemmCount& c = counts[s];
     c.shape = s;
     int64_t& n = v.phase == trace::Phase::kForward ? c.forward : c.backward;
-    n = checked_add(n, calls, "calls of GEMM ", s.str());
+    n = checked_add(n, calls, "calls of GEMM ", s);  // formatted only when it throws
   };
   for (trace::VertexId id : t.graph.ops()) {
     const trace::Vertex& v = t.graph.vertex(id);

@@ -219,6 +219,15 @@ std::vector<search::CommCalibration> calibrate_groups(const Space& s, dist::Proc
   return out;
 }
 
+// The candidates of the rows that fit the budget: those the time model prices.
+std::vector<const Candidate*> fitting(const Space& s) {
+  std::vector<const Candidate*> out;
+  for (const auto& r : s.rows) {
+    if (!search::is_refused(r.status)) out.push_back(r.candidate);
+  }
+  return out;
+}
+
 // Each pipeline candidate cut where the cost model balances its stages' time, the first stage's
 // memory respected (search::rebalanced_pipeline). A row for which no such cut differs from its own
 // and fits the budget keeps the method's cut (its memory was checked when the space was built).
@@ -258,10 +267,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
                                search::MachineCalibration& machine, double& contention,
                                bool& contention_cached) {
   // The GEMM shapes of each layout's ranks (tensor-parallel shards multiply smaller matrices).
-  std::vector<const Candidate*> fit;
-  for (const auto& r : s.rows) {
-    if (!search::is_refused(r.status)) fit.push_back(r.candidate);
-  }
+  const std::vector<const Candidate*> fit = fitting(s);
   const std::vector<search::GemmShape> shapes =
       search::CostModel::shapes_to_measure_for(model, fit, o.seq_len);
   search::CalibrationOptions co;
@@ -274,10 +280,10 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
     contention = search::contention_for_job(*group, machine, shapes, co, &contention_cached);
   }
   search::CostModel cost(model, o.seq_len, machine, comm, contention);
-  cost.share_traces(s.memory->traces());  // the space's traces, priced again
+  cost.share_rank_models(s.memory->rank_models());  // the space's ranks and traces, priced again
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
   for (const auto& g : group_comm) cost.add_group_calibration(g);
-  cost.expect(s.candidates);  // each rank trace's micro-batches from one pair of traces
+  cost.expect(fit);  // each rank trace's micro-batches from one pair of traces, made ahead
   recut_pipelines(s, cost);
   return rank_rows(s, cost);
 }
@@ -685,9 +691,9 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
   }
   const double space_s = total.elapsed_s();
   search::CostModel cost(model, o.seq_len, cluster);
-  cost.share_traces(s.memory->traces());  // the space's traces, priced again
+  cost.share_rank_models(s.memory->rank_models());  // the space's ranks and traces, priced again
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
-  cost.expect(s.candidates);  // each rank trace's micro-batches from one pair of traces
+  cost.expect(fitting(s));  // each rank trace's micro-batches from one pair of traces, made ahead
   if (!pinned) recut_pipelines(s, cost);
   const double flops_per_step =
       model_flops_per_sample(model, o.seq_len) * static_cast<double>(o.global_batch);

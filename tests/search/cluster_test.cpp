@@ -463,6 +463,51 @@ TEST(MemoryModel, NeedsMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
       << made_ahead << " made ahead, " << ahead.needs_traced() << " in all";
 }
 
+// CostModel::expect makes the passes of the candidates it is told of on the configured threads:
+// each prediction is the one of a model told nothing (each pass made as it is asked), on a cluster
+// (a pass per dp) and sharing the memory model's rank models and traces, as a plan-only search
+// does; the predictions then make no pass.
+TEST(CostModel, PassesMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
+  const nlohmann::json config = {
+      {"n_layer", 8}, {"n_head", 4}, {"n_embd", 32}, {"vocab_size", 128}, {"block_size", 32}};
+  const int64_t T = 16;
+  const auto model = trace::ModelRef::registry("gpt", config);
+  const ClusterProfile selene = ClusterProfile::load(profiles("a100-selene.json"));
+  SpaceOptions so;
+  so.world = 8;
+  so.global_batch = 16;
+  so.seq_len = T;
+  so.allow_bf16 = true;
+  MemoryModel memory(model, T);
+  CostModel asked(model, T, selene), ahead(model, T, selene);
+  ahead.share_rank_models(memory.rank_models());
+  const auto cands = enumerate_candidates(so, memory.num_blocks());
+  std::vector<const Candidate*> runnable;
+  for (const Candidate& c : cands) {
+    if (!memory.layout_refusal(c)) runnable.push_back(&c);
+  }
+  const int threads = get_num_threads();
+  set_num_threads(2);
+  ahead.expect(runnable);
+  set_num_threads(threads);
+  const size_t made_ahead = ahead.passes_priced();
+  EXPECT_GT(made_ahead, 50u);
+  std::set<int> depths;
+  for (const Candidate* c : runnable) {
+    ASSERT_EQ(ahead.predict(*c).to_json(), asked.predict(*c).to_json())
+        << c->describe() << " micro-batch " << c->micro_batch;
+    depths.insert(c->mesh.pp);
+  }
+  EXPECT_EQ(depths, (std::set<int>{1, 2, 4, 8}));
+  EXPECT_GT(runnable.size(), 200u);
+  EXPECT_EQ(ahead.passes_priced(), made_ahead)
+      << made_ahead << " made ahead, " << ahead.passes_priced() << " in all";
+  // Rank models of another model are refused.
+  EXPECT_THROW(CostModel(trace::ModelRef::registry("gpt", config), T + 1, selene)
+                   .share_rank_models(memory.rank_models()),
+               InternalError);
+}
+
 // A module of the user's is traced in place (its parameters swapped to meta storage and back, its
 // Linear pairs replaced by tensor-parallel shards and put back): expect makes all of its needs on
 // one thread, whatever the threads configured. Over a space of tensor parallel and the

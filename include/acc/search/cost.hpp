@@ -102,17 +102,26 @@ class CostModel {
   /// (micro-batch, dp) of the candidates running a rank's trace with the same activation options
   /// (batch_pair_key) is then priced at all of them from the same traces at 2 and 3 samples
   /// (trace::BatchTraces: the traces at any larger batch, to the byte), instead of traced again
-  /// for each. Optional.
+  /// for each. Optional. It also makes those passes at once, on the configured threads
+  /// (acc::set_num_threads; a module of the user's on one): the predictions that follow find them
+  /// made, the same as they would make them. A layout the model refuses is left to predict.
   void expect(const std::vector<Candidate>& candidates);
+  /// The same for the candidates pointed to (a search's that fit its memory budget).
+  void expect(const std::vector<const Candidate*>& candidates);
   /// Passes traced so far (each from 2 or 3 traces, or from their pairs at 2 and 3 samples for
   /// every expected micro-batch): what the predictions so far cost in traces.
   size_t passes_priced() const { return passes_traced_; }
   /// Its traces kept in `cache` (RankModels::share_traces; by default a cache of its own): the
   /// memory model's of the same search, whose passes trace much the same.
   void share_traces(std::shared_ptr<trace::TraceCache> cache) {
-    ranks_.share_traces(std::move(cache));
+    ranks_->share_traces(std::move(cache));
   }
-  const std::shared_ptr<trace::TraceCache>& traces() const { return ranks_.traces(); }
+  const std::shared_ptr<trace::TraceCache>& traces() const { return ranks_->traces(); }
+  /// Its rank models those of `ranks` (MemoryModel::rank_models of the same search: the same
+  /// model and sequence length, else acc::InternalError), their traces with them: each layout's
+  /// ranks made once for both models (making them again was a second of GPT-3 175B's plan-only
+  /// search on 1024 devices). Call it before the first expect() or predict().
+  void share_rank_models(std::shared_ptr<RankModels> ranks);
   /// The α-β fits measured on groups of `comm.world` ranks (a tp or cp group of the job).
   void add_group_calibration(CommCalibration comm);
   /// The fits for a group of `size` ranks: measured on that size, else the job's.
@@ -148,9 +157,29 @@ class CostModel {
   const PassCost& pass(const Candidate& c, const RankModel& rank, const std::string& key,
                        const trace::TraceOptions& activations);
   TimePrediction predict_pipeline(const Candidate& c, const std::vector<RankModel>& ranks);
-  std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields> pass_key(
-      const std::string& layout, const dist::DeviceMesh& mesh, int64_t micro_batch,
-      const trace::TraceOptions& activations) const;
+  // (layout, micro-batch, the activation options' key_fields()); on a cluster the layout carries
+  // the mesh's dp.
+  using PassKey = std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields>;
+  PassKey pass_key(const std::string& layout, const dist::DeviceMesh& mesh, int64_t micro_batch,
+                   const trace::TraceOptions& activations) const;
+  // (micro-batch, dp) -> the mesh of a candidate asked at them.
+  using Asked = std::map<std::pair<int64_t, int>, dist::DeviceMesh>;
+  // Passes made, not kept yet, and the traces' sets they cost (as passes_traced_ counts).
+  struct MadePasses {
+    std::vector<std::pair<PassKey, PassCost>> passes;
+    size_t traced = 0;
+  };
+  // The passes of `rank`'s model (keyed `layout`) with activation options `a` at each of `asked`:
+  // with `paired`, those from BatchTraces::kLow up of a registry model from one set of trace
+  // pairs when they follow the batch, the rest each from its own traces. Reads no member but the
+  // pricing's (const): expect() runs it on several threads.
+  MadePasses make_passes(const RankModel& rank, const std::string& layout,
+                         const trace::TraceOptions& a, const Asked& asked, bool paired) const;
+  // Of `expected`, those whose pass is not made (each pass key once); `from_low`: from
+  // BatchTraces::kLow up only.
+  Asked not_made(const std::string& layout, const trace::TraceOptions& a, const Asked& expected,
+                 bool from_low) const;
+  void keep(MadePasses made);
   /// The pass of a model of `num_blocks` blocks from its traces of 1 and 2 blocks (and of 1
   /// recomputed: `r1`, null when nothing is), priced on `mesh`.
   PassCost extrapolated_pass(const trace::Trace& t1, const trace::Trace& t2, const trace::Trace* r1,
@@ -163,7 +192,7 @@ class CostModel {
                               TimePrediction& t) const;
 
   trace::ModelRef model_;
-  RankModels ranks_;                           // the model as each pp rank of a candidate runs it
+  std::shared_ptr<RankModels> ranks_;          // the model as each pp rank of a candidate runs it
   std::map<int, CommCalibration> group_comm_;  // by group size
   int64_t seq_len_;
   MachineCalibration machine_;
@@ -171,11 +200,10 @@ class CostModel {
   double contention_ = 1.0;
   std::optional<ClusterProfile> cluster_;  // set: priced for a cluster, not this machine
   int optimizer_buffers_ = 2;              // AdamW's exp_avg and exp_avg_sq
-  // (layout, micro-batch, the activation options' key_fields()).
-  std::map<std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields>, PassCost> passes_;
+  std::map<PassKey, PassCost> passes_;
   size_t passes_traced_ = 0;
-  // batch_pair_key -> (micro-batch, dp) -> the mesh of the candidates expected (expect).
-  std::map<BatchPairKey, std::map<std::pair<int64_t, int>, dist::DeviceMesh>> expected_;
+  // batch_pair_key -> the candidates expected (expect).
+  std::map<BatchPairKey, Asked> expected_;
 };
 
 /// A pipeline candidate re-cut where `cost` balances its stages' time (balanced_stages), with the

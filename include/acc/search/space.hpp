@@ -190,7 +190,7 @@ class RankModels {
   /// For each rank of each candidate whose layout can be made: `f(c, pair_key)`, the rank's
   /// batch_pair_key, under which its micro-batches share traces (what the models' expect()
   /// collect).
-  void for_each_rank(const std::vector<Candidate>& candidates,
+  void for_each_rank(const std::vector<const Candidate*>& candidates,
                      const std::function<void(const Candidate&, const RankModel& rank,
                                               const BatchPairKey& pair_key)>& f);
   /// Keeps the traces in `cache` (another model's of the same model and sequence length: the
@@ -198,6 +198,8 @@ class RankModels {
   /// before the first of(); afterwards it throws acc::ValueError.
   void share_traces(std::shared_ptr<trace::TraceCache> cache);
   const std::shared_ptr<trace::TraceCache>& traces() const { return traces_; }
+  const trace::ModelRef& model() const { return model_; }
+  int64_t seq_len() const { return seq_len_; }
 
  private:
   trace::ModelRef model_;
@@ -268,9 +270,12 @@ class MemoryModel {
   std::optional<std::string> layout_refusal(const Candidate& c);
   /// Its traces kept in `cache` (RankModels::share_traces; by default a cache of its own).
   void share_traces(std::shared_ptr<trace::TraceCache> cache) {
-    ranks_.share_traces(std::move(cache));
+    ranks_->share_traces(std::move(cache));
   }
-  const std::shared_ptr<trace::TraceCache>& traces() const { return ranks_.traces(); }
+  const std::shared_ptr<trace::TraceCache>& traces() const { return ranks_->traces(); }
+  /// Its rank models (and their traces), for the time model of the same search
+  /// (CostModel::share_rank_models).
+  const std::shared_ptr<RankModels>& rank_models() const { return ranks_; }
 
  private:
   // A need, and its timeline over the stages of the rank whose trace key keyed it (made when
@@ -310,7 +315,7 @@ class MemoryModel {
   trace::ModelRef model_;
   int64_t seq_len_;
   std::string optimizer_;
-  RankModels ranks_;  // the model as each pp rank of a candidate runs it
+  std::shared_ptr<RankModels> ranks_;  // the model as each pp rank of a candidate runs it
   std::map<std::string, std::optional<std::string>> refusals_;  // by layout key
   std::set<std::string> traced_ranks_;                  // rank trace keys traced without a refusal
   std::map<BatchPairKey, std::set<int64_t>> expected_;  // batch_pair_key -> micro-batches
