@@ -285,13 +285,22 @@ void CostModel::expect(const std::vector<const Candidate*>& candidates) {
     trace::TraceOptions activations;
   };
   std::map<BatchPairKey, Pair> first;
-  ranks_->for_each_rank(
-      candidates, [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
-        expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
-        if (first.count(pair_key) == 0) {
-          first.emplace(pair_key, Pair{&r, activation_trace_options(rank_effects(c.effects, r))});
-        }
-      });
+  auto add = [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key,
+                 const trace::TraceOptions& activations) {
+    expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
+    if (first.count(pair_key) == 0) first.emplace(pair_key, Pair{&r, activations});
+  };
+  ranks_->for_each_rank(candidates,
+                        [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
+                          add(c, r, pair_key, activation_trace_options(rank_effects(c.effects, r)));
+                          // A pipeline's first and last ranks are also priced without
+                          // recomputation, for its stages' ends (stage_ends: a search re-cuts each
+                          // pipeline that fits).
+                          if (c.mesh.pp > 1 && (r.first || r.last)) {
+                            const trace::TraceOptions plain = end_options(c, r);
+                            add(c, r, batch_pair_key(r.trace_key, plain), plain);
+                          }
+                        });
   // Each pair's passes made now, on the configured threads, as pass() makes them: grouped as
   // MemoryModel::expect groups its needs (the pairs of one shape_key on one thread, in order; a
   // module of the user's on one), so the traces made do not depend on the threads' timing. A pair
@@ -482,16 +491,20 @@ TimePrediction CostModel::predict(const Candidate& c) {
   return t;
 }
 
+trace::TraceOptions CostModel::end_options(const Candidate& c, const RankModel& r) {
+  trace::TraceOptions plain = activation_trace_options(rank_effects(c.effects, r));
+  plain.recompute = trace::Recompute::kNone;
+  plain.recompute_blocks = 0;
+  return plain;
+}
+
 std::optional<CostModel::StageEnds> CostModel::stage_ends(const Candidate& c) {
   const std::vector<RankModel>& ranks = ranks_->of(c);
   if (ranks.size() < 2) return std::nullopt;
   // What a rank computes beyond its blocks, in its blocks' time (without recomputation, which
   // costs per block).
   auto extra = [&](const RankModel& r) {
-    trace::TraceOptions plain = activation_trace_options(rank_effects(c.effects, r));
-    plain.recompute = trace::Recompute::kNone;
-    plain.recompute_blocks = 0;
-    const PassCost& p = pass(c, r, r.trace_key, plain);
+    const PassCost& p = pass(c, r, r.trace_key, end_options(c, r));
     if (p.block_s <= 0) return 0.0;
     const double rest = p.forward_s + p.backward_s - static_cast<double>(p.num_blocks) * p.block_s;
     return std::max(0.0, rest / p.block_s);

@@ -19,6 +19,7 @@
 #include "acc/search/space.hpp"
 #include "acc/search/status.hpp"
 #include "acc/tensor/random.hpp"
+#include "acc/tensor/threading.hpp"
 #include "acc/trace/estimate.hpp"
 #include "acc/trace/passes.hpp"
 #include "acc/util/error.hpp"
@@ -288,21 +289,32 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   return rank_rows(s, cost);
 }
 
+// One row of a report: the candidate, its predictions and measurements, its status.
+nlohmann::json row_json(const Row& r, const Row* chosen) {
+  nlohmann::json row = {{"strategy", strategies::to_json(r.candidate->strategy())},
+                        {"name", r.candidate->describe()},
+                        {"micro_batch", r.candidate->micro_batch},
+                        {"mesh", r.candidate->mesh.to_string()},
+                        {"predicted", {{"memory", r.memory.to_json()}}},
+                        {"status", search::status_name(r.status)}};
+  if (r.time) row["predicted"]["time"] = r.time->to_json();
+  if (r.measured) row["measured"] = r.measured->to_json();
+  if (!r.reason.empty()) row["reason"] = r.reason;
+  if (&r == chosen) row["chosen"] = true;
+  return row;
+}
+
 nlohmann::json rows_json(const Space& s, const Row* chosen) {
+  // The rows made on the configured threads: 10^5 of them at GPT-3 175B on 1024 devices took
+  // 1.3 s of a plan-only search on one.
+  std::vector<nlohmann::json> rows(s.rows.size());
+  parallel_for(static_cast<int64_t>(s.rows.size()), 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      rows[static_cast<size_t>(i)] = row_json(s.rows[static_cast<size_t>(i)], chosen);
+    }
+  });
   nlohmann::json table = nlohmann::json::array();
-  for (const auto& r : s.rows) {
-    nlohmann::json row = {{"strategy", strategies::to_json(r.candidate->strategy())},
-                          {"name", r.candidate->describe()},
-                          {"micro_batch", r.candidate->micro_batch},
-                          {"mesh", r.candidate->mesh.to_string()},
-                          {"predicted", {{"memory", r.memory.to_json()}}},
-                          {"status", search::status_name(r.status)}};
-    if (r.time) row["predicted"]["time"] = r.time->to_json();
-    if (r.measured) row["measured"] = r.measured->to_json();
-    if (!r.reason.empty()) row["reason"] = r.reason;
-    if (&r == chosen) row["chosen"] = true;
-    table.push_back(std::move(row));
-  }
+  for (nlohmann::json& row : rows) table.push_back(std::move(row));
   return table;
 }
 

@@ -464,9 +464,10 @@ TEST(MemoryModel, NeedsMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
 }
 
 // CostModel::expect makes the passes of the candidates it is told of on the configured threads:
-// each prediction is the one of a model told nothing (each pass made as it is asked), on a cluster
-// (a pass per dp) and sharing the memory model's rank models and traces, as a plan-only search
-// does; the predictions then make no pass.
+// each prediction (and each pipeline's stage ends, which a re-cut reads) is the one of a model
+// told nothing (each pass made as it is asked), on a cluster (a pass per dp) and sharing the
+// memory model's rank models and traces, as a plan-only search does; the predictions then make
+// no pass.
 TEST(CostModel, PassesMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
   const nlohmann::json config = {
       {"n_layer", 8}, {"n_head", 4}, {"n_embd", 32}, {"vocab_size", 128}, {"block_size", 32}};
@@ -497,6 +498,12 @@ TEST(CostModel, PassesMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
     ASSERT_EQ(ahead.predict(*c).to_json(), asked.predict(*c).to_json())
         << c->describe() << " micro-batch " << c->micro_batch;
     depths.insert(c->mesh.pp);
+    // A pipeline's stage ends (its first and last ranks without recomputation: a re-cut's).
+    if (c->mesh.pp == 1) continue;
+    const auto ends = ahead.stage_ends(*c), fresh = asked.stage_ends(*c);
+    ASSERT_TRUE(ends && fresh) << c->describe();
+    EXPECT_EQ(ends->first, fresh->first) << c->describe();
+    EXPECT_EQ(ends->last, fresh->last) << c->describe();
   }
   EXPECT_EQ(depths, (std::set<int>{1, 2, 4, 8}));
   EXPECT_GT(runnable.size(), 200u);

@@ -157,6 +157,9 @@ class CostModel {
   const PassCost& pass(const Candidate& c, const RankModel& rank, const std::string& key,
                        const trace::TraceOptions& activations);
   TimePrediction predict_pipeline(const Candidate& c, const std::vector<RankModel>& ranks);
+  // The activation options stage_ends prices a pipeline rank's pass at: the candidate's for the
+  // rank, nothing recomputed.
+  static trace::TraceOptions end_options(const Candidate& c, const RankModel& r);
   // (layout, micro-batch, the activation options' key_fields()); on a cluster the layout carries
   // the mesh's dp.
   using PassKey = std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields>;
