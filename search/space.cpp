@@ -7,6 +7,7 @@
 #include <set>
 
 #include "acc/models/language_model.hpp"
+#include "acc/tensor/threading.hpp"
 #include "acc/trace/batch_traces.hpp"
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
@@ -211,17 +212,22 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
           !opt.method || strategies::layout_key({{opt.method->name, opt.config}}).empty();
     }
   }
-  std::vector<Candidate> out;
   int64_t batch_refused = 0;  // meshes whose dp does not divide the global batch
-  std::vector<size_t> pick(groups.size(), 0);
-  // Odometer over `which` groups; false when it wrapped around.
-  auto advance = [&](const std::vector<size_t>& which) {
+  // Odometer over `which` groups of `pick`; false when it wrapped around.
+  auto advance = [&](std::vector<size_t>& pick, const std::vector<size_t>& which) {
     for (const size_t g : which) {
       if (++pick[g] < groups[g].size()) return true;
       pick[g] = 0;
     }
     return false;
   };
+  // The choices of the outer groups whose mesh fits, each with its layout key (layout_outer).
+  struct Outer {
+    std::vector<size_t> pick;  // the inner groups' at 0
+    std::optional<std::string> layout;
+  };
+  std::vector<Outer> meshes;
+  std::vector<size_t> pick(groups.size(), 0);
   do {
     // The mesh of this choice of the outer groups: each dimension from the option that sets it.
     dist::DeviceMesh mesh;
@@ -242,43 +248,62 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
       ++batch_refused;
       continue;
     }
-    std::optional<std::string> layout;  // the outer choices' layout key (layout_outer)
+    Outer& m = meshes.emplace_back(Outer{pick, std::nullopt});
     if (layout_outer) {
       strategies::Strategy outer_methods;  // in group order, as a candidate lists them
       for (const size_t g : outer) {
         const Option& opt = groups[g][pick[g]];
         if (opt.method) outer_methods.push_back({opt.method->name, opt.config});
       }
-      layout = strategies::layout_key(outer_methods);
+      m.layout = strategies::layout_key(outer_methods);
     }
-    do {
-      // A pair of methods one of which never composes with the other (MethodSearch::never_with):
-      // refused before the strategy is built, as parse_strategy would refuse it.
-      bool never = false;
-      for (size_t g = 0; g < groups.size() && !never; ++g) {
-        const MethodSearch* a = groups[g][pick[g]].method;
-        if (a == nullptr || a->never_with.empty()) continue;
-        for (size_t h = 0; h < groups.size() && !never; ++h) {
-          const MethodSearch* b = groups[h][pick[h]].method;
-          never = h != g && b != nullptr && contains(a->never_with, b->name);
+  } while (advance(pick, outer));
+  // Each mesh's combinations of the inner groups, the meshes on the configured threads (the
+  // methods' checks and effects read nothing shared but the registry); kept in the odometer's
+  // order.
+  std::vector<std::vector<Candidate>> of_mesh(meshes.size());
+  parallel_for(static_cast<int64_t>(meshes.size()), 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Outer& m = meshes[static_cast<size_t>(i)];
+      std::vector<Candidate>& found = of_mesh[static_cast<size_t>(i)];
+      std::vector<size_t> at = m.pick;
+      do {
+        // A pair of methods one of which never composes with the other
+        // (MethodSearch::never_with): refused before the strategy is built, as parse_strategy
+        // would refuse it.
+        bool never = false;
+        for (size_t g = 0; g < groups.size() && !never; ++g) {
+          const MethodSearch* a = groups[g][at[g]].method;
+          if (a == nullptr || a->never_with.empty()) continue;
+          for (size_t h = 0; h < groups.size() && !never; ++h) {
+            const MethodSearch* b = groups[h][at[h]].method;
+            never = h != g && b != nullptr && contains(a->never_with, b->name);
+          }
         }
-      }
-      if (never) continue;
-      strategies::Strategy s;
-      for (size_t g = 0; g < groups.size(); ++g) {
-        const Option& opt = groups[g][pick[g]];
-        if (opt.method) s.push_back({opt.method->name, opt.config});
-      }
-      try {
-        strategies::check_composition(s);
-      } catch (const ValueError&) {
-        continue;
-      }
-      Candidate c = candidate_of(s, o.world, o.global_batch, ctx, methods, layout);
-      // Micro-batches offered for a larger per-rank batch than this candidate's.
-      if (c.per_rank_batch % c.effects.micro_batches == 0) out.push_back(std::move(c));
-    } while (advance(inner));
-  } while (advance(outer));
+        if (never) continue;
+        strategies::Strategy s;
+        for (size_t g = 0; g < groups.size(); ++g) {
+          const Option& opt = groups[g][at[g]];
+          if (opt.method) s.push_back({opt.method->name, opt.config});
+        }
+        try {
+          strategies::check_composition(s);
+        } catch (const ValueError&) {
+          continue;
+        }
+        Candidate c = candidate_of(s, o.world, o.global_batch, ctx, methods, m.layout);
+        // Micro-batches offered for a larger per-rank batch than this candidate's.
+        if (c.per_rank_batch % c.effects.micro_batches == 0) found.push_back(std::move(c));
+      } while (advance(at, inner));
+    }
+  });
+  std::vector<Candidate> out;
+  size_t total = 0;
+  for (const auto& found : of_mesh) total += found.size();
+  out.reserve(total);
+  for (auto& found : of_mesh) {
+    for (Candidate& c : found) out.push_back(std::move(c));
+  }
   ACC_CHECK(!out.empty() || batch_refused == 0, "search: global batch ", o.global_batch,
             " does not split evenly over ", o.world, " ranks, nor over the dp of any mesh tried");
   ACC_CHECK(!out.empty(), "search: no candidate is left (excluded ", o.excluded.size(),
