@@ -138,14 +138,23 @@ ModelRef ModelRef::rewritten(Rewrite rewrite) const {
 namespace {
 
 // Traces `model` on `sample` (resized to `batch` samples, 0: as it is) through `loss`, rewritten
-// first when a rewrite is given (undone after, also when the trace throws).
+// first when a rewrite is given (undone after, also when the trace throws). A `throwaway` model (a
+// registry model's meta copy, dropped after its trace) is rewritten in place and never undone:
+// the undo (gathering tensor-parallel shards back into whole meta weights) was a twentieth of a
+// plan-only search, and nothing outside the copy and its rewrite's own plan is changed.
 ModelRef::Traced trace_rewritten(nn::Module& model, const data::Batch& sample,
                                  const BatchLoss& loss, int64_t batch, const TraceOptions& options,
-                                 const ModelRef::Rewrite& rewrite) {
+                                 const ModelRef::Rewrite& rewrite, bool throwaway = false) {
   ModelRef::Traced out;
   if (!rewrite) {
     out.trace = trace_on_batch(model, sample, loss, batch, options);
     out.blocks = find_blocks(model);
+    return out;
+  }
+  if (throwaway) {
+    auto rewritten = rewrite(model, sample, loss);
+    out.trace = trace_on_batch(model, sample, rewritten.second, batch, options);
+    out.blocks = find_blocks(model);  // the rank's blocks: their parameters are its shards
     return out;
   }
   // The rewrite cuts its shards from meta weights (a module's own values untouched, no memory):
@@ -333,7 +342,8 @@ ModelRef::Traced ModelRef::trace_uncached(int64_t layers, int64_t batch, int64_t
     const BatchLoss next_token = [](nn::Module& m, const data::Batch& b) {
       return dynamic_cast<models::LanguageModel&>(m).loss(b.idx(), b.targets());
     };
-    return trace_rewritten(*model, data::Batch(idx, idx), next_token, 0, options, impl_->rewrite);
+    return trace_rewritten(*model, data::Batch(idx, idx), next_token, 0, options, impl_->rewrite,
+                           /*throwaway=*/true);
   }
   ACC_CHECK(layers == impl_->num_layers, "trace: a module is traced whole (", impl_->num_layers,
             " repeated block(s)), not at ", layers);

@@ -103,11 +103,16 @@ std::vector<BlockGroup> find_blocks(const nn::Module& module) {
   std::vector<BlockGroup> groups;
   for (const auto& [prefix, m] : module.named_modules()) {
     const auto children = m->named_children();
+    // Each child's signature once, and only where there are two to compare (the search runs this
+    // after every trace it makes: computing each twice was a tenth of a plan-only search's traces).
+    std::vector<std::string> sigs;
+    if (children.size() >= 2) {
+      for (const auto& child : children) sigs.push_back(param_signature(*child.second));
+    }
     size_t i = 0;
     while (i < children.size()) {
-      const std::string sig = param_signature(*children[i].second);
       size_t j = i + 1;
-      while (j < children.size() && param_signature(*children[j].second) == sig) ++j;
+      while (j < children.size() && sigs[j] == sigs[i]) ++j;
       const bool is_list = m->type_name() == "ModuleList";
       const int64_t params = children[i].second->num_parameters();
       if (params > 0 && (j - i >= 2 || is_list)) {
