@@ -463,6 +463,8 @@ const std::vector<RankModel>& RankModels::of(const Candidate& c) {
     if (!key.empty()) ranks = rank_models(model_, c, seq_len_, &walks_);
     for (RankModel& r : ranks) {
       if (traces_) r.model = r.model.shared_traces(traces_, r.shape_key);
+      r.trace_id =
+          trace_ids_.try_emplace(r.trace_key, static_cast<int>(trace_ids_.size())).first->second;
     }
     it = layouts_.emplace(key, std::move(ranks)).first;
   }
@@ -480,6 +482,7 @@ void RankModels::share_traces(std::shared_ptr<trace::TraceCache> cache) {
 void RankModels::for_each_rank(
     const std::vector<const Candidate*>& candidates,
     const std::function<void(const Candidate&, const RankModel&, const BatchPairKey&)>& f) {
+  std::vector<std::pair<int, trace::TraceOptions::KeyFields>> seen;  // a candidate's pair keys
   for (const Candidate* cp : candidates) {
     const Candidate& c = *cp;
     const std::vector<RankModel>* ranks = nullptr;
@@ -488,8 +491,13 @@ void RankModels::for_each_rank(
     } catch (const ValueError&) {  // a pipeline cut that cannot be made: predict says so
       continue;
     }
+    seen.clear();
     for (const RankModel& r : *ranks) {
-      f(c, r, batch_pair_key(r.trace_key, activation_trace_options(rank_effects(c.effects, r))));
+      const trace::TraceOptions a = activation_trace_options(rank_effects(c.effects, r));
+      const std::pair<int, trace::TraceOptions::KeyFields> id{r.trace_id, a.key_fields()};
+      if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
+      seen.push_back(id);
+      f(c, r, batch_pair_key(r.trace_key, a));
     }
   }
 }

@@ -464,6 +464,35 @@ TEST(MemoryModel, EveryBlockOfATensorParallelCopyIsShardedAtAnyDepth) {
   }
 }
 
+// RankModels::for_each_rank gives each candidate's distinct pair keys once each (a deep
+// pipeline's middle ranks share one), every one of them, and numbers equal trace keys alike.
+TEST(RankModels, EachRanksPairKeyOncePerCandidate) {
+  const int64_t T = 32;
+  RankModels ranks(trace::ModelRef::registry("gpt", tiny_gpt()), T);
+  const auto cands = enumerate_candidates(opts(8, 16), 4);
+  std::vector<const Candidate*> all;
+  for (const Candidate& c : cands) all.push_back(&c);
+  std::map<const Candidate*, std::vector<BatchPairKey>> given;
+  ranks.for_each_rank(all, [&](const Candidate& c, const RankModel&, const BatchPairKey& key) {
+    given[&c].push_back(key);
+  });
+  size_t deep = 0;
+  for (const auto& [c, keys] : given) {
+    std::set<BatchPairKey> expected;
+    std::map<std::string, int> ids;
+    for (const RankModel& r : ranks.of(*c)) {
+      expected.insert(
+          batch_pair_key(r.trace_key, activation_trace_options(rank_effects(c->effects, r))));
+      const auto [it, fresh] = ids.emplace(r.trace_key, r.trace_id);
+      EXPECT_EQ(it->second, r.trace_id) << r.trace_key;
+    }
+    EXPECT_EQ(std::set<BatchPairKey>(keys.begin(), keys.end()), expected) << c->describe();
+    EXPECT_EQ(keys.size(), expected.size()) << c->describe();
+    deep += c->mesh.pp >= 4 && keys.size() < ranks.of(*c).size() ? 1 : 0;
+  }
+  EXPECT_GT(deep, 0u);  // some candidate's ranks shared a key
+}
+
 TEST(CostModel, ALayoutsCommunicationIsPricedAtItsGroupsFit) {
   const nlohmann::json config = tiny_gpt();
   const int64_t T = 32;

@@ -144,6 +144,9 @@ struct RankModel {
   /// ranks of pipelines of every depth that share it trace alike (their messages' peers and tags
   /// aside) and share their traces (trace::ModelRef::shared_traces).
   std::string shape_key;
+  /// trace_key's number among the rank models of one RankModels (equal keys, equal numbers; -1
+  /// outside one): compared where the key's string would be, for each rank of 10^5 candidates.
+  int trace_id = -1;
 };
 
 /// The model as each pp rank of `c` runs it: without a pipeline, layout_model alone. With one
@@ -189,7 +192,8 @@ class RankModels {
   const std::vector<RankModel>& of(const Candidate& c);
   /// For each rank of each candidate whose layout can be made: `f(c, pair_key)`, the rank's
   /// batch_pair_key, under which its micro-batches share traces (what the models' expect()
-  /// collect).
+  /// collect). A candidate's ranks of one pair key (a deep pipeline's middle ranks) are given
+  /// once, with the first of them.
   void for_each_rank(const std::vector<const Candidate*>& candidates,
                      const std::function<void(const Candidate&, const RankModel& rank,
                                               const BatchPairKey& pair_key)>& f);
@@ -206,6 +210,7 @@ class RankModels {
   int64_t seq_len_ = 0;
   std::shared_ptr<trace::TraceCache> traces_;
   std::map<std::string, std::vector<RankModel>> layouts_;  // layout_key -> its ranks' models
+  std::map<std::string, int> trace_ids_;                   // trace_key -> RankModel::trace_id
   PipelineWalks walks_;  // pipeline config -> its ranks' stages and actions
 };
 
