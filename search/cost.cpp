@@ -292,7 +292,7 @@ void CostModel::expect(const std::vector<const Candidate*>& candidates) {
   };
   ranks_->for_each_rank(candidates,
                         [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
-                          add(c, r, pair_key, activation_trace_options(rank_effects(c.effects, r)));
+                          add(c, r, pair_key, rank_activation_options(c.effects, r));
                           // A pipeline's first and last ranks are also priced without
                           // recomputation, for its stages' ends (stage_ends: a search re-cuts each
                           // pipeline that fits).
@@ -492,7 +492,7 @@ TimePrediction CostModel::predict(const Candidate& c) {
 }
 
 trace::TraceOptions CostModel::end_options(const Candidate& c, const RankModel& r) {
-  trace::TraceOptions plain = activation_trace_options(rank_effects(c.effects, r));
+  trace::TraceOptions plain = rank_activation_options(c.effects, r);
   plain.recompute = trace::Recompute::kNone;
   plain.recompute_blocks = 0;
   return plain;
@@ -570,7 +570,7 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
   TimePrediction t;  // the optimizer and data-parallel reduction of the rank that takes longest
   double after_s = -1;
   for (const RankModel& r : ranks) {
-    const PassCost& p = pass(c, r, r.trace_key, activation_trace_options(rank_effects(e, r)));
+    const PassCost& p = pass(c, r, r.trace_key, rank_activation_options(e, r));
     // A micro-batch through the rank's stages, its messages included.
     const double comm = p.comm_forward_s + p.comm_backward_s;
     const double s = contention_ * (p.forward_s + p.backward_s) + comm;

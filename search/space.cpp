@@ -493,7 +493,7 @@ void RankModels::for_each_rank(
     }
     seen.clear();
     for (const RankModel& r : *ranks) {
-      const trace::TraceOptions a = activation_trace_options(rank_effects(c.effects, r));
+      const trace::TraceOptions a = rank_activation_options(c.effects, r);
       const std::pair<int, trace::TraceOptions::KeyFields> id{r.trace_id, a.key_fields()};
       if (std::find(seen.begin(), seen.end(), id) != seen.end()) continue;
       seen.push_back(id);
@@ -502,25 +502,43 @@ void RankModels::for_each_rank(
   }
 }
 
-strategies::StepEffects rank_effects(const strategies::StepEffects& e, const RankModel& r) {
-  strategies::StepEffects out = e;
-  if (r.stages.empty() || e.recompute_blocks < 0) return out;
+namespace {
+
+// Of the model's first e.recompute_blocks blocks, those of `r`'s stages (-1 stays all).
+int64_t rank_recompute_blocks(const strategies::StepEffects& e, const RankModel& r) {
+  if (r.stages.empty() || e.recompute_blocks < 0) return e.recompute_blocks;
   int64_t mine = 0;
   for (const auto& st : r.stages) {
     mine += std::clamp<int64_t>(e.recompute_blocks - st.begin, 0, st.end - st.begin);
   }
-  out.recompute_blocks = mine;
+  return mine;
+}
+
+// `e`'s activation options with `recompute_blocks` of them recomputed.
+trace::TraceOptions options_with(const strategies::StepEffects& e, int64_t recompute_blocks) {
+  trace::TraceOptions t;
+  if (recompute_blocks != 0) {
+    t.recompute = e.selective_recompute ? trace::Recompute::kSelective : trace::Recompute::kBlock;
+  }
+  t.recompute_blocks = recompute_blocks;
+  t.bf16_activations = e.bf16_activations;
+  return t;
+}
+
+}  // namespace
+
+strategies::StepEffects rank_effects(const strategies::StepEffects& e, const RankModel& r) {
+  strategies::StepEffects out = e;
+  out.recompute_blocks = rank_recompute_blocks(e, r);
   return out;
 }
 
 trace::TraceOptions activation_trace_options(const strategies::StepEffects& e) {
-  trace::TraceOptions t;
-  if (e.recompute_blocks != 0) {
-    t.recompute = e.selective_recompute ? trace::Recompute::kSelective : trace::Recompute::kBlock;
-  }
-  t.recompute_blocks = e.recompute_blocks;
-  t.bf16_activations = e.bf16_activations;
-  return t;
+  return options_with(e, e.recompute_blocks);
+}
+
+trace::TraceOptions rank_activation_options(const strategies::StepEffects& e, const RankModel& r) {
+  return options_with(e, rank_recompute_blocks(e, r));
 }
 
 nlohmann::json MemoryPrediction::to_json() const {
@@ -691,9 +709,10 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   ranks_->for_each_rank(
       all, [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
         expected_[pair_key].insert(c.micro_batch);
-        const strategies::StepEffects e = rank_effects(c.effects, r);
+        // The rank's effects are the candidate's but for the blocks recomputed (rank_effects).
+        const strategies::StepEffects& e = c.effects;
         if (first.count(pair_key) == 0) {
-          first.emplace(pair_key, Pair{&c, &r, activation_trace_options(e)});
+          first.emplace(pair_key, Pair{&c, &r, rank_activation_options(e, r)});
         }
         if (e.shard_parameters) {
           blockwise[pair_key][{sharded_in_flight(e, c.data_parallel_ranks()), e.micro_batches > 1}]

@@ -217,6 +217,9 @@ class RankModels {
 /// `e` as rank `r` of a pipeline sees it: of the model's first e.recompute_blocks blocks, those
 /// of its stages (the copy's first ones; -1 stays all).
 strategies::StepEffects rank_effects(const strategies::StepEffects& e, const RankModel& r);
+/// activation_trace_options(rank_effects(e, r)), without copying `e` (asked for each rank of
+/// 10^5 candidates).
+trace::TraceOptions rank_activation_options(const strategies::StepEffects& e, const RankModel& r);
 
 /// The trace options of a candidate's activation effects (StepEffects::recompute_blocks: 0 none,
 /// -1 all, else the first n blocks, whole or, with selective_recompute, their attention cores;
