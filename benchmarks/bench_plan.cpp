@@ -4,8 +4,9 @@
 //
 //   enumerate_s        the space (search::enumerate_candidates)
 //   cold.memory_s      every candidate's memory (search::MemoryModel::predict, layouts checked
-//                      first), its traces made as they are first needed
-//   cold.time_s        every candidate that can run priced (search::CostModel::predict), likewise
+//                      first), its needs made ahead on the threads (MemoryModel::expect)
+//   cold.time_s        every candidate that can run priced (search::CostModel::predict), its
+//                      passes made ahead likewise (CostModel::expect of those candidates)
 //   cold.evals_per_s   candidates / (memory_s + time_s): what a first search sees
 //   warm.evals_per_s   the same pricing again with every trace cached (median of --repeat passes):
 //                      what an evaluation costs beyond its traces
@@ -86,7 +87,6 @@ int main(int argc, char** argv) {
     std::vector<const search::Candidate*> runnable;
     int64_t checksum = 0;       // keeps the predictions from being optimised away
     memory.expect(candidates);  // as auto_accelerate's search does
-    cost.expect(candidates);
     for (const auto& c : candidates) {
       if (memory.layout_refusal(c)) continue;
       checksum += memory.predict(c).peak % 1000;
@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
     }
     const double memory_s = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
+    // The passes of the candidates it prices made ahead, as a search does for those that fit.
+    cost.expect(runnable);
     double step_sum = 0;
     for (const auto* c : runnable) step_sum += cost.predict(*c).step_s;
     const double time_s = seconds_since(t0);

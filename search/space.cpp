@@ -455,7 +455,7 @@ RankModels::RankModels(trace::ModelRef model, int64_t seq_len)
                                     : std::make_shared<trace::TraceCache>()) {}
 
 const std::vector<RankModel>& RankModels::of(const Candidate& c) {
-  const std::string key = c.layout_key();
+  const std::string& key = c.layout_key();
   auto it = layouts_.find(key);
   if (it == layouts_.end()) {
     std::vector<RankModel> ranks(1);
@@ -573,7 +573,7 @@ const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, const strategi
 }
 
 std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
-  const std::string key = c.layout_key();
+  const std::string& key = c.layout_key();
   if (key.empty()) return std::nullopt;
   auto it = refusals_.find(key);
   if (it != refusals_.end()) return it->second;
@@ -591,6 +591,19 @@ std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
     refusal = e.what();
   }
   return refusals_.emplace(key, refusal).first->second;
+}
+
+size_t MemoryModel::NeedKeyHash::operator()(const NeedKey& k) const {
+  const auto& [layout, batch, fields, fraction, accumulated] = k;
+  const auto& [backward, recompute, blocks, bf16] = fields;
+  size_t h = std::hash<std::string>{}(layout);
+  for (const size_t x :
+       {std::hash<int64_t>{}(batch), std::hash<bool>{}(backward),
+        std::hash<int>{}(static_cast<int>(recompute)), std::hash<int64_t>{}(blocks),
+        std::hash<bool>{}(bf16), std::hash<double>{}(fraction), std::hash<bool>{}(accumulated)}) {
+    h ^= x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);  // boost::hash_combine's mix
+  }
+  return h;
 }
 
 MemoryModel::NeedKey MemoryModel::need_key(const std::string& layout, int64_t micro_batch,

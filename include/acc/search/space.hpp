@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "acc/dist/device_mesh.hpp"
@@ -209,9 +210,11 @@ class RankModels {
   trace::ModelRef model_;
   int64_t seq_len_ = 0;
   std::shared_ptr<trace::TraceCache> traces_;
-  std::map<std::string, std::vector<RankModel>> layouts_;  // layout_key -> its ranks' models
-  std::map<std::string, int> trace_ids_;                   // trace_key -> RankModel::trace_id
-  PipelineWalks walks_;  // pipeline config -> its ranks' stages and actions
+  // layout_key -> its ranks' models. Hashed: asked for each of 10^5 candidates several times, and
+  // the keys (the layouts' JSON) share long prefixes that an ordered map compares again and again.
+  std::unordered_map<std::string, std::vector<RankModel>> layouts_;
+  std::map<std::string, int> trace_ids_;  // trace_key -> RankModel::trace_id
+  PipelineWalks walks_;                   // pipeline config -> its ranks' stages and actions
 };
 
 /// `e` as rank `r` of a pipeline sees it: of the model's first e.recompute_blocks blocks, those
@@ -324,11 +327,15 @@ class MemoryModel {
   int64_t seq_len_;
   std::string optimizer_;
   std::shared_ptr<RankModels> ranks_;  // the model as each pp rank of a candidate runs it
-  std::map<std::string, std::optional<std::string>> refusals_;  // by layout key
+  std::unordered_map<std::string, std::optional<std::string>> refusals_;  // by layout key
   std::set<std::string> traced_ranks_;                  // rank trace keys traced without a refusal
   std::map<BatchPairKey, std::set<int64_t>> expected_;  // batch_pair_key -> micro-batches
   size_t needs_traced_ = 0;
-  std::map<NeedKey, NeedEntry> needs_;
+  // Hashed, as layouts_ is: looked up for each rank of each candidate predicted.
+  struct NeedKeyHash {
+    size_t operator()(const NeedKey& k) const;
+  };
+  std::unordered_map<NeedKey, NeedEntry, NeedKeyHash> needs_;
 };
 
 }  // namespace acc::search
