@@ -272,10 +272,7 @@ const CommCalibration& CostModel::comm_for(int size) const {
 }
 
 void CostModel::expect(const std::vector<Candidate>& candidates) {
-  std::vector<const Candidate*> all;
-  all.reserve(candidates.size());
-  for (const Candidate& c : candidates) all.push_back(&c);
-  expect(all);
+  expect(pointers_to(candidates));
 }
 
 void CostModel::expect(const std::vector<const Candidate*>& candidates) {

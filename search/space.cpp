@@ -45,6 +45,13 @@ void Candidate::set_strategy(strategies::Strategy s) {
   strategy_ = std::move(s);
 }
 
+std::vector<const Candidate*> pointers_to(const std::vector<Candidate>& candidates) {
+  std::vector<const Candidate*> out;
+  out.reserve(candidates.size());
+  for (const Candidate& c : candidates) out.push_back(&c);
+  return out;
+}
+
 int64_t per_rank_batch(int64_t global_batch, int world) {
   ACC_CHECK(world >= 1, "search: world size must be >= 1, got ", world);
   ACC_CHECK(global_batch >= 1, "search: global batch must be >= 1, got ", global_batch);
@@ -702,9 +709,6 @@ double sharded_in_flight(const strategies::StepEffects& e, int64_t W) {
 }  // namespace
 
 void MemoryModel::expect(const std::vector<Candidate>& candidates) {
-  std::vector<const Candidate*> all;
-  all.reserve(candidates.size());
-  for (const Candidate& c : candidates) all.push_back(&c);
   // Each pair's first rank model (the one whose need predict_rank keeps under its trace key) and
   // the activation options its key was made of.
   struct Pair {
@@ -719,29 +723,29 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   // model, every expected one from kLow up.
   using Blockwise = std::pair<double, bool>;
   std::map<BatchPairKey, std::map<Blockwise, std::set<int64_t>>> blockwise;
-  ranks_->for_each_rank(
-      all, [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key) {
-        expected_[pair_key].insert(c.micro_batch);
-        // The rank's effects are the candidate's but for the blocks recomputed (rank_effects).
-        const strategies::StepEffects& e = c.effects;
-        if (first.count(pair_key) == 0) {
-          first.emplace(pair_key, Pair{&c, &r, rank_activation_options(e, r)});
-        }
-        if (e.shard_parameters) {
-          blockwise[pair_key][{sharded_in_flight(e, c.data_parallel_ranks()), e.micro_batches > 1}]
-              .insert(c.micro_batch);
-        }
-      });
+  ranks_->for_each_rank(pointers_to(candidates), [&](const Candidate& c, const RankModel& r,
+                                                     const BatchPairKey& pair_key) {
+    expected_[pair_key].insert(c.micro_batch);
+    // The rank's effects are the candidate's but for the blocks recomputed (rank_effects).
+    const strategies::StepEffects& e = c.effects;
+    if (first.count(pair_key) == 0) {
+      first.emplace(pair_key, Pair{&c, &r, rank_activation_options(e, r)});
+    }
+    if (e.shard_parameters) {
+      blockwise[pair_key][{sharded_in_flight(e, c.data_parallel_ranks()), e.micro_batches > 1}]
+          .insert(c.micro_batch);
+    }
+  });
   // Each pair's needs made now, on the configured threads: the needs predict_rank asks of each
   // candidate (without blockwise gradients, and the blockwise ones above), made as need() makes
-  // them. The pairs whose rank models
-  // share their traces (one shape_key, the trace cache's identity) run on one thread, in order:
-  // a model (its meta mesh, its rewrite) is never traced twice at once, and which of them makes a
-  // shared trace does not depend on the threads' timing, so the traces are those one thread
-  // makes. A module of the user's is traced in place (its parameters swapped to meta storage and
-  // back, its layers replaced by a tensor-parallel rewrite): all of its pairs run on one thread.
-  // A pair whose layout the model refuses (layout_refusal, as predict asks it first) is left out,
-  // and so is a need made before.
+  // them. The pairs whose rank models share their traces (one shape_key, the trace cache's
+  // identity) run on one thread, in order (detail::made_ahead): a model (its meta mesh, its
+  // rewrite) is never traced twice at once, and which of them makes a shared trace does not
+  // depend on the threads' timing, so the traces are those one thread makes. A module of the
+  // user's is traced in place (its parameters swapped to meta storage and back, its layers
+  // replaced by a tensor-parallel rewrite): all of its pairs run on one thread. A pair whose
+  // layout the model refuses (layout_refusal, as predict asks it first) is left out, and so is a
+  // need made before.
   // A job: one pair's needs of one kind (plain, or blockwise with a fraction), not made yet.
   struct Job {
     const BatchPairKey* key = nullptr;

@@ -1,5 +1,7 @@
 #include "acc/trace/model_ref.hpp"
 
+#include <optional>
+
 #include "acc/nn/transformer.hpp"
 
 #include "acc/models/language_model.hpp"
@@ -145,30 +147,27 @@ namespace {
 ModelRef::Traced trace_rewritten(nn::Module& model, const data::Batch& sample,
                                  const BatchLoss& loss, int64_t batch, const TraceOptions& options,
                                  const ModelRef::Rewrite& rewrite, bool throwaway = false) {
-  ModelRef::Traced out;
-  if (!rewrite) {
-    out.trace = trace_on_batch(model, sample, loss, batch, options);
-    out.blocks = find_blocks(model);
-    return out;
-  }
-  if (throwaway) {
-    auto rewritten = rewrite(model, sample, loss);
-    out.trace = trace_on_batch(model, sample, rewritten.second, batch, options);
-    out.blocks = find_blocks(model);  // the rank's blocks: their parameters are its shards
-    return out;
-  }
   // The rewrite cuts its shards from meta weights (a module's own values untouched, no memory):
-  // its undo gathers them back into those, and then the real storages return.
-  MetaStorageGuard meta_weights(model);
-  auto [undo, rewritten_loss] = rewrite(model, sample, loss);
+  // its undo gathers them back into those, and then the real storages return (the guards go in
+  // that order). A throwaway copy, meta already, is neither swapped nor undone.
+  std::optional<MetaStorageGuard> meta_weights;
+  nn::Undo undo;
   struct UndoGuard {
     nn::Undo& undo;
     ~UndoGuard() {
       if (undo) undo();
     }
   } guard{undo};
-  out.trace = trace_on_batch(model, sample, rewritten_loss, batch, options);
-  out.blocks = find_blocks(model);  // the rank's blocks: their parameters are its shards
+  BatchLoss traced_loss = loss;
+  if (rewrite) {
+    if (!throwaway) meta_weights.emplace(model);
+    auto [rewrite_undo, rewritten_loss] = rewrite(model, sample, loss);
+    if (!throwaway) undo = std::move(rewrite_undo);
+    traced_loss = std::move(rewritten_loss);
+  }
+  ModelRef::Traced out;
+  out.trace = trace_on_batch(model, sample, traced_loss, batch, options);
+  out.blocks = find_blocks(model);  // with a rewrite, the rank's blocks: their shards
   return out;
 }
 

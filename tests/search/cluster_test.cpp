@@ -40,6 +40,32 @@ nlohmann::json selene_json() {
   return read_json_file(profiles("a100-selene.json"), "profile");
 }
 
+// A tiny GPT of 8 blocks: at 8 ranks its space has pipelines of every depth (pp 1, 2, 4, 8).
+nlohmann::json eight_block_gpt() {
+  return {{"n_layer", 8}, {"n_head", 4}, {"n_embd", 32}, {"vocab_size", 128}, {"block_size", 32}};
+}
+
+// The space of `world` ranks at `global_batch` samples of `seq_len` tokens.
+SpaceOptions space_of(int world, int64_t global_batch, int64_t seq_len, bool allow_bf16) {
+  SpaceOptions so;
+  so.world = world;
+  so.global_batch = global_batch;
+  so.seq_len = seq_len;
+  so.allow_bf16 = allow_bf16;
+  return so;
+}
+
+// `f()` on `threads` threads, the configured count restored after it (also when it throws).
+template <class F>
+void on_threads(int threads, const F& f) {
+  struct Restore {
+    int n;
+    ~Restore() { set_num_threads(n); }
+  } restore{get_num_threads()};
+  set_num_threads(threads);
+  f();
+}
+
 // ---- the profile ----
 
 TEST(ClusterProfile, ReadsTheShippedProfilesAndWritesWhatItRead) {
@@ -359,11 +385,7 @@ TEST(CostModel, ExpectedMicroBatchesGiveTheSameTimesFromFewerTraces) {
   const int64_t T = 32;
   const auto model = trace::ModelRef::registry("gpt", config);
   const ClusterProfile selene = ClusterProfile::load(profiles("a100-selene.json"));
-  SpaceOptions so;
-  so.world = 8;
-  so.global_batch = 32;
-  so.seq_len = T;
-  so.allow_bf16 = true;
+  const SpaceOptions so = space_of(8, 32, T, true);
   MemoryModel memory(model, T);
   const auto cands = enumerate_candidates(so, memory.num_blocks());
   CostModel direct(model, T, selene), told(model, T, selene);
@@ -384,15 +406,10 @@ TEST(CostModel, ExpectedMicroBatchesGiveTheSameTimesFromFewerTraces) {
 // memory and the time model, as the search keeps): every prediction equals the one from traces
 // made afresh for each candidate's ranks.
 TEST(TraceCache, SharedTracesGiveThePredictionsOfFreshOnes) {
-  const nlohmann::json config = {
-      {"n_layer", 8}, {"n_head", 4}, {"n_embd", 32}, {"vocab_size", 128}, {"block_size", 32}};
   const int64_t T = 16;
-  const auto model = trace::ModelRef::registry("gpt", config);
+  const auto model = trace::ModelRef::registry("gpt", eight_block_gpt());
   const ClusterProfile selene = ClusterProfile::load(profiles("a100-selene.json"));
-  SpaceOptions so;
-  so.world = 8;
-  so.global_batch = 8;
-  so.seq_len = T;
+  const SpaceOptions so = space_of(8, 8, T, false);
   MemoryModel fresh_memory(model, T), memory(model, T);
   CostModel fresh_cost(model, T, selene), cost(model, T, selene);
   fresh_memory.share_traces(nullptr);
@@ -426,21 +443,11 @@ TEST(TraceCache, SharedTracesGiveThePredictionsOfFreshOnes) {
 // pipelines of every depth and the data-parallel methods (fsdp's blockwise needs too); and the
 // needs were all made by expect, none by the predictions.
 TEST(MemoryModel, NeedsMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
-  const nlohmann::json config = {
-      {"n_layer", 8}, {"n_head", 4}, {"n_embd", 32}, {"vocab_size", 128}, {"block_size", 32}};
   const int64_t T = 16;
-  const auto model = trace::ModelRef::registry("gpt", config);
-  SpaceOptions so;
-  so.world = 8;
-  so.global_batch = 8;
-  so.seq_len = T;
-  so.allow_bf16 = true;
+  const auto model = trace::ModelRef::registry("gpt", eight_block_gpt());
   MemoryModel asked(model, T), ahead(model, T);
-  const auto cands = enumerate_candidates(so, asked.num_blocks());
-  const int threads = get_num_threads();
-  set_num_threads(2);
-  ahead.expect(cands);
-  set_num_threads(threads);
+  const auto cands = enumerate_candidates(space_of(8, 8, T, true), asked.num_blocks());
+  on_threads(2, [&] { ahead.expect(cands); });
   const size_t made_ahead = ahead.needs_traced();
   EXPECT_GT(made_ahead, 50u);
   std::set<int> depths;
@@ -469,28 +476,18 @@ TEST(MemoryModel, NeedsMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
 // memory model's rank models and traces, as a plan-only search does; the predictions then make
 // no pass.
 TEST(CostModel, PassesMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
-  const nlohmann::json config = {
-      {"n_layer", 8}, {"n_head", 4}, {"n_embd", 32}, {"vocab_size", 128}, {"block_size", 32}};
   const int64_t T = 16;
-  const auto model = trace::ModelRef::registry("gpt", config);
+  const auto model = trace::ModelRef::registry("gpt", eight_block_gpt());
   const ClusterProfile selene = ClusterProfile::load(profiles("a100-selene.json"));
-  SpaceOptions so;
-  so.world = 8;
-  so.global_batch = 16;
-  so.seq_len = T;
-  so.allow_bf16 = true;
   MemoryModel memory(model, T);
   CostModel asked(model, T, selene), ahead(model, T, selene);
   ahead.share_rank_models(memory.rank_models());
-  const auto cands = enumerate_candidates(so, memory.num_blocks());
+  const auto cands = enumerate_candidates(space_of(8, 16, T, true), memory.num_blocks());
   std::vector<const Candidate*> runnable;
   for (const Candidate& c : cands) {
     if (!memory.layout_refusal(c)) runnable.push_back(&c);
   }
-  const int threads = get_num_threads();
-  set_num_threads(2);
-  ahead.expect(runnable);
-  set_num_threads(threads);
+  on_threads(2, [&] { ahead.expect(runnable); });
   const size_t made_ahead = ahead.passes_priced();
   EXPECT_GT(made_ahead, 50u);
   std::set<int> depths;
@@ -510,7 +507,7 @@ TEST(CostModel, PassesMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
   EXPECT_EQ(ahead.passes_priced(), made_ahead)
       << made_ahead << " made ahead, " << ahead.passes_priced() << " in all";
   // Rank models of another model are refused.
-  EXPECT_THROW(CostModel(trace::ModelRef::registry("gpt", config), T + 1, selene)
+  EXPECT_THROW(CostModel(trace::ModelRef::registry("gpt", eight_block_gpt()), T + 1, selene)
                    .share_rank_models(memory.rank_models()),
                InternalError);
 }
@@ -543,22 +540,12 @@ TEST(MemoryModel, AModuleOfTheUsersNeedsAreMadeOnOneThread) {
   const auto model = trace::ModelRef::module(
       net, data::Batch(std::vector<data::Batch::Entry>{{"x", randn({4, 16})}}),
       [](nn::Module& m, const data::Batch& b) { return mean(m.forward(b.at("x"))); });
-  SpaceOptions so;
-  so.world = 4;
-  so.global_batch = 16;
-  so.seq_len = 1;
+  SpaceOptions so = space_of(4, 16, 1, false);
   so.has_attention = false;
   so.language_model = false;
   MemoryModel asked(model, 1), ahead(model, 1);
   const auto cands = enumerate_candidates(so, asked.num_blocks());
-  const int threads = get_num_threads();
-  struct Restore {
-    int n;
-    ~Restore() { set_num_threads(n); }
-  } restore{threads};
-  set_num_threads(2);
-  ahead.expect(cands);
-  set_num_threads(threads);
+  on_threads(2, [&] { ahead.expect(cands); });
   EXPECT_GT(ahead.needs_traced(), 0u);
   std::set<int> tp;
   for (const Candidate& c : cands) {

@@ -89,6 +89,9 @@ Candidate candidate_of(const strategies::Strategy& s, int world, int64_t global_
                        const std::vector<strategies::MethodSearch>& methods,
                        const std::optional<std::string>& layout_key = std::nullopt);
 
+/// Pointers to each of `candidates`, in order (what the models' expect() walk).
+std::vector<const Candidate*> pointers_to(const std::vector<Candidate>& candidates);
+
 /// Every candidate for a model of `num_blocks` repeated blocks; a candidate's dp must divide the
 /// global batch (its tp and cp ranks read the same samples). Throws acc::ValueError naming the
 /// value for: world < 1, a global batch < 1 or one no mesh's dp divides ("global batch 63 does
