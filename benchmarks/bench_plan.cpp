@@ -3,8 +3,8 @@
 // to end in < 10 s). One process, --threads threads (default 1). Prints one JSON object:
 //
 //   enumerate_s        the space (search::enumerate_candidates)
-//   cold.memory_s      every candidate's memory (search::MemoryModel::predict, layouts checked
-//                      first), its needs made ahead on the threads (MemoryModel::expect)
+//   cold.memory_s      every candidate's memory (search::MemoryModel::predict_all, layouts
+//                      checked first), its needs made ahead on the threads (MemoryModel::expect)
 //   cold.time_s        every candidate that can run priced (search::CostModel::predict), its
 //                      passes made ahead likewise (CostModel::expect of those candidates)
 //   cold.evals_per_s   candidates / (memory_s + time_s): what a first search sees
@@ -12,7 +12,9 @@
 //                      what an evaluation costs beyond its traces
 //   traces             memory needs and time passes the cold pass traced (told the candidates,
 //                      as the search tells them: each rank trace's micro-batches from 2 up come
-//                      from one pair of traces, trace::BatchTraces; micro-batch 1 is its own)
+//                      from one pair of traces, trace::BatchTraces; micro-batch 1 is its own),
+//                      and the memory predictions predict_all left to one thread (0: expect made
+//                      everything they read)
 //
 //   bench_plan --config C.json --world 64 --global-batch 1536 --seq-len 2048
 //       --cluster search/profiles/a100-selene.json   (one command line)
@@ -88,10 +90,9 @@ int main(int argc, char** argv) {
     int64_t checksum = 0;       // keeps the predictions from being optimised away
     memory.expect(candidates);  // as auto_accelerate's search does
     for (const auto& c : candidates) {
-      if (memory.layout_refusal(c)) continue;
-      checksum += memory.predict(c).peak % 1000;
-      runnable.push_back(&c);
+      if (!memory.layout_refusal(c)) runnable.push_back(&c);
     }
+    for (const auto& m : memory.predict_all(runnable)) checksum += m.peak % 1000;
     const double memory_s = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
     // The passes of the candidates it prices made ahead, as a search does for those that fit.
@@ -129,6 +130,7 @@ int main(int argc, char** argv) {
         {"warm", {{"evals_per_s", bench::median(warm)}, {"passes", repeat}}},
         {"traces",
          {{"memory_needs", memory.needs_traced()},
+          {"memory_predictions_left", memory.predictions_left()},
           {"time_passes", cost.passes_priced()},
           {"made", memory.traces()->traced()},
           {"made_not_kept", memory.traces()->dropped()},

@@ -151,15 +151,25 @@ std::vector<Candidate> enumerate_candidates(const SpaceOptions& o, int64_t num_b
       groups.push_back({Option{}});  // none
       group_slot.push_back(m.exclusive_slot ? m.slot : "");
     }
-    for (auto& c : choices) {
-      // Each choice's config checked once here; each combination's composition below.
-      try {
-        strategies::check_config({m.name, c});
-      } catch (const ValueError& e) {
-        ACC_THROW(InternalError, "search: method '", m.name, "' offers a config it refuses (",
-                  c.dump(), "): ", e.what());
+    // Each choice's config checked once here, on the configured threads (a pipeline's choices
+    // make and validate their schedules: a tenth of a plan-only search on one thread); each
+    // combination's composition below.
+    std::vector<std::optional<std::string>> refused(choices.size());
+    parallel_for(static_cast<int64_t>(choices.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        try {
+          strategies::check_config({m.name, choices[static_cast<size_t>(i)]});
+        } catch (const ValueError& e) {
+          refused[static_cast<size_t>(i)] = e.what();
+        }
       }
-      groups[g].push_back({&m, std::move(c)});
+    });
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (refused[i]) {
+        ACC_THROW(InternalError, "search: method '", m.name, "' offers a config it refuses (",
+                  choices[i].dump(), "): ", *refused[i]);
+      }
+      groups[g].push_back({&m, std::move(choices[i])});
     }
   }
   // A required slot (gradient synchronisation on several ranks) has no "none"; an included
@@ -478,6 +488,11 @@ const std::vector<RankModel>& RankModels::of(const Candidate& c) {
   return it->second;
 }
 
+const std::vector<RankModel>* RankModels::made(const Candidate& c) const {
+  const auto it = layouts_.find(c.layout_key());
+  return it == layouts_.end() ? nullptr : &it->second;
+}
+
 void RankModels::share_traces(std::shared_ptr<trace::TraceCache> cache) {
   // of() hands out references to the layouts it made, whose models hold the cache they were made
   // with: swapping the cache then would leave them dangling or stale.
@@ -641,8 +656,8 @@ MemoryModel::Made MemoryModel::make_needs(const trace::ModelRef& model, const st
       pair.push_back(b);
       continue;
     }
-    out.needs.emplace_back(key(b), trace::estimate_training_need(model, b, seq_len_, activations,
-                                                                 optimizer_, blockwise));
+    out.needs.emplace_back(key(b), NeedEntry{trace::estimate_training_need(
+                                       model, b, seq_len_, activations, optimizer_, blockwise)});
     ++out.traced;
   }
   if (pair.empty()) return out;
@@ -650,13 +665,13 @@ MemoryModel::Made MemoryModel::make_needs(const trace::ModelRef& model, const st
       trace::estimate_training_needs(model, pair, seq_len_, activations, optimizer_, blockwise);
   ++out.traced;
   for (size_t i = 0; i < needs.size(); ++i)
-    out.needs.emplace_back(key(pair[i]), std::move(needs[i]));
+    out.needs.emplace_back(key(pair[i]), NeedEntry{std::move(needs[i])});
   return out;
 }
 
 void MemoryModel::keep(Made made) {
   needs_traced_ += made.traced;
-  for (auto& [key, n] : made.needs) needs_.emplace(key, NeedEntry{std::move(n)});
+  for (auto& [key, entry] : made.needs) needs_.emplace(key, std::move(entry));
 }
 
 MemoryModel::NeedEntry& MemoryModel::need(const trace::ModelRef& model, const std::string& layout,
@@ -704,6 +719,23 @@ double sharded_in_flight(const strategies::StepEffects& e, int64_t W) {
   const int64_t ring_chunks = std::min<int64_t>(2, std::max<int64_t>(0, W - 2));
   return elem_share * (1.0 + static_cast<double>(ring_chunks + (e.bf16_communication ? 1 : 0)) /
                                  static_cast<double>(W));
+}
+
+}  // namespace
+
+namespace {
+
+// The timeline of a pipeline rank's need over each of its stages (trace::stage_highs), where the
+// trace's copy splits its blocks as the rank does: evenly (Strategy's layout_rewrite), so only for
+// stages of equal length (else none). Once per need: the layout keying it holds the rank's stages.
+std::optional<std::vector<trace::StageHighs>> stage_highs_of(const trace::TrainingNeed& n,
+                                                             const RankModel& rank) {
+  std::vector<int64_t> blocks;
+  for (const auto& st : rank.stages) blocks.push_back(st.end - st.begin);
+  if (std::adjacent_find(blocks.begin(), blocks.end(), std::not_equal_to<>()) != blocks.end()) {
+    return std::nullopt;
+  }
+  return trace::stage_highs(n, blocks);
 }
 
 }  // namespace
@@ -788,19 +820,56 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
     Made m = make_needs(pair.rank->model, job.key->first, job.batches, pair.activations,
                         job.in_flight_fraction, job.accumulated, /*paired=*/true);
     out.traced += m.traced;
-    for (auto& n : m.needs) out.needs.push_back(std::move(n));
+    for (auto& [key, entry] : m.needs) {
+      // A pipeline rank's prediction reads its plain need's timeline over its stages.
+      if (!job.in_flight_fraction && !pair.rank->stages.empty()) {
+        entry.highs = stage_highs_of(entry.need, *pair.rank);
+        entry.highs_made = true;
+      }
+      out.needs.emplace_back(std::move(key), std::move(entry));
+    }
   });
   for (Made& m : made) keep(std::move(m));
 }
 
 MemoryPrediction MemoryModel::predict(const Candidate& c) {
-  const std::vector<RankModel>& ranks = ranks_->of(c);
-  if (ranks.size() == 1) return predict_rank(c, ranks.front(), ranks.front().trace_key);
+  return predict(c, false);
+}
+
+std::vector<MemoryPrediction> MemoryModel::predict_all(
+    const std::vector<const Candidate*>& candidates) {
+  std::vector<MemoryPrediction> out(candidates.size());
+  // 0: predicted on the threads; 1: left for this thread (a need not made, or an error, which
+  // predict() then throws in the candidates' order).
+  std::vector<char> left(candidates.size(), 0);
+  parallel_for(static_cast<int64_t>(candidates.size()), 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const auto k = static_cast<size_t>(i);
+      try {
+        out[k] = predict(*candidates[k], true);
+      } catch (...) {
+        left[k] = 1;
+      }
+    }
+  });
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    if (left[k] == 0) continue;
+    ++predictions_left_;
+    out[k] = predict(*candidates[k], false);
+  }
+  return out;
+}
+
+MemoryPrediction MemoryModel::predict(const Candidate& c, bool made_only) {
+  const std::vector<RankModel>* made = ranks_->made(c);
+  if (made == nullptr && made_only) throw NotMade{};
+  const std::vector<RankModel>& ranks = made != nullptr ? *made : ranks_->of(c);
+  if (ranks.size() == 1) return predict_rank(c, ranks.front(), ranks.front().trace_key, made_only);
   // A pipeline: each pp rank holds its own stages; the candidate needs its largest.
   MemoryPrediction worst;
   std::vector<int64_t> peaks;
   for (const RankModel& r : ranks) {
-    MemoryPrediction m = predict_rank(c, r, r.trace_key);
+    MemoryPrediction m = predict_rank(c, r, r.trace_key, made_only);
     peaks.push_back(m.peak);
     if (peaks.size() == 1 || m.peak > worst.peak) worst = m;
   }
@@ -855,7 +924,7 @@ std::vector<int64_t> stage_gradient_bytes(const trace::TrainingNeed& n, const Ra
 }
 
 MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& rank,
-                                           const std::string& layout) {
+                                           const std::string& layout, bool made_only) {
   const strategies::StepEffects e = rank_effects(c.effects, rank);
   // The micro-batches expected of the rank's trace under these options (expect).
   const std::set<int64_t>* batches = nullptr;
@@ -866,12 +935,22 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
   // The model as the candidate's rank runs it (its stages, its tensor-parallel shards, its share
   // of the sequence), which the data-parallel methods then shard over dp x cp.
   const trace::ModelRef& model = rank.model;
+  auto entry_of = [&](int64_t micro_batch, const strategies::StepEffects& fx,
+                      std::optional<double> in_flight, bool accumulated) -> NeedEntry& {
+    if (!made_only) {
+      return this->need(model, layout, micro_batch, fx, in_flight, accumulated, batches);
+    }
+    const auto it = needs_.find(
+        need_key(layout, micro_batch, activation_trace_options(fx), in_flight, accumulated));
+    if (it == needs_.end()) throw NotMade{};
+    return it->second;
+  };
   auto need = [&](int64_t micro_batch, const strategies::StepEffects& fx,
                   std::optional<double> in_flight = std::nullopt,
                   bool accumulated = false) -> const trace::TrainingNeed& {
-    return this->need(model, layout, micro_batch, fx, in_flight, accumulated, batches).need;
+    return entry_of(micro_batch, fx, in_flight, accumulated).need;
   };
-  NeedEntry& entry = this->need(model, layout, c.micro_batch, e, std::nullopt, false, batches);
+  NeedEntry& entry = entry_of(c.micro_batch, e, std::nullopt, false);
   const trace::TrainingNeed& n = entry.need;
   const int64_t W = c.data_parallel_ranks();
   const int64_t P = n.memory.parameters, G = n.memory.gradients, O = n.memory.optimizer_state;
@@ -905,15 +984,10 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     for (const StageAction& a : rank.actions) {
       m.in_flight_activations = std::max(m.in_flight_activations, beyond_trace(a.in_flight));
     }
-    // The timeline over each stage (trace::stage_highs), where the trace's copy splits its blocks
-    // as the rank does: evenly (Strategy's layout_rewrite), so stages of equal length. Once per
-    // need: the layout keying it holds the rank's stages.
+    // The timeline over each stage (stage_highs_of), once per need.
     if (!entry.highs_made) {
-      std::vector<int64_t> blocks;
-      for (const auto& st : rank.stages) blocks.push_back(st.end - st.begin);
-      if (std::adjacent_find(blocks.begin(), blocks.end(), std::not_equal_to<>()) == blocks.end()) {
-        entry.highs = trace::stage_highs(n, blocks);
-      }
+      if (made_only) throw NotMade{};
+      entry.highs = stage_highs_of(n, rank);
       entry.highs_made = true;
     }
     const std::optional<std::vector<trace::StageHighs>>& highs = entry.highs;

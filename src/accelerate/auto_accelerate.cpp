@@ -1,5 +1,6 @@
 #include "acc/accelerate.hpp"
 
+#include <tbb/task_group.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -159,11 +160,19 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
   so.language_model = model.is_registry();
   s.candidates = search::enumerate_candidates(so, memory.num_blocks());
   memory.expect(s.candidates);  // each layout's micro-batches from one pair of traces
-  // A layout (tensor_parallel, sequence_parallel) that cannot run the model is listed once, with
-  // its transform's reason; its other combinations are left out.
-  std::set<std::string> excluded_layouts;
+  // The predictions on the threads (the needs are made: expect), in the candidates' order.
+  std::vector<const Candidate*> runnable;
   for (const auto& c : s.candidates) {
-    if (const auto refusal = memory.layout_refusal(c)) {
+    if (!memory.layout_refusal(c)) runnable.push_back(&c);
+  }
+  std::vector<search::MemoryPrediction> predicted = memory.predict_all(runnable);
+  std::set<std::string> excluded_layouts;
+  size_t next = 0;  // runnable[next] is the next candidate predicted
+  for (const auto& c : s.candidates) {
+    // A layout (tensor_parallel, sequence_parallel) that cannot run the model is listed once,
+    // with its transform's reason; its other combinations are left out.
+    if (next == runnable.size() || runnable[next] != &c) {
+      const std::optional<std::string> refusal = memory.layout_refusal(c);  // kept: a lookup
       if (!excluded_layouts.insert(c.layout_key()).second) continue;
       Candidate& shown = s.excluded.emplace_back(c);  // the row names the layout alone
       shown.set_strategy(strategies::layout_of(c.strategy()));
@@ -171,11 +180,11 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
                         {},
                         std::nullopt,
                         search::Status::kExcluded,
-                        *refusal,  // the row's name is the layout
+                        refusal.value_or(""),  // the row's name is the layout
                         std::nullopt});
       continue;
     }
-    Row r{&c, memory.predict(c), std::nullopt, search::Status::kFits, "", std::nullopt};
+    Row r{&c, std::move(predicted[next++]), std::nullopt, search::Status::kFits, "", std::nullopt};
     s.smallest = s.smallest < 0 ? r.memory.peak : std::min(s.smallest, r.memory.peak);
     if (static_cast<double>(r.memory.peak) * (1 + kMemoryMargin) > static_cast<double>(s.budget)) {
       r.status = search::Status::kRejected;
@@ -702,14 +711,32 @@ nlohmann::json plan_for_cluster(const trace::ModelRef& model, int world, const A
     s = build_space(model, world, budgeted, buffers);
   }
   const double space_s = total.elapsed_s();
-  search::CostModel cost(model, o.seq_len, cluster);
-  cost.share_rank_models(s.memory->rank_models());  // the space's ranks and traces, priced again
-  cost.set_optimizer_state_buffers(s.optimizer_buffers);
-  cost.expect(fitting(s));  // each rank trace's micro-batches from one pair of traces, made ahead
-  if (!pinned) recut_pipelines(s, cost);
+  auto cost = std::make_shared<search::CostModel>(model, o.seq_len, cluster);
+  cost->share_rank_models(s.memory->rank_models());  // the space's ranks and traces, priced again
+  cost->set_optimizer_state_buffers(s.optimizer_buffers);
+  cost->expect(fitting(s));  // each rank trace's micro-batches from one pair of traces, made ahead
+  if (!pinned) recut_pipelines(s, *cost);
   const double flops_per_step =
       model_flops_per_sample(model, o.seq_len) * static_cast<double>(o.global_batch);
-  const std::vector<Row*> ranked = rank_rows(s, cost);
+  const std::vector<Row*> ranked = rank_rows(s, *cost);
+  // Nothing below reads the models: they and their traces (small graphs by the thousand, 2 GB
+  // and half a second of frees at GPT-3 175B on 1024 devices) are freed by a task of the
+  // configured threads while the report is made (waited for on the way out, also when the
+  // report throws: frees do not). The task holds the last references.
+  struct Freed {  // TBB calls its task const: the references it drops are mutable
+    mutable std::shared_ptr<search::MemoryModel> memory;
+    mutable std::shared_ptr<search::CostModel> cost;
+    void operator()() const {
+      cost.reset();
+      memory.reset();
+    }
+  };
+  tbb::task_group freeing;
+  freeing.run(Freed{std::move(s.memory), std::move(cost)});
+  struct Waited {
+    tbb::task_group& group;
+    ~Waited() { group.wait(); }
+  } waited{freeing};
   nlohmann::json report = plan_report(s, ranked.front(), world, o);
   report["cluster"] = cluster.to_json();
   report["timing"] = {{"calibration_s", 0.0},

@@ -365,10 +365,27 @@ TEST(CustomModelAccelerate, ReportsEveryCandidateAndAppliesTheFastestMeasured) {
   const data::Shard shard{.rank = dist::rank(), .ranks = W, .global_batch = kGlobalBatch};
   o.sample_batch = custom::synthetic_batch(shard.sample_indices(0), net_config(), kDataSeed);
   AccelerateResult acc = auto_accelerate(model, optim::AdamW::factory({.lr = 1e-2}), o);
-  // The dry-runs left the module as it was (they train it in place and put it back).
+  // The dry-runs left the module as it was (they train it in place and put it back): the model
+  // returned is the chosen strategy applied to the user's initial values, as applying it by hand
+  // to a fresh copy makes it (a tensor-parallel choice, the fastest on a loaded machine, shards
+  // the parameters).
+  auto twin = make_net();
+  auto by_hand =
+      strategies::apply(twin, optim::AdamW::factory({.lr = 1e-2}), acc.strategy,
+                        {.loss = custom::classification_loss, .sample_batch = *o.sample_batch});
   const auto after = acc.model->named_parameters();
+  const auto applied = twin->named_parameters();
+  ASSERT_EQ(after.size(), applied.size()) << acc.report.at("chosen_name");
   for (size_t i = 0; i < after.size(); ++i) {
-    EXPECT_EQ(after[i].second.numel(), static_cast<int64_t>(values[i].size()));
+    EXPECT_EQ(after[i].first, applied[i].first);
+    EXPECT_EQ(after[i].second.numel(), applied[i].second.numel())
+        << after[i].first << " under " << acc.report.at("chosen_name");
+  }
+  if (strategies::layout_key(acc.strategy).empty()) {  // no shards: the user's own shapes
+    ASSERT_EQ(after.size(), values.size());
+    for (size_t i = 0; i < after.size(); ++i) {
+      EXPECT_EQ(after[i].second.numel(), static_cast<int64_t>(values[i].size()));
+    }
   }
   const nlohmann::json& report = acc.report;
   ASSERT_GE(report.at("candidates").size(), 1u);
@@ -391,14 +408,12 @@ TEST(CustomModelAccelerate, ReportsEveryCandidateAndAppliesTheFastestMeasured) {
   EXPECT_GE(measured, 1);
   EXPECT_EQ(chosen_name, fastest_name);
   EXPECT_EQ(report.at("chosen_name"), chosen_name);
-  // The shard is this rank's data-parallel coordinate.
-  EXPECT_EQ(acc.data.ranks, W);
-  EXPECT_EQ(acc.data.rank, dist::rank());
+  // The shard is this rank's data-parallel coordinate in the chosen layout's mesh.
+  const dist::DeviceMesh mesh = strategies::mesh_for(acc.strategy, W);
+  EXPECT_EQ(acc.data.ranks, mesh.dp);
+  EXPECT_EQ(acc.data.rank, mesh.coordinate_of(dist::rank()).dp);
   EXPECT_EQ(acc.model_hash.size(), 16u);
   // It trains, from the user's own initial values (the search put them back).
-  auto twin = make_net();
-  auto by_hand = strategies::apply(twin, optim::AdamW::factory({.lr = 1e-2}), acc.strategy,
-                                   {.loss = custom::classification_loss});
   custom::SyntheticLoader loader(acc.data, net_config(), kDataSeed);
   for (int s = 0; s < 3; ++s) {
     const data::Batch b = loader.next();

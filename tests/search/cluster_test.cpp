@@ -470,6 +470,42 @@ TEST(MemoryModel, NeedsMadeAheadOnTwoThreadsGiveThePredictionsOfOne) {
       << made_ahead << " made ahead, " << ahead.needs_traced() << " in all";
 }
 
+// MemoryModel::predict_all gives predict's figures in the candidates' order. After expect every
+// prediction only reads what it made (none is left to the calling thread, no need is made), on two
+// threads; without expect each is made as predict makes it.
+TEST(MemoryModel, PredictAllOnTwoThreadsGivesPredictOfEach) {
+  const int64_t T = 16;
+  const auto model = trace::ModelRef::registry("gpt", eight_block_gpt());
+  MemoryModel asked(model, T), ahead(model, T), told_nothing(model, T);
+  const auto cands = enumerate_candidates(space_of(8, 8, T, true), asked.num_blocks());
+  std::vector<const Candidate*> runnable;
+  for (const Candidate& c : cands) {
+    if (!asked.layout_refusal(c)) runnable.push_back(&c);
+  }
+  std::vector<MemoryPrediction> all, fresh;
+  on_threads(2, [&] {
+    ahead.expect(cands);
+    const size_t made_ahead = ahead.needs_traced();
+    for (const Candidate& c : cands) (void)ahead.layout_refusal(c);
+    all = ahead.predict_all(runnable);
+    EXPECT_EQ(ahead.needs_traced(), made_ahead);
+    fresh = told_nothing.predict_all(runnable);
+  });
+  ASSERT_EQ(all.size(), runnable.size());
+  ASSERT_EQ(fresh.size(), runnable.size());
+  EXPECT_GT(runnable.size(), 200u);
+  std::set<int> depths;
+  for (size_t i = 0; i < runnable.size(); ++i) {
+    const std::string want = asked.predict(*runnable[i]).to_json().dump();
+    ASSERT_EQ(all[i].to_json().dump(), want) << runnable[i]->describe();
+    ASSERT_EQ(fresh[i].to_json().dump(), want) << runnable[i]->describe();
+    depths.insert(runnable[i]->mesh.pp);
+  }
+  EXPECT_EQ(depths, (std::set<int>{1, 2, 4, 8}));
+  EXPECT_EQ(ahead.predictions_left(), 0u);
+  EXPECT_EQ(told_nothing.predictions_left(), runnable.size());
+}
+
 // CostModel::expect makes the passes of the candidates it is told of on the configured threads:
 // each prediction (and each pipeline's stage ends, which a re-cut reads) is the one of a model
 // told nothing (each pass made as it is asked), on a cluster (a pass per dp) and sharing the

@@ -194,6 +194,9 @@ class RankModels {
   RankModels(trace::ModelRef model, int64_t seq_len);
   /// The models of `c`'s pp ranks: the model itself when `c` has no layout.
   const std::vector<RankModel>& of(const Candidate& c);
+  /// Those of() made before, else null. Changes nothing: several threads may ask at once while
+  /// no of() runs.
+  const std::vector<RankModel>* made(const Candidate& c) const;
   /// For each rank of each candidate whose layout can be made: `f(c, pair_key)`, the rank's
   /// batch_pair_key, under which its micro-batches share traces (what the models' expect()
   /// collect). A candidate's ranks of one pair key (a deep pipeline's middle ranks) are given
@@ -256,6 +259,14 @@ class MemoryModel {
   /// Any model (trace::ModelRef: a user's module is traced whole).
   MemoryModel(trace::ModelRef model, int64_t seq_len, std::string optimizer = "adamw");
   MemoryPrediction predict(const Candidate& c);
+  /// predict() of each candidate, in their order. The predictions whose needs expect() made (and
+  /// each pipeline rank's timeline over its stages with them) only read what is made, and run on
+  /// the configured threads (acc::set_num_threads); the rest follow on this thread, in order, as
+  /// predict() makes them, and throw what it throws.
+  std::vector<MemoryPrediction> predict_all(const std::vector<const Candidate*>& candidates);
+  /// Of predict_all()'s predictions so far, those left to the calling thread (what expect() did
+  /// not make for them; bench_plan reports it).
+  size_t predictions_left() const { return predictions_left_; }
   /// Tells the model the candidates it will predict: a need first traced for one of the
   /// micro-batches of the candidates running a rank's trace with the same activation options
   /// (batch_pair_key) is then evaluated at all of them from the same traces
@@ -292,8 +303,8 @@ class MemoryModel {
   const std::shared_ptr<RankModels>& rank_models() const { return ranks_; }
 
  private:
-  // A need, and its timeline over the stages of the rank whose trace key keyed it (made when
-  // first asked: every pipeline rank's prediction reads them).
+  // A need, and its timeline over the stages of the rank whose trace key keyed it (made with the
+  // need by expect(), else when first asked: every pipeline rank's prediction reads them).
   struct NeedEntry {
     trace::TrainingNeed need;
     bool highs_made = false;
@@ -307,7 +318,7 @@ class MemoryModel {
                           std::optional<double> in_flight_fraction, bool accumulated);
   // Needs made, not kept yet, and the traces they cost (as needs_traced_ counts).
   struct Made {
-    std::vector<std::pair<NeedKey, trace::TrainingNeed>> needs;
+    std::vector<std::pair<NeedKey, NeedEntry>> needs;
     size_t traced = 0;
   };
   // The needs of `model` (keyed `layout`) at `batches`, none made yet: with `paired`, those from
@@ -318,8 +329,15 @@ class MemoryModel {
                   const std::vector<int64_t>& batches, const trace::TraceOptions& activations,
                   std::optional<double> in_flight_fraction, bool accumulated, bool paired) const;
   void keep(Made made);
-  // The prediction for one pp rank (`key`: its model's cache key).
-  MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key);
+  // What a prediction that may only read (predict_all's threads) lacks: a need, a pipeline rank's
+  // timeline over its stages or the candidate's rank models not made yet.
+  struct NotMade {};
+  // The prediction of a candidate / of one of its pp ranks (`key`: its model's cache key). With
+  // `made_only` they change nothing (predict_all runs them on several threads) and throw NotMade
+  // where they would make something.
+  MemoryPrediction predict(const Candidate& c, bool made_only);
+  MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key,
+                                bool made_only);
   // `layout` keys the cache: the rank's trace key, whose model `model` is. Given `batches` holding
   // `micro_batch`, the need is made at each of them at once.
   NeedEntry& need(const trace::ModelRef& model, const std::string& layout, int64_t micro_batch,
@@ -334,6 +352,7 @@ class MemoryModel {
   std::set<std::string> traced_ranks_;                  // rank trace keys traced without a refusal
   std::map<BatchPairKey, std::set<int64_t>> expected_;  // batch_pair_key -> micro-batches
   size_t needs_traced_ = 0;
+  size_t predictions_left_ = 0;
   // Hashed, as layouts_ is: looked up for each rank of each candidate predicted.
   struct NeedKeyHash {
     size_t operator()(const NeedKey& k) const;
