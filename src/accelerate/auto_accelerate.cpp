@@ -539,19 +539,30 @@ void check_outputs(const AccelerateOptions& o, dist::ProcessGroup* group) {
 }  // namespace
 
 std::string report_table(const nlohmann::json& report, size_t max_rows) {
+  // Chosen first, then best predicted (rejected last, by memory); only the lines shown are
+  // formatted (a plan for a thousand devices has 10^5 rows).
   struct Line {
     bool measured;
     double order;
-    std::string text;
+    const nlohmann::json* row;
   };
   std::vector<Line> lines;
-  char buf[512];
   size_t rejected = 0;
   for (const auto& row : report.at("candidates")) {
     const auto& pred = row.at("predicted");
     const double mem = static_cast<double>(pred.at("memory").at("peak").get<int64_t>());
     const double t = pred.contains("time") ? pred.at("time").at("step_s").get<double>() : -1;
     if (search::parse_status(row.at("status"), "report") == search::Status::kRejected) ++rejected;
+    const double order = row.contains("chosen") ? -1 : t >= 0 ? t : 1e30 + mem;
+    lines.push_back({row.contains("measured") || row.contains("chosen"), order, &row});
+  }
+  std::stable_sort(lines.begin(), lines.end(),
+                   [](const Line& a, const Line& b) { return a.order < b.order; });
+  char buf[512];
+  auto text = [&buf](const nlohmann::json& row) {
+    const auto& pred = row.at("predicted");
+    const double mem = static_cast<double>(pred.at("memory").at("peak").get<int64_t>());
+    const double t = pred.contains("time") ? pred.at("time").at("step_s").get<double>() : -1;
     char predicted[32] = "-";
     if (t >= 0) std::snprintf(predicted, sizeof(predicted), "%.1f ms", 1e3 * t);
     std::string measured = "-";
@@ -567,19 +578,15 @@ std::string report_table(const nlohmann::json& report, size_t max_rows) {
                   row.contains("chosen") ? "*" : " ", row.at("name").get<std::string>().c_str(),
                   predicted, trace::human_bytes(mem).c_str(), measured.c_str(),
                   row.at("status").get<std::string>().c_str());
-    // Chosen first, then best predicted (rejected last, by memory).
-    const double order = row.contains("chosen") ? -1 : t >= 0 ? t : 1e30 + mem;
-    lines.push_back({row.contains("measured") || row.contains("chosen"), order, buf});
-  }
-  std::stable_sort(lines.begin(), lines.end(),
-                   [](const Line& a, const Line& b) { return a.order < b.order; });
+    return std::string(buf);
+  };
   std::snprintf(buf, sizeof(buf), "  %-76s %10s %12s  %-22s %s\n", "candidate", "predicted",
                 "pred. memory", "measured", "status");
   std::string out = buf;
   size_t shown = 0;
   for (const auto& l : lines) {
     if (l.measured || shown < max_rows) {
-      out += l.text + "\n";
+      out += text(*l.row) + "\n";
       ++shown;
     }
   }
