@@ -64,8 +64,33 @@ std::string cpuinfo_field(const std::string& cpuinfo, const std::string& key) {
   return "";
 }
 
-const char* const kFingerprintFields[] = {"autoacc_version", "blas_config", "blas_core", "cores",
-                                          "cpu_model",       "isa",         "memory_gib"};
+const char* const kFingerprintFields[] = {
+    "autoacc_version", "blas_config", "blas_core", "build",
+    "cores",           "cpu_model",   "isa",       "memory_gib"};
+
+// HardwareFingerprint::build of this library.
+std::string build_flavour() {
+#if defined(__OPTIMIZE__)
+  std::string b = "optimized";
+#else
+  std::string b = "unoptimized";
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+  b += "+asan";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  b += "+asan";
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+  b += "+tsan";
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  b += "+tsan";
+#endif
+#endif
+  return b;
+}
 
 }  // namespace
 
@@ -92,6 +117,7 @@ HardwareFingerprint hardware_fingerprint() {
   f.blas_core = trim(core ? core : "");
   f.blas_config = trim(config ? config : "");
   f.autoacc_version = ACC_VERSION;
+  f.build = build_flavour();
   return f;
 }
 
@@ -102,7 +128,8 @@ nlohmann::json HardwareFingerprint::to_json() const {
           {"memory_gib", memory_gib},
           {"blas_core", blas_core},
           {"blas_config", blas_config},
-          {"autoacc_version", autoacc_version}};
+          {"autoacc_version", autoacc_version},
+          {"build", build}};
 }
 
 namespace {
@@ -127,6 +154,7 @@ HardwareFingerprint fingerprint_from_json(const nlohmann::json& j, const std::st
   h.blas_core = f.string("blas_core");
   h.blas_config = f.string("blas_config");
   h.autoacc_version = f.string("autoacc_version");
+  h.build = f.string("build");
   f.no_others();
   return h;
 }

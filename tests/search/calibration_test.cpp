@@ -78,6 +78,9 @@ TEST(HardwareFingerprint, IsStableAcrossCallsAndRoundTripsThroughJson) {
   EXPECT_GE(a.memory_gib, 1);
   EXPECT_FALSE(a.blas_core.empty());
   EXPECT_FALSE(a.autoacc_version.empty());
+  // This test's own build: optimised or not, and a sanitizer named after a '+'.
+  EXPECT_TRUE(a.build.rfind("optimized", 0) == 0 || a.build.rfind("unoptimized", 0) == 0)
+      << a.build;
 
   const HardwareFingerprint back = HardwareFingerprint::from_json(a.to_json());
   EXPECT_EQ(back, a);
@@ -89,7 +92,7 @@ TEST(HardwareFingerprint, IsStableAcrossCallsAndRoundTripsThroughJson) {
 
 TEST(HardwareFingerprint, EveryFieldChangesTheKeyAndIsNamedAsTheDifference) {
   const HardwareFingerprint a = hardware_fingerprint();
-  std::vector<std::pair<std::string, HardwareFingerprint>> changed(7, {"", a});
+  std::vector<std::pair<std::string, HardwareFingerprint>> changed(8, {"", a});
   changed[0].first = "cpu_model", changed[0].second.cpu_model += "x";
   changed[1].first = "isa", changed[1].second.isa.push_back("avx512_fp16");
   changed[2].first = "cores", changed[2].second.cores += 1;
@@ -97,6 +100,7 @@ TEST(HardwareFingerprint, EveryFieldChangesTheKeyAndIsNamedAsTheDifference) {
   changed[4].first = "blas_core", changed[4].second.blas_core += "x";
   changed[5].first = "blas_config", changed[5].second.blas_config += "x";
   changed[6].first = "autoacc_version", changed[6].second.autoacc_version += ".1";
+  changed[7].first = "build", changed[7].second.build += "+asan";
   for (const auto& [field, other] : changed) {
     EXPECT_NE(other.key(), a.key()) << field;
     EXPECT_EQ(a.difference(other).rfind(field + ": ", 0), 0u) << a.difference(other);
@@ -120,6 +124,7 @@ TEST(HardwareFingerprint, MalformedJsonNamesTheField) {
       {"isa", "avx2", "field 'isa' must be a list"},
       {"isa", nlohmann::json::array({"avx2", 1}), "field 'isa[1]' must be a string"},
       {"autoacc_version", nullptr, "field 'autoacc_version' is missing"},
+      {"build", nullptr, "field 'build' is missing"},
       {"colour", "blue", "field 'colour' is not known"},
   };
   for (const Case& c : cases) {

@@ -52,6 +52,11 @@ struct HardwareFingerprint {
   std::string blas_core;        // openblas_get_corename(): the kernel set OpenBLAS chose
   std::string blas_config;      // openblas_get_config(): version and build options
   std::string autoacc_version;  // PROJECT_VERSION of the build
+  /// How the library was compiled, as far as it moves the engine's speed: "optimized" or
+  /// "unoptimized", "+asan" / "+tsan" with a sanitizer. A sanitizer tree's figures (its per-op
+  /// overhead 80x an optimised build's) are another machine's to an optimised build: its tests
+  /// that search wrote them into the cache every build shares.
+  std::string build;
 
   static constexpr const char* kIsaFlags[] = {"avx2", "fma", "avx512f", "avx512_bf16", "amx"};
 

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -161,8 +162,11 @@ struct RankModel {
 /// message_bytes. Throws what the cut throws (fewer blocks than stages).
 /// `walks`, when given, keeps each pipeline config's cut and schedule walk (the ranks' stages,
 /// ends and actions) for the next layout around the same config: one model's, the cut depending
-/// on its blocks and head.
-using PipelineWalks = std::map<std::string, std::vector<RankModel>>;
+/// on its blocks and head. Several threads may share one (RankModels::make).
+struct PipelineWalks {
+  std::mutex mutex;
+  std::map<std::string, std::vector<RankModel>> by_config;
+};
 std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate& c,
                                    int64_t seq_len, PipelineWalks* walks = nullptr);
 
@@ -194,6 +198,10 @@ class RankModels {
   RankModels(trace::ModelRef model, int64_t seq_len);
   /// The models of `c`'s pp ranks: the model itself when `c` has no layout.
   const std::vector<RankModel>& of(const Candidate& c);
+  /// of() each candidate's layout not made yet, the layouts' rank models made on the configured
+  /// threads and kept in the candidates' order (the same trace ids of() gives them). A layout
+  /// whose ranks cannot be made is left to of(), which throws why.
+  void make(const std::vector<const Candidate*>& candidates);
   /// Those of() made before, else null. Changes nothing: several threads may ask at once while
   /// no of() runs.
   const std::vector<RankModel>* made(const Candidate& c) const;
@@ -221,6 +229,8 @@ class RankModels {
   std::unordered_map<std::string, std::vector<RankModel>> layouts_;
   std::map<std::string, int> trace_ids_;  // trace_key -> RankModel::trace_id
   PipelineWalks walks_;                   // pipeline config -> its ranks' stages and actions
+  // Keeps a layout's rank models (made by rank_models): their traces shared, their trace ids.
+  const std::vector<RankModel>& keep(const std::string& layout, std::vector<RankModel> ranks);
 };
 
 /// `e` as rank `r` of a pipeline sees it: of the model's first e.recompute_blocks blocks, those
