@@ -11,6 +11,7 @@
 #include "acc/dist/dist.hpp"
 #include "acc/search/calibration.hpp"
 #include "acc/util/error.hpp"
+#include "acc/util/system.hpp"
 
 namespace acc::search {
 namespace {
@@ -186,6 +187,13 @@ TEST(ContentionForJob, MeasuredOnceThenTakenFromTheCacheOnEveryRank) {
   const double again = contention_for_job(*world, later, shapes, co, &cached);
   EXPECT_TRUE(cached);
   EXPECT_EQ(again, first);
+  // Ranks that time-slice the cores compute at most their share, whatever was measured: a cached
+  // factor under it (1, as a quiet moment may measure) is raised to it.
+  const double sliced = static_cast<double>(dist::local_world_size()) * co.threads /
+                        static_cast<double>(usable_cores());
+  EXPECT_GE(first, sliced);
+  later.contention[dist::local_world_size()] = 1.0;
+  EXPECT_EQ(contention_for_job(*world, later, shapes, co, &cached), std::max(1.0, sliced));
 }
 
 }  // namespace

@@ -55,7 +55,8 @@ struct HardwareFingerprint {
   /// How the library was compiled, as far as it moves the engine's speed: "optimized" or
   /// "unoptimized", "+asan" / "+tsan" with a sanitizer. A sanitizer tree's figures (its per-op
   /// overhead 80x an optimised build's) are another machine's to an optimised build: its tests
-  /// that search wrote them into the cache every build shares.
+  /// that search wrote them into the cache every build shares. "" in a file written before the
+  /// field was (from_json): unlike any build's.
   std::string build;
 
   static constexpr const char* kIsaFlags[] = {"avx2", "fma", "avx512f", "avx512_bf16", "amx"};
@@ -237,8 +238,10 @@ double measure_compute_contention(dist::ProcessGroup& group, const std::vector<G
 /// The contention factor for `group`'s job: from `machine.contention` when it holds one for the
 /// job's largest local world (agreed over `group`), else measured (measure_compute_contention)
 /// and added to `machine`, and rank 0 writes `machine` back to its cache file (a file that cannot
-/// be written is logged, not fatal). `machine` must be the same on every rank
-/// (broadcast_calibration); `from_cache` says which it was. A collective over `group`.
+/// be written is logged, not fatal). At least local ranks x options.threads / usable cores (ranks
+/// that time-slice cannot compute faster than their share, whatever one measurement saw).
+/// `machine` must be the same on every rank (broadcast_calibration); `from_cache` says which it
+/// was. A collective over `group`.
 double contention_for_job(dist::ProcessGroup& group, MachineCalibration& machine,
                           const std::vector<GemmShape>& shapes, const CalibrationOptions& options,
                           bool* from_cache = nullptr);
