@@ -759,10 +759,6 @@ double sharded_in_flight(const strategies::StepEffects& e, int64_t W) {
                                  static_cast<double>(W));
 }
 
-}  // namespace
-
-namespace {
-
 // The timeline of a pipeline rank's need over each of its stages (trace::stage_highs), where the
 // trace's copy splits its blocks as the rank does: evenly (Strategy's layout_rewrite), so only for
 // stages of equal length (else none). Once per need: the layout keying it holds the rank's stages.
