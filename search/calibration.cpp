@@ -69,29 +69,28 @@ const char* const kFingerprintFields[] = {
     "autoacc_version", "blas_config", "blas_core", "build",
     "cores",           "cpu_model",   "isa",       "memory_gib"};
 
-// HardwareFingerprint::build of this library.
+// HardwareFingerprint::build of this library. gcc names a sanitizer by a macro; clang says it
+// by __has_feature too.
+#if defined(__has_feature)
+#define ACC_HAS_FEATURE(x) __has_feature(x)
+#else
+#define ACC_HAS_FEATURE(x) 0
+#endif
 std::string build_flavour() {
 #if defined(__OPTIMIZE__)
   std::string b = "optimized";
 #else
   std::string b = "unoptimized";
 #endif
-#if defined(__SANITIZE_ADDRESS__)
-  b += "+asan";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if defined(__SANITIZE_ADDRESS__) || ACC_HAS_FEATURE(address_sanitizer)
   b += "+asan";
 #endif
-#endif
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || ACC_HAS_FEATURE(thread_sanitizer)
   b += "+tsan";
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-  b += "+tsan";
-#endif
 #endif
   return b;
 }
+#undef ACC_HAS_FEATURE
 
 }  // namespace
 

@@ -481,8 +481,8 @@ RankModels::RankModels(trace::ModelRef model, int64_t seq_len)
                                     : std::make_shared<trace::TraceCache>()) {}
 
 const std::vector<RankModel>& RankModels::of(const Candidate& c) {
+  if (const std::vector<RankModel>* ranks = made(c)) return *ranks;
   const std::string& key = c.layout_key();
-  if (const auto it = layouts_.find(key); it != layouts_.end()) return it->second;
   std::vector<RankModel> ranks(1);
   ranks.front().model = model_;  // no layout: the model itself
   if (!key.empty()) ranks = rank_models(model_, c, seq_len_, &walks_);

@@ -167,12 +167,11 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
   }
   std::vector<search::MemoryPrediction> predicted = memory.predict_all(runnable);
   std::set<std::string> excluded_layouts;
-  size_t next = 0;  // runnable[next] is the next candidate predicted
+  size_t next = 0;  // predicted[next] is the next runnable candidate's
   for (const auto& c : s.candidates) {
     // A layout (tensor_parallel, sequence_parallel) that cannot run the model is listed once,
     // with its transform's reason; its other combinations are left out.
-    if (next == runnable.size() || runnable[next] != &c) {
-      const std::optional<std::string> refusal = memory.layout_refusal(c);  // kept: a lookup
+    if (const auto refusal = memory.layout_refusal(c)) {  // kept from the loop above: a lookup
       if (!excluded_layouts.insert(c.layout_key()).second) continue;
       Candidate& shown = s.excluded.emplace_back(c);  // the row names the layout alone
       shown.set_strategy(strategies::layout_of(c.strategy()));
@@ -180,7 +179,7 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
                         {},
                         std::nullopt,
                         search::Status::kExcluded,
-                        refusal.value_or(""),  // the row's name is the layout
+                        *refusal,  // the row's name is the layout
                         std::nullopt});
       continue;
     }
