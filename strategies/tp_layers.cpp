@@ -38,15 +38,27 @@ ColumnParallelLinear::ColumnParallelLinear(nn::Linear& whole,
   const Tensor& b = whole.bias();
   weight_ = register_parameter("weight", nn::gather_rows(w, blocks));
   if (b.defined()) bias_ = register_parameter("bias", nn::gather_rows(b, blocks));
+  if (sharers_ && sharers_->size() > 1) {
+    // Each gradient summed over the sharers as it reaches the parameter (Megatron's f on the
+    // weight: copy_to_group's backward). Not copy_to_group(weight_) in forward: its identity is a
+    // tensor of its own sharing the weight's storage, which linear saves for backward, so it kept
+    // the storage the weight had in forward. Under fsdp that was the block's gathered parameters,
+    // alive after fsdp released them (every block's, through the forward) and beside the block
+    // gathered again for backward: 5-12 % over the memory model's peak at tp 2 and 4
+    // (search_space_mpi_test's FsdpOverKvHeadsSharedByTensorParallelRanksIsWithinFivePercent).
+    for (Tensor* p : {&weight_, &bias_}) {
+      if (!p->defined()) continue;
+      p->register_grad_hook([group = sharers_](const Tensor& g) {
+        NoGradGuard ng;
+        return dist::reduce_from_group(g, group);
+      });
+    }
+  }
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
   const Tensor in =
       sequence_parallel_ ? dist::allgather_along(x, 1, group_) : dist::copy_to_group(x, group_);
-  if (sharers_ && sharers_->size() > 1) {
-    const Tensor b = bias_.defined() ? dist::copy_to_group(bias_, sharers_) : bias_;
-    return linear(in, dist::copy_to_group(weight_, sharers_), b);
-  }
   return linear(in, weight_, bias_);
 }
 

@@ -29,8 +29,8 @@ class ColumnParallelLinear : public nn::Module {
  public:
   /// The rows `blocks` of `whole`'s weight (out, in) and bias, concatenated in order, copied into
   /// storage of this layer's own. `sharers` (optional): the ranks of `group` that hold the same
-  /// rows (kv heads shared by several ranks' query heads); the weight and bias enter the forward
-  /// through copy_to_group over them, so their gradient is summed over the sharers. Throws
+  /// rows (kv heads shared by several ranks' query heads); each gradient of the weight and bias
+  /// is summed over them as it reaches the parameter (a gradient hook). Throws
   /// acc::ValueError for a null group or no blocks, and acc::ShapeError for a block outside the
   /// weight's rows.
   ColumnParallelLinear(nn::Linear& whole, const std::vector<nn::RowBlock>& blocks,

@@ -43,6 +43,13 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
                   " for a leaf of shape ", leaf.shape());
   if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
   AutogradMeta& meta = leaf.autograd_meta();
+  for (auto& [id, hook] : meta.grad_hooks) {
+    Tensor h = hook(g);
+    if (!h.defined()) continue;
+    ACC_CHECK_SHAPE(h.shape() == leaf.shape(), "a gradient hook returned shape ", h.shape(),
+                    " for a leaf of shape ", leaf.shape());
+    g = h.dtype() != leaf.dtype() ? h.to(leaf.dtype()) : std::move(h);
+  }
   if (!meta.grad) {
     // Take the incoming buffer when nobody else can see it; otherwise copy it, so that later
     // in-place accumulation never writes into another tensor's memory.

@@ -821,6 +821,19 @@ size_t Tensor::num_post_accumulate_grad_hooks() const {
   return has_autograd_meta() ? impl_->autograd->post_accumulate_grad_hooks.size() : 0;
 }
 
+int Tensor::register_grad_hook(std::function<Tensor(const Tensor&)> fn) {
+  ACC_CHECK(is_leaf() && requires_grad(), "gradient hooks need a leaf that requires grad (shape ",
+            shape(), ")");
+  AutogradMeta& meta = autograd_meta();
+  meta.grad_hooks.emplace_back(meta.next_hook_id, std::move(fn));
+  return meta.next_hook_id++;
+}
+
+void Tensor::remove_grad_hook(int id) {
+  if (!has_autograd_meta()) return;
+  std::erase_if(impl_->autograd->grad_hooks, [id](const auto& h) { return h.first == id; });
+}
+
 // ---------------------------------------------------------------------------------------------
 // printing and comparison
 

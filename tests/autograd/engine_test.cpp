@@ -85,6 +85,43 @@ TEST(Engine, PostAccumulateHookFiresOncePerLeafWithFullGradient) {
   EXPECT_EQ(seen[0], (std::vector<float>{7.f, 7.f}));
 }
 
+// A gradient hook sees each gradient as it reaches the leaf, before accumulation: what it returns
+// is added in (an undefined result keeps the gradient); hooks chain in order; a removed one no
+// longer runs; a result of another shape fails the backward; a non-leaf refuses one.
+TEST(Engine, GradHookTransformsEachIncomingGradientBeforeAccumulation) {
+  Tensor w = from_vector({1.f, 1.f}, {2}, {.requires_grad = true});
+  std::vector<std::vector<float>> seen;
+  const int doubled = w.register_grad_hook([&](const Tensor& g) {
+    seen.push_back(g.to_vector<float>());
+    return scale(g, 2.0);
+  });
+  w.register_grad_hook([&](const Tensor& g) {
+    seen.push_back(g.to_vector<float>());
+    return Tensor();
+  });
+  std::vector<float> after_hooks;
+  w.register_post_accumulate_grad_hook(
+      [&](Tensor& p) { after_hooks = p.grad().to_vector<float>(); });
+  sum(scale(w, 3.0)).backward();
+  EXPECT_EQ(seen, (std::vector<std::vector<float>>{{3.f, 3.f}, {6.f, 6.f}}));
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{6.f, 6.f}));
+  EXPECT_EQ(after_hooks, (std::vector<float>{6.f, 6.f}));
+  // A second backward: its gradient is transformed alone, then added to the held one.
+  sum(scale(w, 5.0)).backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{16.f, 16.f}));
+  w.remove_grad_hook(doubled);
+  w.remove_grad_hook(doubled);  // already gone: ignored
+  seen.clear();
+  sum(w).backward();
+  EXPECT_EQ(seen, (std::vector<std::vector<float>>{{1.f, 1.f}}));
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{17.f, 17.f}));
+
+  Tensor u = from_vector({1.f, 2.f}, {2}, {.requires_grad = true});
+  u.register_grad_hook([](const Tensor&) { return zeros({3}); });
+  EXPECT_THROW(sum(u).backward(), ShapeError);
+  EXPECT_THROW(scale(u, 2.0).register_grad_hook([](const Tensor& g) { return g; }), ValueError);
+}
+
 // A leaf's accumulator lives as long as a graph that reads the leaf, so a later graph (a pipeline
 // stage's next micro-batch while the one before is in flight) reuses it, with the sequence number
 // of the earlier graph. It still runs as soon as its gradient is complete, before the later

@@ -110,6 +110,21 @@ TEST(TensorParallel, LlamaKvHeadsFewerThanRanks) {
   expect_covered(got.table);
 }
 
+// Fewer kv heads than ranks under fsdp, with and without gradient accumulation: the kv weights'
+// gradient is summed over their sharers by a gradient hook on the parameter, so the layer's
+// forward reads the parameter itself, whose storage fsdp gathers and frees (a copy_to_group
+// identity in its place kept each block's gathered storage alive through the forward).
+TEST(TensorParallel, LlamaKvHeadsFewerThanRanksUnderFsdp) {
+  if (world() < 2) GTEST_SKIP() << "kv heads fewer than ranks needs tp >= 2";
+  for (const char* more : {R"({"name": "fsdp"})",
+                           R"({"name": "fsdp"}, {"name": "grad_accum", "config": {"steps": 2}})"}) {
+    SCOPED_TRACE(more);
+    const TrainRun got = train(llama(1), tp(world(), more), dist::ProcessGroup::world());
+    expect_close(got, reference(llama(1)), 1e-5);
+    expect_covered(got.table);
+  }
+}
+
 TEST(TensorParallel, Tp2TimesDp2) {
   if (world() != 4) GTEST_SKIP() << "tp2 x dp2 needs 4 ranks";
   for (const char* dp : {R"({"name": "ddp"})", R"({"name": "zero1"})", R"({"name": "zero2"})",

@@ -86,6 +86,8 @@ struct AutogradMeta {
   /// into grad(): the data-parallel reducer attaches here. Each has the id its registration
   /// returned, which removes it.
   std::vector<std::pair<int, std::function<void(Tensor&)>>> post_accumulate_grad_hooks;
+  /// Run on each gradient that reaches this leaf, before it is accumulated (register_grad_hook).
+  std::vector<std::pair<int, std::function<Tensor(const Tensor&)>>> grad_hooks;
   int next_hook_id = 0;
 };
 
@@ -219,6 +221,14 @@ class Tensor {
   /// Removes the hook registered under `id`; an id that is not (or no longer) there is ignored.
   void remove_post_accumulate_grad_hook(int id);
   size_t num_post_accumulate_grad_hooks() const;
+  /// Registers fn(grad) to run on each gradient that reaches this leaf in a backward, before it
+  /// is added into grad() (PyTorch's Tensor.register_hook on a leaf): what fn returns, of the
+  /// gradient's shape, is accumulated instead; an undefined result keeps the gradient. Hooks run
+  /// in the order registered. Returns the id that removes it. Throws acc::ValueError unless this
+  /// is a leaf requiring grad; the backward throws acc::ShapeError for a result of another shape.
+  int register_grad_hook(std::function<Tensor(const Tensor&)> fn);
+  /// Removes the hook registered under `id`; an id that is not (or no longer) there is ignored.
+  void remove_grad_hook(int id);
   /// Computes gradients of this tensor w.r.t. the leaves. `grad` defaults to 1 for a scalar.
   /// Throws acc::ValueError when the tensor does not require grad, when `grad` is missing for a
   /// non-scalar, or when the graph was already freed by an earlier backward without
