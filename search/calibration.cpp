@@ -709,6 +709,44 @@ double measure_compute_contention(dist::ProcessGroup& group, const std::vector<G
                            static_cast<double>(alone.data<float>()[0]));
 }
 
+double measure_collective_wait(dist::ProcessGroup& group, int group_size, const GemmShape& shape,
+                               int64_t calls, const CommCalibration& fit) {
+  ACC_CHECK(group_size >= 1 && group.size() % group_size == 0,
+            "measure_collective_wait: group size ", group_size, " does not divide the ",
+            group.size(), " ranks of '", group.name(), "'");
+  ACC_CHECK(calls >= 1, "measure_collective_wait: calls must be >= 1, got ", calls);
+  if (group.size() == 1 || group_size == 1) return 0.0;
+  const int rank = group.rank();
+  const dist::ProcessGroupPtr mine =
+      group.split(rank / group_size, rank % group_size, "wait of " + std::to_string(group_size));
+  Generator gen(4321);
+  GemmRun gemm(shape, gen);
+  constexpr int64_t kBytes = 4 << 10;
+  Tensor small = zeros({kBytes / 4}, TensorOptions{.device = Device::kCPU});
+  gemm();  // warm: caches, page mappings, the BLAS's buffers
+  // One pass, all ranks at once, timed whole (a median per call would keep the calls that ran
+  // within one time slice): the slowest rank's seconds per call.
+  auto pass = [&](bool communicate) {
+    group.barrier()->wait();
+    Timer t;
+    for (int64_t i = 0; i < calls; ++i) {
+      gemm();
+      if (communicate) mine->allreduce(small, dist::ReduceOp::kSum)->wait();
+    }
+    Tensor took = from_vector(std::vector<float>{static_cast<float>(t.elapsed_s())}, {1});
+    group.allreduce(took, dist::ReduceOp::kMax)->wait();
+    return static_cast<double>(took.data<float>()[0]) / static_cast<double>(calls);
+  };
+  const double own = fit.ops.count("allreduce") ? fit.seconds("allreduce", kBytes) : 0.0;
+  std::vector<double> waits;
+  for (int round = 0; round < 3; ++round) {
+    const double alone = pass(false);
+    waits.push_back(pass(true) - alone - own);
+  }
+  std::sort(waits.begin(), waits.end());
+  return std::max(0.0, waits[1]);
+}
+
 double contention_for_job(dist::ProcessGroup& group, MachineCalibration& machine,
                           const std::vector<GemmShape>& shapes, const CalibrationOptions& options,
                           bool* from_cache) {

@@ -108,7 +108,9 @@ nlohmann::json CommCalibration::to_json() const {
     for (const CommPoint& p : pts) list.push_back({p.bytes, p.seconds});
     j_points[op] = list;
   }
-  return {{"world", world}, {"ops", j_ops}, {"points", j_points}};
+  nlohmann::json j = {{"world", world}, {"ops", j_ops}, {"points", j_points}};
+  if (wait_s > 0) j["wait_s"] = wait_s;
+  return j;
 }
 
 CommCalibration CommCalibration::from_json(const nlohmann::json& j) {
@@ -124,6 +126,7 @@ CommCalibration CommCalibration::from_json(const nlohmann::json& j) {
     ab.no_others();
   }
   ops.no_others();
+  if (f.optional("wait_s")) c.wait_s = f.number("wait_s", 0, false);
   if (const nlohmann::json* pts = f.optional("points")) {
     json::Fields by_op(*pts, what, "points");
     for (auto it = pts->begin(); it != pts->end(); ++it) {

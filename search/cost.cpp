@@ -67,7 +67,8 @@ class MeasuredPricer final : public Pricer {
     const std::string kind = r.kind == CommKind::kAlltoall ? "allgather"
                              : p2p                         ? "broadcast"
                                                            : std::string(comm_kind_name(r.kind));
-    return comm_for_(p2p ? 2 : r.group_size).seconds(kind, r.bytes);
+    const CommCalibration& c = comm_for_(p2p ? 2 : r.group_size);
+    return c.seconds(kind, r.bytes) + c.wait_s;
   }
 
  private:
@@ -413,6 +414,7 @@ CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const std::s
   const bool recomputes = a.recompute != trace::Recompute::kNone && a.recompute_blocks != 0;
   constexpr int64_t kLow = trace::BatchTraces::kLow;
   bool from_pair = false;  // the asked micro-batches from kLow up made from one set of pairs
+  if (asked.empty()) return out;
   if (paired && model.is_registry() && asked.rbegin()->first.first >= kLow) {
     // Every asked micro-batch from kLow up (and its dp) from the rank's traces at kLow and
     // kLow + 1 samples (trace::BatchTraces), when those follow the batch.
@@ -612,7 +614,8 @@ void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bo
     if (cluster_) {
       return cluster_->collective_seconds(op, bytes, {W, c.mesh.stride(dist::MeshDim::kCp)});
     }
-    return comm_for(W).seconds(op, bytes);
+    const CommCalibration& fit = comm_for(W);
+    return fit.seconds(op, bytes) + fit.wait_s;
   };
   const int64_t local = e.shard_optimizer_state ? (p.parameters + W - 1) / W : p.parameters;
   // p, g and each state buffer read; p and each buffer written (AdamW: 7 words a parameter).

@@ -274,7 +274,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
                                dist::ProcessGroup* group, const search::CommCalibration& comm,
                                const std::vector<search::CommCalibration>& group_comm,
                                search::MachineCalibration& machine, double& contention,
-                               bool& contention_cached) {
+                               bool& contention_cached, std::map<int, double>* waits = nullptr) {
   // The GEMM shapes of each layout's ranks (tensor-parallel shards multiply smaller matrices).
   const std::vector<const Candidate*> fit = fitting(s);
   const std::vector<search::GemmShape> shapes =
@@ -288,10 +288,41 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
     machine = search::broadcast_calibration(*group, machine);
     contention = search::contention_for_job(*group, machine, shapes, co, &contention_cached);
   }
-  search::CostModel cost(model, o.seq_len, machine, comm, contention);
+  // More ranks x threads than a machine's cores: each collective of a step also waits for peers
+  // the kernel descheduled, measured for each group size the fits are of (calibrate_groups: as
+  // a tp group's, every rank at once) between GEMMs of the space's median shape.
+  search::CommCalibration job_comm = comm;
+  std::vector<search::CommCalibration> groups_comm = group_comm;
+  if (group && group->size() > 1 && !shapes.empty()) {
+    Tensor local = from_vector(std::vector<int64_t>{dist::local_world_size()}, {1});
+    group->allreduce(local, dist::ReduceOp::kMax)->wait();
+    const int64_t ranks = local.to_vector<int64_t>()[0];
+    if (ranks * std::max(1, co.threads) > usable_cores()) {
+      std::vector<search::GemmShape> by_flops = shapes;
+      std::sort(by_flops.begin(), by_flops.end(),
+                [](const auto& a, const auto& b) { return a.flops() < b.flops(); });
+      const search::GemmShape median = by_flops[by_flops.size() / 2];
+      // About 20 ms a pass (the calls agree: the machine figures are every rank's).
+      const auto calls = static_cast<int64_t>(
+          std::clamp(0.02 / std::max(machine.gemm_seconds(median), 1e-7), 16.0, 256.0));
+      std::vector<search::CommCalibration*> fits{&job_comm};
+      for (auto& g : groups_comm) fits.push_back(&g);
+      for (search::CommCalibration* c : fits) {
+        c->wait_s = search::measure_collective_wait(*group, c->world, median, calls, *c);
+        if (waits) (*waits)[c->world] = c->wait_s;
+        if (group->rank() == 0) {
+          logging::info(
+              "calibration: a collective over {} of {} ranks waits {:.0f} us beyond "
+              "its fit ({} ranks x {} thread(s) on {} cores)",
+              c->world, group->size(), 1e6 * c->wait_s, ranks, co.threads, usable_cores());
+        }
+      }
+    }
+  }
+  search::CostModel cost(model, o.seq_len, machine, job_comm, contention);
   cost.share_rank_models(s.memory->rank_models());  // the space's ranks and traces, priced again
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
-  for (const auto& g : group_comm) cost.add_group_calibration(g);
+  for (const auto& g : groups_comm) cost.add_group_calibration(g);
   cost.expect(fit);  // each rank trace's micro-batches from one pair of traces, made ahead
   recut_pipelines(s, cost);
   return rank_rows(s, cost);
@@ -859,8 +890,9 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
     search::MachineCalibration machine;
     double contention = 1.0;
     bool contention_cached = true;
+    std::map<int, double> waits;  // by group size: more ranks than cores only
     std::vector<Row*> ranked = rank_by_time(s, ref, o, group.get(), comm, group_comm, machine,
-                                            contention, contention_cached);
+                                            contention, contention_cached, &waits);
     const double calibration_s = calib.elapsed_s();
     if (leader) {
       logging::debug(
@@ -928,6 +960,11 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
     report["dry_runs"] = tried;
     report["out_of_time"] = out_of_time;
     report["compute_contention"] = contention;
+    if (!waits.empty()) {
+      nlohmann::json w = nlohmann::json::array();
+      for (const auto& [size, seconds] : waits) w.push_back({{"ranks", size}, {"wait_s", seconds}});
+      report["collective_wait"] = w;
+    }
     report["comm"] = comm.to_json();
     report["timing"] = {
         {"calibration_s", calibration_s},

@@ -275,15 +275,22 @@ struct CommCalibration {
   /// allgather (what a bucket, a ZeRO shard set or an FSDP block holds in full).
   std::map<std::string, AlphaBeta> ops;
   std::map<std::string, std::vector<CommPoint>> points;  // what the fits were made from
+  /// Seconds each collective (and pipeline message) over the group waits beyond its fit when the
+  /// ranks compute between collectives with more ranks x threads than cores: a peer the kernel
+  /// descheduled holds it up (measure_collective_wait). 0 when every rank has its cores; a
+  /// time model adds it to every communication of the group's size.
+  double wait_s = 0;
 
   /// ops.at(op).seconds(bytes). Throws acc::ValueError naming an unknown op (and the known ones)
   /// or negative bytes.
   double seconds(const std::string& op, int64_t bytes) const;
 
   /// {"world": 2, "ops": {"allreduce": {"alpha_s": ..., "beta_s_per_byte": ...}, ...},
-  ///  "points": {"allreduce": [[4096, 2.1e-05], ...], ...}}
+  ///  "points": {"allreduce": [[4096, 2.1e-05], ...], ...}, "wait_s": 2.1e-04}
+  /// ("wait_s" only when not 0).
   nlohmann::json to_json() const;
-  /// "points" may be absent; nothing else. Throws acc::ValueError "comm calibration: field
+  /// "points" and "wait_s" (finite, >= 0) may be absent; nothing else. Throws acc::ValueError "comm
+  /// calibration: field
   /// '<path>' ..." naming the field (alpha and beta must be finite and >= 0).
   static CommCalibration from_json(const nlohmann::json& j);
 };
@@ -320,5 +327,17 @@ std::vector<int64_t> default_collective_sizes();
 CommCalibration calibrate_collectives(
     dist::ProcessGroup& group, const std::vector<int64_t>& sizes_bytes = default_collective_sizes(),
     double seconds_per_point = 0.05);
+
+/// Seconds a small collective takes in a step, beyond `fit`'s 4 KiB all-reduce, when every rank
+/// computes between collectives: `group` split into contiguous groups of `group_size` (as a tp
+/// group is), every rank at once running `calls` x (a GEMM of `shape`; a 4 KiB all-reduce over
+/// its group) against the same GEMMs alone, each pass timed whole, the slowest rank's difference
+/// per call; the median of 3 such measurements, at least 0. With more ranks than cores a peer the
+/// kernel descheduled holds each collective up (4 ranks on these 2 vCPUs: 0.2 ms for a group of
+/// 2, 0.6 ms for 4, on 2026-11-30), which calibrate_collectives, the ranks doing nothing else,
+/// does not see. A collective over `group`: every rank gets the same figure. Throws
+/// acc::ValueError for a group size that does not divide the group or calls < 1.
+double measure_collective_wait(dist::ProcessGroup& group, int group_size, const GemmShape& shape,
+                               int64_t calls, const CommCalibration& fit);
 
 }  // namespace acc::search
