@@ -275,10 +275,10 @@ struct CommCalibration {
   /// allgather (what a bucket, a ZeRO shard set or an FSDP block holds in full).
   std::map<std::string, AlphaBeta> ops;
   std::map<std::string, std::vector<CommPoint>> points;  // what the fits were made from
-  /// Seconds each collective (and pipeline message) over the group waits beyond its fit when the
-  /// ranks compute between collectives with more ranks x threads than cores: a peer the kernel
-  /// descheduled holds it up (measure_collective_wait). 0 when every rank has its cores; a
-  /// time model adds it to every communication of the group's size.
+  /// Seconds each collective over the group waits beyond its fit when the ranks compute between
+  /// collectives with more ranks x threads than cores: a peer the kernel descheduled holds it up
+  /// (measure_collective_wait). 0 when every rank has its cores; a time model adds it to every
+  /// collective of the group's size (not to a pipeline's messages, received after their sends).
   double wait_s = 0;
 
   /// ops.at(op).seconds(bytes). Throws acc::ValueError naming an unknown op (and the known ones)
@@ -289,9 +289,9 @@ struct CommCalibration {
   ///  "points": {"allreduce": [[4096, 2.1e-05], ...], ...}, "wait_s": 2.1e-04}
   /// ("wait_s" only when not 0).
   nlohmann::json to_json() const;
-  /// "points" and "wait_s" (finite, >= 0) may be absent; nothing else. Throws acc::ValueError "comm
-  /// calibration: field
-  /// '<path>' ..." naming the field (alpha and beta must be finite and >= 0).
+  /// "points" and "wait_s" (finite, >= 0) may be absent; nothing else. Throws acc::ValueError
+  /// "comm calibration: field '<path>' ..." naming the field (alpha and beta must be finite and
+  /// >= 0).
   static CommCalibration from_json(const nlohmann::json& j);
 };
 
