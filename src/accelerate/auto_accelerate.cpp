@@ -293,10 +293,13 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   // a tp group's, every rank at once) between GEMMs of the space's median shape.
   search::CommCalibration job_comm = comm;
   std::vector<search::CommCalibration> groups_comm = group_comm;
+  double sliced = 1.0;  // the job's ranks x threads over a machine's cores
   if (group && group->size() > 1 && !shapes.empty()) {
     Tensor local = from_vector(std::vector<int64_t>{dist::local_world_size()}, {1});
     group->allreduce(local, dist::ReduceOp::kMax)->wait();
     const int64_t ranks = local.to_vector<int64_t>()[0];
+    sliced = static_cast<double>(ranks * std::max(1, co.threads)) /
+             static_cast<double>(std::max(1, usable_cores()));
     if (ranks * std::max(1, co.threads) > usable_cores()) {
       std::vector<search::GemmShape> by_flops = shapes;
       std::sort(by_flops.begin(), by_flops.end(),
@@ -320,6 +323,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
     }
   }
   search::CostModel cost(model, o.seq_len, machine, job_comm, contention);
+  if (sliced > 1) cost.set_time_slicing(std::min(sliced, contention));
   cost.share_rank_models(s.memory->rank_models());  // the space's ranks and traces, priced again
   cost.set_optimizer_state_buffers(s.optimizer_buffers);
   for (const auto& g : groups_comm) cost.add_group_calibration(g);

@@ -65,6 +65,13 @@ Least least_peaks(int world) {
   return l;
 }
 
+// Tensor or sequence parallelism (not a pipeline).
+bool splits_layers(const nlohmann::json& strategy) {
+  return std::any_of(strategy.begin(), strategy.end(), [](const nlohmann::json& m) {
+    return m.at("name") == "tensor_parallel" || m.at("name") == "sequence_parallel";
+  });
+}
+
 bool has_layout(const nlohmann::json& strategy) {
   return std::any_of(strategy.begin(), strategy.end(), [](const nlohmann::json& m) {
     return m.at("name") == "tensor_parallel" || m.at("name") == "sequence_parallel" ||
@@ -194,16 +201,19 @@ TEST(TpSearch, WithoutABudgetTheFasterDataParallelChoiceStays) {
   manual_seed(5);
   auto model = models::create_model("gpt", kConfig);
   AccelerateResult r = auto_accelerate(model, optim::AdamW::factory({.lr = 1e-3}), options());
-  // The best predicted candidates are data-parallel (the tp collectives of every block are
-  // waited for, against one gradient all-reduce that overlaps backward), so the dry-runs, and the
-  // choice, are data-parallel.
-  EXPECT_FALSE(has_layout(r.report.at("chosen"))) << r.report.at("chosen_name");
+  // The best predicted candidates are not tensor- or sequence-parallel (the tp collectives of
+  // every block are waited for, against one gradient all-reduce that overlaps backward), so
+  // neither is the choice. A pipeline may be: with more ranks than cores (CTest's 4 on 2) its
+  // ranks idle in the fill and drain leave their cores to the others, and a pipeline of 2 with 2
+  // micro-batches was the fastest measured there (bench_search, 2026-11-30).
+  EXPECT_FALSE(splits_layers(r.report.at("chosen"))) << r.report.at("chosen_name");
   double best_dp = 1e30, best_layout = 1e30;
   int layouts = 0;
   for (const auto& row : r.report.at("candidates")) {
     if (!row.at("predicted").contains("time")) continue;
     const double t = row.at("predicted").at("time").at("step_s").get<double>();
-    if (has_layout(row.at("strategy"))) {
+    if (has_layout(row.at("strategy")) && !splits_layers(row.at("strategy"))) continue;
+    if (splits_layers(row.at("strategy"))) {
       ++layouts;
       best_layout = std::min(best_layout, t);
       EXPECT_GT(row.at("predicted").at("time").at("comm_s").get<double>(), 0) << row.at("name");

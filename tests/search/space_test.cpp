@@ -527,6 +527,54 @@ TEST(CostModel, ALayoutsCommunicationIsPricedAtItsGroupsFit) {
               1e-12);
   // Megatron-SP trades each all-reduce for an all-gather and a reduce-scatter of the same bytes.
   EXPECT_GT(cm.predict(sp).comm_s, 0);
+  // A wait for descheduled peers (more ranks than cores) is added to each collective of its
+  // group's size: the tp group's here, priced at the pairs' fit (4 a block and the loss's).
+  CommCalibration waiting = pairs;
+  waiting.wait_s = 1e-3;
+  CostModel with_wait("gpt", config, T, m, world);
+  with_wait.add_group_calibration(waiting);
+  const TimePrediction waited = with_wait.predict(tp2);
+  EXPECT_GE((waited.comm_s - at_pairs.comm_s) / waiting.wait_s, 4 * 4 + 1 - 1e-9);
+  EXPECT_NEAR(with_wait.predict(ddp).comm_s, cm.predict(ddp).comm_s, 1e-12);  // dp over 4 ranks
+}
+
+// Time-sliced cores (more ranks x threads than cores): a pipeline's ranks idle in its fill and
+// drain leave their cores to the others, so its step is the longer of the schedule with each rank
+// at the contention beyond slicing and all ranks' compute over the cores; a layout without a
+// pipeline is priced as before. Not above the contention, and nothing changes at a share of 1.
+TEST(CostModel, TimeSlicedCoresShortenAPipelinesFillAndDrain) {
+  const nlohmann::json config = tiny_gpt();
+  const int64_t T = 32;
+  MachineCalibration machine;
+  machine.memory_gbps = 20;
+  const auto model = trace::ModelRef::registry("gpt", config);
+  const auto cands = enumerate_candidates(opts(2, 8), 4);
+  const Candidate& pp = candidate(cands, "ddp + pipeline_parallel{\"micro_batches\":2,\"size\":2}");
+  const Candidate& ddp = candidate(cands, "ddp");
+  for (const RankModel& r : rank_models(model, pp, T)) {
+    for (const auto& s : CostModel::shapes_to_measure(r.model, {4}, T)) {
+      machine.gemm_gflops[s] = 100;
+    }
+  }
+  for (const auto& s : CostModel::shapes_to_measure("gpt", config, {4}, T)) {
+    machine.gemm_gflops[s] = 100;
+  }
+  const CommCalibration comm = made_up_comm(2, 0, 0);
+  CostModel plain(model, T, machine, comm, 2.0);
+  CostModel sliced(model, T, machine, comm, 2.0);
+  EXPECT_THROW(sliced.set_time_slicing(2.5), ValueError);
+  EXPECT_THROW(sliced.set_time_slicing(std::nan("")), ValueError);
+  sliced.set_time_slicing(2.0);
+  const TimePrediction a = plain.predict(pp), b = sliced.predict(pp);
+  // m = 2 over 2 stages: 3 slots of the schedule, one rank busy in the first and the last.
+  EXPECT_LT(b.step_s, a.step_s);
+  EXPECT_GT(b.step_s, 0.6 * a.step_s);
+  EXPECT_NEAR(b.step_s, b.compute_s + b.optimizer_s + b.exposed_comm_s, 1e-12);
+  EXPECT_GE(b.bubble_s, 0);
+  EXPECT_DOUBLE_EQ(sliced.predict(ddp).step_s, plain.predict(ddp).step_s);
+  CostModel one(model, T, machine, comm, 2.0);
+  one.set_time_slicing(1.0);
+  EXPECT_DOUBLE_EQ(one.predict(pp).step_s, a.step_s);
 }
 
 // A pipeline is priced per pp rank from the traces of its stages and by its schedule: with free

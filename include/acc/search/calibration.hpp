@@ -333,10 +333,11 @@ CommCalibration calibrate_collectives(
 /// group is), every rank at once running `calls` x (a GEMM of `shape`; a 4 KiB all-reduce over
 /// its group) against the same GEMMs alone, each pass timed whole, the slowest rank's difference
 /// per call; the median of 3 such measurements, at least 0. With more ranks than cores a peer the
-/// kernel descheduled holds each collective up (4 ranks on these 2 vCPUs: 0.2 ms for a group of
-/// 2, 0.6 ms for 4, on 2026-11-30), which calibrate_collectives, the ranks doing nothing else,
-/// does not see. A collective over `group`: every rank gets the same figure. Throws
-/// acc::ValueError for a group size that does not divide the group or calls < 1.
+/// kernel descheduled holds each collective up (4 ranks on these 2 vCPUs, 2026-11-30: 0.02-0.2 ms
+/// for a group of 2 and 0.1-0.5 ms for 4, varying that much between runs, with the ranks'
+/// placement; seven rounds instead of three did not narrow it), which calibrate_collectives, the
+/// ranks doing nothing else, does not see. A collective over `group`: every rank gets the same
+/// figure. Throws acc::ValueError for a group size that does not divide the group or calls < 1.
 double measure_collective_wait(dist::ProcessGroup& group, int group_size, const GemmShape& shape,
                                int64_t calls, const CommCalibration& fit);
 

@@ -77,6 +77,12 @@ class CostModel {
   /// A cluster not at hand: every op, collective and message priced by `cluster`'s figures
   /// (cluster.hpp), each group placed by the candidate's mesh; no contention.
   CostModel(trace::ModelRef model, int64_t seq_len, ClusterProfile cluster);
+  /// The job's ranks x threads over a machine's cores, when more than 1 (they time-slice the
+  /// cores; `contention` is then at least this share). A pipeline's ranks idle in its fill and
+  /// drain leave their cores to the others: its step is the longer of its schedule with every
+  /// rank computing at the contention beyond the slicing and all of its ranks' compute over the
+  /// cores. Throws acc::ValueError for a share not finite or above the contention.
+  void set_time_slicing(double share);
   TimePrediction predict(const Candidate& c);
   /// The cut of `c`'s pipeline whose stages take the most even predicted time
   /// (strategies::balance_stages): a stage costs its blocks, and the first stage also the
@@ -201,6 +207,7 @@ class CostModel {
   MachineCalibration machine_;
   CommCalibration comm_;
   double contention_ = 1.0;
+  double sliced_ = 1.0;                    // set_time_slicing
   std::optional<ClusterProfile> cluster_;  // set: priced for a cluster, not this machine
   int optimizer_buffers_ = 2;              // AdamW's exp_avg and exp_avg_sq
   std::map<PassKey, PassCost> passes_;
