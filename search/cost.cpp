@@ -67,10 +67,10 @@ class MeasuredPricer final : public Pricer {
     const std::string kind = r.kind == CommKind::kAlltoall ? "allgather"
                              : p2p                         ? "broadcast"
                                                            : std::string(comm_kind_name(r.kind));
-    // A collective also waits for its peers (CommCalibration::wait_s, with more ranks than cores);
-    // a message is received where the schedule has its sender already past sending it.
+    // Each also waits for its peers when more ranks than cores time-slice them
+    // (CommCalibration::wait_s): a collective for the group, a message for its sender.
     const CommCalibration& c = comm_for_(p2p ? 2 : r.group_size);
-    return c.seconds(kind, r.bytes) + (p2p ? 0.0 : c.wait_s);
+    return c.seconds(kind, r.bytes) + c.wait_s;
   }
 
  private:

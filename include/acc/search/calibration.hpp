@@ -278,7 +278,7 @@ struct CommCalibration {
   /// Seconds each collective over the group waits beyond its fit when the ranks compute between
   /// collectives with more ranks x threads than cores: a peer the kernel descheduled holds it up
   /// (measure_collective_wait). 0 when every rank has its cores; a time model adds it to every
-  /// collective of the group's size (not to a pipeline's messages, received after their sends).
+  /// collective of the group's size (and, the 2-rank figure, to each of a pipeline's messages).
   double wait_s = 0;
 
   /// ops.at(op).seconds(bytes). Throws acc::ValueError naming an unknown op (and the known ones)
