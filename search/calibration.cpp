@@ -747,20 +747,28 @@ double measure_collective_wait(dist::ProcessGroup& group, int group_size, const 
   return std::max(0.0, waits[1]);
 }
 
+JobCores job_cores(dist::ProcessGroup& group, int threads) {
+  Tensor local = from_vector(std::vector<int64_t>{dist::local_world_size()}, {1});
+  group.allreduce(local, dist::ReduceOp::kMax)->wait();
+  JobCores out;
+  out.local_ranks = static_cast<int>(local.to_vector<int64_t>()[0]);
+  out.share = static_cast<double>(out.local_ranks) * std::max(1, threads) /
+              static_cast<double>(std::max(1, usable_cores()));
+  return out;
+}
+
 double contention_for_job(dist::ProcessGroup& group, MachineCalibration& machine,
                           const std::vector<GemmShape>& shapes, const CalibrationOptions& options,
                           bool* from_cache) {
   if (from_cache) *from_cache = false;
   if (group.size() == 1) return 1.0;
-  Tensor local = from_vector(std::vector<int64_t>{dist::local_world_size()}, {1});
-  group.allreduce(local, dist::ReduceOp::kMax)->wait();
-  const int ranks = static_cast<int>(local.to_vector<int64_t>()[0]);
+  const JobCores cores = job_cores(group, options.threads);
+  const int ranks = cores.local_ranks;
   if (ranks < 2) return measure_compute_contention(group, shapes);  // one rank per machine
   // More ranks x threads than usable cores time-slice: each rank computes at most cores /
   // (ranks x threads) of the time, whatever one measurement saw (4 ranks on these 2 vCPUs
   // measured 1.69, 2.46 and 3.27 in three runs; time slicing alone makes 2).
-  const double sliced = static_cast<double>(ranks) * std::max(1, options.threads) /
-                        static_cast<double>(std::max(1, usable_cores()));
+  const double sliced = cores.share;
   if (auto it = machine.contention.find(ranks); it != machine.contention.end()) {
     if (from_cache) *from_cache = true;
     return std::max(it->second, sliced);

@@ -576,7 +576,8 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
   const double m = static_cast<double>(e.micro_batches);
   double slowest = 0, slowest_comm = 0;
   std::vector<double> per_rank;  // a micro-batch through each rank's stages
-  std::vector<double> unsliced;  // the same, each rank computing at the contention beyond slicing
+  // The same, each rank computing at the contention beyond slicing (time-sliced cores only).
+  std::vector<double> unsliced;
   TimePrediction t;  // the optimizer and data-parallel reduction of the rank that takes longest
   double after_s = -1;
   for (const RankModel& r : ranks) {
@@ -584,7 +585,10 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
     // A micro-batch through the rank's stages, its messages included.
     const double comm = p.comm_forward_s + p.comm_backward_s;
     const double s = contention_ * (p.forward_s + p.backward_s) + comm;
-    unsliced.push_back(std::max(1.0, contention_ / sliced_) * (p.forward_s + p.backward_s) + comm);
+    if (sliced_ > 1) {
+      unsliced.push_back(std::max(1.0, contention_ / sliced_) * (p.forward_s + p.backward_s) +
+                         comm);
+    }
     if (s > slowest) {
       slowest = s;
       slowest_comm = comm;

@@ -295,12 +295,9 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   std::vector<search::CommCalibration> groups_comm = group_comm;
   double sliced = 1.0;  // the job's ranks x threads over a machine's cores
   if (group && group->size() > 1 && !shapes.empty()) {
-    Tensor local = from_vector(std::vector<int64_t>{dist::local_world_size()}, {1});
-    group->allreduce(local, dist::ReduceOp::kMax)->wait();
-    const int64_t ranks = local.to_vector<int64_t>()[0];
-    sliced = static_cast<double>(ranks * std::max(1, co.threads)) /
-             static_cast<double>(std::max(1, usable_cores()));
-    if (ranks * std::max(1, co.threads) > usable_cores()) {
+    const search::JobCores cores = search::job_cores(*group, co.threads);
+    sliced = cores.share;
+    if (sliced > 1) {
       std::vector<search::GemmShape> by_flops = shapes;
       std::sort(by_flops.begin(), by_flops.end(),
                 [](const auto& a, const auto& b) { return a.flops() < b.flops(); });
@@ -317,7 +314,8 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
           logging::info(
               "calibration: a collective over {} of {} ranks waits {:.0f} us beyond "
               "its fit ({} ranks x {} thread(s) on {} cores)",
-              c->world, group->size(), 1e6 * c->wait_s, ranks, co.threads, usable_cores());
+              c->world, group->size(), 1e6 * c->wait_s, cores.local_ranks, co.threads,
+              usable_cores());
         }
       }
     }

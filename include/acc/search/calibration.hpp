@@ -235,6 +235,15 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
 double measure_compute_contention(dist::ProcessGroup& group, const std::vector<GemmShape>& shapes,
                                   double seconds_per_point = 0.03);
 
+/// The job's largest local world (its ranks on one machine, agreed over `group`) and that many
+/// ranks x `threads` over the machine's usable cores (above 1: they time-slice the cores). A
+/// collective over `group`: every rank gets the same figures.
+struct JobCores {
+  int local_ranks = 1;
+  double share = 1.0;
+};
+JobCores job_cores(dist::ProcessGroup& group, int threads);
+
 /// The contention factor for `group`'s job: from `machine.contention` when it holds one for the
 /// job's largest local world (agreed over `group`), else measured (measure_compute_contention)
 /// and added to `machine`, and rank 0 writes `machine` back to its cache file (a file that cannot
