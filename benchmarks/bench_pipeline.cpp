@@ -29,11 +29,20 @@
 // Beside the formula, each line gives the search's own prediction of the same run
 // (search_idle_share, search_step_ms): search::CostModel on this machine's calibration (GEMM rates
 // from the cache, the compute contention of the job's ranks) and the world's collective fits, its
-// bubble_s over its schedule (stage imbalance and the messages on the slowest rank included).
+// bubble_s over its schedule (stage imbalance and the messages on the slowest rank included). With
+// more ranks x threads than cores it prices as auto_accelerate does: the schedule simulated on
+// time-sliced cores (strategies::simulated_schedule_time) and each message's wait for a
+// descheduled sender (search::measure_collective_wait on pairs). cpu_ms_per_rank is each rank's
+// process CPU time over the step (its compute thread and its communication thread): with the
+// cores shared, their sum over the cores against the step says how much of the step the cores
+// stood idle (the fill and drain, and the ranks' hand-offs).
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <ctime>
+#include <optional>
 
 #include "acc/dist/dist.hpp"
 #include "acc/models/models.hpp"
@@ -41,6 +50,7 @@
 #include "acc/search/calibration.hpp"
 #include "acc/search/cost.hpp"
 #include "acc/strategies/strategy.hpp"
+#include "acc/tensor/threading.hpp"
 #include "acc/util/error.hpp"
 #include "bench_util.hpp"
 
@@ -52,11 +62,19 @@ struct Run {
   std::string label;
   int virtual_stages = 1;
   std::unique_ptr<acc::strategies::Trainer> trainer;
-  std::vector<double> step_ms, idle_share, busy_ms;  // this rank's, per timed step
+  // This rank's, per timed step; cpu_ms: the process's CPU time (every thread of it).
+  std::vector<double> step_ms, idle_share, busy_ms, cpu_ms;
   double predicted = 0;
   acc::strategies::Strategy strategy;
   double search_idle = 0, search_step_ms = 0;  // the search's cost model, rank 0's
 };
+
+// The CPU time of this process, all threads (its compute and its communication thread), ms.
+double process_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+}
 
 }  // namespace
 
@@ -121,9 +139,34 @@ int main(int argc, char** argv) {
       if (world->rank() == 0) machine = search::load_or_calibrate_machine(shapes, {});
       machine = search::broadcast_calibration(*world, machine);
       const double contention = search::contention_for_job(*world, machine, shapes, {});
-      const search::CommCalibration comm =
+      search::CommCalibration comm =
           search::calibrate_collectives(*world, {4 << 10, 256 << 10, 4 << 20}, 0.01);
+      // More ranks x threads than cores: as auto_accelerate prices it, the schedule on
+      // time-sliced cores and each message's wait for a descheduled sender (measured between
+      // GEMMs of the median shape, by the 2-rank fits' group size).
+      const search::JobCores cores = search::job_cores(*world, get_num_threads());
+      std::optional<search::CommCalibration> pair;
+      if (cores.share > 1 && !shapes.empty()) {
+        std::vector<search::GemmShape> by_flops = shapes;
+        std::sort(by_flops.begin(), by_flops.end(),
+                  [](const auto& a, const auto& b) { return a.flops() < b.flops(); });
+        const search::GemmShape median = by_flops[by_flops.size() / 2];
+        const auto calls = static_cast<int64_t>(
+            std::clamp(0.02 / std::max(machine.gemm_seconds(median), 1e-7), 16.0, 256.0));
+        pair = comm;
+        if (p != 2) {  // the fits of contiguous pairs, rank 0's (auto_accelerate's groups)
+          const dist::ProcessGroupPtr g =
+              world->split(world->rank() / 2, world->rank() % 2, "calibration of 2");
+          pair = search::CommCalibration::from_json(nlohmann::json::parse(dist::broadcast_text(
+              *world, search::calibrate_collectives(*g, {4 << 10, 256 << 10, 4 << 20}, 0.01)
+                          .to_json()
+                          .dump())));
+        }
+        pair->wait_s = search::measure_collective_wait(*world, 2, median, calls, *pair);
+      }
       search::CostModel cost(ref, seq_len, machine, comm, contention);
+      if (cores.share > 1) cost.set_time_slicing(std::min(cores.share, contention));
+      if (pair) cost.add_group_calibration(*pair);
       for (size_t i = 0; i < runs.size(); ++i) {
         const search::TimePrediction t = cost.predict(cands[i]);
         runs[i].search_idle = t.bubble_s / t.step_s;  // as measured: waits over the step
@@ -138,10 +181,13 @@ int main(int argc, char** argv) {
                     randint(0, V, {global_batch, seq_len}, gen)};
       world->barrier()->wait();
       const double wait0 = dist::wait_seconds();
+      const double cpu0 = process_cpu_ms();
       const double t0 = dist::FlightRecorder::now_ms();
       r.trainer->train_step(b);
       const double ms = dist::FlightRecorder::now_ms() - t0;
+      const double cpu_ms = process_cpu_ms() - cpu0;
       if (!timed) return;
+      r.cpu_ms.push_back(cpu_ms);
       r.step_ms.push_back(ms);
       const double waited_ms = (dist::wait_seconds() - wait0) * 1e3;
       r.idle_share.push_back(waited_ms / ms);
@@ -160,16 +206,18 @@ int main(int argc, char** argv) {
       // interleaved), so the per-rank list is the per-stage one.
       Tensor mine = from_vector(std::vector<float>{static_cast<float>(median(r.step_ms)),
                                                    static_cast<float>(median(r.idle_share)),
-                                                   static_cast<float>(median(r.busy_ms))},
-                                {3});
-      Tensor all = zeros({3 * p});
+                                                   static_cast<float>(median(r.busy_ms)),
+                                                   static_cast<float>(median(r.cpu_ms))},
+                                {4});
+      Tensor all = zeros({4 * p});
       world->allgather(all, mine)->wait();
       const std::vector<float> v = all.to_vector<float>();
-      std::vector<double> idle, step_ms, busy;
+      std::vector<double> idle, step_ms, busy, cpu;
       for (int k = 0; k < p; ++k) {
-        step_ms.push_back(v[static_cast<size_t>(3 * k)]);
-        idle.push_back(v[static_cast<size_t>(3 * k + 1)]);
-        busy.push_back(v[static_cast<size_t>(3 * k + 2)]);
+        step_ms.push_back(v[static_cast<size_t>(4 * k)]);
+        idle.push_back(v[static_cast<size_t>(4 * k + 1)]);
+        busy.push_back(v[static_cast<size_t>(4 * k + 2)]);
+        cpu.push_back(v[static_cast<size_t>(4 * k + 3)]);
       }
       const double idle_median = median(idle);
       // The schedule over the measured stage times, messages free.
@@ -189,6 +237,7 @@ int main(int argc, char** argv) {
                                      {"predicted_idle_share", r.predicted},
                                      {"idle_over_predicted", idle_median / r.predicted},
                                      {"busy_ms_per_rank", busy},
+                                     {"cpu_ms_per_rank", cpu},
                                      {"idle_share_from_stage_times", stage_idle_median},
                                      {"message_share", idle_median - stage_idle_median},
                                      {"search_idle_share", r.search_idle},

@@ -574,10 +574,11 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
                                            const std::vector<RankModel>& ranks) {
   const strategies::StepEffects& e = c.effects;
   const double m = static_cast<double>(e.micro_batches);
+  const int v = static_cast<int>(ranks.front().stages.size());
   double slowest = 0, slowest_comm = 0;
   std::vector<double> per_rank;  // a micro-batch through each rank's stages
-  // The same, each rank computing at the contention beyond slicing (time-sliced cores only).
-  std::vector<double> unsliced;
+  // One action of each rank (one stage of its v), for the schedule run on time-sliced cores.
+  std::vector<strategies::ActionCosts> actions;
   TimePrediction t;  // the optimizer and data-parallel reduction of the rank that takes longest
   double after_s = -1;
   for (const RankModel& r : ranks) {
@@ -586,8 +587,8 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
     const double comm = p.comm_forward_s + p.comm_backward_s;
     const double s = contention_ * (p.forward_s + p.backward_s) + comm;
     if (sliced_ > 1) {
-      unsliced.push_back(std::max(1.0, contention_ / sliced_) * (p.forward_s + p.backward_s) +
-                         comm);
+      actions.push_back(
+          {p.forward_s / v, p.backward_s / v, p.comm_forward_s / v, p.comm_backward_s / v});
     }
     if (s > slowest) {
       slowest = s;
@@ -602,19 +603,30 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
       t.backward_s = contention_ * p.backward_s;
     }
   }
-  const int v = static_cast<int>(ranks.front().stages.size());
-  double schedule = strategies::schedule_time(per_rank, e.micro_batches, v);
+  double schedule = 0;
+  if (sliced_ > 1) {
+    // Time-sliced cores (more ranks x threads than cores): the schedule run action by action,
+    // each rank's compute slowed by the contention beyond slicing and by the share of the cores
+    // that the ranks computing at that moment take (every pipeline of the mesh and every rank of
+    // a stage's tp x cp group runs alike: n of the pp ranks computing is n / pp of the job's
+    // ranks). Ranks idle in the fill and drain leave their cores to the others. 4 ranks on 2
+    // cores, 2026-11-30: pipelines of 2 with 2 micro-batches were priced 1.3x their measured step
+    // at the full contention; pipelines of 4 were priced 0.7-0.8 of it by the bound that this
+    // replaced (the longer of the schedule at the contention beyond slicing and all ranks'
+    // compute over the cores), which misses the steady state's ranks slowing each other.
+    const double beyond = std::max(1.0, contention_ / sliced_);
+    const double pp = static_cast<double>(ranks.size());
+    const auto schedule_of = strategies::checked_schedule(
+        e.pipeline_schedule, static_cast<int>(ranks.size()), v, e.micro_batches);
+    schedule = strategies::simulated_schedule_time(*schedule_of, actions, [&](int computing) {
+      return beyond * std::max(1.0, sliced_ * static_cast<double>(computing) / pp);
+    });
+  } else {
+    schedule = strategies::schedule_time(per_rank, e.micro_batches, v);
+  }
   double sum = 0;
   for (const double s : per_rank) sum += s;
-  if (sliced_ > 1) {
-    // Time-sliced cores: the schedule's critical path with each rank computing alone but for
-    // the contention beyond slicing, or every rank's compute shared over the cores (m x the
-    // mean rank at the full contention), whichever is longer. 4 ranks on 2 cores, 2026-11-30:
-    // pipelines of 2 with 2 micro-batches were priced 1.3x their measured step without it.
-    schedule = std::max(strategies::schedule_time(unsliced, e.micro_batches, v),
-                        m * sum / static_cast<double>(ranks.size()));
-  }
-  t.bubble_s = schedule - m * sum / static_cast<double>(ranks.size());
+  t.bubble_s = std::max(0.0, schedule - m * sum / static_cast<double>(ranks.size()));
   // The slowest rank's messages are waited for; the rest of the schedule is compute and idling.
   t.comm_s += m * slowest_comm;
   t.exposed_comm_s += m * slowest_comm;

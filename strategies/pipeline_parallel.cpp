@@ -736,6 +736,7 @@ MethodSpec pipeline_parallel_method() {
             e.micro_batches = cfg.micro_batches;
             e.pipeline_ranks = cfg.size;
             e.pipeline_virtual = cfg.virtual_stages;
+            e.pipeline_schedule = cfg.kind;
           },
       .mesh = [](const nlohmann::json& c, dist::DeviceMesh& mesh) { mesh.pp = size_from(c); },
       .layout = true,

@@ -4,6 +4,8 @@
 #include "acc/strategies/pipeline_schedule.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -334,6 +336,110 @@ double schedule_time(const std::vector<double>& per_micro_batch, int micro_batch
     slowest = std::max(slowest, t);
   }
   return micro_batches * slowest + (sum - slowest) / virtual_stages;
+}
+
+double simulated_schedule_time(const PipelineSchedule& schedule,
+                               const std::vector<ActionCosts>& per_rank,
+                               const std::function<double(int computing)>& slowdown) {
+  const int p = schedule.ranks;
+  const int S = schedule.num_stages();
+  ACC_CHECK(per_rank.size() == static_cast<size_t>(p) && schedule.actions.size() == per_rank.size(),
+            "simulated_schedule_time: the schedule has ", p, " ranks, got the costs of ",
+            per_rank.size());
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    const ActionCosts& c = per_rank[r];
+    for (const double v : {c.forward_s, c.backward_s, c.forward_comm_s, c.backward_comm_s}) {
+      ACC_CHECK(std::isfinite(v) && v >= 0,
+                "simulated_schedule_time: an action's seconds must be finite and >= 0, got ", v,
+                " for rank ", r);
+    }
+  }
+  const size_t m = static_cast<size_t>(schedule.micro_batches);
+  // When each (micro-batch, stage)'s forward and backward finished (-1: not yet).
+  std::vector<double> forward_done(m * static_cast<size_t>(S), -1.0);
+  std::vector<double> backward_done(m * static_cast<size_t>(S), -1.0);
+  auto at = [S](const PipeAction& a) {
+    return static_cast<size_t>(a.micro_batch) * static_cast<size_t>(S) +
+           static_cast<size_t>(a.stage);
+  };
+  // Whether action `a`'s input has been sent: the stage before's forward, the stage after's
+  // backward (and, for a backward, its own forward, which validate() puts before it on the rank).
+  auto ready = [&](const PipeAction& a) {
+    if (a.step == PipeStep::kForward) {
+      return a.stage == 0 || forward_done[at(a) - 1] >= 0;
+    }
+    return a.stage == S - 1 || backward_done[at(a) + 1] >= 0;
+  };
+  enum class Phase { kWaiting, kCommunicating, kComputing, kDone };
+  const size_t P = static_cast<size_t>(p);
+  std::vector<Phase> phase(P, Phase::kWaiting);
+  std::vector<size_t> next(P, 0);
+  std::vector<double> until(P, 0), left(P, 0);
+  double t = 0;
+  for (;;) {
+    // Every rank whose next action can start starts it (a zero-length phase passes at once).
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (size_t r = 0; r < P; ++r) {
+        const auto& list = schedule.actions[r];
+        if (phase[r] == Phase::kWaiting) {
+          if (next[r] == list.size()) {
+            phase[r] = Phase::kDone;
+          } else if (ready(list[next[r]])) {
+            const bool fwd = list[next[r]].step == PipeStep::kForward;
+            phase[r] = Phase::kCommunicating;
+            until[r] = t + (fwd ? per_rank[r].forward_comm_s : per_rank[r].backward_comm_s);
+          }
+        }
+        if (phase[r] == Phase::kCommunicating && until[r] <= t) {
+          const bool fwd = list[next[r]].step == PipeStep::kForward;
+          phase[r] = Phase::kComputing;
+          left[r] = fwd ? per_rank[r].forward_s : per_rank[r].backward_s;
+        }
+        if (phase[r] == Phase::kComputing && left[r] <= 0) {
+          const PipeAction& a = list[next[r]];
+          (a.step == PipeStep::kForward ? forward_done : backward_done)[at(a)] = t;
+          ++next[r];
+          phase[r] = Phase::kWaiting;
+          moved = true;
+        }
+      }
+    }
+    int computing = 0;
+    double dt = std::numeric_limits<double>::infinity();
+    for (size_t r = 0; r < P; ++r) {
+      if (phase[r] == Phase::kComputing) ++computing;
+      if (phase[r] == Phase::kCommunicating) dt = std::min(dt, until[r] - t);
+    }
+    double rate = 0;
+    if (computing > 0) {
+      const double slow = slowdown(computing);
+      ACC_CHECK(std::isfinite(slow) && slow >= 1, "simulated_schedule_time: the slowdown of ",
+                computing, " ranks computing at once must be finite and >= 1, got ", slow);
+      rate = 1.0 / slow;
+      for (size_t r = 0; r < P; ++r) {
+        if (phase[r] == Phase::kComputing) dt = std::min(dt, left[r] / rate);
+      }
+    }
+    if (!std::isfinite(dt)) {
+      // Nothing communicates or computes: every rank is done, or the schedule deadlocks (which
+      // validate() refuses before a schedule is handed out).
+      for (size_t r = 0; r < P; ++r) {
+        ACC_CHECK_INTERNAL(phase[r] == Phase::kDone, "simulated_schedule_time: rank ", r,
+                           " waits forever at its action ", next[r], " (an unvalidated schedule)");
+      }
+      return t;
+    }
+    // The rank(s) that set dt finish their phase now exactly, the rest keep what is left.
+    for (size_t r = 0; r < P; ++r) {
+      if (phase[r] == Phase::kComputing) {
+        left[r] = left[r] / rate <= dt ? 0 : left[r] - dt * rate;
+      } else if (phase[r] == Phase::kCommunicating && until[r] - t <= dt) {
+        until[r] = t + dt;
+      }
+    }
+    t += dt;
+  }
 }
 
 }  // namespace acc::strategies

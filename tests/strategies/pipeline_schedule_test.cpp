@@ -3,8 +3,12 @@
 // refusing hand-broken schedules with a message naming the rank and the step.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "acc/strategies/pipeline_schedule.hpp"
 #include "acc/util/error.hpp"
@@ -158,6 +162,73 @@ TEST(PipelineSchedule, BuildersRefuseBadSizesNamingThem) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("'zb' is unknown"), std::string::npos) << e.what();
   }
+}
+
+// The schedule run action by action (simulated_schedule_time, which the search prices pipelines
+// with on time-sliced cores). Ranks with a core each and equal stages take the closed form of
+// schedule_time: (v m + p - 1) actions' time for 1F1B and the interleaved schedule.
+TEST(SimulatedSchedule, RanksWithACoreEachTakeTheClosedForm) {
+  const auto one = [](int) { return 1.0; };
+  for (const auto& [kind, p, v, m] : std::vector<std::tuple<ScheduleKind, int, int, int>>{
+           {ScheduleKind::kOneFOneB, 4, 1, 8},
+           {ScheduleKind::kOneFOneB, 2, 1, 1},
+           {ScheduleKind::kOneFOneB, 3, 1, 5},
+           {ScheduleKind::kInterleaved, 2, 2, 4},
+           {ScheduleKind::kInterleaved, 4, 2, 8}}) {
+    const PipelineSchedule s = make_schedule(kind, p, v, m);
+    // f and b per action (one stage); a micro-batch through a rank's v stages takes v (f + b).
+    const std::vector<ActionCosts> costs(static_cast<size_t>(p), ActionCosts{0.5, 1.0, 0, 0});
+    const std::vector<double> per_rank(static_cast<size_t>(p), v * 1.5);
+    EXPECT_NEAR(simulated_schedule_time(s, costs, one), schedule_time(per_rank, m, v), 1e-9)
+        << schedule_kind_name(kind) << " p " << p << " v " << v << " m " << m;
+  }
+}
+
+// One core shared by every rank (a rank computing alone takes 1x, n at once n x): the core is
+// never idle while a rank computes, and without messages some rank always can, so the step is
+// all the ranks' compute, whatever the schedule's fill and drain.
+TEST(SimulatedSchedule, OneSharedCoreTakesAllTheRanksCompute) {
+  const PipelineSchedule s = make_schedule(ScheduleKind::kOneFOneB, 4, 1, 6);
+  const std::vector<ActionCosts> costs{{1, 2, 0, 0}, {0.5, 1, 0, 0}, {1, 3, 0, 0}, {2, 2, 0, 0}};
+  double work = 0;
+  for (const auto& c : costs) work += 6 * (c.forward_s + c.backward_s);
+  EXPECT_NEAR(simulated_schedule_time(s, costs, [](int n) { return static_cast<double>(n); }), work,
+              1e-9);
+  // Two cores: at least half the work, and more (the fill and drain leave a core idle).
+  const double two = simulated_schedule_time(
+      s, costs, [](int n) { return std::max(1.0, static_cast<double>(n) / 2); });
+  EXPECT_GT(two, work / 2 + 1e-6);
+  EXPECT_LT(two, work);
+}
+
+// Each action communicates before it computes; the next stage's action waits for it.
+TEST(SimulatedSchedule, MessagesComeBeforeEachActionsCompute) {
+  const PipelineSchedule s = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 1);
+  const std::vector<ActionCosts> costs(2, ActionCosts{1.0, 2.0, 0.5, 0.25});
+  // F0 on rank 0: 0.5 + 1; on rank 1: 0.5 + 1; B0 on rank 1: 0.25 + 2; on rank 0: 0.25 + 2.
+  EXPECT_NEAR(simulated_schedule_time(s, costs, [](int) { return 1.0; }), 7.5, 1e-12);
+}
+
+TEST(SimulatedSchedule, RefusesCostsAndSlowdownsItCannotUseNamingThem) {
+  const PipelineSchedule s = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
+  const auto one = [](int) { return 1.0; };
+  auto message = [&](const std::vector<ActionCosts>& costs, const std::function<double(int)>& f) {
+    try {
+      simulated_schedule_time(s, costs, f);
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message({ActionCosts{}}, one).find("the schedule has 2 ranks, got the costs of 1"),
+            std::string::npos);
+  EXPECT_NE(message({ActionCosts{}, ActionCosts{1, -1, 0, 0}}, one).find("got -1 for rank 1"),
+            std::string::npos);
+  EXPECT_NE(message({ActionCosts{1, 1, 0, std::nan("")}, ActionCosts{}}, one).find("for rank 0"),
+            std::string::npos);
+  EXPECT_NE(message({ActionCosts{1, 1, 0, 0}, ActionCosts{1, 1, 0, 0}}, [](int) { return 0.5; })
+                .find("ranks computing at once must be finite and >= 1, got 0.5"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 //                          (ranks - 1) / m
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -103,5 +104,26 @@ void validate(const PipelineSchedule& schedule);
 /// ranks, or m or v < 1.
 double schedule_time(const std::vector<double>& per_micro_batch, int micro_batches,
                      int virtual_stages);
+
+/// What one rank of a pipeline spends on each of its actions (simulated_schedule_time): compute,
+/// in seconds with the rank computing alone on its cores, and communication (its stage's
+/// messages and collectives), which it waits for without computing.
+struct ActionCosts {
+  double forward_s = 0, backward_s = 0;
+  double forward_comm_s = 0, backward_comm_s = 0;
+};
+
+/// The time of `schedule` run action by action on ranks that share cores: each rank runs its
+/// actions in order, an action starting once the one before it on the rank has finished and its
+/// input has been sent (a forward's from the previous stage, a backward's from the next), then
+/// communicating for its comm seconds and computing for its compute seconds. While n ranks of the
+/// pipeline compute at once each computes `slowdown(n)` times slower (processor sharing: n ranks
+/// time-sliced over fewer cores; 1 for ranks with a core each). `per_rank[r]` is rank r's cost of
+/// one action. With slowdown 1 and equal ranks, 1F1B and interleaved take schedule_time's
+/// formula. Throws acc::ValueError for a cost per rank that the schedule does not have, a cost
+/// that is negative or not finite, and a slowdown below 1 or not finite (naming it).
+double simulated_schedule_time(const PipelineSchedule& schedule,
+                               const std::vector<ActionCosts>& per_rank,
+                               const std::function<double(int computing)>& slowdown);
 
 }  // namespace acc::strategies

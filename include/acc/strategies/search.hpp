@@ -45,6 +45,7 @@ struct StepEffects {
   /// micro_batches; gradients are reduced over dp after the schedule (nothing overlaps it).
   int pipeline_ranks = 1;
   int pipeline_virtual = 1;
+  ScheduleKind pipeline_schedule = ScheduleKind::kOneFOneB;
   // Resident training state per rank: whole, or 1/world of it.
   bool shard_parameters = false;
   bool shard_gradients = false;
