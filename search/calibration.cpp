@@ -759,10 +759,12 @@ JobCores job_cores(dist::ProcessGroup& group, int threads) {
 
 double contention_for_job(dist::ProcessGroup& group, MachineCalibration& machine,
                           const std::vector<GemmShape>& shapes, const CalibrationOptions& options,
-                          bool* from_cache) {
+                          bool* from_cache, JobCores* cores_out) {
   if (from_cache) *from_cache = false;
+  if (cores_out) *cores_out = JobCores{};
   if (group.size() == 1) return 1.0;
   const JobCores cores = job_cores(group, options.threads);
+  if (cores_out) *cores_out = cores;
   const int ranks = cores.local_ranks;
   if (ranks < 2) return measure_compute_contention(group, shapes);  // one rank per machine
   // More ranks x threads than usable cores time-slice: each rank computes at most cores /

@@ -217,14 +217,6 @@ double head_cost_in_blocks(const models::LanguageModel& model, int64_t seq_len) 
   return head_cost_in_blocks(model.hidden_size(), model.vocab_size(), seq_len);
 }
 
-int64_t PipelineLayout::blocks_of_rank(int r) const {
-  int64_t n = 0;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    if (schedule->rank_of_stage(static_cast<int>(s)) == r) n += stages[s].end - stages[s].begin;
-  }
-  return n;
-}
-
 std::optional<PipelineLayout> pipeline_layout(const Strategy& s, int64_t num_blocks,
                                               double head_cost) {
   for (const auto& m : s) {

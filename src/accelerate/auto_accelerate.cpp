@@ -284,9 +284,11 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   if (!group || group->rank() == 0) machine = search::load_or_calibrate_machine(shapes, co);
   contention = 1.0;
   contention_cached = true;  // nothing to measure on one rank
+  search::JobCores cores;    // the job's local ranks and their share of a machine's cores
   if (group && group->size() > 1) {
     machine = search::broadcast_calibration(*group, machine);
-    contention = search::contention_for_job(*group, machine, shapes, co, &contention_cached);
+    contention =
+        search::contention_for_job(*group, machine, shapes, co, &contention_cached, &cores);
   }
   // More ranks x threads than a machine's cores: each collective of a step also waits for peers
   // the kernel descheduled, measured for each group size the fits are of (calibrate_groups: as
@@ -295,7 +297,6 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   std::vector<search::CommCalibration> groups_comm = group_comm;
   double sliced = 1.0;  // the job's ranks x threads over a machine's cores
   if (group && group->size() > 1 && !shapes.empty()) {
-    const search::JobCores cores = search::job_cores(*group, co.threads);
     sliced = cores.share;
     if (sliced > 1) {
       std::vector<search::GemmShape> by_flops = shapes;

@@ -200,7 +200,13 @@ TEST(ContentionForJob, MeasuredOnceThenTakenFromTheCacheOnEveryRank) {
                         static_cast<double>(usable_cores());
   EXPECT_GE(first, sliced);
   later.contention[dist::local_world_size()] = 1.0;
-  EXPECT_EQ(contention_for_job(*world, later, shapes, co, &cached), std::max(1.0, sliced));
+  JobCores cores{-1, -1.0};
+  EXPECT_EQ(contention_for_job(*world, later, shapes, co, &cached, &cores), std::max(1.0, sliced));
+  // The cores it agreed on, as job_cores gives them.
+  const JobCores agreed = job_cores(*world, co.threads);
+  EXPECT_EQ(cores.local_ranks, agreed.local_ranks);
+  EXPECT_EQ(cores.local_ranks, dist::local_world_size());
+  EXPECT_DOUBLE_EQ(cores.share, agreed.share);
 }
 
 }  // namespace

@@ -250,10 +250,11 @@ JobCores job_cores(dist::ProcessGroup& group, int threads);
 /// be written is logged, not fatal). At least local ranks x options.threads / usable cores (ranks
 /// that time-slice cannot compute faster than their share, whatever one measurement saw).
 /// `machine` must be the same on every rank (broadcast_calibration); `from_cache` says which it
-/// was. A collective over `group`.
+/// was, `cores` (when given) the job_cores it agreed on (a group of one: one rank, share 1). A
+/// collective over `group`.
 double contention_for_job(dist::ProcessGroup& group, MachineCalibration& machine,
                           const std::vector<GemmShape>& shapes, const CalibrationOptions& options,
-                          bool* from_cache = nullptr);
+                          bool* from_cache = nullptr, JobCores* cores = nullptr);
 
 /// Every rank of `group` gets root's `calibration` (what the others pass is ignored; source
 /// included). A collective over `group`: all ranks call it. Throws what the collectives throw.

@@ -167,7 +167,7 @@ std::string layout_key(const Strategy& s);
 ///
 /// With pipeline_parallel in `s`, the rewrite traces one pp rank's stages (`pp_rank`, the rank of
 /// the mesh at pp coordinate pp_rank and 0 elsewhere) on a copy of the model that holds exactly
-/// that rank's blocks (a registry model built with pipeline_layout's blocks_of_rank): the
+/// that rank's blocks (a registry model at the depth of its stages in pipeline_layout's cut): the
 /// embedding when the rank holds the first stage, the head and the loss when it holds the last,
 /// one micro-batch through each of its stages in turn (the copy's blocks split evenly among them),
 /// its input received from the previous stage's rank and its output sent to the next one's
@@ -182,8 +182,6 @@ trace::ModelRef::Rewrite layout_rewrite(const Strategy& s, int world, bool defau
 struct PipelineLayout {
   std::shared_ptr<const PipelineSchedule> schedule;
   std::vector<StageBlocks> stages;  // ranks x virtual stages, in order
-  /// Blocks rank `r` of the pipeline holds (over its virtual stages).
-  int64_t blocks_of_rank(int r) const;
 };
 
 /// The pipeline of `s` for a model of `num_blocks` blocks whose head (final norm, projection and
