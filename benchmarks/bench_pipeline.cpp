@@ -147,22 +147,10 @@ int main(int argc, char** argv) {
       const search::JobCores cores = search::job_cores(*world, get_num_threads());
       std::optional<search::CommCalibration> pair;
       if (cores.share > 1 && !shapes.empty()) {
-        std::vector<search::GemmShape> by_flops = shapes;
-        std::sort(by_flops.begin(), by_flops.end(),
-                  [](const auto& a, const auto& b) { return a.flops() < b.flops(); });
-        const search::GemmShape median = by_flops[by_flops.size() / 2];
-        const auto calls = static_cast<int64_t>(
-            std::clamp(0.02 / std::max(machine.gemm_seconds(median), 1e-7), 16.0, 256.0));
+        const search::WaitProbe probe = search::collective_wait_probe(shapes, machine);
         pair = comm;
-        if (p != 2) {  // the fits of contiguous pairs, rank 0's (auto_accelerate's groups)
-          const dist::ProcessGroupPtr g =
-              world->split(world->rank() / 2, world->rank() % 2, "calibration of 2");
-          pair = search::CommCalibration::from_json(nlohmann::json::parse(dist::broadcast_text(
-              *world, search::calibrate_collectives(*g, {4 << 10, 256 << 10, 4 << 20}, 0.01)
-                          .to_json()
-                          .dump())));
-        }
-        pair->wait_s = search::measure_collective_wait(*world, 2, median, calls, *pair);
+        if (p != 2) pair = search::calibrate_contiguous_groups(*world, 2);  // as auto_accelerate
+        pair->wait_s = search::measure_collective_wait(*world, 2, probe.shape, probe.calls, *pair);
       }
       search::CostModel cost(ref, seq_len, machine, comm, contention);
       if (cores.share > 1) cost.set_time_slicing(std::min(cores.share, contention));

@@ -747,6 +747,30 @@ double measure_collective_wait(dist::ProcessGroup& group, int group_size, const 
   return std::max(0.0, waits[1]);
 }
 
+CommCalibration calibrate_contiguous_groups(dist::ProcessGroup& world, int size) {
+  ACC_CHECK(size >= 1 && world.size() % size == 0, "calibrate_contiguous_groups: groups of ", size,
+            " do not divide the ", world.size(), " ranks of '", world.name(), "'");
+  const int rank = world.rank();
+  const dist::ProcessGroupPtr g =
+      world.split(rank / size, rank % size, "calibration of " + std::to_string(size));
+  const CommCalibration mine = calibrate_collectives(*g, {4 << 10, 256 << 10, 4 << 20}, 0.01);
+  return CommCalibration::from_json(
+      nlohmann::json::parse(dist::broadcast_text(world, mine.to_json().dump())));
+}
+
+WaitProbe collective_wait_probe(const std::vector<GemmShape>& shapes,
+                                const MachineCalibration& machine) {
+  ACC_CHECK(!shapes.empty(), "collective_wait_probe: no GEMM shapes given");
+  std::vector<GemmShape> by_flops = shapes;
+  std::sort(by_flops.begin(), by_flops.end(),
+            [](const auto& a, const auto& b) { return a.flops() < b.flops(); });
+  WaitProbe p;
+  p.shape = by_flops[by_flops.size() / 2];
+  p.calls = static_cast<int64_t>(
+      std::clamp(0.02 / std::max(machine.gemm_seconds(p.shape), 1e-7), 16.0, 256.0));
+  return p;
+}
+
 JobCores job_cores(dist::ProcessGroup& group, int threads) {
   Tensor local = from_vector(std::vector<int64_t>{dist::local_world_size()}, {1});
   group.allreduce(local, dist::ReduceOp::kMax)->wait();

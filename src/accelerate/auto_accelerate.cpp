@@ -203,9 +203,7 @@ Space build_space(const trace::ModelRef& model, int world, const AccelerateOptio
 }
 
 // The α-β fits of the groups the candidates communicate over besides the whole job (a tp or cp
-// group, and dp x cp beside them), one per size: measured on contiguous groups of that size (as
-// tp's are; groups of one size over this machine's shared memory behave alike), rank 0's fits
-// kept by every rank so that all of them rank the candidates alike.
+// group, and dp x cp beside them), one per size (search::calibrate_contiguous_groups).
 std::vector<search::CommCalibration> calibrate_groups(const Space& s, dist::ProcessGroup& world) {
   std::set<int> sizes;
   for (const auto& r : s.rows) {
@@ -216,15 +214,7 @@ std::vector<search::CommCalibration> calibrate_groups(const Space& s, dist::Proc
     }
   }
   std::vector<search::CommCalibration> out;
-  const int rank = world.rank();
-  for (const int size : sizes) {
-    const dist::ProcessGroupPtr g =
-        world.split(rank / size, rank % size, "calibration of " + std::to_string(size));
-    const search::CommCalibration mine =
-        search::calibrate_collectives(*g, {4 << 10, 256 << 10, 4 << 20}, 0.01);
-    out.push_back(search::CommCalibration::from_json(
-        nlohmann::json::parse(dist::broadcast_text(world, mine.to_json().dump()))));
-  }
+  for (const int size : sizes) out.push_back(search::calibrate_contiguous_groups(world, size));
   return out;
 }
 
@@ -299,17 +289,11 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
   if (group && group->size() > 1 && !shapes.empty()) {
     sliced = cores.share;
     if (sliced > 1) {
-      std::vector<search::GemmShape> by_flops = shapes;
-      std::sort(by_flops.begin(), by_flops.end(),
-                [](const auto& a, const auto& b) { return a.flops() < b.flops(); });
-      const search::GemmShape median = by_flops[by_flops.size() / 2];
-      // About 20 ms a pass (the calls agree: the machine figures are every rank's).
-      const auto calls = static_cast<int64_t>(
-          std::clamp(0.02 / std::max(machine.gemm_seconds(median), 1e-7), 16.0, 256.0));
+      const search::WaitProbe probe = search::collective_wait_probe(shapes, machine);
       std::vector<search::CommCalibration*> fits{&job_comm};
       for (auto& g : groups_comm) fits.push_back(&g);
       for (search::CommCalibration* c : fits) {
-        c->wait_s = search::measure_collective_wait(*group, c->world, median, calls, *c);
+        c->wait_s = search::measure_collective_wait(*group, c->world, probe.shape, probe.calls, *c);
         if (waits) (*waits)[c->world] = c->wait_s;
         if (group->rank() == 0) {
           logging::info(

@@ -232,4 +232,37 @@ TEST(CollectiveWait, EveryRankGetsTheSameNonNegativeFigure) {
   }
 }
 
+// The fits of contiguous groups: rank 0's group's on every rank, of the group's size; a size that
+// does not divide the world refused on every rank before any collective.
+TEST(CalibrateContiguousGroups, EveryRankKeepsTheFirstGroupsFits) {
+  auto world = dist::ProcessGroup::world();
+  const int W = world->size();
+  EXPECT_THROW(calibrate_contiguous_groups(*world, W + 1), ValueError);
+  EXPECT_THROW(calibrate_contiguous_groups(*world, 0), ValueError);
+  for (const int size : {1, 2}) {
+    if (W % size != 0) continue;
+    const CommCalibration c = calibrate_contiguous_groups(*world, size);
+    EXPECT_EQ(c.world, size);
+    EXPECT_NO_THROW(dist::check_agreement(*world, c.to_json(), "ranks disagree on the fits"));
+  }
+}
+
+// The collective wait's GEMM: the median shape by FLOPs, calls for about 20 ms a pass, 16 to 256.
+TEST(CollectiveWaitProbe, TakesTheMedianShapeAndAboutTwentyMillisecondsOfCalls) {
+  MachineCalibration m;
+  const GemmShape small{16, 16, 16, false, false}, mid{64, 64, 64, false, false},
+      large{512, 512, 512, false, false};
+  m.gemm_gflops[small] = 1;
+  m.gemm_gflops[mid] = 1;  // 2 x 64^3 FLOP at 1 GFLOP/s: 0.52 ms a call
+  m.gemm_gflops[large] = 1;
+  const WaitProbe p = collective_wait_probe({large, small, mid}, m);
+  EXPECT_EQ(p.shape, mid);
+  EXPECT_EQ(p.calls, static_cast<int64_t>(0.02 / m.gemm_seconds(mid)));
+  m.gemm_gflops[mid] = 1e6;  // a call of nothing: at most 256
+  EXPECT_EQ(collective_wait_probe({mid}, m).calls, 256);
+  m.gemm_gflops[mid] = 1e-3;  // a call of 0.5 s: at least 16
+  EXPECT_EQ(collective_wait_probe({mid}, m).calls, 16);
+  EXPECT_THROW(collective_wait_probe({}, m), ValueError);
+}
+
 }  // namespace acc::search

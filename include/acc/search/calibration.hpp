@@ -338,6 +338,13 @@ CommCalibration calibrate_collectives(
     dist::ProcessGroup& group, const std::vector<int64_t>& sizes_bytes = default_collective_sizes(),
     double seconds_per_point = 0.05);
 
+/// calibrate_collectives at the search's three sizes (4 KiB, 256 KiB, 4 MiB; 10 ms a point) on
+/// `world` split into contiguous groups of `size` ranks (as tp groups are; groups of one size
+/// over one machine's shared memory behave alike), rank 0's group's fits kept by every rank so
+/// that all of them price alike. A collective over `world`. Throws acc::ValueError for a size
+/// that does not divide the world, and what the collectives throw.
+CommCalibration calibrate_contiguous_groups(dist::ProcessGroup& world, int size);
+
 /// Seconds a small collective takes in a step, beyond `fit`'s 4 KiB all-reduce, when every rank
 /// computes between collectives: `group` split into contiguous groups of `group_size` (as a tp
 /// group is), every rank at once running `calls` x (a GEMM of `shape`; a 4 KiB all-reduce over
@@ -350,5 +357,16 @@ CommCalibration calibrate_collectives(
 /// figure. Throws acc::ValueError for a group size that does not divide the group or calls < 1.
 double measure_collective_wait(dist::ProcessGroup& group, int group_size, const GemmShape& shape,
                                int64_t calls, const CommCalibration& fit);
+
+/// What measure_collective_wait computes between collectives for a job whose steps run `shapes`
+/// (non-empty): the median of them by FLOPs, and calls enough for about 20 ms a pass at
+/// `machine`'s rate for it (16 to 256; every rank gets the same calls from the same machine
+/// figures). Throws acc::ValueError for no shapes.
+struct WaitProbe {
+  GemmShape shape;
+  int64_t calls = 0;
+};
+WaitProbe collective_wait_probe(const std::vector<GemmShape>& shapes,
+                                const MachineCalibration& machine);
 
 }  // namespace acc::search

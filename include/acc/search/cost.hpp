@@ -78,10 +78,11 @@ class CostModel {
   /// (cluster.hpp), each group placed by the candidate's mesh; no contention.
   CostModel(trace::ModelRef model, int64_t seq_len, ClusterProfile cluster);
   /// The job's ranks x threads over a machine's cores, when more than 1 (they time-slice the
-  /// cores; `contention` is then at least this share). A pipeline's ranks idle in its fill and
-  /// drain leave their cores to the others: its step is the longer of its schedule with every
-  /// rank computing at the contention beyond the slicing and all of its ranks' compute over the
-  /// cores. Throws acc::ValueError for a share not finite or above the contention.
+  /// cores; `contention` is then at least this share). A pipeline's schedule is then run action
+  /// by action (strategies::simulated_schedule_time): each rank computing at the contention
+  /// beyond the slicing, slowed further while more of the job's ranks compute at once than the
+  /// cores hold, so its ranks idle in the fill and drain leave their cores to the others. Throws
+  /// acc::ValueError for a share not finite or above the contention.
   void set_time_slicing(double share);
   TimePrediction predict(const Candidate& c);
   /// The cut of `c`'s pipeline whose stages take the most even predicted time
