@@ -40,6 +40,7 @@ struct Unit {
   int ready = 0;
   bool reduced = false;
   dist::WorkPtr reduce_work;
+  Tensor reduce_in;   // the packed gradients being reduced, held until the reduction is waited for
   Tensor reduce_out;  // where the reduction lands (a bf16 buffer when amp)
 
   Unit(std::string n, nn::ModulePtr m, const NamedTensors& params, int world)
@@ -49,7 +50,16 @@ struct Unit {
 
 // One reduce-scatter may still run while the next block's backward computes (the overlap); the
 // next block's waits for it. The memory model counts the buffers this allows
-// (search::MemoryModel::predict).
+// (search::MemoryModel::predict, trace::BlockwiseGradients).
+//
+// Decision: a reduction's input lives until it is waited for here, on the training thread, not
+// until the communication thread sees it complete. Freed on completion, whether it was alive at
+// the next block's backward peak depended on how fast the peers were that step: the peak of fsdp
+// with every block recomputed under Ulysses at 4 ranks on 2 cores moved by 5-15 % between runs
+// of the same candidate (the all-to-alls of the recomputed forward drive the reduction to
+// completion, or do not). Now the step's peak is the same in every run and is what the model
+// predicts, and a budget set from it holds whatever the peers' speed. PyTorch's FSDP2 frees its
+// reduce-scatter input at the same point (the next reduce-scatter's wait).
 constexpr size_t kReducesInFlight = 1;
 
 struct FsdpState : BackwardRounds<FsdpState> {
@@ -122,17 +132,19 @@ struct FsdpState : BackwardRounds<FsdpState> {
     Tensor buf = empty({u.bucket().padded});
     pack_bucket_grads(u.bucket(), buf.data<float>(), 1.0f / static_cast<float>(group->size()),
                       /*drop_grads=*/true);
-    // The full buffer is only the reduction's input: its Work frees it on completion.
-    Tensor in = bf16 ? buf.to(DType::kBFloat16) : buf;
+    // The full buffer is only the reduction's input, held until complete_oldest (see
+    // kReducesInFlight).
+    u.reduce_in = bf16 ? buf.to(DType::kBFloat16) : buf;
     buf = Tensor();
     u.reduce_out = bf16 ? empty(u.grad_shard.shape(), {DType::kBFloat16}) : u.grad_shard;
-    u.reduce_work = group->reduce_scatter(u.reduce_out, in, dist::ReduceOp::kSum);
+    u.reduce_work = group->reduce_scatter(u.reduce_out, u.reduce_in, dist::ReduceOp::kSum);
     reducing.push_back(&u);
     if (u.module) release(u);
   }
 
-  // Waits for the oldest reduce-scatter in flight (its input buffer is freed on completion) and
-  // moves its result into the gradient chunk.
+  // Waits for the oldest reduce-scatter in flight, frees its input buffer and moves its result
+  // into the gradient chunk. A wait that throws leaves the buffers held: the Work may still be
+  // reading them.
   void complete_oldest() {
     NoGradGuard ng;
     Unit& u = *reducing.front();
@@ -140,6 +152,7 @@ struct FsdpState : BackwardRounds<FsdpState> {
     u.reduce_work->wait();
     if (bf16) u.grad_shard.copy_(u.reduce_out);
     u.reduce_work.reset();
+    u.reduce_in = Tensor();
     u.reduce_out = Tensor();
   }
 
