@@ -287,7 +287,7 @@ void CostModel::expect(const std::vector<const Candidate*>& candidates) {
   std::map<BatchPairKey, Pair> first;
   auto add = [&](const Candidate& c, const RankModel& r, const BatchPairKey& pair_key,
                  const trace::TraceOptions& activations) {
-    expected_[pair_key].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
+    expected_[{r.trace_id, pair_key.second}].try_emplace({c.micro_batch, c.mesh.dp}, c.mesh);
     if (first.count(pair_key) == 0) first.emplace(pair_key, Pair{&r, activations});
   };
   ranks_->for_each_rank(candidates,
@@ -313,33 +313,33 @@ void CostModel::expect(const std::vector<const Candidate*>& candidates) {
   for (const auto& [shape, keys] : by_shape) jobs.push_back(&keys);
   auto made = detail::made_ahead<MadePasses>(jobs, [&](const BatchPairKey* key, MadePasses& out) {
     const Pair& pair = first.at(*key);
-    const Asked asked = not_made(key->first, pair.activations, expected_.at(*key), false);
+    const int id = pair.rank->trace_id;
+    const Asked asked = not_made(id, pair.activations, expected_.at({id, key->second}), false);
     if (asked.empty()) return;
-    MadePasses m = make_passes(*pair.rank, key->first, pair.activations, asked, true);
+    MadePasses m = make_passes(*pair.rank, pair.activations, asked, true);
     out.traced += m.traced;
     for (auto& p : m.passes) out.passes.push_back(std::move(p));
   });
   for (MadePasses& m : made) keep(std::move(m));
 }
 
-CostModel::Asked CostModel::not_made(const std::string& layout, const trace::TraceOptions& a,
+CostModel::Asked CostModel::not_made(int trace_id, const trace::TraceOptions& a,
                                      const Asked& expected, bool from_low) const {
   Asked out;
   std::set<PassKey> keys;  // a pass key once (off a cluster, every dp of a micro-batch shares one)
   for (const auto& [at, mesh] : expected) {
     if (from_low && at.first < trace::BatchTraces::kLow) continue;
-    PassKey key = pass_key(layout, mesh, at.first, a);
-    if (passes_.count(key) != 0 || !keys.insert(std::move(key)).second) continue;
+    const PassKey key = pass_key(trace_id, mesh, at.first, a);
+    if (passes_.count(key) != 0 || !keys.insert(key).second) continue;
     out.emplace(at, mesh);
   }
   return out;
 }
 
-CostModel::PassKey CostModel::pass_key(const std::string& layout, const dist::DeviceMesh& mesh,
+CostModel::PassKey CostModel::pass_key(int trace_id, const dist::DeviceMesh& mesh,
                                        int64_t micro_batch, const trace::TraceOptions& a) const {
   // A cluster places the pp neighbours by the mesh's dp too (cluster.hpp).
-  return std::make_tuple(cluster_ ? layout + "#dp" + std::to_string(mesh.dp) : layout, micro_batch,
-                         a.key_fields());
+  return {trace_id, cluster_ ? mesh.dp : 0, micro_batch, a.key_fields()};
 }
 
 CostModel::PassCost CostModel::extrapolated_pass(const trace::Trace& t1, const trace::Trace& t2,
@@ -378,9 +378,8 @@ CostModel::PassCost CostModel::extrapolated_pass(const trace::Trace& t1, const t
   return p;
 }
 
-CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const std::string& layout,
-                                             const trace::TraceOptions& a, const Asked& asked,
-                                             bool paired) const {
+CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const trace::TraceOptions& a,
+                                             const Asked& asked, bool paired) const {
   MadePasses out;
   // The model as the candidate's rank runs it (its stages, shards and tp / cp / pp messages).
   const trace::ModelRef& model = rank.model;
@@ -402,7 +401,7 @@ CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const std::s
       const auto groups = model.trace(p.num_blocks, 1, seq_len_, {}).blocks;
       p.block_parameters = groups.empty() ? 0 : groups.front().parameters_per_block;
       ++out.traced;
-      out.passes.emplace_back(pass_key(layout, mesh, at.first, a), p);
+      out.passes.emplace_back(pass_key(rank.trace_id, mesh, at.first, a), p);
     }
     return out;
   }
@@ -433,7 +432,7 @@ CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const std::s
       for (const auto& [at, mesh] : asked) {
         if (at.first < kLow) continue;
         out.passes.emplace_back(
-            pass_key(layout, mesh, at.first, a),
+            pass_key(rank.trace_id, mesh, at.first, a),
             extrapolated_pass(t1.at(at.first), t2.at(at.first), r1 ? &r1->at(at.first) : nullptr,
                               model.num_layers(), mesh, a));
       }
@@ -446,7 +445,7 @@ CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const std::s
     std::shared_ptr<const trace::Trace> r1;
     if (recomputes) r1 = shallow_trace(model, 1, at.first, seq_len_, first);
     ++out.traced;
-    out.passes.emplace_back(pass_key(layout, mesh, at.first, a),
+    out.passes.emplace_back(pass_key(rank.trace_id, mesh, at.first, a),
                             extrapolated_pass(*t1, *t2, r1.get(), model.num_layers(), mesh, a));
   }
   return out;
@@ -458,17 +457,17 @@ void CostModel::keep(MadePasses made) {
 }
 
 const CostModel::PassCost& CostModel::pass(const Candidate& cand, const RankModel& rank,
-                                           const std::string& layout,
                                            const trace::TraceOptions& a) {
-  const auto key = pass_key(layout, cand.mesh, cand.micro_batch, a);
+  const int id = rank.trace_id;
+  const auto key = pass_key(id, cand.mesh, cand.micro_batch, a);
   if (auto it = passes_.find(key); it != passes_.end()) return it->second;
   // With the candidate expected, every expected micro-batch and dp of its rank's trace not made
   // yet, from one set of trace pairs; else its own alone.
-  const auto expected = expected_.find(batch_pair_key(layout, a));
+  const auto expected = expected_.find({id, a.key_fields()});
   const bool paired = expected != expected_.end() && cand.micro_batch >= trace::BatchTraces::kLow &&
                       expected->second.count({cand.micro_batch, cand.mesh.dp}) != 0;
-  keep(make_passes(rank, layout, a,
-                   paired ? not_made(layout, a, expected->second, true)
+  keep(make_passes(rank, a,
+                   paired ? not_made(id, a, expected->second, true)
                           : Asked{{{cand.micro_batch, cand.mesh.dp}, cand.mesh}},
                    paired));
   return passes_.at(key);
@@ -478,7 +477,7 @@ TimePrediction CostModel::predict(const Candidate& c) {
   const std::vector<RankModel>& ranks = ranks_->of(c);
   if (ranks.size() > 1) return predict_pipeline(c, ranks);
   const strategies::StepEffects& e = c.effects;
-  const PassCost& p = pass(c, ranks.front(), ranks.front().trace_key, activation_trace_options(e));
+  const PassCost& p = pass(c, ranks.front(), activation_trace_options(e));
   TimePrediction t;
   const double k = static_cast<double>(e.micro_batches);
   t.compute_s = contention_ * k * (p.forward_s + p.backward_s);
@@ -505,7 +504,7 @@ std::optional<CostModel::StageEnds> CostModel::stage_ends(const Candidate& c) {
   // What a rank computes beyond its blocks, in its blocks' time (without recomputation, which
   // costs per block).
   auto extra = [&](const RankModel& r) {
-    const PassCost& p = pass(c, r, r.trace_key, end_options(c, r));
+    const PassCost& p = pass(c, r, end_options(c, r));
     if (p.block_s <= 0) return 0.0;
     const double rest = p.forward_s + p.backward_s - static_cast<double>(p.num_blocks) * p.block_s;
     return std::max(0.0, rest / p.block_s);
@@ -582,7 +581,7 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
   TimePrediction t;  // the optimizer and data-parallel reduction of the rank that takes longest
   double after_s = -1;
   for (const RankModel& r : ranks) {
-    const PassCost& p = pass(c, r, r.trace_key, rank_activation_options(e, r));
+    const PassCost& p = pass(c, r, rank_activation_options(e, r));
     // A micro-batch through the rank's stages, its messages included.
     const double comm = p.comm_forward_s + p.comm_backward_s;
     const double s = contention_ * (p.forward_s + p.backward_s) + comm;

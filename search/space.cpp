@@ -493,8 +493,7 @@ const std::vector<RankModel>& RankModels::keep(const std::string& layout,
                                                std::vector<RankModel> ranks) {
   for (RankModel& r : ranks) {
     if (traces_) r.model = r.model.shared_traces(traces_, r.shape_key);
-    r.trace_id =
-        trace_ids_.try_emplace(r.trace_key, static_cast<int>(trace_ids_.size())).first->second;
+    r.trace_id = trace_id(r.trace_key);
   }
   return layouts_.emplace(layout, std::move(ranks)).first->second;
 }
@@ -523,6 +522,10 @@ void RankModels::make(const std::vector<const Candidate*>& candidates) {
   for (size_t i = 0; i < firsts.size(); ++i) {
     if (made[i]) keep(firsts[i]->layout_key(), std::move(*made[i]));
   }
+}
+
+int RankModels::trace_id(const std::string& trace_key) {
+  return trace_ids_.try_emplace(trace_key, static_cast<int>(trace_ids_.size())).first->second;
 }
 
 const std::vector<RankModel>* RankModels::made(const Candidate& c) const {
@@ -629,7 +632,9 @@ MemoryModel::MemoryModel(trace::ModelRef model, int64_t seq_len, std::string opt
 const trace::TrainingNeed& MemoryModel::need(int64_t micro_batch, const strategies::StepEffects& e,
                                              std::optional<double> in_flight_fraction,
                                              bool accumulated) {
-  return need(model_, "", micro_batch, e, in_flight_fraction, accumulated).need;
+  return need(model_, ranks_->trace_id(""), micro_batch, activation_trace_options(e),
+              in_flight_fraction, accumulated)
+      .need;
 }
 
 std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
@@ -654,9 +659,9 @@ std::optional<std::string> MemoryModel::layout_refusal(const Candidate& c) {
 }
 
 size_t MemoryModel::NeedKeyHash::operator()(const NeedKey& k) const {
-  const auto& [layout, batch, fields, fraction, accumulated] = k;
+  const auto& [trace_id, batch, fields, fraction, accumulated] = k;
   const auto& [backward, recompute, blocks, bf16] = fields;
-  size_t h = std::hash<std::string>{}(layout);
+  size_t h = std::hash<int>{}(trace_id);
   for (const size_t x :
        {std::hash<int64_t>{}(batch), std::hash<bool>{}(backward),
         std::hash<int>{}(static_cast<int>(recompute)), std::hash<int64_t>{}(blocks),
@@ -666,15 +671,15 @@ size_t MemoryModel::NeedKeyHash::operator()(const NeedKey& k) const {
   return h;
 }
 
-MemoryModel::NeedKey MemoryModel::need_key(const std::string& layout, int64_t micro_batch,
+MemoryModel::NeedKey MemoryModel::need_key(int trace_id, int64_t micro_batch,
                                            const trace::TraceOptions& activations,
                                            std::optional<double> in_flight_fraction,
                                            bool accumulated) {
-  return NeedKey{layout, micro_batch, activations.key_fields(), in_flight_fraction.value_or(-1.0),
+  return NeedKey{trace_id, micro_batch, activations.key_fields(), in_flight_fraction.value_or(-1.0),
                  accumulated};
 }
 
-MemoryModel::Made MemoryModel::make_needs(const trace::ModelRef& model, const std::string& layout,
+MemoryModel::Made MemoryModel::make_needs(const trace::ModelRef& model, int trace_id,
                                           const std::vector<int64_t>& batches,
                                           const trace::TraceOptions& activations,
                                           std::optional<double> in_flight_fraction,
@@ -686,7 +691,7 @@ MemoryModel::Made MemoryModel::make_needs(const trace::ModelRef& model, const st
   }
   Made out;
   auto key = [&](int64_t b) {
-    return need_key(layout, b, activations, in_flight_fraction, accumulated);
+    return need_key(trace_id, b, activations, in_flight_fraction, accumulated);
   };
   std::vector<int64_t> pair;  // from one pair of traces (trace::estimate_training_needs)
   for (const int64_t b : batches) {
@@ -712,12 +717,12 @@ void MemoryModel::keep(Made made) {
   for (auto& [key, entry] : made.needs) needs_.emplace(key, std::move(entry));
 }
 
-MemoryModel::NeedEntry& MemoryModel::need(const trace::ModelRef& model, const std::string& layout,
-                                          int64_t micro_batch, const strategies::StepEffects& e,
+MemoryModel::NeedEntry& MemoryModel::need(const trace::ModelRef& model, int trace_id,
+                                          int64_t micro_batch,
+                                          const trace::TraceOptions& activations,
                                           std::optional<double> in_flight_fraction,
                                           bool accumulated, const std::set<int64_t>* batches) {
-  const trace::TraceOptions activations = activation_trace_options(e);
-  const NeedKey key = need_key(layout, micro_batch, activations, in_flight_fraction, accumulated);
+  const NeedKey key = need_key(trace_id, micro_batch, activations, in_flight_fraction, accumulated);
   auto it = needs_.find(key);
   if (it != needs_.end()) return it->second;
   std::vector<int64_t> todo{micro_batch};
@@ -729,12 +734,12 @@ MemoryModel::NeedEntry& MemoryModel::need(const trace::ModelRef& model, const st
     todo.clear();
     for (const int64_t b : *batches) {
       if (b >= trace::BatchTraces::kLow &&
-          needs_.count(need_key(layout, b, activations, in_flight_fraction, accumulated)) == 0) {
+          needs_.count(need_key(trace_id, b, activations, in_flight_fraction, accumulated)) == 0) {
         todo.push_back(b);
       }
     }
   }
-  keep(make_needs(model, layout, todo, activations, in_flight_fraction, accumulated, paired));
+  keep(make_needs(model, trace_id, todo, activations, in_flight_fraction, accumulated, paired));
   return needs_.at(key);
 }
 
@@ -791,7 +796,7 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   std::map<BatchPairKey, std::map<Blockwise, std::set<int64_t>>> blockwise;
   ranks_->for_each_rank(pointers_to(candidates), [&](const Candidate& c, const RankModel& r,
                                                      const BatchPairKey& pair_key) {
-    expected_[pair_key].insert(c.micro_batch);
+    expected_[{r.trace_id, pair_key.second}].insert(c.micro_batch);
     // The rank's effects are the candidate's but for the blocks recomputed (rank_effects).
     const strategies::StepEffects& e = c.effects;
     if (first.count(pair_key) == 0) {
@@ -827,7 +832,7 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
     if (layout_refusal(*pair.candidate)) continue;
     auto add = [&](Job job, const std::set<int64_t>& asked) {
       for (const int64_t b : asked) {
-        if (needs_.count(need_key(key.first, b, pair.activations, job.in_flight_fraction,
+        if (needs_.count(need_key(pair.rank->trace_id, b, pair.activations, job.in_flight_fraction,
                                   job.accumulated)) == 0) {
           job.batches.push_back(b);
         }
@@ -835,7 +840,7 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
       if (job.batches.empty()) return;
       by_shape[model_.is_registry() ? pair.rank->shape_key : ""].push_back(std::move(job));
     };
-    const std::set<int64_t>& expected = expected_.at(key);
+    const std::set<int64_t>& expected = expected_.at({pair.rank->trace_id, key.second});
     add(Job{&key, std::nullopt, false, {}}, expected);
     if (auto it = blockwise.find(key); it != blockwise.end()) {
       for (const auto& [variant, asked] : it->second) {
@@ -851,14 +856,13 @@ void MemoryModel::expect(const std::vector<Candidate>& candidates) {
   for (const auto& [shape_key, list] : by_shape) jobs.push_back(&list);
   auto made = detail::made_ahead<Made>(jobs, [&](const Job& job, Made& out) {
     const Pair& pair = first.at(*job.key);
-    Made m = make_needs(pair.rank->model, job.key->first, job.batches, pair.activations,
+    Made m = make_needs(pair.rank->model, pair.rank->trace_id, job.batches, pair.activations,
                         job.in_flight_fraction, job.accumulated, /*paired=*/true);
     out.traced += m.traced;
     for (auto& [key, entry] : m.needs) {
-      // A pipeline rank's prediction reads its plain need's timeline over its stages.
+      // A pipeline rank's prediction reads its plain need's figures over its stages.
       if (!job.in_flight_fraction && !pair.rank->stages.empty()) {
-        entry.highs = stage_highs_of(entry.need, *pair.rank);
-        entry.highs_made = true;
+        make_stage_figures(entry, *pair.rank, pair.activations.recompute_blocks);
       }
       out.needs.emplace_back(std::move(key), std::move(entry));
     }
@@ -898,12 +902,15 @@ MemoryPrediction MemoryModel::predict(const Candidate& c, bool made_only) {
   const std::vector<RankModel>* made = ranks_->made(c);
   if (made == nullptr && made_only) throw NotMade{};
   const std::vector<RankModel>& ranks = made != nullptr ? *made : ranks_->of(c);
-  if (ranks.size() == 1) return predict_rank(c, ranks.front(), ranks.front().trace_key, made_only);
-  // A pipeline: each pp rank holds its own stages; the candidate needs its largest.
+  if (ranks.size() == 1) return predict_rank(c, ranks.front(), made_only, nullptr);
+  // A pipeline: each pp rank holds its own stages; the candidate needs its largest. Its middle
+  // ranks share a need (one trace key and the same blocks recomputed), looked up once.
   MemoryPrediction worst;
   std::vector<int64_t> peaks;
+  peaks.reserve(ranks.size());
+  LastNeed last;
   for (const RankModel& r : ranks) {
-    MemoryPrediction m = predict_rank(c, r, r.trace_key, made_only);
+    MemoryPrediction m = predict_rank(c, r, made_only, &last);
     peaks.push_back(m.peak);
     if (peaks.size() == 1 || m.peak > worst.peak) worst = m;
   }
@@ -951,6 +958,16 @@ std::vector<int64_t> stage_saved_bytes(const trace::TrainingNeed& n,
                       std::max<int64_t>(0, e.recompute_blocks), rank);
 }
 
+void MemoryModel::make_stage_figures(NeedEntry& entry, const RankModel& rank,
+                                     int64_t recompute_blocks) {
+  strategies::StepEffects e;
+  e.recompute_blocks = recompute_blocks;
+  entry.stage_saved = stage_saved_bytes(entry.need, e, rank);
+  entry.stage_gradients = stage_gradient_bytes(entry.need, rank);
+  entry.highs = stage_highs_of(entry.need, rank);
+  entry.highs_made = true;
+}
+
 std::vector<int64_t> stage_gradient_bytes(const trace::TrainingNeed& n, const RankModel& rank) {
   const int64_t per_parameter = n.memory.gradients / std::max<int64_t>(1, n.parameters);
   const int64_t per_block = checked_mul(n.parameters_per_block, per_parameter, "block gradients");
@@ -958,33 +975,41 @@ std::vector<int64_t> stage_gradient_bytes(const trace::TrainingNeed& n, const Ra
 }
 
 MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& rank,
-                                           const std::string& layout, bool made_only) {
-  const strategies::StepEffects e = rank_effects(c.effects, rank);
-  // The micro-batches expected of the rank's trace under these options (expect).
+                                           bool made_only, LastNeed* last) {
+  // The candidate's effects: the rank's are the same but for the blocks recomputed, which enter
+  // through the activation options (rank_effects, not copied here: this runs for each rank of
+  // 10^5 candidates).
+  const strategies::StepEffects& e = c.effects;
+  const trace::TraceOptions activations = rank_activation_options(e, rank);
+  // The micro-batches expected of the rank's trace under these options (expect), for the needs
+  // it makes.
   const std::set<int64_t>* batches = nullptr;
-  if (!expected_.empty()) {
-    const auto it = expected_.find(batch_pair_key(layout, activation_trace_options(e)));
+  if (!made_only && !expected_.empty()) {
+    const auto it = expected_.find({rank.trace_id, activations.key_fields()});
     if (it != expected_.end()) batches = &it->second;
   }
   // The model as the candidate's rank runs it (its stages, its tensor-parallel shards, its share
   // of the sequence), which the data-parallel methods then shard over dp x cp.
   const trace::ModelRef& model = rank.model;
-  auto entry_of = [&](int64_t micro_batch, const strategies::StepEffects& fx,
-                      std::optional<double> in_flight, bool accumulated) -> NeedEntry& {
+  auto entry_of = [&](int64_t micro_batch, std::optional<double> in_flight,
+                      bool accumulated) -> NeedEntry& {
     if (!made_only) {
-      return this->need(model, layout, micro_batch, fx, in_flight, accumulated, batches);
+      return this->need(model, rank.trace_id, micro_batch, activations, in_flight, accumulated,
+                        batches);
     }
-    const auto it = needs_.find(
-        need_key(layout, micro_batch, activation_trace_options(fx), in_flight, accumulated));
+    const auto it =
+        needs_.find(need_key(rank.trace_id, micro_batch, activations, in_flight, accumulated));
     if (it == needs_.end()) throw NotMade{};
     return it->second;
   };
-  auto need = [&](int64_t micro_batch, const strategies::StepEffects& fx,
-                  std::optional<double> in_flight = std::nullopt,
+  auto need = [&](int64_t micro_batch, std::optional<double> in_flight = std::nullopt,
                   bool accumulated = false) -> const trace::TrainingNeed& {
-    return entry_of(micro_batch, fx, in_flight, accumulated).need;
+    return entry_of(micro_batch, in_flight, accumulated).need;
   };
-  NeedEntry& entry = entry_of(c.micro_batch, e, std::nullopt, false);
+  const bool same = last != nullptr && last->entry != nullptr && last->trace_id == rank.trace_id &&
+                    last->fields == activations.key_fields();
+  NeedEntry& entry = same ? *last->entry : entry_of(c.micro_batch, std::nullopt, false);
+  if (last != nullptr) *last = LastNeed{rank.trace_id, activations.key_fields(), &entry};
   const trace::TrainingNeed& n = entry.need;
   const int64_t W = c.data_parallel_ranks();
   const int64_t P = n.memory.parameters, G = n.memory.gradients, O = n.memory.optimizer_state;
@@ -1002,8 +1027,13 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     // stage saves its blocks' share (the trace's per-block figures, recomputed blocks apart) and,
     // on the first or last stage, the model's ends (embedding; head and loss): interleaved, the
     // last stage's logits make a rank's stages unequal.
-    const std::vector<int64_t> saved = stage_saved_bytes(n, e, rank);
-    const std::vector<int64_t> grads = stage_gradient_bytes(n, rank);
+    // The stages' saved and gradient bytes and the timeline over each stage, once per need.
+    if (!entry.highs_made) {
+      if (made_only) throw NotMade{};
+      make_stage_figures(entry, rank, activations.recompute_blocks);
+    }
+    const std::vector<int64_t>& saved = entry.stage_saved;
+    const std::vector<int64_t>& grads = entry.stage_gradients;
     const size_t V = saved.size();
     // Each action's in-flight activations beyond the trace's one micro-batch a stage.
     auto beyond_trace = [&](const std::vector<int>& in_flight) {
@@ -1017,12 +1047,6 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     m.in_flight_activations = 0;
     for (const StageAction& a : rank.actions) {
       m.in_flight_activations = std::max(m.in_flight_activations, beyond_trace(a.in_flight));
-    }
-    // The timeline over each stage (stage_highs_of), once per need.
-    if (!entry.highs_made) {
-      if (made_only) throw NotMade{};
-      entry.highs = stage_highs_of(n, rank);
-      entry.highs_made = true;
     }
     const std::optional<std::vector<trace::StageHighs>>& highs = entry.highs;
     if (highs) {
@@ -1121,7 +1145,7 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     const double in_flight = sharded_in_flight(e, W);
     const int64_t base = resident + m.buffers;
     if (e.micro_batches == 1) {
-      m.peak = base + need(c.micro_batch, e, in_flight).blockwise_live_peak;
+      m.peak = base + need(c.micro_batch, in_flight).blockwise_live_peak;
       return m;
     }
     // Gradient accumulation: the micro-batches that do not synchronise keep every whole gradient
@@ -1129,7 +1153,7 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     // into them), and the last one reduces block by block on top of them.
     m.peak = base + (n.memory.peak - P - O);
     if (e.micro_batches > 2) m.peak = std::max(m.peak, base + G + n.memory.activations_peak);
-    const trace::TrainingNeed& last = need(c.micro_batch, e, in_flight, true);
+    const trace::TrainingNeed& last = need(c.micro_batch, in_flight, true);
     m.peak = std::max(m.peak, base + last.blockwise_live_peak);
     return m;
   }

@@ -160,18 +160,21 @@ class CostModel {
     int64_t num_blocks = 0;
   };
   /// The forward and backward of a micro-batch of `rank`'s model with the candidate's activation
-  /// options (`key`: the model's cache key).
-  const PassCost& pass(const Candidate& c, const RankModel& rank, const std::string& key,
+  /// options (kept under the rank's RankModel::trace_id).
+  const PassCost& pass(const Candidate& c, const RankModel& rank,
                        const trace::TraceOptions& activations);
   TimePrediction predict_pipeline(const Candidate& c, const std::vector<RankModel>& ranks);
   // The activation options stage_ends prices a pipeline rank's pass at: the candidate's for the
   // rank, nothing recomputed.
   static trace::TraceOptions end_options(const Candidate& c, const RankModel& r);
-  // (layout, micro-batch, the activation options' key_fields()); on a cluster the layout carries
-  // the mesh's dp.
-  using PassKey = std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields>;
-  PassKey pass_key(const std::string& layout, const dist::DeviceMesh& mesh, int64_t micro_batch,
+  // (the rank's trace_id, the mesh's dp on a cluster (it places the pp neighbours; else 0),
+  // micro-batch, the activation options' key_fields()): numbers, not the trace key's string,
+  // which the warm pricing made and compared for each rank of 10^5 candidates.
+  using PassKey = std::tuple<int, int, int64_t, trace::TraceOptions::KeyFields>;
+  PassKey pass_key(int trace_id, const dist::DeviceMesh& mesh, int64_t micro_batch,
                    const trace::TraceOptions& activations) const;
+  // A rank's trace (its trace_id) under activation options.
+  using ExpectedKey = std::pair<int, trace::TraceOptions::KeyFields>;
   // (micro-batch, dp) -> the mesh of a candidate asked at them.
   using Asked = std::map<std::pair<int64_t, int>, dist::DeviceMesh>;
   // Passes made, not kept yet, and the traces' sets they cost (as passes_traced_ counts).
@@ -179,15 +182,16 @@ class CostModel {
     std::vector<std::pair<PassKey, PassCost>> passes;
     size_t traced = 0;
   };
-  // The passes of `rank`'s model (keyed `layout`) with activation options `a` at each of `asked`:
+  // The passes of `rank`'s model (keyed by its trace_id) with activation options `a` at each of
+  // `asked`:
   // with `paired`, those from BatchTraces::kLow up of a registry model from one set of trace
   // pairs when they follow the batch, the rest each from its own traces. Reads no member but the
   // pricing's (const): expect() runs it on several threads.
-  MadePasses make_passes(const RankModel& rank, const std::string& layout,
-                         const trace::TraceOptions& a, const Asked& asked, bool paired) const;
+  MadePasses make_passes(const RankModel& rank, const trace::TraceOptions& a, const Asked& asked,
+                         bool paired) const;
   // Of `expected`, those whose pass is not made (each pass key once); `from_low`: from
   // BatchTraces::kLow up only.
-  Asked not_made(const std::string& layout, const trace::TraceOptions& a, const Asked& expected,
+  Asked not_made(int trace_id, const trace::TraceOptions& a, const Asked& expected,
                  bool from_low) const;
   void keep(MadePasses made);
   /// The pass of a model of `num_blocks` blocks from its traces of 1 and 2 blocks (and of 1
@@ -213,8 +217,8 @@ class CostModel {
   int optimizer_buffers_ = 2;              // AdamW's exp_avg and exp_avg_sq
   std::map<PassKey, PassCost> passes_;
   size_t passes_traced_ = 0;
-  // batch_pair_key -> the candidates expected (expect).
-  std::map<BatchPairKey, Asked> expected_;
+  // (trace id, options) -> the candidates expected (expect).
+  std::map<ExpectedKey, Asked> expected_;
 };
 
 /// A pipeline candidate re-cut where `cost` balances its stages' time (balanced_stages), with the

@@ -205,6 +205,9 @@ class RankModels {
   /// Those of() made before, else null. Changes nothing: several threads may ask at once while
   /// no of() runs.
   const std::vector<RankModel>* made(const Candidate& c) const;
+  /// The RankModel::trace_id of `trace_key`, numbered now when no rank model has it yet (not
+  /// thread-safe: the calling thread only, as of() and make() keep their layouts).
+  int trace_id(const std::string& trace_key);
   /// For each rank of each candidate whose layout can be made: `f(c, pair_key)`, the rank's
   /// batch_pair_key, under which its micro-batches share traces (what the models' expect()
   /// collect). A candidate's ranks of one pair key (a deep pipeline's middle ranks) are given
@@ -313,17 +316,21 @@ class MemoryModel {
   const std::shared_ptr<RankModels>& rank_models() const { return ranks_; }
 
  private:
-  // A need, and its timeline over the stages of the rank whose trace key keyed it (made with the
-  // need by expect(), else when first asked: every pipeline rank's prediction reads them).
+  // A need and, for a pipeline rank, what its predictions read of it for the rank's stages: its
+  // timeline over them and each stage's saved and gradient bytes (made with the need by expect(),
+  // else when first asked: every pipeline rank's prediction reads them). The trace key keying
+  // it holds the rank's stages, and its activation options the blocks recomputed.
   struct NeedEntry {
     trace::TrainingNeed need;
     bool highs_made = false;
     std::optional<std::vector<trace::StageHighs>> highs{};
+    std::vector<int64_t> stage_saved{}, stage_gradients{};
   };
-  // (layout, micro-batch, the activation options' key_fields(), in-flight fraction (-1: none),
-  // accumulated).
-  using NeedKey = std::tuple<std::string, int64_t, trace::TraceOptions::KeyFields, double, bool>;
-  static NeedKey need_key(const std::string& layout, int64_t micro_batch,
+  // (the rank's RankModel::trace_id, micro-batch, the activation options' key_fields(), in-flight
+  // fraction (-1: none), accumulated): numbers, not the trace key's string, which a prediction
+  // hashed and compared for each rank of 10^5 candidates (a fifth of the warm pricing).
+  using NeedKey = std::tuple<int, int64_t, trace::TraceOptions::KeyFields, double, bool>;
+  static NeedKey need_key(int trace_id, int64_t micro_batch,
                           const trace::TraceOptions& activations,
                           std::optional<double> in_flight_fraction, bool accumulated);
   // Needs made, not kept yet, and the traces they cost (as needs_traced_ counts).
@@ -335,24 +342,36 @@ class MemoryModel {
   // BatchTraces::kLow up of a registry model from one set of trace pairs
   // (trace::estimate_training_needs), the rest each traced on its own. Reads no member but
   // seq_len_ and optimizer_: expect() runs it on several threads.
-  Made make_needs(const trace::ModelRef& model, const std::string& layout,
+  Made make_needs(const trace::ModelRef& model, int trace_id,
                   const std::vector<int64_t>& batches, const trace::TraceOptions& activations,
                   std::optional<double> in_flight_fraction, bool accumulated, bool paired) const;
   void keep(Made made);
+  // A pipeline rank's figures of its stages into `entry` (its need's), with the rank's first
+  // `recompute_blocks` blocks recomputed (-1: all).
+  static void make_stage_figures(NeedEntry& entry, const RankModel& rank,
+                                 int64_t recompute_blocks);
   // What a prediction that may only read (predict_all's threads) lacks: a need, a pipeline rank's
   // timeline over its stages or the candidate's rank models not made yet.
   struct NotMade {};
-  // The prediction of a candidate / of one of its pp ranks (`key`: its model's cache key). With
-  // `made_only` they change nothing (predict_all runs them on several threads) and throw NotMade
-  // where they would make something.
+  // The prediction of a candidate / of one of its pp ranks. With `made_only` they change nothing
+  // (predict_all runs them on several threads) and throw NotMade where they would make something.
   MemoryPrediction predict(const Candidate& c, bool made_only);
-  MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, const std::string& key,
-                                bool made_only);
-  // `layout` keys the cache: the rank's trace key, whose model `model` is. Given `batches` holding
-  // `micro_batch`, the need is made at each of them at once.
-  NeedEntry& need(const trace::ModelRef& model, const std::string& layout, int64_t micro_batch,
-                  const strategies::StepEffects& e, std::optional<double> in_flight_fraction,
+  // The need the previous pp rank of a candidate read (its trace id and activation options): the
+  // next rank with both the same reads it too. Elements of needs_ stay where they are.
+  struct LastNeed {
+    int trace_id = -1;
+    trace::TraceOptions::KeyFields fields{};
+    NeedEntry* entry = nullptr;
+  };
+  MemoryPrediction predict_rank(const Candidate& c, const RankModel& rank, bool made_only,
+                                LastNeed* last);
+  // `trace_id` keys the cache: the rank's trace key's, whose model `model` is. Given `batches`
+  // holding `micro_batch`, the need is made at each of them at once.
+  NeedEntry& need(const trace::ModelRef& model, int trace_id, int64_t micro_batch,
+                  const trace::TraceOptions& activations, std::optional<double> in_flight_fraction,
                   bool accumulated, const std::set<int64_t>* batches = nullptr);
+  // The micro-batches expected of a rank's trace (its trace_id) under activation options.
+  using ExpectedKey = std::pair<int, trace::TraceOptions::KeyFields>;
 
   trace::ModelRef model_;
   int64_t seq_len_;
@@ -360,7 +379,7 @@ class MemoryModel {
   std::shared_ptr<RankModels> ranks_;  // the model as each pp rank of a candidate runs it
   std::unordered_map<std::string, std::optional<std::string>> refusals_;  // by layout key
   std::set<std::string> traced_ranks_;                  // rank trace keys traced without a refusal
-  std::map<BatchPairKey, std::set<int64_t>> expected_;  // batch_pair_key -> micro-batches
+  std::map<ExpectedKey, std::set<int64_t>> expected_;  // (trace id, options) -> micro-batches
   size_t needs_traced_ = 0;
   size_t predictions_left_ = 0;
   // Hashed, as layouts_ is: looked up for each rank of each candidate predicted.
