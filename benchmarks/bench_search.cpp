@@ -101,6 +101,9 @@ struct Row {
   // memory model predicts (measured.peak_bytes also holds the setup, the warm-up step and the
   // teardown: the model cloned whole, then cut or sharded).
   int64_t step_peak = 0;
+  // Each round's measured step (round 0 first), in the order the pass ran them: the time each
+  // round's dry-run started into the pass is its position (k, or rows - 1 - k in odd rounds).
+  std::vector<double> round_step_seconds;
 };
 
 }  // namespace
@@ -109,7 +112,7 @@ int main(int argc, char** argv) {
   std::string model_type = "gpt", config_file, cache_dir;
   int64_t global_batch = 8, seq = 64;
   int threads = 1, top_k = 3, warmup = 1, steps = 3, rounds = 2, retime_turns = 6,
-      retime_others = 2;
+      retime_others = 2, every = 1;
   bool no_bf16 = false;
   std::vector<std::string> excluded;
   std::string only;
@@ -137,6 +140,11 @@ int main(int argc, char** argv) {
   app.add_option("--only", only,
                  "dry-run only the candidates whose name matches this regular expression (and "
                  "the chosen one) in the exhaustive pass");
+  app.add_option("--every", every,
+                 "dry-run every k-th of the candidates --only leaves (and the chosen one): a sample "
+                 "of the space measured with more steps in the time of a whole pass")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--exclude", excluded, "methods never tried")->delimiter(',');
   app.add_option("--cache-dir", cache_dir, "machine calibration cache (default: the library's)");
   CLI11_PARSE(app, argc, argv);
@@ -240,6 +248,7 @@ int main(int argc, char** argv) {
     std::map<std::string, const nlohmann::json*> by_name;
     for (const auto& row : report.at("candidates")) by_name[row.at("name")] = &row;
     std::vector<Row> rows;
+    int64_t kept = 0;  // candidates --only keeps, for --every
     for (const auto& c : candidates) {
       // A layout the model cannot run is one row (its layout alone) for all its combinations.
       const auto found = by_name.find(c.describe());
@@ -249,6 +258,7 @@ int main(int argc, char** argv) {
       if (!only.empty() && c.describe() != chosen && !std::regex_search(c.describe(), only_re)) {
         continue;
       }
+      if (kept++ % every != 0 && c.describe() != chosen) continue;
       Row r;
       r.candidate = &c;
       r.name = c.describe();
@@ -269,6 +279,7 @@ int main(int argc, char** argv) {
                             world, {.warmup_steps = warmup, .measured_steps = steps});
         const size_t i = static_cast<size_t>(&r - rows.data());
         if (m.status == search::Status::kOk) times[i].push_back(m.step_seconds);
+        r.round_step_seconds.push_back(m.step_seconds);
         if (round == 0 || m.status != search::Status::kOk) r.measured = m;
         r.measured.peak_bytes = std::max(r.measured.peak_bytes, m.peak_bytes);
         for (const int64_t p : m.rank_step_peak_bytes) r.step_peak = std::max(r.step_peak, p);
@@ -355,6 +366,7 @@ int main(int argc, char** argv) {
                             {"predicted_time", r.predicted_time},
                             {"measured", r.measured.to_json()}};
         j["measured"]["step_peak_bytes"] = r.step_peak;
+        j["measured"]["round_step_seconds"] = r.round_step_seconds;
         if (r.measured.status == search::Status::kOk) {
           pred.push_back(r.predicted_s);
           meas.push_back(r.measured.step_seconds);
@@ -420,6 +432,7 @@ int main(int argc, char** argv) {
           {"rounds", rounds},
           // With --only, every figure above is of the matching candidates (and the chosen one).
           {"only", only},
+          {"every", every},
           {"rows", list}};
       std::printf("%s\n", out.dump().c_str());
       std::fflush(stdout);

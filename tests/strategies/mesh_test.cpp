@@ -1,4 +1,4 @@
-// The mesh at 4 ranks, before any tensor-parallel method exists: dp = 2 x tp = 2, where the tp
+// The mesh at 4 ranks with no tensor-parallel method in the strategy: dp = 2 x tp = 2, where the tp
 // dimension holds replicated parameters (its two ranks compute the same thing on the same data).
 //  - every data-parallel method trains bitwise like dp = 2 alone (the reference runs on the two
 //    ranks of each tp coordinate, the same ranks the mesh's dp group reduces over);
