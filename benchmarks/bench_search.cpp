@@ -140,9 +140,10 @@ int main(int argc, char** argv) {
   app.add_option("--only", only,
                  "dry-run only the candidates whose name matches this regular expression (and "
                  "the chosen one) in the exhaustive pass");
-  app.add_option("--every", every,
-                 "dry-run every k-th of the candidates --only leaves (and the chosen one): a sample "
-                 "of the space measured with more steps in the time of a whole pass")
+  app.add_option(
+         "--every", every,
+         "dry-run every k-th of the candidates --only leaves (and the chosen one): a sample "
+         "of the space measured with more steps in the time of a whole pass")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--exclude", excluded, "methods never tried")->delimiter(',');

@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -215,8 +216,19 @@ std::string px(double v) {
   return fixed(v, 1);
 }
 
+// A step time: in ms below 10 s, else in s (a plan for a cluster predicts steps of minutes).
 std::string ms(double seconds) {
-  return fixed(1e3 * seconds, 1) + " ms";
+  return seconds < 10 ? fixed(1e3 * seconds, 1) + " ms" : fixed(seconds, 2) + " s";
+}
+
+// The unit a chart's time axis is drawn in: ms, or s when its longest time is 10 s or more
+// (tick labels of 7 digits ran into each other and into the rejected strip's label).
+struct TimeUnit {
+  double per_second;
+  const char* name;
+};
+TimeUnit time_unit(double longest_seconds) {
+  return longest_seconds < 10 ? TimeUnit{1e3, "ms"} : TimeUnit{1, "s"};
 }
 
 std::string bytes(int64_t b) {
@@ -510,10 +522,13 @@ std::string memory_time(const Report& r) {
   const double strip = untimed.empty() ? 0 : 74;  // the rejected strip's width
   const double right = kWidth - 24 - strip;
 
+  double longest = 0;
+  for (const Row* p : timed) longest = std::max(longest, *p->step_s);
+  const TimeUnit tu = time_unit(longest);
   double tlo = std::numeric_limits<double>::infinity(), thi = -tlo;
   for (const Row* p : timed) {
-    tlo = std::min(tlo, 1e3 * *p->step_s);
-    thi = std::max(thi, 1e3 * *p->step_s);
+    tlo = std::min(tlo, tu.per_second * *p->step_s);
+    thi = std::max(thi, tu.per_second * *p->step_s);
   }
   if (timed.empty()) tlo = thi = 0;
   int64_t peak = 0;
@@ -526,7 +541,7 @@ std::string memory_time(const Report& r) {
   const ByteUnit unit = byte_unit(top_bytes);
   const Axis xa = nice_axis(tlo, thi, false);
   const Axis ya = nice_axis(0, top_bytes / unit.bytes, true);
-  s += axes(xa, ya, left, top, right, bottom, "predicted step time (ms)",
+  s += axes(xa, ya, left, top, right, bottom, std::string("predicted step time (") + tu.name + ")",
             std::string("predicted peak memory per rank (") + unit.name + ")");
 
   // The budget line, labelled with the budget, above it on the right.
@@ -578,7 +593,7 @@ std::string memory_time(const Report& r) {
   std::stable_partition(order.begin(), order.end(),
                         [](const Row* p) { return !p->measured && !p->chosen; });
   for (const Row* p : order) {
-    const double x = xa.map(1e3 * *p->step_s, left, right);
+    const double x = xa.map(tu.per_second * *p->step_s, left, right);
     const double y = ya.map(static_cast<double>(p->peak_bytes) / unit.bytes, bottom, top);
     if (p->measured || p->chosen) labels.reserve_point(x, y, p->chosen ? 12 : 5);
     marks +=
@@ -589,7 +604,7 @@ std::string memory_time(const Report& r) {
   s += marks;
   for (const Row* p : order) {
     if (!p->measured && !p->chosen) continue;  // only the dry-run ones are numbered
-    const double x = xa.map(1e3 * *p->step_s, left, right);
+    const double x = xa.map(tu.per_second * *p->step_s, left, right);
     const double y = ya.map(static_cast<double>(p->peak_bytes) / unit.bytes, bottom, top);
     s += labels.place(x, y, std::to_string(p->number) + (p->chosen ? " chosen" : ""),
                       p->chosen ? kChosenColour : "#222", p->chosen ? 13 : 8);
@@ -663,9 +678,10 @@ std::string seconds(double s) {
   return fixed(s, 2) + " s";
 }
 
-std::string summary(const Report& r) {
+// `all`: every candidate of the report (r.rows may be the page's share of them, page_rows).
+std::string summary(const Report& r, const std::vector<Row>& all) {
   size_t rejected = 0, excluded = 0;
-  for (const Row& row : r.rows) {
+  for (const Row& row : all) {
     rejected += row.status == Status::kRejected;
     excluded += row.status == Status::kExcluded;
   }
@@ -674,7 +690,7 @@ std::string summary(const Report& r) {
     s += "<dt>" + esc(k) + "</dt><dd>" + v_html + "</dd>\n";
   };
   std::string chosen = "<strong>" + esc(r.chosen_name) + "</strong>";
-  for (const Row& row : r.rows) {
+  for (const Row& row : all) {
     if (!row.chosen) continue;
     chosen +=
         " (#" + std::to_string(row.number) + ", micro-batch " + std::to_string(row.micro_batch);
@@ -691,7 +707,7 @@ std::string summary(const Report& r) {
                                            std::to_string(r.seq_len) + " tokens"
                                      : std::to_string(r.global_batch) + " samples");
   item("memory budget", esc(bytes(r.budget_bytes)) + " per rank");
-  item("candidates", std::to_string(r.rows.size()) + " (" +
+  item("candidates", std::to_string(all.size()) + " (" +
                          (excluded > 0 ? std::to_string(excluded) + " excluded by their layout, "
                                        : std::string()) +
                          std::to_string(rejected) + " rejected by memory, " +
@@ -727,10 +743,10 @@ std::string short_mesh(const std::string& mesh) {
 // Every mesh factorisation of the world the candidates cover, each with its best candidate (the
 // rows are best predicted first): its predicted time, memory, bubble and status, and how many
 // candidates it had.
-std::string meshes(const Report& r) {
+std::string meshes(const Report& r, const std::vector<Row>& all) {
   std::vector<std::string> order;
   std::map<std::string, std::pair<const Row*, int>> best;
-  for (const Row& row : r.rows) {
+  for (const Row& row : all) {
     if (row.mesh.empty()) continue;
     auto [it, fresh] = best.try_emplace(row.mesh, &row, 0);
     if (fresh) order.push_back(row.mesh);
@@ -826,8 +842,58 @@ std::string scatter_key(const Report& r) {
 
 }  // namespace
 
+namespace {
+
+// Decision: the page holds at most kPageRows candidates in its table and on its memory-time
+// chart, report.json every one. A plan for a cluster has 10^5 candidates: GPT-3 175B on 64
+// devices made a page of 160 MB, which headless Chromium had not drawn after two minutes. The
+// page keeps the best kPageRows (the table's order), every candidate dry-run, chosen or excluded
+// (its reason is the only place a layout's refusal shows) and each mesh's best (the mesh table
+// names it by its #), and says how many it leaves out, by status (#rows-left).
+constexpr size_t kPageRows = 1000;
+
+std::vector<Row> page_rows(const std::vector<Row>& all) {
+  std::set<std::string> meshes_seen;
+  std::vector<Row> shown;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const Row& row = all[i];
+    const bool mesh_best = !row.mesh.empty() && meshes_seen.insert(row.mesh).second;
+    if (i < kPageRows || row.measured || row.chosen || row.status == Status::kExcluded ||
+        mesh_best) {
+      shown.push_back(row);
+    }
+  }
+  return shown;
+}
+
+// The line under the table when the page leaves candidates out.
+std::string rows_left(const std::vector<Row>& all, const std::vector<Row>& shown) {
+  if (shown.size() == all.size()) return "";
+  std::map<std::string, size_t> left;  // by status name, in the order of status_name's words
+  std::set<int> on_page;
+  for (const Row& row : shown) on_page.insert(row.number);
+  for (const Row& row : all) {
+    if (on_page.count(row.number) == 0) ++left[status_name(row.status)];
+  }
+  std::string by;
+  for (const auto& [status, n] : left) {
+    by += (by.empty() ? "" : ", ") + std::to_string(n) + " " + status;
+  }
+  return "<p class=\"notice\" id=\"rows-left\" data-left=\"" +
+         std::to_string(all.size() - shown.size()) + "\">" +
+         std::to_string(all.size() - shown.size()) + " more candidates (" + esc(by) +
+         ") are not on this page, which shows the best " + std::to_string(kPageRows) +
+         " predicted, every one dry-run, chosen or excluded, and each mesh's best: report.json "
+         "beside it lists every candidate.</p>\n";
+}
+
+}  // namespace
+
 std::string render_report_html(const nlohmann::json& report) {
-  const Report r = read_report(report);
+  Report r = read_report(report);
+  // r.rows becomes the page's share of the candidates; `all` keeps every one for the counts.
+  const std::vector<Row> all = std::move(r.rows);
+  r.rows = page_rows(all);
   std::string page =
       "<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n"
       "<meta charset=\"utf-8\"/>\n<title>auto_accelerate: " +
@@ -840,20 +906,20 @@ std::string render_report_html(const nlohmann::json& report) {
         std::to_string(r.dry_runs) +
         " dry-run(s), so a faster candidate may not have been tried.</p>\n";
   }
-  page += summary(r);
+  page += summary(r, all);
   page += "<h2>Charts</h2>\n<div class=\"charts\">\n";
   page +=
       "<figure><figcaption>Predicted vs measured step time of the dry-run candidates"
       "</figcaption>\n" +
       time_scatter(r) + scatter_key(r) + "</figure>\n";
   page +=
-      "<figure><figcaption>Every candidate: predicted step time and peak memory against the "
-      "budget</figcaption>\n" +
-      memory_time(r) +
+      "<figure><figcaption>" +
+      std::string(r.rows.size() == all.size() ? "Every candidate" : "The candidates of the table") +
+      ": predicted step time and peak memory against the budget</figcaption>\n" + memory_time(r) +
       "<ul class=\"key\"><li>Numbers are the table's #; hover a point for its name.</li>"
       "</ul>\n</figure>\n</div>\n";
-  page += meshes(r);
-  page += "<h2>Candidates, best predicted first</h2>\n" + table(r);
+  page += meshes(r, all);
+  page += "<h2>Candidates, best predicted first</h2>\n" + rows_left(all, r.rows) + table(r);
   return page + "</body>\n</html>\n";
 }
 

@@ -7,7 +7,9 @@ DIR holds report.json and report.html. The page must parse with a strict XML par
 what report.json holds: one <tr class="candidate"> per candidate, the chosen one (and only it)
 marked, a point in the time scatter for every dry-run candidate with a measured time (or the
 "no candidate was dry-run" notice), a point in the memory-time chart for every candidate, and
-the budget line. Prints what is wrong and exits 1; exits 0 when all holds. Standard library only.
+the budget line. A page of a large space (more candidates than the page holds) has a
+<p id="rows-left" data-left="N">: then the rows and N add up to the candidates, the rows are the
+best predicted, and every candidate dry-run, chosen or excluded still has its row. Prints what is wrong and exits 1; exits 0 when all holds. Standard library only.
 """
 import json
 import os
@@ -41,9 +43,38 @@ def check(directory):
 
     candidates = report["candidates"]
     rows = [el for el in everything if local(el.tag) == "tr" and "candidate" in classes(el)]
-    if len(rows) != len(candidates):
-        errors.append("%d tr.candidate rows for %d candidates" % (len(rows), len(candidates)))
+    left_notes = [el for el in everything if el.get("id") == "rows-left"]
+    left = int(left_notes[0].get("data-left")) if left_notes else 0
+    if len(rows) + left != len(candidates):
+        errors.append("%d tr.candidate rows and %d left out for %d candidates"
+                      % (len(rows), left, len(candidates)))
     numbers = {row.get("data-candidate") for row in rows}
+    on_page = set()
+    for row in rows:
+        name_cells = [el for el in row.iter() if local(el.tag) == "td" and "name" in classes(el)]
+        on_page.add("".join(name_cells[0].text or "") if name_cells else "")
+    if left:
+        if str(len(candidates) - left) not in text_of(left_notes[0]) and \
+                str(left) not in text_of(left_notes[0]):
+            errors.append("#rows-left does not say how many candidates it leaves out")
+        for c in candidates:
+            if (c.get("measured") or c.get("chosen") or c["status"] == "excluded") and \
+                    c["name"] not in on_page:
+                errors.append("%r (dry-run, chosen or excluded) has no row" % c["name"])
+        # The best predicted are the ones kept: every candidate predicted faster than the fastest
+        # one left out has a row, and they are most of the rows (not a few by luck).
+        left_out = [c["predicted"]["time"]["step_s"] for c in candidates
+                    if "time" in c["predicted"] and c["name"] not in on_page]
+        if left_out:
+            fastest_left = min(left_out)
+            faster = [c for c in candidates
+                      if "time" in c["predicted"] and c["predicted"]["time"]["step_s"] < fastest_left]
+            missing = [c["name"] for c in faster if c["name"] not in on_page]
+            if missing or len(faster) < len(rows) // 2:
+                errors.append("the page's rows are not the best predicted (%d faster than the "
+                              "fastest left out, %d of them missing)" % (len(faster), len(missing)))
+    # Below, the candidates the page shows.
+    candidates = [c for c in candidates if c["name"] in on_page] if left else candidates
 
     # The chosen row: exactly one, and it names the candidate report.json marks as chosen.
     chosen = [c for c in candidates if c.get("chosen")]

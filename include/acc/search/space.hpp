@@ -330,8 +330,7 @@ class MemoryModel {
   // fraction (-1: none), accumulated): numbers, not the trace key's string, which a prediction
   // hashed and compared for each rank of 10^5 candidates (a fifth of the warm pricing).
   using NeedKey = std::tuple<int, int64_t, trace::TraceOptions::KeyFields, double, bool>;
-  static NeedKey need_key(int trace_id, int64_t micro_batch,
-                          const trace::TraceOptions& activations,
+  static NeedKey need_key(int trace_id, int64_t micro_batch, const trace::TraceOptions& activations,
                           std::optional<double> in_flight_fraction, bool accumulated);
   // Needs made, not kept yet, and the traces they cost (as needs_traced_ counts).
   struct Made {
@@ -342,14 +341,13 @@ class MemoryModel {
   // BatchTraces::kLow up of a registry model from one set of trace pairs
   // (trace::estimate_training_needs), the rest each traced on its own. Reads no member but
   // seq_len_ and optimizer_: expect() runs it on several threads.
-  Made make_needs(const trace::ModelRef& model, int trace_id,
-                  const std::vector<int64_t>& batches, const trace::TraceOptions& activations,
-                  std::optional<double> in_flight_fraction, bool accumulated, bool paired) const;
+  Made make_needs(const trace::ModelRef& model, int trace_id, const std::vector<int64_t>& batches,
+                  const trace::TraceOptions& activations, std::optional<double> in_flight_fraction,
+                  bool accumulated, bool paired) const;
   void keep(Made made);
   // A pipeline rank's figures of its stages into `entry` (its need's), with the rank's first
   // `recompute_blocks` blocks recomputed (-1: all).
-  static void make_stage_figures(NeedEntry& entry, const RankModel& rank,
-                                 int64_t recompute_blocks);
+  static void make_stage_figures(NeedEntry& entry, const RankModel& rank, int64_t recompute_blocks);
   // What a prediction that may only read (predict_all's threads) lacks: a need, a pipeline rank's
   // timeline over its stages or the candidate's rank models not made yet.
   struct NotMade {};
@@ -378,7 +376,7 @@ class MemoryModel {
   std::string optimizer_;
   std::shared_ptr<RankModels> ranks_;  // the model as each pp rank of a candidate runs it
   std::unordered_map<std::string, std::optional<std::string>> refusals_;  // by layout key
-  std::set<std::string> traced_ranks_;                  // rank trace keys traced without a refusal
+  std::set<std::string> traced_ranks_;                 // rank trace keys traced without a refusal
   std::map<ExpectedKey, std::set<int64_t>> expected_;  // (trace id, options) -> micro-batches
   size_t needs_traced_ = 0;
   size_t predictions_left_ = 0;
