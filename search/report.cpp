@@ -840,10 +840,6 @@ std::string scatter_key(const Report& r) {
   return s.empty() ? "" : "<ul class=\"key\">\n" + s + "</ul>\n";
 }
 
-}  // namespace
-
-namespace {
-
 // Decision: the page holds at most kPageRows candidates in its table and on its memory-time
 // chart, report.json every one. A plan for a cluster has 10^5 candidates: GPT-3 175B on 64
 // devices made a page of 160 MB, which headless Chromium had not drawn after two minutes. The
@@ -869,15 +865,12 @@ std::vector<Row> page_rows(const std::vector<Row>& all) {
 // The line under the table when the page leaves candidates out.
 std::string rows_left(const std::vector<Row>& all, const std::vector<Row>& shown) {
   if (shown.size() == all.size()) return "";
-  std::map<std::string, size_t> left;  // by status name, in the order of status_name's words
-  std::set<int> on_page;
-  for (const Row& row : shown) on_page.insert(row.number);
-  for (const Row& row : all) {
-    if (on_page.count(row.number) == 0) ++left[status_name(row.status)];
-  }
+  std::map<std::string, int64_t> left;  // by status name, alphabetically
+  for (const Row& row : all) ++left[status_name(row.status)];
+  for (const Row& row : shown) --left[status_name(row.status)];
   std::string by;
   for (const auto& [status, n] : left) {
-    by += (by.empty() ? "" : ", ") + std::to_string(n) + " " + status;
+    if (n > 0) by += (by.empty() ? "" : ", ") + std::to_string(n) + " " + status;
   }
   return "<p class=\"notice\" id=\"rows-left\" data-left=\"" +
          std::to_string(all.size() - shown.size()) + "\">" +

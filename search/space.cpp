@@ -903,11 +903,9 @@ MemoryPrediction MemoryModel::predict(const Candidate& c, bool made_only) {
   if (made == nullptr && made_only) throw NotMade{};
   const std::vector<RankModel>& ranks = made != nullptr ? *made : ranks_->of(c);
   if (ranks.size() == 1) return predict_rank(c, ranks.front(), made_only, nullptr);
-  // A pipeline: each pp rank holds its own stages; the candidate needs its largest. Its middle
-  // ranks share a need (one trace key and the same blocks recomputed), looked up once.
+  // A pipeline: each pp rank holds its own stages; the candidate needs its largest.
   MemoryPrediction worst;
   std::vector<int64_t> peaks;
-  peaks.reserve(ranks.size());
   LastNeed last;
   for (const RankModel& r : ranks) {
     MemoryPrediction m = predict_rank(c, r, made_only, &last);
@@ -950,22 +948,30 @@ std::vector<int64_t> stage_shares(int64_t total, int64_t per_block, int64_t per_
 
 }  // namespace
 
+namespace {
+
+// stage_saved_bytes with the rank's first `recompute_blocks` blocks recomputed (-1: all; the
+// trace's per-block figure is then already the recomputed one).
+std::vector<int64_t> saved_shares(const trace::TrainingNeed& n, int64_t recompute_blocks,
+                                  const RankModel& rank) {
+  return stage_shares(n.memory.activations_saved, n.block_activations_saved,
+                      n.recomputed_block_activations_saved, std::max<int64_t>(0, recompute_blocks),
+                      rank);
+}
+
+}  // namespace
+
 std::vector<int64_t> stage_saved_bytes(const trace::TrainingNeed& n,
                                        const strategies::StepEffects& e, const RankModel& rank) {
-  // Every block recomputed (-1): the trace's per-block figure is already the recomputed one.
-  return stage_shares(n.memory.activations_saved, n.block_activations_saved,
-                      n.recomputed_block_activations_saved,
-                      std::max<int64_t>(0, e.recompute_blocks), rank);
+  return saved_shares(n, e.recompute_blocks, rank);
 }
 
 void MemoryModel::make_stage_figures(NeedEntry& entry, const RankModel& rank,
                                      int64_t recompute_blocks) {
-  strategies::StepEffects e;
-  e.recompute_blocks = recompute_blocks;
-  entry.stage_saved = stage_saved_bytes(entry.need, e, rank);
+  entry.stage_saved = saved_shares(entry.need, recompute_blocks, rank);
   entry.stage_gradients = stage_gradient_bytes(entry.need, rank);
   entry.highs = stage_highs_of(entry.need, rank);
-  entry.highs_made = true;
+  entry.stage_figures_made = true;
 }
 
 std::vector<int64_t> stage_gradient_bytes(const trace::TrainingNeed& n, const RankModel& rank) {
@@ -981,11 +987,12 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
   // 10^5 candidates).
   const strategies::StepEffects& e = c.effects;
   const trace::TraceOptions activations = rank_activation_options(e, rank);
+  const RankTraceKey key{rank.trace_id, activations.key_fields()};
   // The micro-batches expected of the rank's trace under these options (expect), for the needs
   // it makes.
   const std::set<int64_t>* batches = nullptr;
   if (!made_only && !expected_.empty()) {
-    const auto it = expected_.find({rank.trace_id, activations.key_fields()});
+    const auto it = expected_.find(key);
     if (it != expected_.end()) batches = &it->second;
   }
   // The model as the candidate's rank runs it (its stages, its tensor-parallel shards, its share
@@ -1006,10 +1013,10 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
                   bool accumulated = false) -> const trace::TrainingNeed& {
     return entry_of(micro_batch, in_flight, accumulated).need;
   };
-  const bool same = last != nullptr && last->entry != nullptr && last->trace_id == rank.trace_id &&
-                    last->fields == activations.key_fields();
-  NeedEntry& entry = same ? *last->entry : entry_of(c.micro_batch, std::nullopt, false);
-  if (last != nullptr) *last = LastNeed{rank.trace_id, activations.key_fields(), &entry};
+  NeedEntry& entry = last != nullptr && last->entry != nullptr && last->key == key
+                         ? *last->entry
+                         : entry_of(c.micro_batch, std::nullopt, false);
+  if (last != nullptr) *last = LastNeed{key, &entry};
   const trace::TrainingNeed& n = entry.need;
   const int64_t W = c.data_parallel_ranks();
   const int64_t P = n.memory.parameters, G = n.memory.gradients, O = n.memory.optimizer_state;
@@ -1028,7 +1035,7 @@ MemoryPrediction MemoryModel::predict_rank(const Candidate& c, const RankModel& 
     // on the first or last stage, the model's ends (embedding; head and loss): interleaved, the
     // last stage's logits make a rank's stages unequal.
     // The stages' saved and gradient bytes and the timeline over each stage, once per need.
-    if (!entry.highs_made) {
+    if (!entry.stage_figures_made) {
       if (made_only) throw NotMade{};
       make_stage_figures(entry, rank, activations.recompute_blocks);
     }

@@ -173,8 +173,6 @@ class CostModel {
   using PassKey = std::tuple<int, int, int64_t, trace::TraceOptions::KeyFields>;
   PassKey pass_key(int trace_id, const dist::DeviceMesh& mesh, int64_t micro_batch,
                    const trace::TraceOptions& activations) const;
-  // A rank's trace (its trace_id) under activation options.
-  using ExpectedKey = std::pair<int, trace::TraceOptions::KeyFields>;
   // (micro-batch, dp) -> the mesh of a candidate asked at them.
   using Asked = std::map<std::pair<int64_t, int>, dist::DeviceMesh>;
   // Passes made, not kept yet, and the traces' sets they cost (as passes_traced_ counts).
@@ -217,8 +215,8 @@ class CostModel {
   int optimizer_buffers_ = 2;              // AdamW's exp_avg and exp_avg_sq
   std::map<PassKey, PassCost> passes_;
   size_t passes_traced_ = 0;
-  // (trace id, options) -> the candidates expected (expect).
-  std::map<ExpectedKey, Asked> expected_;
+  // -> the candidates expected (expect).
+  std::map<RankTraceKey, Asked> expected_;
 };
 
 /// A pipeline candidate re-cut where `cost` balances its stages' time (balanced_stages), with the
