@@ -110,6 +110,17 @@ TEST_F(AccSearch, PlanOnlyForAClusterProfileSearchedOrPinned) {
   EXPECT_GT(cache.predicted.at("model_tflops_per_device").get<double>(), 0) << cache.predicted;
   EXPECT_GT(cache.predicted.at("time").at("step_s").get<double>(), 0) << cache.predicted;
   EXPECT_TRUE(fs::is_regular_file(dir / "cluster" / "report.html"));
+  // The heap in huge pages (search/huge_page_heap.cpp) changes the speed, not the plan: without
+  // it (ACC_HUGE_PAGES=0) the same strategy and predictions.
+  const fs::path plain = dir / "cluster-4k-pages.json";
+  r = run_command("ACC_HUGE_PAGES=0 " +
+                  search("--plan-only --cluster " + selene +
+                         " --world 16 --global-batch 32 --seq-len 32 --allow-bf16 --out " +
+                         plain.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto without = read_cache(plain);
+  EXPECT_EQ(strategies::to_json(without.strategy), strategies::to_json(cache.strategy));
+  EXPECT_EQ(without.predicted, cache.predicted);
   // Pinned: that strategy, whatever the search would choose.
   const std::string pinned =
       R"([{"name":"tensor_parallel","config":{"size":2}},{"name":"grad_accum","config":{"steps":2}},{"name":"amp"},{"name":"ddp"}])";
