@@ -67,8 +67,15 @@ class HugePageHeap final : public SysAllocator {
 const bool kInstalled = [] {
   const char* env = std::getenv("ACC_HUGE_PAGES");
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  // tcmalloc installs its own system allocator when it first asks the system for memory, over
+  // whatever was set before: make sure that has happened (libstdc++'s start-up allocates, but a
+  // program need not), and keep tcmalloc's as the fallback.
+  void* volatile first = std::malloc(64);
+  std::free(first);
   MallocExtension* ext = MallocExtension::instance();
-  ext->SetSystemAllocator(new HugePageHeap(ext->GetSystemAllocator()));
+  SysAllocator* own = ext->GetSystemAllocator();
+  if (own == nullptr) return false;
+  ext->SetSystemAllocator(new HugePageHeap(own));
   return true;
 }();
 
