@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -65,8 +66,14 @@ class HugePageHeap final : public SysAllocator {
 // Before main, so that the search's heap grows from the regions. Never destroyed: tcmalloc may
 // ask for memory while the process exits.
 const bool kInstalled = [] {
+  // Before main nothing can be refused with an exit code: another value than 0 or 1 is named on
+  // stderr and the default kept.
   const char* env = std::getenv("ACC_HUGE_PAGES");
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (env != nullptr && std::strcmp(env, "1") != 0) {
+    std::fprintf(stderr, "warning: ACC_HUGE_PAGES must be 0 or 1, got '%s': huge pages stay on\n",
+                 env);
+  }
   // tcmalloc installs its own system allocator when it first asks the system for memory, over
   // whatever was set before: make sure that has happened (libstdc++'s start-up allocates, but a
   // program need not), and keep tcmalloc's as the fallback.
