@@ -946,10 +946,6 @@ std::vector<int64_t> stage_shares(int64_t total, int64_t per_block, int64_t per_
   return share;
 }
 
-}  // namespace
-
-namespace {
-
 // stage_saved_bytes with the rank's first `recompute_blocks` blocks recomputed (-1: all; the
 // trace's per-block figure is then already the recomputed one).
 std::vector<int64_t> saved_shares(const trace::TrainingNeed& n, int64_t recompute_blocks,

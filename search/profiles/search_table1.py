@@ -65,14 +65,6 @@ def plan(acc_search, config_path, gpus, batch, out_path, strategy=None):
         return json.load(f), seconds, r.stdout
 
 
-def describe(strategy):
-    parts = []
-    for m in strategy:
-        c = m.get("config") or {}
-        parts.append(m["name"] + (json.dumps(c, separators=(",", ":")) if c else ""))
-    return " + ".join(parts)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--acc-search", default="build/bin/acc-search", help="the acc-search binary")
@@ -122,7 +114,7 @@ def main():
         ok = step <= paper_step and peak <= capacity + 0.05 * 2**30
         if not ok:
             failed.append(tag)
-        row = {"model": tag, "gpus": gpus, "batch": batch, "chosen": describe(chosen["strategy"]),
+        row = {"model": tag, "gpus": gpus, "batch": batch, "chosen": chosen["name"],
                "micro_batch": chosen.get("micro_batch"), "step_s": step, "peak_bytes": peak,
                "capacity_bytes": capacity,
                "paper_step_s": paper_step, "paper_peak_bytes": paper_peak,
