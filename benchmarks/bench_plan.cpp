@@ -14,7 +14,8 @@
 //                      as the search tells them: each rank trace's micro-batches from 2 up come
 //                      from one pair of traces, trace::BatchTraces; micro-batch 1 is its own),
 //                      and the memory predictions predict_all left to one thread (0: expect made
-//                      everything they read)
+//                      everything they read); the traces of 1 and 2 blocks are kept as the time
+//                      model's digests of them (digests_kept, digests_served)
 //
 //   bench_plan --config C.json --world 64 --global-batch 1536 --seq-len 2048
 //       --cluster search/profiles/a100-selene.json   (one command line)
@@ -137,7 +138,9 @@ int main(int argc, char** argv) {
           {"refused", memory.traces()->refused()},
           {"served_again", memory.traces()->served()},
           {"samples_evaluated", memory.traces()->figures_made()},
-          {"samples_served_again", memory.traces()->figures_served()}}},
+          {"samples_served_again", memory.traces()->figures_served()},
+          {"digests_kept", memory.traces()->digests_made()},
+          {"digests_served", memory.traces()->digests_served()}}},
         {"checksum", static_cast<double>(checksum) + step_sum}};
     std::printf("%s\n", out.dump(2).c_str());
   } catch (const std::exception& e) {

@@ -10,6 +10,7 @@
 #include "acc/trace/tracer.hpp"
 #include "acc/util/error.hpp"
 #include "made_ahead.hpp"
+#include "ops_digest.hpp"
 
 namespace acc::search {
 namespace {
@@ -25,6 +26,16 @@ std::shared_ptr<const trace::Trace> shallow_trace(const trace::ModelRef& model, 
   return {t, &t->trace};
 }
 
+// The time model's digest of that trace (detail::OpsDigest): the search's trace cache keeps it
+// instead of the trace (RankModels).
+std::shared_ptr<const trace::TraceDigest> shallow_digest(const trace::ModelRef& model,
+                                                         int64_t depth, int64_t micro_batch,
+                                                         int64_t seq_len,
+                                                         const trace::TraceOptions& activations) {
+  if (!model.extrapolates()) depth = model.num_layers();
+  return model.digest(depth, micro_batch, seq_len, activations, detail::digest_ops);
+}
+
 struct Times {
   double forward = 0, backward = 0;
   double comm_forward = 0, comm_backward = 0;
@@ -36,7 +47,7 @@ class Pricer {
   virtual ~Pricer() = default;
   virtual double gemm(const GemmShape& s) const = 0;
   /// An op that is neither a GEMM nor communication.
-  virtual double op(const trace::Vertex& v) const = 0;
+  virtual double op(const detail::DigestOp& v) const = 0;
   /// A communication vertex's; a send is free (its receive waits for it).
   virtual double comm(const CommRecord& r) const = 0;
   /// What every op costs beyond its work (the engine's dispatch, allocation, autograd node).
@@ -53,7 +64,7 @@ class MeasuredPricer final : public Pricer {
   }
   double gemm(const GemmShape& s) const override { return m_.gemm_seconds(s); }
   double per_op() const override { return m_.op_overhead_s; }
-  double op(const trace::Vertex& v) const override {
+  double op(const detail::DigestOp& v) const override {
     double s = m_.memory_seconds(v.bytes_read + v.bytes_written);
     if (v.flops > 0 && best_gflops_ > 0) {
       s = std::max(s, static_cast<double>(v.flops) / (best_gflops_ * 1e9));
@@ -85,8 +96,8 @@ class ClusterPricer final : public Pricer {
   ClusterPricer(const ClusterProfile& p, const dist::DeviceMesh& mesh, bool bf16)
       : p_(p), mesh_(mesh), bf16_(bf16) {}
   double gemm(const GemmShape& s) const override { return p_.gemm_seconds(s, bf16_); }
-  double op(const trace::Vertex& v) const override {
-    if (is_view(v)) return 0;
+  double op(const detail::DigestOp& v) const override {
+    if (v.view) return 0;
     const double bytes = static_cast<double>(v.bytes_read + v.bytes_written) * (bf16_ ? 0.5 : 1);
     if (v.flops > 0 && !v.inputs.empty() && v.inputs.front().shape.size() == 4) {
       return attention(v);
@@ -112,19 +123,9 @@ class ClusterPricer final : public Pricer {
     }
     return 1;
   }
-  // An op whose every output shares an input's storage launches no kernel.
-  static bool is_view(const trace::Vertex& v) {
-    if (v.outputs.empty() || v.inputs.empty()) return false;
-    for (const auto& o : v.outputs) {
-      const bool shared = std::any_of(v.inputs.begin(), v.inputs.end(),
-                                      [&](const auto& i) { return i.storage == o.storage; });
-      if (!shared) return false;
-    }
-    return true;
-  }
   // The attention core, its q (B, H, T, D) first among its inputs (cluster.hpp: fused, or
   // Megatron-LM 2021's materialized scores).
-  double attention(const trace::Vertex& v) const {
+  double attention(const detail::DigestOp& v) const {
     const auto& q = v.inputs.front().shape;
     const int64_t L = q[0] * q[1], T = q[2], D = q[3];
     const bool backward = v.phase == trace::Phase::kBackward;
@@ -146,19 +147,17 @@ class ClusterPricer final : public Pricer {
   bool bf16_;
 };
 
-Times trace_times(const trace::Trace& t, const Pricer& pricer) {
+Times trace_times(const detail::OpsDigest& t, const Pricer& pricer) {
   Times out;
-  for (const auto& g : gemm_counts(t)) {
+  for (const auto& g : detail::gemm_counts(t)) {
     const double s = pricer.gemm(g.shape);
     out.forward += static_cast<double>(g.forward) * s;
     out.backward += static_cast<double>(g.backward) * s;
   }
-  const auto& graph = t.graph;
-  for (auto v : graph.ops()) {
-    const trace::Vertex& op = graph.vertex(v);
+  for (const detail::DigestOp& op : t.ops) {
     const bool forward = op.phase == trace::Phase::kForward;
     (forward ? out.forward : out.backward) += pricer.per_op();
-    if (is_gemm_op(op.op)) continue;  // priced above, from gemm_counts
+    if (!op.op.empty()) continue;  // a GEMM op: priced above, from gemm_counts
     if (op.comm) {
       const CommRecord& r = *op.comm;
       if (r.group_size <= 1 || r.kind == CommKind::kSend) continue;
@@ -173,8 +172,9 @@ Times trace_times(const trace::Trace& t, const Pricer& pricer) {
 // A trace's times: on a cluster (`cluster` set) with each group placed by `mesh`, else at this
 // machine's calibration and `comm_of`'s fits.
 template <typename CommFor>
-Times priced(const trace::Trace& t, const ClusterProfile* cluster, const dist::DeviceMesh& mesh,
-             bool bf16, const MachineCalibration& machine, const CommFor& comm_of) {
+Times priced(const detail::OpsDigest& t, const ClusterProfile* cluster,
+             const dist::DeviceMesh& mesh, bool bf16, const MachineCalibration& machine,
+             const CommFor& comm_of) {
   if (cluster != nullptr) return trace_times(t, ClusterPricer(*cluster, mesh, bf16));
   return trace_times(t, MeasuredPricer<CommFor>(machine, comm_of));
 }
@@ -342,12 +342,13 @@ CostModel::PassKey CostModel::pass_key(int trace_id, const dist::DeviceMesh& mes
   return {trace_id, cluster_ ? mesh.dp : 0, micro_batch, a.key_fields()};
 }
 
-CostModel::PassCost CostModel::extrapolated_pass(const trace::Trace& t1, const trace::Trace& t2,
-                                                 const trace::Trace* r1, int64_t num_blocks,
+CostModel::PassCost CostModel::extrapolated_pass(const detail::OpsDigest& t1,
+                                                 const detail::OpsDigest& t2,
+                                                 const detail::OpsDigest* r1, int64_t num_blocks,
                                                  const dist::DeviceMesh& mesh,
                                                  const trace::TraceOptions& a) const {
   auto comm_of = [this](int size) -> const CommCalibration& { return comm_for(size); };
-  auto times = [&](const trace::Trace& t) {
+  auto times = [&](const detail::OpsDigest& t) {
     return priced(t, cluster_ ? &*cluster_ : nullptr, mesh, a.bf16_activations, machine_, comm_of);
   };
   PassCost p;
@@ -387,8 +388,8 @@ CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const trace:
   if (!model.extrapolates()) {
     // A module traced whole: its own figures, recomputation included.
     for (const auto& [at, mesh] : asked) {
-      const auto whole = shallow_trace(model, 0, at.first, seq_len_, a);
-      const trace::Trace& t = *whole;
+      const auto whole = shallow_digest(model, 0, at.first, seq_len_, a);
+      const detail::OpsDigest& t = detail::ops_of(whole);
       const Times c =
           priced(t, cluster_ ? &*cluster_ : nullptr, mesh, a.bf16_activations, machine_, comm_of);
       PassCost p;
@@ -420,11 +421,11 @@ CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const trace:
     // Every asked micro-batch from kLow up (and its dp) from the rank's traces at kLow and
     // kLow + 1 samples (trace::BatchTraces), when those follow the batch.
     auto pair = [&](int64_t depth, const trace::TraceOptions& o) {
-      return trace::BatchTraces(shallow_trace(model, depth, kLow, seq_len_, o),
-                                shallow_trace(model, depth, kLow + 1, seq_len_, o));
+      return detail::OpsDigestPair(shallow_digest(model, depth, kLow, seq_len_, o),
+                                   shallow_digest(model, depth, kLow + 1, seq_len_, o));
     };
-    trace::BatchTraces t1 = pair(1, plain), t2 = pair(2, plain);
-    std::optional<trace::BatchTraces> r1;
+    detail::OpsDigestPair t1 = pair(1, plain), t2 = pair(2, plain);
+    std::optional<detail::OpsDigestPair> r1;
     if (recomputes) r1 = pair(1, first);
     from_pair = t1.affine() && t2.affine() && (!r1 || r1->affine());
     if (from_pair) {
@@ -440,13 +441,15 @@ CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const trace:
   }
   for (const auto& [at, mesh] : asked) {
     if (from_pair && at.first >= kLow) continue;
-    const auto t1 = shallow_trace(model, 1, at.first, seq_len_, plain);
-    const auto t2 = shallow_trace(model, 2, at.first, seq_len_, plain);
-    std::shared_ptr<const trace::Trace> r1;
-    if (recomputes) r1 = shallow_trace(model, 1, at.first, seq_len_, first);
+    const auto t1 = shallow_digest(model, 1, at.first, seq_len_, plain);
+    const auto t2 = shallow_digest(model, 2, at.first, seq_len_, plain);
+    std::shared_ptr<const trace::TraceDigest> r1;
+    if (recomputes) r1 = shallow_digest(model, 1, at.first, seq_len_, first);
     ++out.traced;
-    out.passes.emplace_back(pass_key(rank.trace_id, mesh, at.first, a),
-                            extrapolated_pass(*t1, *t2, r1.get(), model.num_layers(), mesh, a));
+    out.passes.emplace_back(
+        pass_key(rank.trace_id, mesh, at.first, a),
+        extrapolated_pass(detail::ops_of(t1), detail::ops_of(t2),
+                          r1 ? &detail::ops_of(r1) : nullptr, model.num_layers(), mesh, a));
   }
   return out;
 }

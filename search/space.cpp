@@ -13,6 +13,7 @@
 #include "acc/util/checked.hpp"
 #include "acc/util/error.hpp"
 #include "made_ahead.hpp"
+#include "ops_digest.hpp"
 
 namespace acc::search {
 namespace {
@@ -474,10 +475,11 @@ std::vector<RankModel> rank_models(const trace::ModelRef& model, const Candidate
 RankModels::RankModels(trace::ModelRef model, int64_t seq_len)
     : model_(std::move(model)),
       seq_len_(seq_len),
-      // The traces of 1 and 2 blocks kept, which the time model reads for every mesh
-      // (CostModel::pass); the memory estimator's deeper ones dropped once their figures are
-      // made (trace::TraceCache). A module of the user's is traced whole: every trace kept.
-      traces_(model_.extrapolates() ? std::make_shared<trace::TraceCache>(2)
+      // The traces of 1 and 2 blocks kept as the time model's digests of them, which it reads
+      // for every mesh (CostModel::pass); the memory estimator's deeper ones dropped once their
+      // figures are made (trace::TraceCache). A module of the user's is traced whole: every
+      // trace kept.
+      traces_(model_.extrapolates() ? std::make_shared<trace::TraceCache>(2, detail::digest_ops)
                                     : std::make_shared<trace::TraceCache>()) {}
 
 const std::vector<RankModel>& RankModels::of(const Candidate& c) {

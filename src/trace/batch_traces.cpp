@@ -59,12 +59,8 @@ bool same_structure(const Trace& a, const Trace& b) {
   return true;
 }
 
-// x1 + (b - kLow)(x2 - x1), checked. The two are sizes of one thing at kLow and kLow + 1
-// samples: of one sign (same_structure checks the events'; every other size is >= 0), so the
-// difference cannot overflow.
 int64_t at_batch(int64_t x1, int64_t x2, int64_t b) {
-  return checked_add(x1, checked_mul(b - BatchTraces::kLow, x2 - x1, "a traced size at batch ", b),
-                     "a traced size at batch ", b);
+  return BatchTraces::size_at(x1, x2, b);
 }
 
 void scale(std::vector<TensorInfo>& out, const std::vector<TensorInfo>& one,
@@ -78,6 +74,13 @@ void scale(std::vector<TensorInfo>& out, const std::vector<TensorInfo>& one,
 }
 
 }  // namespace
+
+// The two are sizes of one thing at kLow and kLow + 1 samples: of one sign (same_structure checks
+// the events'; every other size is >= 0), so the difference cannot overflow.
+int64_t BatchTraces::size_at(int64_t x1, int64_t x2, int64_t b) {
+  return checked_add(x1, checked_mul(b - kLow, x2 - x1, "a traced size at batch ", b),
+                     "a traced size at batch ", b);
+}
 
 BatchTraces::BatchTraces(Trace low, Trace next)
     : BatchTraces(std::make_shared<const Trace>(std::move(low)),

@@ -214,6 +214,12 @@ TraceCache::TraceCache(int64_t kept_blocks) : kept_blocks_(kept_blocks) {
   ACC_CHECK(kept_blocks >= 0, "TraceCache: kept_blocks must be >= 0, got ", kept_blocks);
 }
 
+TraceCache::TraceCache(int64_t kept_blocks, DigestMaker digest)
+    : kept_blocks_(kept_blocks), digest_(std::move(digest)) {
+  ACC_CHECK(kept_blocks >= 0, "TraceCache: kept_blocks must be >= 0, got ", kept_blocks);
+  ACC_CHECK(static_cast<bool>(digest_), "TraceCache: an empty digest maker");
+}
+
 ModelRef ModelRef::shared_traces(std::shared_ptr<TraceCache> cache, std::string identity) const {
   if (cache) {
     // One cache, one model: the identities of two models' ranks could be equal.
@@ -253,13 +259,52 @@ std::shared_ptr<const ModelRef::Traced> ModelRef::traced(int64_t layers, int64_t
   if (cache == nullptr) {
     return std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
   }
+  const bool digested = cache->digest_ && layers <= cache->kept_blocks_;
+  TraceCache::Key key = TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options);
   return cache->kept(
-      cache->traces_, cache->served_,
-      TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options),
+      cache->traces_, cache->served_, key,
       [&] {
-        return std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
+        auto t = std::make_shared<const Traced>(trace_uncached(layers, batch, seq_len, options));
+        if (digested) {
+          {
+            const std::lock_guard<std::mutex> lock(cache->mutex_);
+            if (cache->digests_.count(key) != 0) return t;  // made again, digested before
+          }
+          auto d = cache->digest_(t->trace);
+          ACC_CHECK_INTERNAL(d != nullptr, "TraceCache: the digest maker gave no digest");
+          const std::lock_guard<std::mutex> lock(cache->mutex_);
+          cache->digests_.try_emplace(key, std::move(d));  // a race: the first kept
+        }
+        return t;
       },
-      layers <= cache->kept_blocks_);
+      layers <= cache->kept_blocks_ && !digested);
+}
+
+std::shared_ptr<const TraceDigest> ModelRef::digest(int64_t layers, int64_t batch, int64_t seq_len,
+                                                    const TraceOptions& options,
+                                                    const DigestMaker& make) const {
+  TraceCache* cache = impl_->cache.get();
+  if (cache == nullptr || !cache->digest_ || layers > cache->kept_blocks_) {
+    auto d = make(traced(layers, batch, seq_len, options)->trace);
+    ACC_CHECK_INTERNAL(d != nullptr, "ModelRef::digest: the digest maker gave no digest");
+    return d;
+  }
+  const TraceCache::Key key =
+      TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options);
+  auto find = [&]() -> std::shared_ptr<const TraceDigest> {
+    const std::lock_guard<std::mutex> lock(cache->mutex_);
+    auto it = cache->digests_.find(key);
+    if (it == cache->digests_.end()) return nullptr;
+    ++cache->digests_served_;
+    return it->second;
+  };
+  if (auto d = find()) return d;
+  (void)traced(layers, batch, seq_len, options);  // digests it (or throws the model's refusal)
+  const std::lock_guard<std::mutex> lock(cache->mutex_);
+  auto it = cache->digests_.find(key);
+  ACC_CHECK_INTERNAL(it != cache->digests_.end(), "ModelRef::digest: a trace of ", layers,
+                     " blocks at batch ", batch, " was made but not digested");
+  return it->second;
 }
 
 std::shared_ptr<const TraceFigures> ModelRef::figures(
@@ -308,6 +353,16 @@ size_t TraceCache::figures_made() const {
 size_t TraceCache::figures_served() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return figures_served_;
+}
+
+size_t TraceCache::digests_made() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return digests_.size();
+}
+
+size_t TraceCache::digests_served() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return digests_served_;
 }
 
 size_t TraceCache::traced() const {

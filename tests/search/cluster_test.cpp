@@ -24,6 +24,7 @@
 #include "acc/trace/model_ref.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/json.hpp"
+#include "ops_digest.hpp"
 
 namespace acc::search {
 namespace {
@@ -459,10 +460,71 @@ TEST(TraceCache, SharedTracesGiveThePredictionsOfFreshOnes) {
   EXPECT_EQ(depths, (std::set<int>{1, 2, 4, 8}));
   EXPECT_GT(predicted, 200u);
   // Each trace made was asked for again at least as often (by another depth's ranks, by the
-  // other model).
+  // other model): the traces of 1 and 2 blocks as their digests and figures, the deeper ones'
+  // figures.
   const trace::TraceCache& traces = *memory.traces();
   EXPECT_GT(traces.traced(), 0u);
-  EXPECT_GE(traces.served(), traces.traced()) << traces.traced() << " made";
+  EXPECT_GT(traces.digests_made(), 0u);
+  EXPECT_GE(traces.digests_served() + traces.figures_served(), traces.traced())
+      << traces.traced() << " made, " << traces.digests_served() << " digests and "
+      << traces.figures_served() << " figures served";
+}
+
+// The time model prices a rank's traces of 1 and 2 blocks from their digests
+// (search/ops_digest.hpp), which the search's trace cache keeps instead of the traces: the digest
+// at any batch from the pair at 2 and 3 samples is, field for field, the digest of the trace made
+// at that batch, and its GEMMs are that trace's, for every rank of each tp, sp and pipeline
+// layout of a 4-rank space: plain, with its first block recomputed (and bf16 activations), and
+// recomputed selectively.
+TEST(OpsDigest, AtAnyBatchIsTheDigestOfTheTraceMadeThere) {
+  const int64_t T = 16;
+  const auto model = trace::ModelRef::registry("gpt", eight_block_gpt());
+  MemoryModel memory(model, T);
+  std::set<std::string> layouts;
+  size_t compared = 0;
+  const std::vector<trace::TraceOptions> options = {
+      {},
+      {.recompute = trace::Recompute::kBlock, .recompute_blocks = 1, .bf16_activations = true},
+      {.recompute = trace::Recompute::kSelective, .recompute_blocks = 1}};
+  for (const Candidate& c : enumerate_candidates(space_of(4, 16, T, true), memory.num_blocks())) {
+    if (memory.layout_refusal(c) || !layouts.insert(c.layout_key()).second) continue;
+    for (const RankModel& r : rank_models(model, c, T)) {
+      for (const trace::TraceOptions& o : options) {
+        for (const int64_t depth : {1, 2}) {
+          auto digest_at = [&](int64_t b) {
+            return detail::digest_ops(r.model.trace(depth, b, T, o).trace);
+          };
+          detail::OpsDigestPair pair(digest_at(2), digest_at(3));
+          ASSERT_TRUE(pair.affine()) << c.describe() << ", " << depth << " blocks";
+          for (const int64_t b : {3, 7}) {
+            const trace::Trace made = r.model.trace(depth, b, T, o).trace;
+            const auto fresh = detail::digest_ops(made);
+            const detail::OpsDigest& want = detail::ops_of(fresh);
+            const detail::OpsDigest& got = pair.at(b);
+            const std::string what =
+                c.describe() + ", " + std::to_string(depth) + " blocks at " + std::to_string(b);
+            ASSERT_EQ(got.num_parameters, want.num_parameters) << what;
+            ASSERT_EQ(got.ops.size(), want.ops.size()) << what;
+            for (size_t i = 0; i < got.ops.size(); ++i) {
+              ASSERT_TRUE(got.ops[i] == want.ops[i]) << what << ": op " << i << " differs";
+            }
+            const auto got_gemms = detail::gemm_counts(got);
+            const auto want_gemms = gemm_counts(made);
+            ASSERT_EQ(got_gemms.size(), want_gemms.size()) << what;
+            for (size_t i = 0; i < got_gemms.size(); ++i) {
+              EXPECT_EQ(got_gemms[i].shape, want_gemms[i].shape) << what;
+              EXPECT_EQ(got_gemms[i].forward, want_gemms[i].forward) << what;
+              EXPECT_EQ(got_gemms[i].backward, want_gemms[i].backward) << what;
+            }
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  // Layouts of tp 2 and 4, sp, and pipelines of 2 and 4 (their first, middle and last ranks).
+  EXPECT_GE(layouts.size(), 40u) << layouts.size() << " layouts";
+  EXPECT_GE(compared, 1000u) << compared << " digests compared";
 }
 
 // MemoryModel::expect makes the candidates' needs ahead, on two threads here (the trace keys'

@@ -922,6 +922,74 @@ TEST(TraceCache, KeepsTracesUpToItsBlockBoundAndEveryRefusal) {
   }
 }
 
+// A digest of one reader's: the trace's op count and a serial number (which digest was served).
+struct CountedDigest final : trace::TraceDigest {
+  size_t ops = 0;
+  int serial = 0;
+};
+
+// A cache that keeps its shallow traces as digests (the search's, for its time model): a trace of
+// at most 2 blocks is digested when it is made, the digest kept and served (no trace made again
+// for it), the trace itself dropped and made again when asked; a deeper trace is not digested by
+// the cache (digest() makes one from a fresh trace each time); a refusal is thrown through
+// digest() as through traced(), kept; without a cache digest() is the maker's of a fresh trace.
+// An empty maker is refused by name.
+TEST(TraceCache, KeepsShallowTracesAsTheirDigests) {
+  const int64_t T = 16;
+  const auto gpt = trace::ModelRef::registry("gpt", small_gpt(4).to_json());
+  int digested = 0;
+  const trace::DigestMaker make = [&](const trace::Trace& t) {
+    auto d = std::make_shared<CountedDigest>();
+    d->ops = t.graph.ops().size();
+    d->serial = ++digested;
+    return d;
+  };
+  auto counted = [](const std::shared_ptr<const trace::TraceDigest>& d) {
+    return dynamic_cast<const CountedDigest&>(*d);
+  };
+  auto cache = std::make_shared<trace::TraceCache>(2, make);
+  const auto kept = gpt.shared_traces(cache, "plain");
+  const size_t ops = gpt.trace(2, 2, T, {}).trace.graph.ops().size();
+  const auto first = kept.traced(2, 2, T, {});
+  EXPECT_EQ(first->trace.graph.ops().size(), ops);
+  EXPECT_EQ(digested, 1);
+  EXPECT_EQ(counted(kept.digest(2, 2, T, {}, make)).serial, 1);  // served, not made again
+  EXPECT_EQ(counted(kept.digest(2, 2, T, {}, make)).ops, ops);
+  EXPECT_EQ(digested, 1);
+  EXPECT_NE(kept.traced(2, 2, T, {}).get(), first.get());        // the trace was not kept
+  EXPECT_EQ(counted(kept.digest(1, 3, T, {}, make)).serial, 2);  // made with its trace
+  EXPECT_EQ(counted(kept.digest(1, 3, T, {}, make)).serial, 2);
+  EXPECT_EQ(cache->digests_made(), 2u);
+  EXPECT_EQ(cache->digests_served(), 3u);
+  EXPECT_EQ(cache->traced(), 3u);
+  EXPECT_EQ(cache->dropped(), 3u);
+  EXPECT_EQ(cache->served(), 0u);
+
+  // Deeper than the bound: not the cache's to keep; digest() digests a fresh trace each time.
+  EXPECT_EQ(counted(kept.digest(3, 2, T, {}, make)).serial, 3);
+  EXPECT_EQ(counted(kept.digest(3, 2, T, {}, make)).serial, 4);
+  EXPECT_EQ(cache->digests_made(), 2u);
+
+  int rewrites = 0;
+  const auto refusing = gpt.rewritten(throwing_rewrite<ValueError>(rewrites, "heads do not divide"))
+                            .shared_traces(cache, "refusing");
+  EXPECT_THROW((void)refusing.digest(1, 2, T, {}, make), ValueError);
+  EXPECT_THROW((void)refusing.digest(1, 2, T, {}, make), ValueError);
+  EXPECT_THROW((void)refusing.traced(1, 2, T, {}), ValueError);
+  EXPECT_EQ(rewrites, 1);
+  EXPECT_EQ(cache->refused(), 1u);
+
+  EXPECT_EQ(counted(gpt.digest(2, 2, T, {}, make)).ops, ops);  // no cache
+  EXPECT_EQ(digested, 5);
+
+  try {
+    trace::TraceCache bad(2, trace::DigestMaker{});
+    ADD_FAILURE() << "an empty digest maker accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("an empty digest maker"), std::string::npos) << e.what();
+  }
+}
+
 // ModelRef::at_depth: the registry model at another depth (a pipeline rank's blocks), checked as
 // registry() checks it, tracing as registry() of that config does.
 TEST(ModelRef, AtDepthIsTheRegistryModelAtThatDepth) {

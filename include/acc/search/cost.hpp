@@ -51,6 +51,10 @@
 
 namespace acc::search {
 
+namespace detail {
+struct OpsDigest;  // what the time model reads of a trace (search/ops_digest.hpp)
+}  // namespace detail
+
 struct TimePrediction {
   double compute_s = 0;   // forward + backward of all micro-batches
   double backward_s = 0;  // of one micro-batch (what bucketed communication overlaps)
@@ -192,10 +196,11 @@ class CostModel {
   Asked not_made(int trace_id, const trace::TraceOptions& a, const Asked& expected,
                  bool from_low) const;
   void keep(MadePasses made);
-  /// The pass of a model of `num_blocks` blocks from its traces of 1 and 2 blocks (and of 1
-  /// recomputed: `r1`, null when nothing is), priced on `mesh`.
-  PassCost extrapolated_pass(const trace::Trace& t1, const trace::Trace& t2, const trace::Trace* r1,
-                             int64_t num_blocks, const dist::DeviceMesh& mesh,
+  /// The pass of a model of `num_blocks` blocks from its traces' digests of 1 and 2 blocks (and of
+  /// 1 recomputed: `r1`, null when nothing is), priced on `mesh`.
+  PassCost extrapolated_pass(const detail::OpsDigest& t1, const detail::OpsDigest& t2,
+                             const detail::OpsDigest* r1, int64_t num_blocks,
+                             const dist::DeviceMesh& mesh,
                              const trace::TraceOptions& activations) const;
   /// The data-parallel methods' communication of a rank holding `p`'s parameters (StepEffects'
   /// collectives over dp x cp), added to `t`; `overlap`: whether gradient buckets overlap the

@@ -34,6 +34,10 @@ class BatchTraces {
   /// acc::InternalError otherwise) a copy of the first with every size rewritten, valid until the
   /// next call. Throws acc::ValueError for batch < kLow or a size that does not fit in 64 bits.
   const Trace& at(int64_t batch);
+  /// A size at `batch` samples from the same size at kLow (`at_low`) and kLow + 1 (`at_next`):
+  /// at_low + (batch - kLow) x (at_next - at_low), what at() writes. Throws acc::ValueError when
+  /// it does not fit in 64 bits.
+  static int64_t size_at(int64_t at_low, int64_t at_next, int64_t batch);
 
  private:
   std::shared_ptr<const Trace> low_, next_;

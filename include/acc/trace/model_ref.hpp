@@ -46,6 +46,15 @@ Trace trace_on_batch(nn::Module& module, const data::Batch& sample, const BatchL
 class TraceCache;
 struct TraceFigures;  // what trace/estimate.cpp reads of a trace (defined there)
 
+/// What one reader keeps of a trace in place of the trace: a compact form of what it reads (the
+/// time model's ops: search/ops_digest.hpp). The reader derives its own type from this one.
+struct TraceDigest {
+  virtual ~TraceDigest() = default;
+};
+/// Makes the digest of a trace (a reader's own function; it must not throw for a trace it is
+/// given).
+using DigestMaker = std::function<std::shared_ptr<const TraceDigest>(const Trace&)>;
+
 class ModelRef {
  public:
   /// A language model of the registry. Throws what models::create_meta_model throws for a bad
@@ -125,6 +134,13 @@ class ModelRef {
       int64_t layers, int64_t batch, int64_t seq_len, const TraceOptions& options,
       const std::string& what,
       const std::function<std::shared_ptr<const TraceFigures>()>& make) const;
+  /// The digest of the trace at (layers, batch, seq_len, options): with shared_traces into a
+  /// cache that digests its traces (TraceCache's `digest`), the one it kept, else made (and kept)
+  /// with its trace; otherwise `make` of traced(). `make` must be the cache's maker when it has
+  /// one. Throws what traced() throws (a refusal kept is thrown again).
+  std::shared_ptr<const TraceDigest> digest(int64_t layers, int64_t batch, int64_t seq_len,
+                                            const TraceOptions& options,
+                                            const DigestMaker& make) const;
   /// 16 hex digits (see the top of this file). Equal on every rank for the same model and sample
   /// shapes.
   std::string hash() const;
@@ -160,15 +176,26 @@ class TraceCache {
   /// memory cost more than the 8 % of them made again (a blockwise figure of a trace whose
   /// plain figures were made). Throws acc::ValueError for kept_blocks < 0.
   explicit TraceCache(int64_t kept_blocks);
+  /// The same, but a trace of at most `kept_blocks` blocks is kept as its digest (`digest` of it,
+  /// made when the trace is made) instead of itself: asked again, the trace is made again; its
+  /// digest is served (ModelRef::digest). The search's: its time model reads the traces of 1
+  /// and 2 blocks again for every mesh, and only their ops (search/ops_digest.hpp) — at GPT-3
+  /// 175B on 1024 devices, keeping the traces themselves held 1.1 of 1.8 GB, and faulting that
+  /// memory in cost more than making a trace again where the memory model asks one twice. Throws
+  /// acc::ValueError for kept_blocks < 0 or an empty `digest`.
+  TraceCache(int64_t kept_blocks, DigestMaker digest);
   /// Traces made for it (kept or not), refusals kept, and asks answered with one made before.
   size_t traced() const;
-  /// Of traced(), those made but not kept (deeper than kept_blocks).
+  /// Of traced(), those made but not kept (deeper than kept_blocks, or kept as their digests).
   size_t dropped() const;
   size_t refused() const;
   size_t served() const;
   /// Figures derived from its traces (ModelRef::figures) made, and asks answered with them.
   size_t figures_made() const;
   size_t figures_served() const;
+  /// Digests kept (the constructor's `digest`), and asks answered with one made before.
+  size_t digests_made() const;
+  size_t digests_served() const;
 
  private:
   friend class ModelRef;
@@ -194,6 +221,9 @@ class TraceCache {
   size_t served_ = 0;
   std::map<std::pair<Key, std::string>, Kept<std::shared_ptr<const TraceFigures>>> figures_;
   size_t figures_served_ = 0;
+  DigestMaker digest_;
+  std::map<Key, std::shared_ptr<const TraceDigest>> digests_;
+  size_t digests_served_ = 0;
   // The key of a trace of `ref` (options that trace alike share one).
   static Key key_of(const std::string& identity, int64_t layers, int64_t batch, int64_t seq_len,
                     const TraceOptions& options);
