@@ -1,6 +1,7 @@
 #include "acc/search/cost.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <set>
@@ -46,8 +47,9 @@ class Pricer {
  public:
   virtual ~Pricer() = default;
   virtual double gemm(const GemmShape& s) const = 0;
-  /// An op that is neither a GEMM nor communication.
-  virtual double op(const detail::DigestOp& v) const = 0;
+  /// An op that is neither a GEMM nor communication; `q`: an attention core's q (B, H, T, D), else
+  /// null.
+  virtual double op(const detail::DigestOp& v, const std::array<int64_t, 4>* q) const = 0;
   /// A communication vertex's; a send is free (its receive waits for it).
   virtual double comm(const CommRecord& r) const = 0;
   /// What every op costs beyond its work (the engine's dispatch, allocation, autograd node).
@@ -64,8 +66,8 @@ class MeasuredPricer final : public Pricer {
   }
   double gemm(const GemmShape& s) const override { return m_.gemm_seconds(s); }
   double per_op() const override { return m_.op_overhead_s; }
-  double op(const detail::DigestOp& v) const override {
-    double s = m_.memory_seconds(v.bytes_read + v.bytes_written);
+  double op(const detail::DigestOp& v, const std::array<int64_t, 4>* /*q*/) const override {
+    double s = m_.memory_seconds(v.bytes);
     if (v.flops > 0 && best_gflops_ > 0) {
       s = std::max(s, static_cast<double>(v.flops) / (best_gflops_ * 1e9));
     }
@@ -96,12 +98,10 @@ class ClusterPricer final : public Pricer {
   ClusterPricer(const ClusterProfile& p, const dist::DeviceMesh& mesh, bool bf16)
       : p_(p), mesh_(mesh), bf16_(bf16) {}
   double gemm(const GemmShape& s) const override { return p_.gemm_seconds(s, bf16_); }
-  double op(const detail::DigestOp& v) const override {
+  double op(const detail::DigestOp& v, const std::array<int64_t, 4>* q) const override {
     if (v.view) return 0;
-    const double bytes = static_cast<double>(v.bytes_read + v.bytes_written) * (bf16_ ? 0.5 : 1);
-    if (v.flops > 0 && !v.inputs.empty() && v.inputs.front().shape.size() == 4) {
-      return attention(v);
-    }
+    const double bytes = static_cast<double>(v.bytes) * (bf16_ ? 0.5 : 1);
+    if (v.flops > 0 && q != nullptr) return attention(v, *q);
     return p_.memory_seconds(static_cast<int64_t>(bytes));
   }
   double comm(const CommRecord& r) const override {
@@ -125,8 +125,7 @@ class ClusterPricer final : public Pricer {
   }
   // The attention core, its q (B, H, T, D) first among its inputs (cluster.hpp: fused, or
   // Megatron-LM 2021's materialized scores).
-  double attention(const detail::DigestOp& v) const {
-    const auto& q = v.inputs.front().shape;
+  double attention(const detail::DigestOp& v, const std::array<int64_t, 4>& q) const {
     const int64_t L = q[0] * q[1], T = q[2], D = q[3];
     const bool backward = v.phase == trace::Phase::kBackward;
     if (p_.attention == ClusterProfile::Attention::kFused) {
@@ -157,14 +156,15 @@ Times trace_times(const detail::OpsDigest& t, const Pricer& pricer) {
   for (const detail::DigestOp& op : t.ops) {
     const bool forward = op.phase == trace::Phase::kForward;
     (forward ? out.forward : out.backward) += pricer.per_op();
-    if (!op.op.empty()) continue;  // a GEMM op: priced above, from gemm_counts
-    if (op.comm) {
-      const CommRecord& r = *op.comm;
+    if (op.gemm) continue;  // priced above, from gemm_counts
+    if (op.comm >= 0) {
+      const CommRecord& r = t.comms[op.comm];
       if (r.group_size <= 1 || r.kind == CommKind::kSend) continue;
       (forward ? out.comm_forward : out.comm_backward) += pricer.comm(r);
       continue;
     }
-    (forward ? out.forward : out.backward) += pricer.op(op);
+    (forward ? out.forward : out.backward) +=
+        pricer.op(op, op.attention >= 0 ? &t.attention_q[op.attention] : nullptr);
   }
   return out;
 }

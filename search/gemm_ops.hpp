@@ -1,8 +1,7 @@
 #pragma once
 // The GEMMs of one matrix-product op, read back from its shapes and FLOPs
-// (src/autograd/ops_linalg.cpp is where each layout below is chosen): for a trace's vertices
-// (gemm_counts) and for the time model's digest of them (ops_digest.hpp), which carry the same
-// fields under the same names (op, name, phase, flops, inputs[i].shape, outputs[i].shape).
+// (src/autograd/ops_linalg.cpp is where each layout below is chosen): what gemm_counts sums over
+// a trace and what the time model's digest of a trace keeps of each op (ops_digest.hpp).
 
 #include <map>
 #include <string_view>
@@ -19,31 +18,22 @@ inline bool is_gemm_op(std::string_view op) {
   return op == "Linear" || op == "LinearBackward" || op == "Bmm" || op == "BmmBackward";
 }
 
-template <class Op, class Tensor>
-int64_t gemm_rows(const Tensor& t, int64_t cols, const Op& v) {
+inline int64_t gemm_rows(const trace::TensorInfo& t, int64_t cols, const trace::Vertex& v) {
   ACC_CHECK_INTERNAL(cols > 0 && !t.shape.empty(), v.name, ": no columns in ", t.shape);
   return numel_of(t.shape) / cols;
 }
 
 // How many products of `per_product` FLOPs the op ran (its FLOPs are whole multiples).
-template <class Op>
-int64_t gemm_products(const Op& v, int64_t per_product) {
+inline int64_t gemm_products(const trace::Vertex& v, int64_t per_product) {
   ACC_CHECK_INTERNAL(per_product > 0 && v.flops % per_product == 0, v.name, ": ", v.flops,
                      " FLOPs are not a multiple of one product's ", per_product);
   return v.flops / per_product;
 }
 
-/// Adds the GEMMs `v` ran (none unless it is a matrix-product op with FLOPs) to `counts`, by
-/// shape, as calls in its phase.
-template <class Op>
-void count_gemms(const Op& v, std::map<GemmShape, GemmCount>& counts) {
+/// `add(shape, calls)` for each GEMM `v` ran: none unless it is a matrix-product op with FLOPs.
+template <class Add>
+void for_each_gemm(const trace::Vertex& v, const Add& add) {
   if (v.flops == 0) return;  // an empty product runs no GEMM
-  auto add = [&](const GemmShape& s, int64_t calls) {
-    GemmCount& c = counts[s];
-    c.shape = s;
-    int64_t& n = v.phase == trace::Phase::kForward ? c.forward : c.backward;
-    n = checked_add(n, calls, "calls of GEMM ", s);  // formatted only when it throws
-  };
   if (v.op == "Linear") {
     // inputs x (..., IN), w (OUT, IN)[, bias]: y (M, OUT) = x (M, IN) @ w^T
     ACC_CHECK_INTERNAL(v.inputs.size() >= 2 && v.inputs[1].shape.size() == 2, v.name,
@@ -100,6 +90,15 @@ void count_gemms(const Op& v, std::map<GemmShape, GemmCount>& counts) {
       add(is_da ? da : db, L);
     }
   }
+}
+
+/// Adds `calls` of `shape` in `phase` to `counts`.
+inline void count_gemm(std::map<GemmShape, GemmCount>& counts, const GemmShape& shape,
+                       int64_t calls, trace::Phase phase) {
+  GemmCount& c = counts[shape];
+  c.shape = shape;
+  int64_t& n = phase == trace::Phase::kForward ? c.forward : c.backward;
+  n = checked_add(n, calls, "calls of GEMM ", shape);  // formatted only when it throws
 }
 
 /// `counts`' entries, sorted by shape (gemm_counts' order).

@@ -1,6 +1,8 @@
 #include "ops_digest.hpp"
 
 #include <algorithm>
+#include <limits>
+#include <map>
 #include <utility>
 
 #include "acc/trace/batch_traces.hpp"
@@ -9,21 +11,6 @@
 
 namespace acc::search::detail {
 namespace {
-
-// The op name as a literal the digest can point at (only GEMM ops' names are read).
-std::string_view gemm_name(const std::string& op) {
-  for (const std::string_view g : {"Linear", "LinearBackward", "Bmm", "BmmBackward"}) {
-    if (op == g) return g;
-  }
-  return {};
-}
-
-std::vector<DigestTensor> shapes_of(const std::vector<trace::TensorInfo>& ts) {
-  std::vector<DigestTensor> out;
-  out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back({t.shape});
-  return out;
-}
 
 // Every output shares an input's storage: a view, no kernel.
 bool is_view(const trace::Vertex& v) {
@@ -36,49 +23,57 @@ bool is_view(const trace::Vertex& v) {
   return true;
 }
 
-bool same_comm(const std::optional<CommRecord>& a, const std::optional<CommRecord>& b) {
-  if (a.has_value() != b.has_value()) return false;
-  return !a || (a->kind == b->kind && a->group == b->group && a->group_size == b->group_size);
+int32_t index_of(size_t size) {
+  ACC_CHECK_INTERNAL(size < static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+                     "digest_ops: ", size, " entries");
+  return static_cast<int32_t>(size);
 }
 
-bool same_ranks(const std::vector<DigestTensor>& a, const std::vector<DigestTensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].shape.size() != b[i].shape.size()) return false;
-  }
-  return true;
+bool same_group(const CommRecord& a, const CommRecord& b) {
+  return a.kind == b.kind && a.group == b.group && a.group_size == b.group_size;
 }
 
+// The same ops, in the same order, but for their sizes.
 bool same_ops(const OpsDigest& a, const OpsDigest& b) {
-  if (a.ops.size() != b.ops.size() || a.num_parameters != b.num_parameters) return false;
+  if (a.ops.size() != b.ops.size() || a.gemms.size() != b.gemms.size() ||
+      a.comms.size() != b.comms.size() || a.attention_q.size() != b.attention_q.size() ||
+      a.num_parameters != b.num_parameters) {
+    return false;
+  }
   for (size_t i = 0; i < a.ops.size(); ++i) {
     const DigestOp &x = a.ops[i], &y = b.ops[i];
-    if (x.op != y.op || x.phase != y.phase || x.view != y.view || !same_comm(x.comm, y.comm) ||
-        !same_ranks(x.inputs, y.inputs) || !same_ranks(x.outputs, y.outputs)) {
+    if (x.phase != y.phase || x.view != y.view || x.gemm != y.gemm || x.comm != y.comm ||
+        x.attention != y.attention) {
       return false;
     }
   }
+  for (size_t i = 0; i < a.gemms.size(); ++i) {
+    const DigestGemm &x = a.gemms[i], &y = b.gemms[i];
+    if (x.phase != y.phase || x.shape.trans_a != y.shape.trans_a ||
+        x.shape.trans_b != y.shape.trans_b) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < a.comms.size(); ++i) {
+    if (!same_group(a.comms[i], b.comms[i])) return false;
+  }
   return true;
 }
 
-void scale(std::vector<DigestTensor>& out, const std::vector<DigestTensor>& one,
-           const std::vector<DigestTensor>& two, int64_t b) {
-  for (size_t i = 0; i < out.size(); ++i) {
-    for (size_t d = 0; d < out[i].shape.size(); ++d) {
-      out[i].shape[d] = trace::BatchTraces::size_at(one[i].shape[d], two[i].shape[d], b);
-    }
-  }
+int64_t size_at(int64_t x1, int64_t x2, int64_t b) {
+  return trace::BatchTraces::size_at(x1, x2, b);
 }
 
 }  // namespace
 
-bool DigestOp::operator==(const DigestOp& o) const {
-  auto same_record = [](const std::optional<CommRecord>& a, const std::optional<CommRecord>& b) {
-    return same_comm(a, b) && (!a || (a->bytes == b->bytes && a->peer == b->peer));
-  };
-  return op == o.op && name == o.name && phase == o.phase && view == o.view && flops == o.flops &&
-         bytes_read == o.bytes_read && bytes_written == o.bytes_written && inputs == o.inputs &&
-         outputs == o.outputs && same_record(comm, o.comm);
+bool OpsDigest::same_as(const OpsDigest& o) const {
+  if (!same_ops(*this, o) || ops != o.ops || gemms != o.gemms || attention_q != o.attention_q) {
+    return false;
+  }
+  for (size_t i = 0; i < comms.size(); ++i) {
+    if (comms[i].bytes != o.comms[i].bytes || comms[i].peer != o.comms[i].peer) return false;
+  }
+  return true;
 }
 
 std::shared_ptr<const trace::TraceDigest> digest_ops(const trace::Trace& t) {
@@ -88,21 +83,25 @@ std::shared_ptr<const trace::TraceDigest> digest_ops(const trace::Trace& t) {
   for (const trace::VertexId id : t.graph.ops()) {
     const trace::Vertex& v = t.graph.vertex(id);
     DigestOp op;
-    op.op = gemm_name(v.op);
+    op.bytes = v.bytes_read + v.bytes_written;
+    op.flops = v.flops;
     op.phase = v.phase;
     op.view = is_view(v);
-    op.flops = v.flops;
-    op.bytes_read = v.bytes_read;
-    op.bytes_written = v.bytes_written;
-    op.comm = v.comm;
-    if (!op.op.empty()) {
-      op.name = v.name;
-      op.inputs = shapes_of(v.inputs);
-      op.outputs = shapes_of(v.outputs);
-    } else if (v.flops > 0 && !v.inputs.empty() && v.inputs.front().shape.size() == 4) {
-      op.inputs = {{v.inputs.front().shape}};
+    op.gemm = is_gemm_op(v.op);
+    if (v.comm) {
+      op.comm = index_of(d->comms.size());
+      d->comms.push_back(*v.comm);
     }
-    d->ops.push_back(std::move(op));
+    if (op.gemm) {
+      for_each_gemm(v, [&](const GemmShape& s, int64_t calls) {
+        d->gemms.push_back({s, calls, v.phase});
+      });
+    } else if (v.flops > 0 && !v.inputs.empty() && v.inputs.front().shape.size() == 4) {
+      const Shape& q = v.inputs.front().shape;
+      op.attention = index_of(d->attention_q.size());
+      d->attention_q.push_back({q[0], q[1], q[2], q[3]});
+    }
+    d->ops.push_back(op);
   }
   return d;
 }
@@ -115,9 +114,7 @@ const OpsDigest& ops_of(const std::shared_ptr<const trace::TraceDigest>& d) {
 
 std::vector<GemmCount> gemm_counts(const OpsDigest& d) {
   std::map<GemmShape, GemmCount> counts;
-  for (const DigestOp& op : d.ops) {
-    if (!op.op.empty()) count_gemms(op, counts);
-  }
+  for (const DigestGemm& g : d.gemms) count_gemm(counts, g.shape, g.calls, g.phase);
   return sorted_counts(counts);
 }
 
@@ -136,18 +133,32 @@ const OpsDigest& OpsDigestPair::at(int64_t b) {
                      " samples differ in their ops");
   if (!copied_) {
     scaled_.ops = lo_->ops;
+    scaled_.gemms = lo_->gemms;
+    scaled_.comms = lo_->comms;
+    scaled_.attention_q = lo_->attention_q;
     scaled_.num_parameters = lo_->num_parameters;
     copied_ = true;
   }
   for (size_t i = 0; i < scaled_.ops.size(); ++i) {
-    DigestOp& x = scaled_.ops[i];
     const DigestOp &x1 = lo_->ops[i], &x2 = hi_->ops[i];
-    scale(x.inputs, x1.inputs, x2.inputs, b);
-    scale(x.outputs, x1.outputs, x2.outputs, b);
-    x.flops = trace::BatchTraces::size_at(x1.flops, x2.flops, b);
-    x.bytes_read = trace::BatchTraces::size_at(x1.bytes_read, x2.bytes_read, b);
-    x.bytes_written = trace::BatchTraces::size_at(x1.bytes_written, x2.bytes_written, b);
-    if (x.comm) x.comm->bytes = trace::BatchTraces::size_at(x1.comm->bytes, x2.comm->bytes, b);
+    scaled_.ops[i].bytes = size_at(x1.bytes, x2.bytes, b);
+    scaled_.ops[i].flops = size_at(x1.flops, x2.flops, b);
+  }
+  for (size_t i = 0; i < scaled_.gemms.size(); ++i) {
+    const DigestGemm &x1 = lo_->gemms[i], &x2 = hi_->gemms[i];
+    DigestGemm& x = scaled_.gemms[i];
+    x.shape.m = size_at(x1.shape.m, x2.shape.m, b);
+    x.shape.n = size_at(x1.shape.n, x2.shape.n, b);
+    x.shape.k = size_at(x1.shape.k, x2.shape.k, b);
+    x.calls = size_at(x1.calls, x2.calls, b);
+  }
+  for (size_t i = 0; i < scaled_.comms.size(); ++i) {
+    scaled_.comms[i].bytes = size_at(lo_->comms[i].bytes, hi_->comms[i].bytes, b);
+  }
+  for (size_t i = 0; i < scaled_.attention_q.size(); ++i) {
+    for (size_t k = 0; k < 4; ++k) {
+      scaled_.attention_q[i][k] = size_at(lo_->attention_q[i][k], hi_->attention_q[i][k], b);
+    }
   }
   return scaled_;
 }

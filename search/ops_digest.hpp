@@ -1,22 +1,23 @@
 #pragma once
 // What the time model reads of a trace, without its graph: each op in execution order with its
-// phase, FLOPs, bytes and communication, and the shapes only where they are priced (a GEMM's, an
-// attention core's q). The search's trace cache keeps this digest of the traces of 1 and 2 blocks
-// instead of the traces (trace::TraceCache's digest): some 10-20 KB against 130-190 KB a trace,
-// and the time model prices every mesh and micro-batch of a rank's layout from it.
+// phase, FLOPs and bytes, and beside them the GEMMs the matrix-product ops ran, the communication
+// records and the attention cores' q shapes. The search's trace cache keeps this digest of the
+// traces of 1 and 2 blocks instead of the traces (trace::TraceCache's digest): some 6-10 KB
+// against 130-190 KB a trace, and the time model prices every mesh and micro-batch of a rank's
+// layout from it.
 //
 // A digest at any batch from the pair at BatchTraces::kLow and kLow + 1 samples (OpsDigestPair)
-// rewrites every size the digest holds as BatchTraces::at rewrites it in the trace (each affine
-// in the batch), so the digest at b is the digest of BatchTraces::at(b), field for field
-// (tests/search/cost_test.cpp compares them), and the time model's figures are those it priced
-// from the traces.
+// rewrites every size it holds as x(lo) + (b - lo)(x(lo + 1) - x(lo)), as BatchTraces::at
+// rewrites the trace's. The ops' bytes, FLOPs, messages and q shapes are the trace's sizes
+// themselves; a GEMM's m, n, k and calls are each one of its tensors' dims or its rows (numel
+// over one constant dim), and a registry model's tensors grow along one batch dimension alone, so
+// they are affine too. tests/search/cluster_test.cpp (OpsDigest.*) compares the digest at b with
+// the digest of a trace made at b, field for field, over every rank of the tp, sp and pipeline
+// layouts of GPT and Llama: equal.
 
+#include <array>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <optional>
-#include <string>
-#include <string_view>
 #include <vector>
 
 #include "acc/search/calibration.hpp"
@@ -25,34 +26,42 @@
 
 namespace acc::search::detail {
 
-struct DigestTensor {
-  Shape shape;
-  bool operator==(const DigestTensor&) const = default;
-};
-
+/// One op as the time model prices it.
 struct DigestOp {
-  std::string_view op;  // a GEMM op's ("Linear", "LinearBackward", "Bmm", "BmmBackward"), else ""
-  std::string name;     // a GEMM op's vertex name (its messages), else ""
+  int64_t bytes = 0;  // read + written
+  int64_t flops = 0;
+  int32_t comm = -1;       // its record in OpsDigest::comms, if it communicates
+  int32_t attention = -1;  // its q in OpsDigest::attention_q: an op with FLOPs, not a GEMM op,
+                           // whose first input is 4-D (B, H, T, D) (an attention core)
   trace::Phase phase = trace::Phase::kForward;
   bool view = false;  // every output shares an input's storage: no kernel runs
-  int64_t flops = 0, bytes_read = 0, bytes_written = 0;
-  // A GEMM op's inputs and outputs; another op with FLOPs, its first input when it is 4-D (an
-  // attention core's q); else none.
-  std::vector<DigestTensor> inputs, outputs;
-  std::optional<CommRecord> comm;
-  bool operator==(const DigestOp& o) const;
+  bool gemm = false;  // a matrix-product op: its GEMMs are in OpsDigest::gemms
+  bool operator==(const DigestOp&) const = default;
+};
+
+/// One GEMM shape a matrix-product op ran, `calls` times.
+struct DigestGemm {
+  GemmShape shape;
+  int64_t calls = 0;
+  trace::Phase phase = trace::Phase::kForward;
+  bool operator==(const DigestGemm&) const = default;
 };
 
 struct OpsDigest final : trace::TraceDigest {
   std::vector<DigestOp> ops;  // the trace's ops, in execution order
+  std::vector<DigestGemm> gemms;
+  std::vector<CommRecord> comms;
+  std::vector<std::array<int64_t, 4>> attention_q;
   int64_t num_parameters = 0;
+  /// Every field equal (the tests' comparison).
+  bool same_as(const OpsDigest& o) const;
 };
 
 /// The digest of `t` (trace::DigestMaker: what the search's trace cache keeps).
 std::shared_ptr<const trace::TraceDigest> digest_ops(const trace::Trace& t);
 /// `d` as the OpsDigest it is (an acc::InternalError for another reader's digest).
 const OpsDigest& ops_of(const std::shared_ptr<const trace::TraceDigest>& d);
-/// gemm_counts of the trace `d` digests.
+/// gemm_counts of the trace `d` digests: one entry per distinct shape, sorted.
 std::vector<GemmCount> gemm_counts(const OpsDigest& d);
 
 /// One step's digests at BatchTraces::kLow and kLow + 1 samples, and from them the step at any
@@ -61,8 +70,8 @@ class OpsDigestPair {
  public:
   OpsDigestPair(std::shared_ptr<const trace::TraceDigest> low,
                 std::shared_ptr<const trace::TraceDigest> next);
-  /// Whether the two have the same ops (kinds, phases, views, communication groups, tensor
-  /// ranks): then at() gives any batch from kLow up.
+  /// Whether the two have the same ops (phases, views, GEMM layouts, communication groups):
+  /// then at() gives any batch from kLow up.
   bool affine() const { return affine_; }
   /// The digest at `batch` >= kLow: one of the pair itself, else (affine() only: an
   /// acc::InternalError otherwise) the first with every size rewritten, valid until the next

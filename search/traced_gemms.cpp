@@ -14,7 +14,12 @@ bool is_gemm_op(const std::string& op) {
 
 std::vector<GemmCount> gemm_counts(const trace::Trace& t) {
   std::map<GemmShape, GemmCount> counts;
-  for (trace::VertexId id : t.graph.ops()) detail::count_gemms(t.graph.vertex(id), counts);
+  for (trace::VertexId id : t.graph.ops()) {
+    const trace::Vertex& v = t.graph.vertex(id);
+    detail::for_each_gemm(v, [&](const GemmShape& s, int64_t calls) {
+      detail::count_gemm(counts, s, calls, v.phase);
+    });
+  }
   return detail::sorted_counts(counts);
 }
 

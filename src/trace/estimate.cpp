@@ -89,7 +89,13 @@ Timeline timeline(const Trace& t, const std::vector<std::string>& blocks,
     const Vertex& vx = g.vertex(v);
     int block = -1;
     for (int b = 0; b < N; ++b) {
-      if (vx.scope == blocks[b] || vx.scope.rfind(blocks[b] + ".", 0) == 0) block = b;
+      // The block itself or a module inside it ("<block>." first), without making that string.
+      const std::string& name = blocks[b];
+      const std::string& scope = vx.scope;
+      if (scope.size() >= name.size() && scope.compare(0, name.size(), name) == 0 &&
+          (scope.size() == name.size() || scope[name.size()] == '.')) {
+        block = b;
+      }
     }
     int s = -1;
     if (block >= 0) {

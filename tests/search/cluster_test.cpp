@@ -474,57 +474,64 @@ TEST(TraceCache, SharedTracesGiveThePredictionsOfFreshOnes) {
 // (search/ops_digest.hpp), which the search's trace cache keeps instead of the traces: the digest
 // at any batch from the pair at 2 and 3 samples is, field for field, the digest of the trace made
 // at that batch, and its GEMMs are that trace's, for every rank of each tp, sp and pipeline
-// layout of a 4-rank space: plain, with its first block recomputed (and bf16 activations), and
-// recomputed selectively.
+// layout of a 4-rank space, of GPT and a GQA Llama: plain, with its first block recomputed (and
+// bf16 activations), and recomputed selectively.
 TEST(OpsDigest, AtAnyBatchIsTheDigestOfTheTraceMadeThere) {
   const int64_t T = 16;
-  const auto model = trace::ModelRef::registry("gpt", eight_block_gpt());
-  MemoryModel memory(model, T);
+  const nlohmann::json llama = {{"hidden_size", 32},
+                                {"intermediate_size", 88},
+                                {"num_hidden_layers", 4},
+                                {"num_attention_heads", 4},
+                                {"num_key_value_heads", 2},
+                                {"vocab_size", 128},
+                                {"max_position_embeddings", 32}};
   std::set<std::string> layouts;
   size_t compared = 0;
-  const std::vector<trace::TraceOptions> options = {
-      {},
-      {.recompute = trace::Recompute::kBlock, .recompute_blocks = 1, .bf16_activations = true},
-      {.recompute = trace::Recompute::kSelective, .recompute_blocks = 1}};
-  for (const Candidate& c : enumerate_candidates(space_of(4, 16, T, true), memory.num_blocks())) {
-    if (memory.layout_refusal(c) || !layouts.insert(c.layout_key()).second) continue;
-    for (const RankModel& r : rank_models(model, c, T)) {
-      for (const trace::TraceOptions& o : options) {
-        for (const int64_t depth : {1, 2}) {
-          auto digest_at = [&](int64_t b) {
-            return detail::digest_ops(r.model.trace(depth, b, T, o).trace);
-          };
-          detail::OpsDigestPair pair(digest_at(2), digest_at(3));
-          ASSERT_TRUE(pair.affine()) << c.describe() << ", " << depth << " blocks";
-          for (const int64_t b : {3, 7}) {
-            const trace::Trace made = r.model.trace(depth, b, T, o).trace;
-            const auto fresh = detail::digest_ops(made);
-            const detail::OpsDigest& want = detail::ops_of(fresh);
-            const detail::OpsDigest& got = pair.at(b);
-            const std::string what =
-                c.describe() + ", " + std::to_string(depth) + " blocks at " + std::to_string(b);
-            ASSERT_EQ(got.num_parameters, want.num_parameters) << what;
-            ASSERT_EQ(got.ops.size(), want.ops.size()) << what;
-            for (size_t i = 0; i < got.ops.size(); ++i) {
-              ASSERT_TRUE(got.ops[i] == want.ops[i]) << what << ": op " << i << " differs";
+  for (const auto& model : {trace::ModelRef::registry("gpt", eight_block_gpt()),
+                            trace::ModelRef::registry("llama", llama)}) {
+    MemoryModel memory(model, T);
+    const std::vector<trace::TraceOptions> options = {
+        {},
+        {.recompute = trace::Recompute::kBlock, .recompute_blocks = 1, .bf16_activations = true},
+        {.recompute = trace::Recompute::kSelective, .recompute_blocks = 1}};
+    for (const Candidate& c : enumerate_candidates(space_of(4, 16, T, true), memory.num_blocks())) {
+      if (memory.layout_refusal(c) || !layouts.insert(model.type() + c.layout_key()).second) {
+        continue;
+      }
+      for (const RankModel& r : rank_models(model, c, T)) {
+        for (const trace::TraceOptions& o : options) {
+          for (const int64_t depth : {1, 2}) {
+            auto digest_at = [&](int64_t b) {
+              return detail::digest_ops(r.model.trace(depth, b, T, o).trace);
+            };
+            detail::OpsDigestPair pair(digest_at(2), digest_at(3));
+            ASSERT_TRUE(pair.affine()) << c.describe() << ", " << depth << " blocks";
+            for (const int64_t b : {3, 7}) {
+              const trace::Trace made = r.model.trace(depth, b, T, o).trace;
+              const auto fresh = detail::digest_ops(made);
+              const detail::OpsDigest& want = detail::ops_of(fresh);
+              const detail::OpsDigest& got = pair.at(b);
+              const std::string what =
+                  c.describe() + ", " + std::to_string(depth) + " blocks at " + std::to_string(b);
+              ASSERT_TRUE(got.same_as(want)) << what;
+              const auto got_gemms = detail::gemm_counts(got);
+              const auto want_gemms = gemm_counts(made);
+              ASSERT_EQ(got_gemms.size(), want_gemms.size()) << what;
+              for (size_t i = 0; i < got_gemms.size(); ++i) {
+                EXPECT_EQ(got_gemms[i].shape, want_gemms[i].shape) << what;
+                EXPECT_EQ(got_gemms[i].forward, want_gemms[i].forward) << what;
+                EXPECT_EQ(got_gemms[i].backward, want_gemms[i].backward) << what;
+              }
+              ++compared;
             }
-            const auto got_gemms = detail::gemm_counts(got);
-            const auto want_gemms = gemm_counts(made);
-            ASSERT_EQ(got_gemms.size(), want_gemms.size()) << what;
-            for (size_t i = 0; i < got_gemms.size(); ++i) {
-              EXPECT_EQ(got_gemms[i].shape, want_gemms[i].shape) << what;
-              EXPECT_EQ(got_gemms[i].forward, want_gemms[i].forward) << what;
-              EXPECT_EQ(got_gemms[i].backward, want_gemms[i].backward) << what;
-            }
-            ++compared;
           }
         }
       }
     }
   }
   // Layouts of tp 2 and 4, sp, and pipelines of 2 and 4 (their first, middle and last ranks).
-  EXPECT_GE(layouts.size(), 40u) << layouts.size() << " layouts";
-  EXPECT_GE(compared, 1000u) << compared << " digests compared";
+  EXPECT_GE(layouts.size(), 70u) << layouts.size() << " layouts";
+  EXPECT_GE(compared, 1800u) << compared << " digests compared";
 }
 
 // MemoryModel::expect makes the candidates' needs ahead, on two threads here (the trace keys'
