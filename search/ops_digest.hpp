@@ -2,9 +2,9 @@
 // What the time model reads of a trace, without its graph: each op in execution order with its
 // phase, FLOPs and bytes, and beside them the GEMMs the matrix-product ops ran, the communication
 // records and the attention cores' q shapes. The search's trace cache keeps this digest of the
-// traces of 1 and 2 blocks instead of the traces (trace::TraceCache's digest): some 6-10 KB
-// against 130-190 KB a trace, and the time model prices every mesh and micro-batch of a rank's
-// layout from it.
+// traces of 1 and 2 blocks instead of the traces (trace::TraceCache's digest): about 5-15 KB (32
+// bytes an op, 48 a GEMM, 100-300 ops a trace) against 130-190 KB a trace, and the time model
+// prices every mesh and micro-batch of a rank's layout from it.
 //
 // A digest at any batch from the pair at BatchTraces::kLow and kLow + 1 samples (OpsDigestPair)
 // rewrites every size it holds as x(lo) + (b - lo)(x(lo + 1) - x(lo)), as BatchTraces::at
