@@ -291,20 +291,20 @@ std::shared_ptr<const TraceDigest> ModelRef::digest(int64_t layers, int64_t batc
   }
   const TraceCache::Key key =
       TraceCache::key_of(impl_->cache_identity, layers, batch, seq_len, options);
-  auto find = [&]() -> std::shared_ptr<const TraceDigest> {
+  // The kept digest, if any; `served`: an ask answered with one made before.
+  auto find = [&](bool served) -> std::shared_ptr<const TraceDigest> {
     const std::lock_guard<std::mutex> lock(cache->mutex_);
     auto it = cache->digests_.find(key);
     if (it == cache->digests_.end()) return nullptr;
-    ++cache->digests_served_;
+    if (served) ++cache->digests_served_;
     return it->second;
   };
-  if (auto d = find()) return d;
+  if (auto d = find(true)) return d;
   (void)traced(layers, batch, seq_len, options);  // digests it (or throws the model's refusal)
-  const std::lock_guard<std::mutex> lock(cache->mutex_);
-  auto it = cache->digests_.find(key);
-  ACC_CHECK_INTERNAL(it != cache->digests_.end(), "ModelRef::digest: a trace of ", layers,
-                     " blocks at batch ", batch, " was made but not digested");
-  return it->second;
+  auto d = find(false);
+  ACC_CHECK_INTERNAL(d != nullptr, "ModelRef::digest: a trace of ", layers, " blocks at batch ",
+                     batch, " was made but not digested");
+  return d;
 }
 
 std::shared_ptr<const TraceFigures> ModelRef::figures(
