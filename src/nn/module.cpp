@@ -158,9 +158,26 @@ NamedTensors Module::named_parameters(bool recurse) const {
   return out;
 }
 
+void Module::collect_parameter_tensors(std::vector<Tensor>& out) const {
+  for (const auto& [name, t] : parameters_) {
+    if (std::none_of(out.begin(), out.end(), [&](const Tensor& o) { return o.is_same(t); })) {
+      out.push_back(t);
+    }
+  }
+  for (const auto& slot : children_) slot->module->collect_parameter_tensors(out);
+}
+
+// named_parameters()'s tensors in its order (the module's own, then its modules' in pre-order,
+// each tied tensor once), without the names: the tracer asks this of every module it traces and
+// of every block it compares, and building the dotted names was most of it.
 std::vector<Tensor> Module::parameters(bool recurse) const {
+  if (!recurse) {
+    std::vector<Tensor> out;
+    for (auto& [name, t] : named_parameters(false)) out.push_back(t);
+    return out;
+  }
   std::vector<Tensor> out;
-  for (auto& [name, t] : named_parameters(recurse)) out.push_back(t);
+  collect_parameter_tensors(out);
   return out;
 }
 
@@ -352,7 +369,7 @@ Tensor& Module::local_tensor(const std::string& name) {
 
 int64_t Module::num_parameters() const {
   int64_t n = 0;
-  for (const auto& [name, t] : named_parameters()) n += t.numel();
+  for (const Tensor& t : parameters()) n += t.numel();
   return n;
 }
 

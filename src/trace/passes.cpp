@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "acc/util/checked.hpp"
@@ -64,9 +65,34 @@ std::vector<VertexId> reach(const BoostGraph& g, VertexId v, bool upstream) {
   return found;
 }
 
+// "|<dotted name><shape>" for each of m's parameters in named_parameters()'s order (pre-order,
+// each tied tensor once), the names built in one buffer: find_blocks runs after every trace the
+// search makes, and named_parameters()'s list of names was a twentieth of a plan-only search.
+void append_signature(const nn::Module& m, std::string& path, std::vector<Tensor>& seen,
+                      std::string& sig) {
+  for (const auto& [name, p] : m.named_parameters(false)) {
+    if (std::any_of(seen.begin(), seen.end(), [&](const Tensor& o) { return o.is_same(p); })) {
+      continue;
+    }
+    seen.push_back(p);
+    sig += '|';
+    sig += path;
+    sig += name;
+    sig += to_string(p.shape());
+  }
+  for (const auto& [name, child] : m.named_children()) {
+    const size_t at = path.size();
+    path += name;
+    path += '.';
+    append_signature(*child, path, seen, sig);
+    path.resize(at);
+  }
+}
+
 std::string param_signature(const nn::Module& m) {
-  std::string sig = m.type_name();
-  for (const auto& [name, p] : m.named_parameters()) sig += "|" + name + to_string(p.shape());
+  std::string sig = m.type_name(), path;
+  std::vector<Tensor> seen;
+  append_signature(m, path, seen, sig);
   return sig;
 }
 
@@ -101,18 +127,36 @@ std::map<std::string, ScopeStats> scope_stats(const Trace& t) {
 
 std::vector<BlockGroup> find_blocks(const nn::Module& module) {
   std::vector<BlockGroup> groups;
+  // The modules inside a block found are not looked into: named_modules() is pre-order, so they
+  // follow their block, and the groups they hold would be dropped below as nested.
+  std::set<std::string> found_blocks;
+  std::string inside;  // the found block whose modules are being passed, if any
   for (const auto& [prefix, m] : module.named_modules()) {
-    const auto children = m->named_children();
-    // Each child's signature once, and only where there are two to compare (the search runs this
-    // after every trace it makes: computing each twice was a tenth of a plan-only search's traces).
-    std::vector<std::string> sigs;
-    if (children.size() >= 2) {
-      for (const auto& child : children) sigs.push_back(param_signature(*child.second));
+    if (!inside.empty() && prefix.size() > inside.size() && prefix[inside.size()] == '.' &&
+        prefix.compare(0, inside.size(), inside) == 0) {
+      continue;
     }
+    inside.clear();
+    if (found_blocks.count(prefix) != 0) {
+      inside = prefix;
+      continue;
+    }
+    const auto children = m->named_children();
+    // Each child's signature at most once, and only where a neighbour of the same type is compared
+    // with it (a signature begins with its module's type name, which holds no '|'): the search runs
+    // this after every trace it makes.
+    std::vector<std::optional<std::string>> sigs(children.size());
+    auto sig = [&](size_t k) -> const std::string& {
+      if (!sigs[k]) sigs[k] = param_signature(*children[k].second);
+      return *sigs[k];
+    };
+    auto alike = [&](size_t a, size_t b) {
+      return children[a].second->type_name() == children[b].second->type_name() && sig(a) == sig(b);
+    };
     size_t i = 0;
     while (i < children.size()) {
       size_t j = i + 1;
-      while (j < children.size() && sigs[j] == sigs[i]) ++j;
+      while (j < children.size() && alike(i, j)) ++j;
       const bool is_list = m->type_name() == "ModuleList";
       const int64_t params = children[i].second->num_parameters();
       if (params > 0 && (j - i >= 2 || is_list)) {
@@ -123,6 +167,7 @@ std::vector<BlockGroup> find_blocks(const nn::Module& module) {
         for (size_t k = i; k < j; ++k) {
           grp.blocks.push_back(prefix.empty() ? children[k].first
                                               : prefix + "." + children[k].first);
+          found_blocks.insert(grp.blocks.back());
         }
         groups.push_back(std::move(grp));
       }

@@ -346,7 +346,7 @@ Trace trace(nn::Module& module, const LossFn& loss_fn, const std::vector<Tensor>
   Trace t;
   t.model_type = module.type_name();
   t.options = options;
-  for (const auto& [name, p] : module.named_parameters()) {
+  for (const Tensor& p : module.parameters()) {
     t.num_parameters = checked_add(t.num_parameters, p.numel(), "parameter count of the model");
     t.parameter_bytes = checked_add(t.parameter_bytes, static_cast<int64_t>(p.nbytes()),
                                     "parameter bytes of the model");
@@ -372,7 +372,7 @@ Trace trace(nn::Module& module, const LossFn& loss_fn, const std::vector<Tensor>
       if (options.backward && loss.requires_grad()) {
         rec.mark_backward();
         loss.backward(loss.numel() == 1 ? Tensor() : ones_like(loss));
-        for (const auto& [name, p] : module.named_parameters()) {
+        for (const Tensor& p : module.parameters()) {
           if (p.grad().defined()) rec.add_gradient_storage(p.grad());
         }
       } else {

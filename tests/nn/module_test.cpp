@@ -153,6 +153,31 @@ TEST(Module, ForwardWithoutOverrideThrows) {
   EXPECT_THROW((*m)(ones({1})), ValueError);
 }
 
+// parameters() and num_parameters() walk the modules without building names; they must list
+// named_parameters()'s tensors in its order, a tied tensor once (GPT ties lm_head to wte).
+TEST(Module, ParametersAreNamedParametersInOrderWithTiesOnce) {
+  models::GPTConfig c;
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.vocab_size = 16;
+  c.block_size = 8;
+  models::GPT gpt(c);
+  const auto named = gpt.named_parameters();
+  const auto plain = gpt.parameters();
+  ASSERT_EQ(plain.size(), named.size());
+  int64_t numel = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(plain[i].is_same(named[i].second)) << named[i].first;
+    numel += named[i].second.numel();
+  }
+  EXPECT_EQ(gpt.num_parameters(), numel);
+  // The tied head is counted once: 3 blocks of 12 C^2 + 13 C, the embeddings, the final norm.
+  EXPECT_EQ(numel, 3 * (12 * 8 * 8 + 13 * 8) + 16 * 8 + 8 * 8 + 2 * 8);
+  // Not recursing: the module's own only (a GPT's are all in its children).
+  EXPECT_TRUE(gpt.parameters(false).empty());
+}
+
 TEST(Models, GptHasNanoGptNamesAndTiedEmbeddings) {
   models::GPTConfig c;
   c.n_layer = 2;
