@@ -153,16 +153,21 @@ TEST(Module, ForwardWithoutOverrideThrows) {
   EXPECT_THROW((*m)(ones({1})), ValueError);
 }
 
-// parameters() and num_parameters() walk the modules without building names; they must list
-// named_parameters()'s tensors in its order, a tied tensor once (GPT ties lm_head to wte).
-TEST(Module, ParametersAreNamedParametersInOrderWithTiesOnce) {
+// A GPT of `layers` blocks, width 8, 2 heads, vocabulary 16, context 8.
+models::GPTConfig tiny_gpt(int64_t layers) {
   models::GPTConfig c;
-  c.n_layer = 3;
+  c.n_layer = layers;
   c.n_head = 2;
   c.n_embd = 8;
   c.vocab_size = 16;
   c.block_size = 8;
-  models::GPT gpt(c);
+  return c;
+}
+
+// parameters() and num_parameters() walk the modules without building names; they must list
+// named_parameters()'s tensors in its order, a tied tensor once (GPT ties lm_head to wte).
+TEST(Module, ParametersAreNamedParametersInOrderWithTiesOnce) {
+  models::GPT gpt(tiny_gpt(3));
   const auto named = gpt.named_parameters();
   const auto plain = gpt.parameters();
   ASSERT_EQ(plain.size(), named.size());
@@ -179,13 +184,7 @@ TEST(Module, ParametersAreNamedParametersInOrderWithTiesOnce) {
 }
 
 TEST(Models, GptHasNanoGptNamesAndTiedEmbeddings) {
-  models::GPTConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.vocab_size = 16;
-  c.block_size = 8;
-  models::GPT gpt(c);
+  models::GPT gpt(tiny_gpt(2));
   auto n = names(gpt.named_parameters());
   std::vector<std::string> expect = {"transformer.wte.weight", "transformer.wpe.weight"};
   for (int i = 0; i < 2; ++i) {
