@@ -159,7 +159,8 @@ NamedTensors Module::named_parameters(bool recurse) const {
 }
 
 void Module::collect_parameter_tensors(std::vector<Tensor>& out) const {
-  for (const auto& [name, t] : parameters_) {
+  for (const auto& named : parameters_) {
+    const Tensor& t = named.second;  // named, not bound: clang refuses to capture a binding
     if (std::none_of(out.begin(), out.end(), [&](const Tensor& o) { return o.is_same(t); })) {
       out.push_back(t);
     }

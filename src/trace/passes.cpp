@@ -70,14 +70,15 @@ std::vector<VertexId> reach(const BoostGraph& g, VertexId v, bool upstream) {
 // search makes, and named_parameters()'s list of names was a twentieth of a plan-only search.
 void append_signature(const nn::Module& m, std::string& path, std::vector<Tensor>& seen,
                       std::string& sig) {
-  for (const auto& [name, p] : m.named_parameters(false)) {
+  for (const auto& named : m.named_parameters(false)) {
+    const Tensor& p = named.second;  // named, not bound: clang refuses to capture a binding
     if (std::any_of(seen.begin(), seen.end(), [&](const Tensor& o) { return o.is_same(p); })) {
       continue;
     }
     seen.push_back(p);
     sig += '|';
     sig += path;
-    sig += name;
+    sig += named.first;
     sig += to_string(p.shape());
   }
   for (const auto& [name, child] : m.named_children()) {
