@@ -158,27 +158,23 @@ NamedTensors Module::named_parameters(bool recurse) const {
   return out;
 }
 
-void Module::collect_parameter_tensors(std::vector<Tensor>& out) const {
+void Module::collect_parameter_tensors(bool recurse, std::vector<Tensor>& out) const {
   for (const auto& named : parameters_) {
     const Tensor& t = named.second;  // named, not bound: clang refuses to capture a binding
     if (std::none_of(out.begin(), out.end(), [&](const Tensor& o) { return o.is_same(t); })) {
       out.push_back(t);
     }
   }
-  for (const auto& slot : children_) slot->module->collect_parameter_tensors(out);
+  if (!recurse) return;
+  for (const auto& slot : children_) slot->module->collect_parameter_tensors(true, out);
 }
 
 // named_parameters()'s tensors in its order (the module's own, then its modules' in pre-order,
 // each tied tensor once), without the names: the tracer asks this of every module it traces and
 // of every block it compares, and building the dotted names was most of it.
 std::vector<Tensor> Module::parameters(bool recurse) const {
-  if (!recurse) {
-    std::vector<Tensor> out;
-    for (auto& [name, t] : named_parameters(false)) out.push_back(t);
-    return out;
-  }
   std::vector<Tensor> out;
-  collect_parameter_tensors(out);
+  collect_parameter_tensors(recurse, out);
   return out;
 }
 

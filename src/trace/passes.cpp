@@ -97,6 +97,51 @@ std::string param_signature(const nn::Module& m) {
   return sig;
 }
 
+// The groups among m's children, then, in order, those inside each child that is not a block of
+// one: a group inside a block is structure of that block (the linears of each transformer
+// block), not a top-level repetition.
+void add_block_groups(const nn::Module& m, const std::string& prefix,
+                      std::vector<BlockGroup>& groups) {
+  const auto children = m.named_children();
+  // Each child's signature at most once, and only where a neighbour of the same type is compared
+  // with it (a signature begins with its module's type name, which holds no '|'): the search runs
+  // this after every trace it makes.
+  std::vector<std::optional<std::string>> sigs(children.size());
+  auto sig = [&](size_t k) -> const std::string& {
+    if (!sigs[k]) sigs[k] = param_signature(*children[k].second);
+    return *sigs[k];
+  };
+  auto alike = [&](size_t a, size_t b) {
+    return children[a].second->type_name() == children[b].second->type_name() && sig(a) == sig(b);
+  };
+  auto path = [&](size_t k) {
+    return prefix.empty() ? children[k].first : prefix + "." + children[k].first;
+  };
+  const bool is_list = m.type_name() == "ModuleList";
+  std::vector<bool> in_block(children.size(), false);
+  size_t i = 0;
+  while (i < children.size()) {
+    size_t j = i + 1;
+    while (j < children.size() && alike(i, j)) ++j;
+    const int64_t params = children[i].second->num_parameters();
+    if (params > 0 && (j - i >= 2 || is_list)) {
+      BlockGroup grp;
+      grp.container = prefix;
+      grp.type_name = children[i].second->type_name();
+      grp.parameters_per_block = params;
+      for (size_t k = i; k < j; ++k) {
+        grp.blocks.push_back(path(k));
+        in_block[k] = true;
+      }
+      groups.push_back(std::move(grp));
+    }
+    i = j;
+  }
+  for (size_t k = 0; k < children.size(); ++k) {
+    if (!in_block[k]) add_block_groups(*children[k].second, path(k), groups);
+  }
+}
+
 }  // namespace
 
 std::map<std::string, ScopeStats> scope_stats(const Trace& t) {
@@ -127,66 +172,8 @@ std::map<std::string, ScopeStats> scope_stats(const Trace& t) {
 }
 
 std::vector<BlockGroup> find_blocks(const nn::Module& module) {
-  std::vector<BlockGroup> groups;
-  // The modules inside a block found are not looked into: named_modules() is pre-order, so they
-  // follow their block, and the groups they hold would be dropped below as nested.
-  std::set<std::string> found_blocks;
-  std::string inside;  // the found block whose modules are being passed, if any
-  for (const auto& [prefix, m] : module.named_modules()) {
-    if (!inside.empty() && prefix.size() > inside.size() && prefix[inside.size()] == '.' &&
-        prefix.compare(0, inside.size(), inside) == 0) {
-      continue;
-    }
-    inside.clear();
-    if (found_blocks.count(prefix) != 0) {
-      inside = prefix;
-      continue;
-    }
-    const auto children = m->named_children();
-    // Each child's signature at most once, and only where a neighbour of the same type is compared
-    // with it (a signature begins with its module's type name, which holds no '|'): the search runs
-    // this after every trace it makes.
-    std::vector<std::optional<std::string>> sigs(children.size());
-    auto sig = [&](size_t k) -> const std::string& {
-      if (!sigs[k]) sigs[k] = param_signature(*children[k].second);
-      return *sigs[k];
-    };
-    auto alike = [&](size_t a, size_t b) {
-      return children[a].second->type_name() == children[b].second->type_name() && sig(a) == sig(b);
-    };
-    size_t i = 0;
-    while (i < children.size()) {
-      size_t j = i + 1;
-      while (j < children.size() && alike(i, j)) ++j;
-      const bool is_list = m->type_name() == "ModuleList";
-      const int64_t params = children[i].second->num_parameters();
-      if (params > 0 && (j - i >= 2 || is_list)) {
-        BlockGroup grp;
-        grp.container = prefix;
-        grp.type_name = children[i].second->type_name();
-        grp.parameters_per_block = params;
-        for (size_t k = i; k < j; ++k) {
-          grp.blocks.push_back(prefix.empty() ? children[k].first
-                                              : prefix + "." + children[k].first);
-          found_blocks.insert(grp.blocks.back());
-        }
-        groups.push_back(std::move(grp));
-      }
-      i = j;
-    }
-  }
-  // Nested groups (the linears inside each block) are dropped: a group whose container lies
-  // inside another group's block is structure of that block, not a top-level repetition.
   std::vector<BlockGroup> top;
-  for (const auto& g : groups) {
-    bool nested = false;
-    for (const auto& other : groups) {
-      for (const auto& b : other.blocks) {
-        if (g.container == b || g.container.rfind(b + ".", 0) == 0) nested = true;
-      }
-    }
-    if (!nested) top.push_back(g);
-  }
+  add_block_groups(module, "", top);
   // Ordered by parameters in double: only the order matters, and a product too large for int64
   // must not stop the search for blocks.
   std::stable_sort(top.begin(), top.end(), [](const BlockGroup& a, const BlockGroup& b) {

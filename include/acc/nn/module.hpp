@@ -222,7 +222,7 @@ class Module : public std::enable_shared_from_this<Module> {
   const detail::ChildSlot* find_slot(const std::string& name) const;
   void check_new_name(const std::string& name, const char* what) const;
   void collect_parameters(const std::string& prefix, NamedTensors& out) const;
-  void collect_parameter_tensors(std::vector<Tensor>& out) const;  // parameters(), no names
+  void collect_parameter_tensors(bool recurse, std::vector<Tensor>& out) const;  // no names
   void collect_buffers(const std::string& prefix, bool persistent_only, NamedTensors& out) const;
   void collect_modules(const std::string& prefix, NamedModules& out) const;
 
