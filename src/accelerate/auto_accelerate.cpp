@@ -298,9 +298,8 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
         if (group->rank() == 0) {
           logging::info(
               "calibration: a collective over {} of {} ranks waits {:.0f} us beyond "
-              "its fit ({} ranks x {} thread(s) on {} cores)",
-              c->world, group->size(), 1e6 * c->wait_s, cores.local_ranks, co.threads,
-              usable_cores());
+              "its fit ({} ranks x {} thread(s) on a machine, {:.2f} of them a core)",
+              c->world, group->size(), 1e6 * c->wait_s, cores.local_ranks, co.threads, cores.share);
         }
       }
     }

@@ -6,11 +6,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <string>
 
 #include "acc/dist/agreement.hpp"
 #include "acc/dist/dist.hpp"
+#include "acc/dist/node.hpp"
 #include "acc/search/calibration.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/system.hpp"
@@ -196,12 +198,15 @@ TEST(ContentionForJob, MeasuredOnceThenTakenFromTheCacheOnEveryRank) {
   EXPECT_EQ(again, first);
   // Ranks that time-slice the cores compute at most their share, whatever was measured: a cached
   // factor under it (1, as a quiet moment may measure) is raised to it.
-  const double sliced = static_cast<double>(dist::local_world_size()) * co.threads /
-                        static_cast<double>(usable_cores());
+  // The node's ranks over the union of their cores (bound to one core each, not over one).
+  const dist::NodeCores node = dist::node_cores(*world);
+  const double sliced =
+      static_cast<double>(node.ranks) * co.threads / static_cast<double>(node.cores);
   EXPECT_GE(first, sliced);
   later.contention[dist::local_world_size()] = 1.0;
   JobCores cores{-1, -1.0};
-  EXPECT_EQ(contention_for_job(*world, later, shapes, co, &cached, &cores), std::max(1.0, sliced));
+  EXPECT_NEAR(contention_for_job(*world, later, shapes, co, &cached, &cores), std::max(1.0, sliced),
+              1e-6);
   // The cores it agreed on, as job_cores gives them.
   const JobCores agreed = job_cores(*world, co.threads);
   EXPECT_EQ(cores.local_ranks, agreed.local_ranks);
@@ -214,6 +219,31 @@ TEST(ContentionForJob, MeasuredOnceThenTakenFromTheCacheOnEveryRank) {
 // negative, for groups of 2 and of the whole world; bad arguments refused on every rank before any
 // collective. (Its size is the machine's: 0.2-0.6 ms with 4 ranks on 2 cores; near 0 with a core
 // a rank, where the search does not measure it.)
+// A node's ranks time-slice the union of their cores: bound to a core each (mpirun --bind-to
+// core, the search_mpi_test_bound_np4 entry: 4 ranks over 2 cores), each sees one core, and the
+// share is the node's ranks over the node's cores, not over that one. ACC_TEST_EXPECT_BOUND=1 (that
+// entry) also requires the binding to have taken, so that it cannot pass unbound.
+TEST(JobCores, CountsANodesRanksOverTheUnionOfTheirCores) {
+  auto world = dist::ProcessGroup::world();
+  const int threads = 1;
+  const JobCores cores = job_cores(*world, threads);
+  const dist::NodeCores node = dist::node_cores(*world);
+  // mpirun on this machine: every rank is on one node.
+  EXPECT_EQ(node.ranks, world->size());
+  EXPECT_EQ(cores.local_ranks, node.ranks);
+  EXPECT_GE(node.cores, usable_cores());
+  EXPECT_LE(node.cores, machine_cores());
+  const double share = static_cast<double>(node.ranks) * threads / node.cores;
+  EXPECT_NEAR(cores.share, share, 1e-6);
+  const char* bound = std::getenv("ACC_TEST_EXPECT_BOUND");
+  if (bound != nullptr && std::string(bound) == "1") {
+    if (machine_cores() < 2 || world->size() < 2) GTEST_SKIP() << "needs 2 cores and 2 ranks";
+    ASSERT_LT(usable_cores(), node.cores) << "the ranks are not bound to a core each";
+    // What this rank's own view made of it (4 ranks x 1 thread over 1 core: 4, not 2).
+    EXPECT_LT(cores.share, static_cast<double>(node.ranks) * threads / usable_cores());
+  }
+}
+
 TEST(CollectiveWait, EveryRankGetsTheSameNonNegativeFigure) {
   auto world = dist::ProcessGroup::world();
   const int W = world->size();

@@ -235,9 +235,11 @@ MachineCalibration load_or_calibrate_machine(const std::vector<GemmShape>& shape
 double measure_compute_contention(dist::ProcessGroup& group, const std::vector<GemmShape>& shapes,
                                   double seconds_per_point = 0.03);
 
-/// The job's largest local world (its ranks on one machine, agreed over `group`) and that many
-/// ranks x `threads` over the machine's usable cores (above 1: they time-slice the cores). A
-/// collective over `group`: every rank gets the same figures.
+/// The job's largest local world (its ranks on one machine, agreed over `group`) and the largest
+/// share of a machine's cores its ranks take: a node's ranks x `threads` over the CPUs of the
+/// union of their affinity masks (dist::node_cores; above 1: they time-slice the cores). Ranks
+/// bound to a core each count the node's cores together, not their own one. A collective over
+/// `group`: every rank gets the same figures.
 struct JobCores {
   int local_ranks = 1;
   double share = 1.0;
@@ -247,8 +249,8 @@ JobCores job_cores(dist::ProcessGroup& group, int threads);
 /// The contention factor for `group`'s job: from `machine.contention` when it holds one for the
 /// job's largest local world (agreed over `group`), else measured (measure_compute_contention)
 /// and added to `machine`, and rank 0 writes `machine` back to its cache file (a file that cannot
-/// be written is logged, not fatal). At least local ranks x options.threads / usable cores (ranks
-/// that time-slice cannot compute faster than their share, whatever one measurement saw).
+/// be written is logged, not fatal). At least job_cores' share (ranks that time-slice cannot
+/// compute faster than their share, whatever one measurement saw).
 /// `machine` must be the same on every rank (broadcast_calibration); `from_cache` says which it
 /// was, `cores` (when given) the job_cores it agreed on (a group of one: one rank, share 1). A
 /// collective over `group`.
