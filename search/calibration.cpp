@@ -787,7 +787,7 @@ JobCores job_cores(dist::ProcessGroup& group, int threads) {
   const std::vector<int64_t> most = mine.to_vector<int64_t>();
   JobCores out;
   out.local_ranks = static_cast<int>(most[0]);
-  out.share = static_cast<double>(most[1]) * 1e-6;
+  out.share = static_cast<double>(most[1]) / 1e6;  // exact for halves and quarters
   return out;
 }
 

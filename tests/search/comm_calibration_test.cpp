@@ -205,8 +205,7 @@ TEST(ContentionForJob, MeasuredOnceThenTakenFromTheCacheOnEveryRank) {
   EXPECT_GE(first, sliced);
   later.contention[dist::local_world_size()] = 1.0;
   JobCores cores{-1, -1.0};
-  EXPECT_NEAR(contention_for_job(*world, later, shapes, co, &cached, &cores), std::max(1.0, sliced),
-              1e-6);
+  EXPECT_EQ(contention_for_job(*world, later, shapes, co, &cached, &cores), std::max(1.0, sliced));
   // The cores it agreed on, as job_cores gives them.
   const JobCores agreed = job_cores(*world, co.threads);
   EXPECT_EQ(cores.local_ranks, agreed.local_ranks);
@@ -215,10 +214,6 @@ TEST(ContentionForJob, MeasuredOnceThenTakenFromTheCacheOnEveryRank) {
 }
 
 }  // namespace
-// The wait a small collective adds between GEMMs: the same figure on every rank, finite and not
-// negative, for groups of 2 and of the whole world; bad arguments refused on every rank before any
-// collective. (Its size is the machine's: 0.2-0.6 ms with 4 ranks on 2 cores; near 0 with a core
-// a rank, where the search does not measure it.)
 // A node's ranks time-slice the union of their cores: bound to a core each (mpirun --bind-to
 // core, the search_mpi_test_bound_np4 entry: 4 ranks over 2 cores), each sees one core, and the
 // share is the node's ranks over the node's cores, not over that one. ACC_TEST_EXPECT_BOUND=1 (that
@@ -244,6 +239,10 @@ TEST(JobCores, CountsANodesRanksOverTheUnionOfTheirCores) {
   }
 }
 
+// The wait a small collective adds between GEMMs: the same figure on every rank, finite and not
+// negative, for groups of 2 and of the whole world; bad arguments refused on every rank before any
+// collective. (Its size is the machine's: 0.2-0.6 ms with 4 ranks on 2 cores; near 0 with a core
+// a rank, where the search does not measure it.)
 TEST(CollectiveWait, EveryRankGetsTheSameNonNegativeFigure) {
   auto world = dist::ProcessGroup::world();
   const int W = world->size();
