@@ -90,6 +90,21 @@ double spearman(const std::vector<double>& x, const std::vector<double>& y) {
   return sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : 0.0;
 }
 
+// The least-squares line y = a + b x: {a, b} ({mean y, 0} when x does not vary).
+std::pair<double, double> line_fit(const std::vector<double>& x, const std::vector<double>& y) {
+  const double n = static_cast<double>(x.size());
+  if (x.empty()) return {0.0, 0.0};
+  const double mx = std::accumulate(x.begin(), x.end(), 0.0) / n;
+  const double my = std::accumulate(y.begin(), y.end(), 0.0) / n;
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += (x[i] - mx) * (y[i] - my);
+    sxx += (x[i] - mx) * (x[i] - mx);
+  }
+  const double b = sxx > 0 ? sxy / sxx : 0.0;
+  return {my - b * mx, b};
+}
+
 struct Row {
   const acc::search::Candidate* candidate = nullptr;
   std::string name;
@@ -356,7 +371,7 @@ int main(int argc, char** argv) {
                                             retimed_s.begin());
 
     if (leader) {
-      std::vector<double> pred, meas;
+      std::vector<double> pred, meas, waits, beyond;
       double worst_mem = 0;
       std::string worst_mem_name;
       nlohmann::json list = nlohmann::json::array();
@@ -371,6 +386,8 @@ int main(int argc, char** argv) {
         if (r.measured.status == search::Status::kOk) {
           pred.push_back(r.predicted_s);
           meas.push_back(r.measured.step_seconds);
+          waits.push_back(r.predicted_time.value("waits", 0.0));
+          beyond.push_back(r.measured.step_seconds - r.predicted_s);
           const double err = static_cast<double>(r.predicted_peak) /
                                  static_cast<double>(std::max<int64_t>(1, r.step_peak)) -
                              1;
@@ -394,6 +411,10 @@ int main(int argc, char** argv) {
       for (size_t k = 0; k < retimed.size(); ++k) {
         re.push_back({{"name", retimed[k]->describe()}, {"median_step_s", retimed_s[k]}});
       }
+      // What the measured steps take beyond their prediction, as a line in the collectives and
+      // messages each waits for: the slope is what a waited-for collective costs that the
+      // calibration's wait (collective_wait in the report) does not price.
+      const auto [beyond_fixed, beyond_per_wait] = line_fit(waits, beyond);
       const auto& timing = report.at("timing");
       const double total = timing.at("total_s");
       const double calib = timing.at("calibration_s"), dry = timing.at("dry_run_s");
@@ -418,6 +439,9 @@ int main(int argc, char** argv) {
            time_ratio.empty() ? 0 : *std::min_element(time_ratio.begin(), time_ratio.end())},
           {"predicted_over_measured_max",
            time_ratio.empty() ? 0 : *std::max_element(time_ratio.begin(), time_ratio.end())},
+          {"measured_beyond_predicted",
+           {{"fixed_s", beyond_fixed}, {"per_wait_s", beyond_per_wait}}},
+          {"collective_wait", report.value("collective_wait", nlohmann::json::array())},
           {"worst_memory_error", worst_mem},
           {"worst_memory_error_candidate", worst_mem_name},
           {"cache_warmup", warm},

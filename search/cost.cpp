@@ -40,6 +40,7 @@ std::shared_ptr<const trace::TraceDigest> shallow_digest(const trace::ModelRef& 
 struct Times {
   double forward = 0, backward = 0;
   double comm_forward = 0, comm_backward = 0;
+  double waits = 0;  // the collectives and received messages the rank waits for
 };
 
 // What turns a trace's ops into seconds.
@@ -161,6 +162,7 @@ Times trace_times(const detail::OpsDigest& t, const Pricer& pricer) {
       const CommRecord& r = t.comms[op.comm];
       if (r.group_size <= 1 || r.kind == CommKind::kSend) continue;
       (forward ? out.comm_forward : out.comm_backward) += pricer.comm(r);
+      out.waits += 1;
       continue;
     }
     (forward ? out.forward : out.backward) +=
@@ -182,10 +184,14 @@ Times priced(const detail::OpsDigest& t, const ClusterProfile* cluster,
 }  // namespace
 
 nlohmann::json TimePrediction::to_json() const {
-  return {
-      {"compute_s", compute_s}, {"backward_s", backward_s},         {"optimizer_s", optimizer_s},
-      {"comm_s", comm_s},       {"exposed_comm_s", exposed_comm_s}, {"bubble_s", bubble_s},
-      {"step_s", step_s}};
+  return {{"compute_s", compute_s},
+          {"backward_s", backward_s},
+          {"optimizer_s", optimizer_s},
+          {"comm_s", comm_s},
+          {"exposed_comm_s", exposed_comm_s},
+          {"bubble_s", bubble_s},
+          {"waits", waits},
+          {"step_s", step_s}};
 }
 
 CostModel::CostModel(std::string model_type, nlohmann::json config, int64_t seq_len,
@@ -357,7 +363,7 @@ CostModel::PassCost CostModel::extrapolated_pass(const detail::OpsDigest& t1,
   if (r1 != nullptr) {
     const Times r = times(*r1);
     rc = {r.forward - c1.forward, r.backward - c1.backward, r.comm_forward - c1.comm_forward,
-          r.comm_backward - c1.comm_backward};
+          r.comm_backward - c1.comm_backward, r.waits - c1.waits};
   }
   p.num_blocks = num_blocks;
   const double L = static_cast<double>(p.num_blocks);
@@ -373,6 +379,7 @@ CostModel::PassCost CostModel::extrapolated_pass(const detail::OpsDigest& t1,
   p.backward_s = extrapolate(c1.backward, c2.backward, rc.backward);
   p.comm_forward_s = extrapolate(c1.comm_forward, c2.comm_forward, rc.comm_forward);
   p.comm_backward_s = extrapolate(c1.comm_backward, c2.comm_backward, rc.comm_backward);
+  p.comm_waits = extrapolate(c1.waits, c2.waits, rc.waits);
   p.block_parameters = t2.num_parameters - t1.num_parameters;
   p.parameters = t1.num_parameters + (p.num_blocks - 1) * p.block_parameters;
   p.block_s = (c2.forward - c1.forward) + (c2.backward - c1.backward);
@@ -398,6 +405,7 @@ CostModel::MadePasses CostModel::make_passes(const RankModel& rank, const trace:
       p.backward_s = c.backward;
       p.comm_forward_s = c.comm_forward;
       p.comm_backward_s = c.comm_backward;
+      p.comm_waits = c.waits;
       p.parameters = t.num_parameters;
       const auto groups = model.trace(p.num_blocks, 1, seq_len_, {}).blocks;
       p.block_parameters = groups.empty() ? 0 : groups.front().parameters_per_block;
@@ -489,6 +497,7 @@ TimePrediction CostModel::predict(const Candidate& c) {
   const double layout_comm = k * (p.comm_forward_s + p.comm_backward_s);
   t.comm_s += layout_comm;
   t.exposed_comm_s += layout_comm;
+  t.waits += k * p.comm_waits;
   add_data_parallel_comm(c, p, true, t);
   t.step_s = t.compute_s + t.optimizer_s + t.exposed_comm_s;
   return t;
@@ -577,7 +586,7 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
   const strategies::StepEffects& e = c.effects;
   const double m = static_cast<double>(e.micro_batches);
   const int v = static_cast<int>(ranks.front().stages.size());
-  double slowest = 0, slowest_comm = 0;
+  double slowest = 0, slowest_comm = 0, slowest_waits = 0;
   std::vector<double> per_rank;  // a micro-batch through each rank's stages
   // One action of each rank (one stage of its v), for the schedule run on time-sliced cores.
   std::vector<strategies::ActionCosts> actions;
@@ -595,6 +604,7 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
     if (s > slowest) {
       slowest = s;
       slowest_comm = comm;
+      slowest_waits = p.comm_waits;
     }
     per_rank.push_back(s);
     TimePrediction after;
@@ -632,6 +642,7 @@ TimePrediction CostModel::predict_pipeline(const Candidate& c,
   // The slowest rank's messages are waited for; the rest of the schedule is compute and idling.
   t.comm_s += m * slowest_comm;
   t.exposed_comm_s += m * slowest_comm;
+  t.waits += m * slowest_waits;
   t.compute_s = schedule - m * slowest_comm;
   t.step_s = t.compute_s + t.optimizer_s + t.exposed_comm_s;
   return t;
@@ -672,6 +683,7 @@ void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bo
         const double s = n * seconds(col.op, p.block_parameters * 4);
         t.comm_s += s;
         t.exposed_comm_s += s;
+        t.waits += n;
         continue;
       }
       const int64_t elem = col.of == Of::kGradients ? comm_elem : 4;
@@ -688,9 +700,12 @@ void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bo
       const double s = static_cast<double>(messages) * one;
       t.comm_s += s;
       if (col.when == When::kBackward && overlap) {
-        t.exposed_comm_s += std::max(one, s - p.backward_s);  // the last message is never hidden
+        const double exposed = std::max(one, s - p.backward_s);  // the last is never hidden
+        t.exposed_comm_s += exposed;
+        t.waits += one > 0 ? exposed / one : 1.0;
       } else {
         t.exposed_comm_s += s;
+        t.waits += static_cast<double>(messages);
       }
     }
   }

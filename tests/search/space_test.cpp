@@ -535,6 +535,11 @@ TEST(CostModel, ALayoutsCommunicationIsPricedAtItsGroupsFit) {
   with_wait.add_group_calibration(waiting);
   const TimePrediction waited = with_wait.predict(tp2);
   EXPECT_GE((waited.comm_s - at_pairs.comm_s) / waiting.wait_s, 4 * 4 + 1 - 1e-9);
+  // And the prediction counts what it paid the wait on (bench_search fits its residual on it):
+  // the tp group's collectives of a micro-batch at least, whatever the wait.
+  EXPECT_GE(at_pairs.waits, 4 * 4 + 1);
+  EXPECT_GE(waited.waits, 4 * 4 + 1);
+  EXPECT_EQ(at_pairs.to_json().at("waits").get<double>(), at_pairs.waits);
   EXPECT_NEAR(with_wait.predict(ddp).comm_s, cm.predict(ddp).comm_s, 1e-12);  // dp over 4 ranks
 }
 

@@ -64,6 +64,10 @@ struct TimePrediction {
   /// A pipeline's idle time per rank (the bubble and the stages' imbalance), in compute_s; 0
   /// without one.
   double bubble_s = 0;
+  /// The collectives and received messages in exposed_comm_s (a pipeline's: its slowest rank's;
+  /// overlapped buckets: the exposed part in messages): what the per-collective wait of
+  /// time-sliced ranks (CommCalibration::wait_s) is paid on.
+  double waits = 0;
   double step_s = 0;
   nlohmann::json to_json() const;
 };
@@ -158,6 +162,7 @@ class CostModel {
   struct PassCost {
     double forward_s = 0, backward_s = 0;
     double comm_forward_s = 0, comm_backward_s = 0;  // the trace's own communication
+    double comm_waits = 0;                           // its collectives and received messages
     int64_t parameters = 0;                          // elements of the whole model
     int64_t block_parameters = 0;                    // elements of one block
     double block_s = 0;  // one block's forward and backward compute (0: traced whole)
