@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "acc/dist/dist.hpp"
+#include "acc/search/calibration.hpp"
 #include "acc/util/error.hpp"
 #include "bench_util.hpp"
 
@@ -26,11 +27,23 @@ int main(int argc, char** argv) {
   app.add_option("--mib", sizes, "comma-separated f32 buffer sizes in MiB (the full tensor)")
       ->capture_default_str();
   app.add_option("--reps", reps, "timed repetitions per op and size")->capture_default_str();
+  std::vector<int64_t> gemm{512, 32, 128};
+  int64_t wait_calls = 64;
+  app.add_option("--wait-gemm", gemm,
+                 "m,n,k of the GEMM each rank runs before every all-reduce of the in-step wait")
+      ->delimiter(',')
+      ->expected(3)
+      ->capture_default_str();
+  app.add_option("--wait-calls", wait_calls,
+                 "GEMM + all-reduce pairs of each in-step wait pass (0: no in-step wait)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   int rc = 0;
   try {
     using namespace acc;
     ACC_CHECK(reps >= 1, "--reps must be >= 1, got ", reps);
+    ACC_CHECK(wait_calls >= 0, "--wait-calls must be >= 0, got ", wait_calls);
+    for (int64_t d : gemm) ACC_CHECK(d >= 1, "--wait-gemm takes positive m,n,k, got ", d);
     // Every size is checked before anything is timed.
     std::vector<double> sizes_mib;
     std::stringstream ss(sizes);
@@ -51,6 +64,11 @@ int main(int argc, char** argv) {
     dist::init(argc, argv);
     auto pg = dist::ProcessGroup::world();
     const int W = pg->size();
+    // The search's own calibration of this group (auto_accelerate's sizes and seconds), measured
+    // first: each line then shows what the search would price the collective at beside the
+    // median of the calls timed one by one.
+    const search::CommCalibration fit =
+        search::calibrate_collectives(*pg, {4 << 10, 256 << 10, 4 << 20}, 0.01);
     for (const double mib : sizes_mib) {
       // The full buffer, rounded to a multiple of the world size.
       const int64_t n = std::max<int64_t>(W, static_cast<int64_t>(mib * (1 << 20) / 4) / W * W);
@@ -65,6 +83,14 @@ int main(int argc, char** argv) {
           {"reduce_scatter", 1.0 * (W - 1) / W, [&] { return pg->reduce_scatter(part, full); }},
           {"allgather", 1.0 * (W - 1) / W, [&] { return pg->allgather(full, part); }},
       };
+      // The all-reduce as a step runs it: between GEMMs, every rank at once, beyond its fit
+      // (search::measure_collective_wait at this size).
+      double in_step_wait_ms = -1;
+      if (W > 1 && wait_calls > 0) {
+        in_step_wait_ms = 1e3 * search::measure_collective_wait(
+                                    *pg, W, {gemm[0], gemm[1], gemm[2], false, false}, wait_calls,
+                                    fit, n * 4);
+      }
       for (const Op& op : ops) {
         std::vector<double> ms;
         for (int i = 0; i < reps + 1; ++i) {
@@ -86,7 +112,13 @@ int main(int argc, char** argv) {
                                 {"world", W},
                                 {"bytes", bytes},
                                 {"median_ms", med},
+                                {"calibrated_ms",
+                                 W > 1 ? fit.seconds(op.name, static_cast<int64_t>(bytes)) * 1e3
+                                       : 0.0},
                                 {"bus_gb_per_s", bytes * op.bus_factor / (med / 1e3) / 1e9}};
+          if (in_step_wait_ms >= 0 && op.name == std::string("allreduce")) {
+            out["in_step_wait_ms"] = in_step_wait_ms;
+          }
           std::printf("%s\n", out.dump().c_str());
           std::fflush(stdout);
         }

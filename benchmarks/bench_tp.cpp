@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <map>
 
 #include "acc/dist/dist.hpp"
@@ -54,10 +55,13 @@ nlohmann::json config_for(const std::string& name) {
 // What one rank saw in one timed step.
 struct StepSample {
   double step_ms = 0, wait_ms = 0, comm_sum_ms = 0, comm_union_ms = 0;
+  // CPU time over the step: the thread that runs it (the compute), and the process (the compute
+  // and the communication thread, which polls while the step waits).
+  double main_cpu_ms = 0, process_cpu_ms = 0;
   std::map<std::string, double> ms_by_op;  // collective op -> summed duration in the step
   std::map<std::string, int> count_by_op;
 };
-constexpr int kFields = 4;  // the scalar fields of a StepSample, as allgathered
+constexpr int kFields = 6;  // the scalar fields of a StepSample, as allgathered
 
 struct Run {
   std::string label;
@@ -99,6 +103,12 @@ void add_comm(acc::dist::ProcessGroup& group, uint64_t seq0, uint64_t seq1, doub
   }
 }
 
+double cpu_ms(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
 void run_step(Run& run, const acc::models::LanguageModel& model, int64_t seq,
               const acc::dist::ProcessGroupPtr& world, bool timed) {
   using namespace acc;
@@ -108,12 +118,15 @@ void run_step(Run& run, const acc::models::LanguageModel& model, int64_t seq,
   dist::ProcessGroup& g = *run.comm_group;
   const uint64_t seq0 = g.sequence_number();
   const double wait0 = dist::wait_seconds();
+  const double main0 = cpu_ms(CLOCK_THREAD_CPUTIME_ID), proc0 = cpu_ms(CLOCK_PROCESS_CPUTIME_ID);
   const double t0 = dist::FlightRecorder::now_ms();
   run.trainer->train_step(b);
   const double t1 = dist::FlightRecorder::now_ms();
   if (!timed) return;
   StepSample s;
   s.step_ms = t1 - t0;
+  s.main_cpu_ms = cpu_ms(CLOCK_THREAD_CPUTIME_ID) - main0;
+  s.process_cpu_ms = cpu_ms(CLOCK_PROCESS_CPUTIME_ID) - proc0;
   s.wait_ms = (dist::wait_seconds() - wait0) * 1e3;
   const uint64_t seq1 = g.sequence_number();
   ACC_CHECK(seq1 - seq0 < 200, "bench_tp: ", seq1 - seq0,
@@ -258,7 +271,8 @@ int main(int argc, char** argv) {
       const int64_t n = static_cast<int64_t>(run.samples.size());
       std::vector<float> mine;
       for (const auto& s : run.samples) {
-        for (double v : {s.step_ms, s.wait_ms, s.comm_sum_ms, s.comm_union_ms})
+        for (double v : {s.step_ms, s.wait_ms, s.comm_sum_ms, s.comm_union_ms, s.main_cpu_ms,
+                         s.process_cpu_ms})
           mine.push_back(static_cast<float>(v));
       }
       Tensor all = empty({world->size() * n * kFields});
@@ -270,6 +284,9 @@ int main(int argc, char** argv) {
                       from_vector(std::vector<float>{static_cast<float>(run.peak_bytes)}, {1}))
           ->wait();
       std::vector<double> step_ms, wait_ms, sum_share, union_share, exposed, compute_ms;
+      // Per rank, over its steps: the median CPU milliseconds of its compute thread and process.
+      std::vector<std::vector<double>> main_cpu(static_cast<size_t>(world->size())),
+          process_cpu(static_cast<size_t>(world->size()));
       for (int64_t i = 0; i < n; ++i) {
         auto at = [&](int rk, int k) { return v[static_cast<size_t>((rk * n + i) * kFields + k)]; };
         int slowest = 0;
@@ -283,6 +300,10 @@ int main(int argc, char** argv) {
         union_share.push_back(at(slowest, 3) / st);
         exposed.push_back(at(slowest, 1) / st);
         compute_ms.push_back(st - at(slowest, 3));
+        for (int rk = 0; rk < world->size(); ++rk) {
+          main_cpu[static_cast<size_t>(rk)].push_back(at(rk, 4));
+          process_cpu[static_cast<size_t>(rk)].push_back(at(rk, 5));
+        }
       }
       if (world->rank() != 0) continue;
       // Rank 0's collectives by op: median over steps of the time and count per step.
@@ -303,6 +324,14 @@ int main(int argc, char** argv) {
       for (int64_t r = 0; r < rounds; ++r) {
         round_medians.push_back(median(
             std::vector<double>(step_ms.begin() + r * steps, step_ms.begin() + (r + 1) * steps)));
+      }
+      nlohmann::json main_cpu_per_rank = nlohmann::json::array(),
+                     process_cpu_per_rank = nlohmann::json::array();
+      double cpu_all_ranks = 0;
+      for (int rk = 0; rk < world->size(); ++rk) {
+        main_cpu_per_rank.push_back(median(main_cpu[static_cast<size_t>(rk)]));
+        process_cpu_per_rank.push_back(median(process_cpu[static_cast<size_t>(rk)]));
+        cpu_all_ranks += median(process_cpu[static_cast<size_t>(rk)]);
       }
       nlohmann::json peak_per_rank = nlohmann::json::array();
       for (float p : peaks.to_vector<float>()) peak_per_rank.push_back(static_cast<int64_t>(p));
@@ -325,6 +354,11 @@ int main(int argc, char** argv) {
                             {"median_wait_ms", median(wait_ms)},
                             {"median_compute_ms", median(compute_ms)},
                             {"comm_by_op", by_op},
+                            {"main_cpu_ms_per_rank", main_cpu_per_rank},
+                            {"process_cpu_ms_per_rank", process_cpu_per_rank},
+                            // The CPU the job's processes took over the step, in cores: against
+                            // the machine's cores, how much of it the step left idle.
+                            {"cores_busy", cpu_all_ranks / med},
                             {"peak_tracked_bytes_per_rank", peak_per_rank},
                             {"parameter_bytes", run.report.parameters},
                             {"gradient_bytes", run.report.gradients},

@@ -711,19 +711,19 @@ double measure_compute_contention(dist::ProcessGroup& group, const std::vector<G
 }
 
 double measure_collective_wait(dist::ProcessGroup& group, int group_size, const GemmShape& shape,
-                               int64_t calls, const CommCalibration& fit) {
+                               int64_t calls, const CommCalibration& fit, int64_t bytes) {
   ACC_CHECK(group_size >= 1 && group.size() % group_size == 0,
             "measure_collective_wait: group size ", group_size, " does not divide the ",
             group.size(), " ranks of '", group.name(), "'");
   ACC_CHECK(calls >= 1, "measure_collective_wait: calls must be >= 1, got ", calls);
+  ACC_CHECK(bytes >= 4, "measure_collective_wait: bytes must be >= 4 (one f32), got ", bytes);
   if (group.size() == 1 || group_size == 1) return 0.0;
   const int rank = group.rank();
   const dist::ProcessGroupPtr mine =
       group.split(rank / group_size, rank % group_size, "wait of " + std::to_string(group_size));
   Generator gen(4321);
   GemmRun gemm(shape, gen);
-  constexpr int64_t kBytes = 4 << 10;
-  Tensor small = zeros({kBytes / 4}, TensorOptions{.device = Device::kCPU});
+  Tensor small = zeros({bytes / 4}, TensorOptions{.device = Device::kCPU});
   gemm();  // warm: caches, page mappings, the BLAS's buffers
   // One pass, all ranks at once, timed whole (a median per call would keep the calls that ran
   // within one time slice): the slowest rank's seconds per call.
@@ -738,7 +738,7 @@ double measure_collective_wait(dist::ProcessGroup& group, int group_size, const 
     group.allreduce(took, dist::ReduceOp::kMax)->wait();
     return static_cast<double>(took.data<float>()[0]) / static_cast<double>(calls);
   };
-  const double own = fit.ops.count("allreduce") ? fit.seconds("allreduce", kBytes) : 0.0;
+  const double own = fit.ops.count("allreduce") ? fit.seconds("allreduce", bytes / 4 * 4) : 0.0;
   std::vector<double> waits;
   for (int round = 0; round < 3; ++round) {
     const double alone = pass(false);
@@ -769,6 +769,7 @@ WaitProbe collective_wait_probe(const std::vector<GemmShape>& shapes,
   p.shape = by_flops[by_flops.size() / 2];
   p.calls = static_cast<int64_t>(
       std::clamp(0.02 / std::max(machine.gemm_seconds(p.shape), 1e-7), 16.0, 256.0));
+  p.bulk_calls = std::min<int64_t>(p.calls, 24);
   return p;
 }
 

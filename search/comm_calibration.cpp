@@ -98,6 +98,15 @@ double CommCalibration::seconds(const std::string& op, int64_t bytes) const {
   return it->second.seconds(bytes);
 }
 
+double CommCalibration::wait_seconds(int64_t bytes) const {
+  constexpr int64_t kSmall = 4 << 10;  // measure_collective_wait's default size, wait_s's
+  if (wait_bulk_bytes <= kSmall || bytes <= kSmall) return wait_s;
+  if (bytes >= wait_bulk_bytes) return wait_bulk_s;
+  const double f =
+      static_cast<double>(bytes - kSmall) / static_cast<double>(wait_bulk_bytes - kSmall);
+  return wait_s + f * (wait_bulk_s - wait_s);
+}
+
 nlohmann::json CommCalibration::to_json() const {
   nlohmann::json j_ops = nlohmann::json::object(), j_points = nlohmann::json::object();
   for (const auto& [op, ab] : ops) {
@@ -110,6 +119,7 @@ nlohmann::json CommCalibration::to_json() const {
   }
   nlohmann::json j = {{"world", world}, {"ops", j_ops}, {"points", j_points}};
   if (wait_s > 0) j["wait_s"] = wait_s;
+  if (wait_bulk_bytes > 0) j["wait_bulk"] = {wait_bulk_bytes, wait_bulk_s};
   return j;
 }
 
@@ -127,6 +137,15 @@ CommCalibration CommCalibration::from_json(const nlohmann::json& j) {
   }
   ops.no_others();
   if (f.optional("wait_s")) c.wait_s = f.number("wait_s", 0, false);
+  if (const nlohmann::json* w = f.optional("wait_bulk")) {
+    if (!w->is_array() || w->size() != 2 || !(*w)[0].is_number_integer() ||
+        (*w)[0].get<int64_t>() <= (4 << 10) || !(*w)[1].is_number() ||
+        !std::isfinite((*w)[1].get<double>()) || (*w)[1].get<double>() < 0) {
+      f.fail(f.path("wait_bulk"), "must be [bytes > 4096, seconds >= 0], got " + json::brief(*w));
+    }
+    c.wait_bulk_bytes = (*w)[0].get<int64_t>();
+    c.wait_bulk_s = (*w)[1].get<double>();
+  }
   if (const nlohmann::json* pts = f.optional("points")) {
     json::Fields by_op(*pts, what, "points");
     for (auto it = pts->begin(); it != pts->end(); ++it) {

@@ -84,7 +84,7 @@ class MeasuredPricer final : public Pricer {
     // Each also waits for its peers when more ranks than cores time-slice them
     // (CommCalibration::wait_s): a collective for the group, a message for its sender.
     const CommCalibration& c = comm_for_(p2p ? 2 : r.group_size);
-    return c.seconds(kind, r.bytes) + c.wait_s;
+    return c.seconds(kind, r.bytes) + c.wait_seconds(r.bytes);
   }
 
  private:
@@ -664,7 +664,7 @@ void CostModel::add_data_parallel_comm(const Candidate& c, const PassCost& p, bo
       return cluster_->collective_seconds(op, bytes, {W, c.mesh.stride(dist::MeshDim::kCp)});
     }
     const CommCalibration& fit = comm_for(W);
-    return fit.seconds(op, bytes) + fit.wait_s;
+    return fit.seconds(op, bytes) + fit.wait_seconds(bytes);
   };
   const int64_t local = e.shard_optimizer_state ? (p.parameters + W - 1) / W : p.parameters;
   // p, g and each state buffer read; p and each buffer written (AdamW: 7 words a parameter).

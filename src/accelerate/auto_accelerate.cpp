@@ -264,7 +264,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
                                dist::ProcessGroup* group, const search::CommCalibration& comm,
                                const std::vector<search::CommCalibration>& group_comm,
                                search::MachineCalibration& machine, double& contention,
-                               bool& contention_cached, std::map<int, double>* waits = nullptr) {
+                               bool& contention_cached, std::map<int, std::pair<double, double>>* waits = nullptr) {
   // The GEMM shapes of each layout's ranks (tensor-parallel shards multiply smaller matrices).
   const std::vector<const Candidate*> fit = fitting(s);
   const std::vector<search::GemmShape> shapes =
@@ -294,12 +294,16 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
       for (auto& g : groups_comm) fits.push_back(&g);
       for (search::CommCalibration* c : fits) {
         c->wait_s = search::measure_collective_wait(*group, c->world, probe.shape, probe.calls, *c);
-        if (waits) (*waits)[c->world] = c->wait_s;
+        c->wait_bulk_s = search::measure_collective_wait(*group, c->world, probe.shape,
+                                                         probe.bulk_calls, *c, probe.bulk_bytes);
+        c->wait_bulk_bytes = c->world > 1 ? probe.bulk_bytes : 0;
+        if (waits) (*waits)[c->world] = {c->wait_s, c->wait_bulk_s};
         if (group->rank() == 0) {
           logging::info(
-              "calibration: a collective over {} of {} ranks waits {:.0f} us beyond "
-              "its fit ({} ranks x {} thread(s) on a machine, {:.2f} of them a core)",
-              c->world, group->size(), 1e6 * c->wait_s, cores.local_ranks, co.threads, cores.share);
+              "calibration: a collective over {} of {} ranks waits {:.0f} us beyond its fit "
+              "({:.0f} us at {} KiB; {} ranks x {} thread(s) on a machine, {:.2f} of them a core)",
+              c->world, group->size(), 1e6 * c->wait_s, 1e6 * c->wait_bulk_s,
+              probe.bulk_bytes >> 10, cores.local_ranks, co.threads, cores.share);
         }
       }
     }
@@ -876,7 +880,8 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
     search::MachineCalibration machine;
     double contention = 1.0;
     bool contention_cached = true;
-    std::map<int, double> waits;  // by group size: more ranks than cores only
+    // By group size, the small and the bulk collective's wait: more ranks than cores only.
+    std::map<int, std::pair<double, double>> waits;
     std::vector<Row*> ranked = rank_by_time(s, ref, o, group.get(), comm, group_comm, machine,
                                             contention, contention_cached, &waits);
     const double calibration_s = calib.elapsed_s();
@@ -948,7 +953,9 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
     report["compute_contention"] = contention;
     if (!waits.empty()) {
       nlohmann::json w = nlohmann::json::array();
-      for (const auto& [size, seconds] : waits) w.push_back({{"ranks", size}, {"wait_s", seconds}});
+      for (const auto& [size, seconds] : waits) {
+        w.push_back({{"ranks", size}, {"wait_s", seconds.first}, {"wait_bulk_s", seconds.second}});
+      }
       report["collective_wait"] = w;
     }
     report["comm"] = comm.to_json();

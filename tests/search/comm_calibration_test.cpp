@@ -110,6 +110,21 @@ TEST(CommCalibration, SecondsAndJsonRefuseWhatTheyCannotRead) {
   EXPECT_FALSE(c.to_json().contains("wait_s"));  // 0: not written
   c.wait_s = 2e-4;
   EXPECT_DOUBLE_EQ(CommCalibration::from_json(c.to_json()).wait_s, 2e-4);
+  // No bulk size measured: every size waits wait_s; the bulk figure is then not written.
+  EXPECT_FALSE(c.to_json().contains("wait_bulk"));
+  EXPECT_DOUBLE_EQ(c.wait_seconds(16 << 20), 2e-4);
+  // Measured at 260 KiB: 4 KiB and below wait wait_s, 260 KiB and above the bulk figure, linear
+  // in the bytes between (132 KiB: half way).
+  c.wait_bulk_s = 6e-4;
+  c.wait_bulk_bytes = 260 << 10;
+  EXPECT_DOUBLE_EQ(c.wait_seconds(100), 2e-4);
+  EXPECT_DOUBLE_EQ(c.wait_seconds(4 << 10), 2e-4);
+  EXPECT_DOUBLE_EQ(c.wait_seconds(132 << 10), 4e-4);
+  EXPECT_DOUBLE_EQ(c.wait_seconds(260 << 10), 6e-4);
+  EXPECT_DOUBLE_EQ(c.wait_seconds(64 << 20), 6e-4);
+  const CommCalibration back = CommCalibration::from_json(c.to_json());
+  EXPECT_EQ(back.wait_bulk_bytes, 260 << 10);
+  EXPECT_DOUBLE_EQ(back.wait_bulk_s, 6e-4);
   const nlohmann::json good = c.to_json();
   struct Case {
     std::function<void(nlohmann::json&)> edit;
@@ -123,6 +138,12 @@ TEST(CommCalibration, SecondsAndJsonRefuseWhatTheyCannotRead) {
       {[](nlohmann::json& j) { j["world"] = 0; }, "field 'world' must be an integer in [1,"},
       {[](nlohmann::json& j) { j["wait_s"] = -1e-4; },
        "field 'wait_s' must be a finite number >= 0"},
+      {[](nlohmann::json& j) { j["wait_bulk"] = {4096, 1e-4}; },
+       "field 'wait_bulk' must be [bytes > 4096, seconds >= 0], got [4096,0.0001]"},
+      {[](nlohmann::json& j) { j["wait_bulk"] = {1 << 20, -1e-4}; },
+       "field 'wait_bulk' must be [bytes > 4096, seconds >= 0]"},
+      {[](nlohmann::json& j) { j["wait_bulk"] = 1e-4; },
+       "field 'wait_bulk' must be [bytes > 4096, seconds >= 0], got 0.0001"},
       {[](nlohmann::json& j) { j["points"]["alltoall"] = nlohmann::json::array(); },
        "field 'points.alltoall' is not a collective"},
       {[](nlohmann::json& j) {
@@ -250,14 +271,21 @@ TEST(CollectiveWait, EveryRankGetsTheSameNonNegativeFigure) {
                ValueError);
   EXPECT_THROW(measure_collective_wait(*world, 1, {64, 64, 64, false, false}, 0, {}), ValueError);
   EXPECT_EQ(measure_collective_wait(*world, 1, {64, 64, 64, false, false}, 4, {}), 0.0);
+  EXPECT_THROW(measure_collective_wait(*world, 1, {64, 64, 64, false, false}, 4, {}, 2),
+               ValueError);  // under one f32
   for (const int g : {2, W}) {
     if (g < 2 || W % g != 0) continue;
-    const CommCalibration fit = calibrate_collectives(*world, {4 << 10}, 0.003);
-    const double w = measure_collective_wait(*world, g, {128, 128, 128, false, true}, 16, fit);
-    EXPECT_TRUE(std::isfinite(w) && w >= 0) << w;
-    char mine[32];
-    std::snprintf(mine, sizeof mine, "%.17g", w);
-    EXPECT_EQ(dist::broadcast_text(*world, mine), std::string(mine)) << "group " << g;
+    const CommCalibration fit = calibrate_collectives(*world, {4 << 10, 256 << 10}, 0.003);
+    // The small collective (4 KiB) and the bulk one the search also measures (256 KiB).
+    for (const int64_t bytes : {int64_t{4} << 10, int64_t{256} << 10}) {
+      const double w =
+          measure_collective_wait(*world, g, {128, 128, 128, false, true}, 8, fit, bytes);
+      EXPECT_TRUE(std::isfinite(w) && w >= 0) << w;
+      char mine[32];
+      std::snprintf(mine, sizeof mine, "%.17g", w);
+      EXPECT_EQ(dist::broadcast_text(*world, mine), std::string(mine))
+          << "group " << g << ", " << bytes << " bytes";
+    }
   }
 }
 
@@ -292,6 +320,10 @@ TEST(CollectiveWaitProbe, TakesTheMedianShapeAndAboutTwentyMillisecondsOfCalls) 
   m.gemm_gflops[mid] = 1e-3;  // a call of 0.5 s: at least 16
   EXPECT_EQ(collective_wait_probe({mid}, m).calls, 16);
   EXPECT_THROW(collective_wait_probe({}, m), ValueError);
+  // The bulk probe: 256 KiB all-reduces, as many as the small one's calls but at most 24.
+  EXPECT_EQ(p.bulk_bytes, 256 << 10);
+  EXPECT_EQ(p.bulk_calls, std::min<int64_t>(p.calls, 24));
+  EXPECT_EQ(collective_wait_probe({mid}, m).bulk_calls, 16);
 }
 
 }  // namespace acc::search

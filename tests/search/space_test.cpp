@@ -541,6 +541,24 @@ TEST(CostModel, ALayoutsCommunicationIsPricedAtItsGroupsFit) {
   EXPECT_GE(waited.waits, 4 * 4 + 1);
   EXPECT_EQ(at_pairs.to_json().at("waits").get<double>(), at_pairs.waits);
   EXPECT_NEAR(with_wait.predict(ddp).comm_s, cm.predict(ddp).comm_s, 1e-12);  // dp over 4 ranks
+  // A bulk wait measured at a size no collective of tp 2 reaches: each collective pays at least
+  // wait_s and at most the bulk figure, by its bytes; more than with wait_s alone.
+  CommCalibration bulk = waiting;
+  bulk.wait_bulk_s = 5e-3;
+  bulk.wait_bulk_bytes = int64_t{1} << 40;
+  CostModel with_bulk("gpt", config, T, m, world);
+  with_bulk.add_group_calibration(bulk);
+  const TimePrediction bulked = with_bulk.predict(tp2);
+  EXPECT_GT(bulked.comm_s, waited.comm_s);
+  EXPECT_LT(bulked.comm_s - at_pairs.comm_s, bulked.waits * bulk.wait_bulk_s);
+  // Measured at 4 KiB + 1 byte, every larger collective pays the bulk figure: all but the
+  // loss's few-byte all-reduces (which pay wait_s) of the 19 the prediction waits for.
+  bulk.wait_bulk_bytes = (4 << 10) + 1;
+  CostModel at_bulk("gpt", config, T, m, world);
+  at_bulk.add_group_calibration(bulk);
+  const double paid = (at_bulk.predict(tp2).comm_s - at_pairs.comm_s) / bulk.wait_bulk_s;
+  EXPECT_GT(paid, waited.waits - 1.5) << waited.waits;
+  EXPECT_LE(paid, waited.waits + 1e-9);
 }
 
 // Time-sliced cores (more ranks x threads than cores): a pipeline's ranks idle in its fill and

@@ -292,16 +292,28 @@ struct CommCalibration {
   /// (measure_collective_wait). 0 when every rank has its cores; a time model adds it to every
   /// collective of the group's size (and, the 2-rank figure, to each of a pipeline's messages).
   double wait_s = 0;
+  /// The same wait for a collective of wait_bulk_bytes (0: measured at 4 KiB only). Between
+  /// ranks that time-slice cores it grows with the size: 4 ranks on these 2 vCPUs, 2026-12-03,
+  /// an all-reduce of 4 KiB between GEMMs waited 0-0.5 ms beyond its fit, of 256 KiB 0.5-0.9 ms
+  /// and 1 MiB 0.6-0.8 ms (bench_collectives' in_step_wait_ms), whatever the GEMM between them;
+  /// a 256 KiB all-reduce of a tp 4 step took 1.26 ms against the fit's 0.45 (bench_tp).
+  double wait_bulk_s = 0;
+  int64_t wait_bulk_bytes = 0;
+  /// The wait of a collective of `bytes`: wait_s up to 4 KiB, wait_bulk_s from wait_bulk_bytes
+  /// on, linear in the bytes between them (wait_s alone when no bulk size was measured).
+  double wait_seconds(int64_t bytes) const;
 
   /// ops.at(op).seconds(bytes). Throws acc::ValueError naming an unknown op (and the known ones)
   /// or negative bytes.
   double seconds(const std::string& op, int64_t bytes) const;
 
   /// {"world": 2, "ops": {"allreduce": {"alpha_s": ..., "beta_s_per_byte": ...}, ...},
-  ///  "points": {"allreduce": [[4096, 2.1e-05], ...], ...}, "wait_s": 2.1e-04}
-  /// ("wait_s" only when not 0).
+  ///  "points": {"allreduce": [[4096, 2.1e-05], ...], ...}, "wait_s": 2.1e-04,
+  ///  "wait_bulk": [262144, 5.1e-04]}
+  /// ("wait_s" only when not 0, "wait_bulk" only when measured).
   nlohmann::json to_json() const;
-  /// "points" and "wait_s" (finite, >= 0) may be absent; nothing else. Throws acc::ValueError
+  /// "points", "wait_s" (finite, >= 0) and "wait_bulk" ([bytes > 4096, seconds >= 0]) may be
+  /// absent; nothing else. Throws acc::ValueError
   /// "comm calibration: field '<path>' ..." naming the field (alpha and beta must be finite and
   /// >= 0).
   static CommCalibration from_json(const nlohmann::json& j);
@@ -358,15 +370,22 @@ CommCalibration calibrate_contiguous_groups(dist::ProcessGroup& world, int size)
 /// ranks doing nothing else, does not see. A collective over `group`: every rank gets the same
 /// figure. Throws acc::ValueError for a group size that does not divide the group or calls < 1.
 double measure_collective_wait(dist::ProcessGroup& group, int group_size, const GemmShape& shape,
-                               int64_t calls, const CommCalibration& fit);
+                               int64_t calls, const CommCalibration& fit, int64_t bytes = 4 << 10);
 
 /// What measure_collective_wait computes between collectives for a job whose steps run `shapes`
 /// (non-empty): the median of them by FLOPs, and calls enough for about 20 ms a pass at
 /// `machine`'s rate for it (16 to 256; every rank gets the same calls from the same machine
 /// figures). Throws acc::ValueError for no shapes.
+///
+/// The bulk probe (CommCalibration::wait_bulk_s): the same GEMMs between all-reduces of
+/// bulk_bytes (256 KiB, the middle size calibrate_collectives fits), bulk_calls of them (calls,
+/// at most 24: about 1 ms each between 4 ranks here, so that the three rounds of two passes take
+/// some 0.2 s a group size).
 struct WaitProbe {
   GemmShape shape;
   int64_t calls = 0;
+  int64_t bulk_bytes = 256 << 10;
+  int64_t bulk_calls = 0;
 };
 WaitProbe collective_wait_probe(const std::vector<GemmShape>& shapes,
                                 const MachineCalibration& machine);
