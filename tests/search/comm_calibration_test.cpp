@@ -138,9 +138,13 @@ TEST(CommCalibration, SecondsAndJsonRefuseWhatTheyCannotRead) {
       {[](nlohmann::json& j) { j["world"] = 0; }, "field 'world' must be an integer in [1,"},
       {[](nlohmann::json& j) { j["wait_s"] = -1e-4; },
        "field 'wait_s' must be a finite number >= 0"},
-      {[](nlohmann::json& j) { j["wait_bulk"] = {4096, 1e-4}; },
+      {[](nlohmann::json& j) {
+         j["wait_bulk"] = {4096, 1e-4};
+       },
        "field 'wait_bulk' must be [bytes > 4096, seconds >= 0], got [4096,0.0001]"},
-      {[](nlohmann::json& j) { j["wait_bulk"] = {1 << 20, -1e-4}; },
+      {[](nlohmann::json& j) {
+         j["wait_bulk"] = {1 << 20, -1e-4};
+       },
        "field 'wait_bulk' must be [bytes > 4096, seconds >= 0]"},
       {[](nlohmann::json& j) { j["wait_bulk"] = 1e-4; },
        "field 'wait_bulk' must be [bytes > 4096, seconds >= 0], got 0.0001"},
