@@ -87,9 +87,9 @@ int main(int argc, char** argv) {
       // (search::measure_collective_wait at this size).
       double in_step_wait_ms = -1;
       if (W > 1 && wait_calls > 0) {
-        in_step_wait_ms = 1e3 * search::measure_collective_wait(
-                                    *pg, W, {gemm[0], gemm[1], gemm[2], false, false}, wait_calls,
-                                    fit, n * 4);
+        in_step_wait_ms =
+            1e3 * search::measure_collective_wait(*pg, W, {gemm[0], gemm[1], gemm[2], false, false},
+                                                  wait_calls, fit, n * 4);
       }
       for (const Op& op : ops) {
         std::vector<double> ms;
@@ -108,14 +108,14 @@ int main(int argc, char** argv) {
         const double med = acc::bench::median(ms);
         if (pg->rank() == 0) {
           const double bytes = static_cast<double>(n) * 4;
-          nlohmann::json out = {{"op", op.name},
-                                {"world", W},
-                                {"bytes", bytes},
-                                {"median_ms", med},
-                                {"calibrated_ms",
-                                 W > 1 ? fit.seconds(op.name, static_cast<int64_t>(bytes)) * 1e3
-                                       : 0.0},
-                                {"bus_gb_per_s", bytes * op.bus_factor / (med / 1e3) / 1e9}};
+          nlohmann::json out = {
+              {"op", op.name},
+              {"world", W},
+              {"bytes", bytes},
+              {"median_ms", med},
+              {"calibrated_ms",
+               W > 1 ? fit.seconds(op.name, static_cast<int64_t>(bytes)) * 1e3 : 0.0},
+              {"bus_gb_per_s", bytes * op.bus_factor / (med / 1e3) / 1e9}};
           if (in_step_wait_ms >= 0 && op.name == std::string("allreduce")) {
             out["in_step_wait_ms"] = in_step_wait_ms;
           }

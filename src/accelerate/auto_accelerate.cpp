@@ -264,7 +264,8 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
                                dist::ProcessGroup* group, const search::CommCalibration& comm,
                                const std::vector<search::CommCalibration>& group_comm,
                                search::MachineCalibration& machine, double& contention,
-                               bool& contention_cached, std::map<int, std::pair<double, double>>* waits = nullptr) {
+                               bool& contention_cached,
+                               std::map<int, std::pair<double, double>>* waits = nullptr) {
   // The GEMM shapes of each layout's ranks (tensor-parallel shards multiply smaller matrices).
   const std::vector<const Candidate*> fit = fitting(s);
   const std::vector<search::GemmShape> shapes =
