@@ -34,6 +34,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->expected(3)
       ->capture_default_str();
+  int wait_group = 0;
+  app.add_option("--wait-group", wait_group,
+                 "ranks of each contiguous group the in-step all-reduces are over (0: the world)")
+      ->capture_default_str();
   app.add_option("--wait-calls", wait_calls,
                  "GEMM + all-reduce pairs of each in-step wait pass (0: no in-step wait)")
       ->capture_default_str();

@@ -770,6 +770,9 @@ WaitProbe collective_wait_probe(const std::vector<GemmShape>& shapes,
   p.calls = static_cast<int64_t>(
       std::clamp(0.02 / std::max(machine.gemm_seconds(p.shape), 1e-7), 16.0, 256.0));
   p.bulk_calls = std::min<int64_t>(p.calls, 24);
+  p.long_shape = by_flops.back();
+  p.long_calls = static_cast<int64_t>(
+      std::clamp(0.02 / std::max(machine.gemm_seconds(p.long_shape), 1e-7), 8.0, 256.0));
   return p;
 }
 

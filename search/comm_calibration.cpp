@@ -98,13 +98,20 @@ double CommCalibration::seconds(const std::string& op, int64_t bytes) const {
   return it->second.seconds(bytes);
 }
 
-double CommCalibration::wait_seconds(int64_t bytes) const {
+double CommCalibration::wait_seconds(int64_t bytes, double gap_s) const {
   constexpr int64_t kSmall = 4 << 10;  // measure_collective_wait's default size, wait_s's
-  if (wait_bulk_bytes <= kSmall || bytes <= kSmall) return wait_s;
-  if (bytes >= wait_bulk_bytes) return wait_bulk_s;
-  const double f =
-      static_cast<double>(bytes - kSmall) / static_cast<double>(wait_bulk_bytes - kSmall);
-  return wait_s + f * (wait_bulk_s - wait_s);
+  double by_size = wait_s;
+  if (wait_bulk_bytes > kSmall && bytes > kSmall) {
+    const double f = std::min(
+        1.0, static_cast<double>(bytes - kSmall) / static_cast<double>(wait_bulk_bytes - kSmall));
+    by_size = wait_s + f * (wait_bulk_s - wait_s);
+  }
+  double by_gap = wait_s;
+  if (wait_long_gap_s > wait_gap_s && gap_s > wait_gap_s) {
+    const double f = std::min(1.0, (gap_s - wait_gap_s) / (wait_long_gap_s - wait_gap_s));
+    by_gap = wait_s + f * (wait_long_s - wait_s);
+  }
+  return std::max(by_size, by_gap);
 }
 
 nlohmann::json CommCalibration::to_json() const {
@@ -120,6 +127,8 @@ nlohmann::json CommCalibration::to_json() const {
   nlohmann::json j = {{"world", world}, {"ops", j_ops}, {"points", j_points}};
   if (wait_s > 0) j["wait_s"] = wait_s;
   if (wait_bulk_bytes > 0) j["wait_bulk"] = {wait_bulk_bytes, wait_bulk_s};
+  if (wait_gap_s > 0) j["wait_gap_s"] = wait_gap_s;
+  if (wait_long_gap_s > 0) j["wait_long"] = {wait_long_gap_s, wait_long_s};
   return j;
 }
 
@@ -145,6 +154,17 @@ CommCalibration CommCalibration::from_json(const nlohmann::json& j) {
     }
     c.wait_bulk_bytes = (*w)[0].get<int64_t>();
     c.wait_bulk_s = (*w)[1].get<double>();
+  }
+  if (f.optional("wait_gap_s")) c.wait_gap_s = f.number("wait_gap_s", 0, false);
+  if (const nlohmann::json* w = f.optional("wait_long")) {
+    if (!w->is_array() || w->size() != 2 || !(*w)[0].is_number() || !(*w)[1].is_number() ||
+        !std::isfinite((*w)[0].get<double>()) || (*w)[0].get<double>() <= c.wait_gap_s ||
+        !std::isfinite((*w)[1].get<double>()) || (*w)[1].get<double>() < 0) {
+      f.fail(f.path("wait_long"),
+             "must be [gap_s > wait_gap_s, seconds >= 0], got " + json::brief(*w));
+    }
+    c.wait_long_gap_s = (*w)[0].get<double>();
+    c.wait_long_s = (*w)[1].get<double>();
   }
   if (const nlohmann::json* pts = f.optional("points")) {
     json::Fields by_op(*pts, what, "points");

@@ -53,6 +53,10 @@ class Pricer {
   virtual double op(const detail::DigestOp& v, const std::array<int64_t, 4>* q) const = 0;
   /// A communication vertex's; a send is free (its receive waits for it).
   virtual double comm(const CommRecord& r) const = 0;
+  /// What `r` waits beyond comm(r) for peers that time-slice cores, after `gap_s` of compute.
+  virtual double wait(const CommRecord& /*r*/, double /*gap_s*/) const { return 0; }
+  /// Whether wait() may be anything but 0 (the plan-only pricing skips the pass over them).
+  virtual bool waits() const { return false; }
   /// What every op costs beyond its work (the engine's dispatch, allocation, autograd node).
   virtual double per_op() const { return 0; }
 };
@@ -81,10 +85,13 @@ class MeasuredPricer final : public Pricer {
     const std::string kind = r.kind == CommKind::kAlltoall ? "allgather"
                              : p2p                         ? "broadcast"
                                                            : std::string(comm_kind_name(r.kind));
-    // Each also waits for its peers when more ranks than cores time-slice them
-    // (CommCalibration::wait_s): a collective for the group, a message for its sender.
-    const CommCalibration& c = comm_for_(p2p ? 2 : r.group_size);
-    return c.seconds(kind, r.bytes) + c.wait_seconds(r.bytes);
+    return comm_for_(p2p ? 2 : r.group_size).seconds(kind, r.bytes);
+  }
+  // Each also waits for its peers when more ranks than cores time-slice them
+  // (CommCalibration::wait_seconds): a collective for the group, a message for its sender.
+  bool waits() const override { return true; }
+  double wait(const CommRecord& r, double gap_s) const override {
+    return comm_for_(r.kind == CommKind::kRecv ? 2 : r.group_size).wait_seconds(r.bytes, gap_s);
   }
 
  private:
@@ -167,6 +174,16 @@ Times trace_times(const detail::OpsDigest& t, const Pricer& pricer) {
     }
     (forward ? out.forward : out.backward) +=
         pricer.op(op, op.attention >= 0 ? &t.attention_q[op.attention] : nullptr);
+  }
+  if (out.waits == 0 || !pricer.waits()) return out;
+  // The waits, each after the trace's mean compute between two of them.
+  const double gap = (out.forward + out.backward) / out.waits;
+  for (const detail::DigestOp& op : t.ops) {
+    if (op.comm < 0 || op.gemm) continue;
+    const CommRecord& r = t.comms[op.comm];
+    if (r.group_size <= 1 || r.kind == CommKind::kSend) continue;
+    (op.phase == trace::Phase::kForward ? out.comm_forward : out.comm_backward) +=
+        pricer.wait(r, gap);
   }
   return out;
 }

@@ -265,7 +265,7 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
                                const std::vector<search::CommCalibration>& group_comm,
                                search::MachineCalibration& machine, double& contention,
                                bool& contention_cached,
-                               std::map<int, std::pair<double, double>>* waits = nullptr) {
+                               std::map<int, nlohmann::json>* waits = nullptr) {
   // The GEMM shapes of each layout's ranks (tensor-parallel shards multiply smaller matrices).
   const std::vector<const Candidate*> fit = fitting(s);
   const std::vector<search::GemmShape> shapes =
@@ -298,7 +298,22 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
         c->wait_bulk_s = search::measure_collective_wait(*group, c->world, probe.shape,
                                                          probe.bulk_calls, *c, probe.bulk_bytes);
         c->wait_bulk_bytes = c->world > 1 ? probe.bulk_bytes : 0;
-        if (waits) (*waits)[c->world] = {c->wait_s, c->wait_bulk_s};
+        if (c->world > 1 && probe.long_shape.flops() > probe.shape.flops()) {
+          c->wait_gap_s = machine.gemm_seconds(probe.shape);
+          c->wait_long_gap_s = machine.gemm_seconds(probe.long_shape);
+          c->wait_long_s = search::measure_collective_wait(*group, c->world, probe.long_shape,
+                                                           probe.long_calls, *c);
+          if (c->wait_long_gap_s <= c->wait_gap_s) c->wait_long_gap_s = 0;  // not longer after all
+        }
+        if (waits) {
+          (*waits)[c->world] = {{"ranks", c->world},
+                                {"wait_s", c->wait_s},
+                                {"wait_bulk_s", c->wait_bulk_s},
+                                {"wait_gap_s", c->wait_gap_s},
+                                {"wait_long_s", c->wait_long_s},
+                                {"wait_long_gap_s", c->wait_long_gap_s}};
+        }
+
         if (group->rank() == 0) {
           logging::info(
               "calibration: a collective over {} of {} ranks waits {:.0f} us beyond its fit "
@@ -881,8 +896,8 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
     search::MachineCalibration machine;
     double contention = 1.0;
     bool contention_cached = true;
-    // By group size, the small and the bulk collective's wait: more ranks than cores only.
-    std::map<int, std::pair<double, double>> waits;
+    // By group size, the collective waits measured (CommCalibration): more ranks than cores only.
+    std::map<int, nlohmann::json> waits;
     std::vector<Row*> ranked = rank_by_time(s, ref, o, group.get(), comm, group_comm, machine,
                                             contention, contention_cached, &waits);
     const double calibration_s = calib.elapsed_s();
@@ -954,9 +969,7 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
     report["compute_contention"] = contention;
     if (!waits.empty()) {
       nlohmann::json w = nlohmann::json::array();
-      for (const auto& [size, seconds] : waits) {
-        w.push_back({{"ranks", size}, {"wait_s", seconds.first}, {"wait_bulk_s", seconds.second}});
-      }
+      for (const auto& [size, figures] : waits) w.push_back(figures);
       report["collective_wait"] = w;
     }
     report["comm"] = comm.to_json();

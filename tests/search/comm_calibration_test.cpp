@@ -122,9 +122,25 @@ TEST(CommCalibration, SecondsAndJsonRefuseWhatTheyCannotRead) {
   EXPECT_DOUBLE_EQ(c.wait_seconds(132 << 10), 4e-4);
   EXPECT_DOUBLE_EQ(c.wait_seconds(260 << 10), 6e-4);
   EXPECT_DOUBLE_EQ(c.wait_seconds(64 << 20), 6e-4);
+  // A longer compute between collectives measured too (0.2 ms: 5e-4 where 0.01 ms waited
+  // wait_s): the small collective's wait grows with the gap, linear between the two, and any
+  // collective waits the larger of its gap's and its size's figure.
+  EXPECT_FALSE(c.to_json().contains("wait_long"));
+  c.wait_gap_s = 1e-5;
+  c.wait_long_gap_s = 2.1e-4;
+  c.wait_long_s = 5e-4;
+  EXPECT_DOUBLE_EQ(c.wait_seconds(4 << 10, 0), 2e-4);
+  EXPECT_DOUBLE_EQ(c.wait_seconds(4 << 10, 1e-5), 2e-4);
+  EXPECT_DOUBLE_EQ(c.wait_seconds(4 << 10, 1.1e-4), 3.5e-4);
+  EXPECT_DOUBLE_EQ(c.wait_seconds(4 << 10, 1.0), 5e-4);
+  EXPECT_DOUBLE_EQ(c.wait_seconds(260 << 10, 1.0), 6e-4);  // the size's, larger
+  EXPECT_DOUBLE_EQ(c.wait_seconds(132 << 10, 1.0), 5e-4);  // the gap's, larger than 4e-4
   const CommCalibration back = CommCalibration::from_json(c.to_json());
   EXPECT_EQ(back.wait_bulk_bytes, 260 << 10);
   EXPECT_DOUBLE_EQ(back.wait_bulk_s, 6e-4);
+  EXPECT_DOUBLE_EQ(back.wait_gap_s, 1e-5);
+  EXPECT_DOUBLE_EQ(back.wait_long_gap_s, 2.1e-4);
+  EXPECT_DOUBLE_EQ(back.wait_long_s, 5e-4);
   const nlohmann::json good = c.to_json();
   struct Case {
     std::function<void(nlohmann::json&)> edit;
@@ -148,6 +164,16 @@ TEST(CommCalibration, SecondsAndJsonRefuseWhatTheyCannotRead) {
        "field 'wait_bulk' must be [bytes > 4096, seconds >= 0]"},
       {[](nlohmann::json& j) { j["wait_bulk"] = 1e-4; },
        "field 'wait_bulk' must be [bytes > 4096, seconds >= 0], got 0.0001"},
+      {[](nlohmann::json& j) {
+         j["wait_long"] = {1e-5, 1e-4};
+       },
+       "field 'wait_long' must be [gap_s > wait_gap_s, seconds >= 0], got [1e-05,0.0001]"},
+      {[](nlohmann::json& j) {
+         j["wait_long"] = {1e-3, -1};
+       },
+       "field 'wait_long' must be [gap_s > wait_gap_s, seconds >= 0]"},
+      {[](nlohmann::json& j) { j["wait_gap_s"] = -1; },
+       "field 'wait_gap_s' must be a finite number >= 0"},
       {[](nlohmann::json& j) { j["points"]["alltoall"] = nlohmann::json::array(); },
        "field 'points.alltoall' is not a collective"},
       {[](nlohmann::json& j) {
@@ -328,6 +354,10 @@ TEST(CollectiveWaitProbe, TakesTheMedianShapeAndAboutTwentyMillisecondsOfCalls) 
   EXPECT_EQ(p.bulk_bytes, 256 << 10);
   EXPECT_EQ(p.bulk_calls, std::min<int64_t>(p.calls, 24));
   EXPECT_EQ(collective_wait_probe({mid}, m).bulk_calls, 16);
+  // The long probe: the largest shape, about 20 ms of it a pass (8 to 256 calls).
+  EXPECT_EQ(p.long_shape, large);
+  EXPECT_EQ(p.long_calls, 8);  // 268 MFLOP at 1 GFLOP/s: 0.27 s a call
+  EXPECT_EQ(collective_wait_probe({mid}, m).long_shape, mid);
 }
 
 }  // namespace acc::search

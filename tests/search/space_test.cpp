@@ -559,6 +559,19 @@ TEST(CostModel, ALayoutsCommunicationIsPricedAtItsGroupsFit) {
   const double paid = (at_bulk.predict(tp2).comm_s - at_pairs.comm_s) / bulk.wait_bulk_s;
   EXPECT_GT(paid, waited.waits - 1.5) << waited.waits;
   EXPECT_LE(paid, waited.waits + 1e-9);
+  // A long-gap wait: tp 2's collectives come after far more compute than a gap of 1 ns, so each
+  // of the trace's pays the long figure (the trace's compute per wait is past both gaps); the
+  // data-parallel ones after the step (no compute between them) pay wait_s.
+  CommCalibration gapped = waiting;
+  gapped.wait_gap_s = 0;
+  gapped.wait_long_gap_s = 1e-9;
+  gapped.wait_long_s = 4e-3;
+  CostModel with_gap("gpt", config, T, m, world);
+  with_gap.add_group_calibration(gapped);
+  const double long_paid = (with_gap.predict(tp2).comm_s - at_pairs.comm_s) / gapped.wait_long_s;
+  EXPECT_GT(long_paid, waited.waits - 1.5) << waited.waits;
+  EXPECT_LE(long_paid, waited.waits + 1e-9);
+  EXPECT_GT(long_paid, (waited.comm_s - at_pairs.comm_s) / gapped.wait_long_s);
 }
 
 // Time-sliced cores (more ranks x threads than cores): a pipeline's ranks idle in its fill and

@@ -299,9 +299,20 @@ struct CommCalibration {
   /// a 256 KiB all-reduce of a tp 4 step took 1.26 ms against the fit's 0.45 (bench_tp).
   double wait_bulk_s = 0;
   int64_t wait_bulk_bytes = 0;
-  /// The wait of a collective of `bytes`: wait_s up to 4 KiB, wait_bulk_s from wait_bulk_bytes
-  /// on, linear in the bytes between them (wait_s alone when no bulk size was measured).
-  double wait_seconds(int64_t bytes) const;
+  /// The compute between the collectives wait_s and wait_bulk_s were measured with (a GEMM's
+  /// seconds on one rank alone), and the small collective's wait with a longer compute between
+  /// (wait_long_s after wait_long_gap_s; 0: not measured). The longer the ranks compute between
+  /// collectives, the further apart time slicing sets them: a 4 KiB all-reduce of 4 ranks here
+  /// waited 0 after a GEMM of microseconds, 0.1-0.2 ms after 0.1 ms and 0.3-0.55 ms after
+  /// 0.3-1 ms (bench_collectives --wait-gemm, 2026-12-03).
+  double wait_gap_s = 0;
+  double wait_long_s = 0, wait_long_gap_s = 0;
+  /// The wait of a collective of `bytes` after `gap_s` of compute (seconds on one rank alone):
+  /// the larger of the small collective's (wait_s up to wait_gap_s, wait_long_s from
+  /// wait_long_gap_s, linear in the gap between) and the size's (wait_s up to 4 KiB,
+  /// wait_bulk_s from wait_bulk_bytes on, linear in the bytes between). wait_s alone when
+  /// neither a bulk size nor a long gap was measured.
+  double wait_seconds(int64_t bytes, double gap_s = 0) const;
 
   /// ops.at(op).seconds(bytes). Throws acc::ValueError naming an unknown op (and the known ones)
   /// or negative bytes.
@@ -309,11 +320,12 @@ struct CommCalibration {
 
   /// {"world": 2, "ops": {"allreduce": {"alpha_s": ..., "beta_s_per_byte": ...}, ...},
   ///  "points": {"allreduce": [[4096, 2.1e-05], ...], ...}, "wait_s": 2.1e-04,
-  ///  "wait_bulk": [262144, 5.1e-04]}
-  /// ("wait_s" only when not 0, "wait_bulk" only when measured).
+  ///  "wait_bulk": [262144, 5.1e-04], "wait_gap_s": 2e-05, "wait_long": [1e-03, 4e-04]}
+  /// ("wait_s" only when not 0, "wait_bulk", "wait_gap_s" and "wait_long" only when measured).
   nlohmann::json to_json() const;
-  /// "points", "wait_s" (finite, >= 0) and "wait_bulk" ([bytes > 4096, seconds >= 0]) may be
-  /// absent; nothing else. Throws acc::ValueError
+  /// "points", "wait_s" (finite, >= 0), "wait_bulk" ([bytes > 4096, seconds >= 0]),
+  /// "wait_gap_s" (>= 0) and "wait_long" ([gap_s > wait_gap_s, seconds >= 0]) may be absent;
+  /// nothing else. Throws acc::ValueError
   /// "comm calibration: field '<path>' ..." naming the field (alpha and beta must be finite and
   /// >= 0).
   static CommCalibration from_json(const nlohmann::json& j);
@@ -381,9 +393,14 @@ double measure_collective_wait(dist::ProcessGroup& group, int group_size, const 
 /// bulk_bytes (256 KiB, the middle size calibrate_collectives fits), bulk_calls of them (calls,
 /// at most 24: about 1 ms each between 4 ranks here, so that the three rounds of two passes take
 /// some 0.2 s a group size).
+///
+/// The long probe (CommCalibration::wait_long_s): the largest of the shapes by FLOPs, with calls
+/// for about 20 ms a pass as well (long_calls, 8 to 256).
 struct WaitProbe {
   GemmShape shape;
   int64_t calls = 0;
+  GemmShape long_shape;
+  int64_t long_calls = 0;
   int64_t bulk_bytes = 256 << 10;
   int64_t bulk_calls = 0;
 };
