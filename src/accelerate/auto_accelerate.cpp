@@ -313,13 +313,14 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
                                 {"wait_long_s", c->wait_long_s},
                                 {"wait_long_gap_s", c->wait_long_gap_s}};
         }
-
         if (group->rank() == 0) {
           logging::info(
               "calibration: a collective over {} of {} ranks waits {:.0f} us beyond its fit "
-              "({:.0f} us at {} KiB; {} ranks x {} thread(s) on a machine, {:.2f} of them a core)",
-              c->world, group->size(), 1e6 * c->wait_s, 1e6 * c->wait_bulk_s,
-              probe.bulk_bytes >> 10, cores.local_ranks, co.threads, cores.share);
+              "({:.0f} us after {:.0f} us of compute, {:.0f} us at {} KiB; {} ranks x {} "
+              "thread(s) on a machine, {:.2f} of them a core)",
+              c->world, group->size(), 1e6 * c->wait_s, 1e6 * c->wait_long_s,
+              1e6 * c->wait_long_gap_s, 1e6 * c->wait_bulk_s, probe.bulk_bytes >> 10,
+              cores.local_ranks, co.threads, cores.share);
         }
       }
     }

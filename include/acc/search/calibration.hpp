@@ -289,8 +289,9 @@ struct CommCalibration {
   std::map<std::string, std::vector<CommPoint>> points;  // what the fits were made from
   /// Seconds each collective over the group waits beyond its fit when the ranks compute between
   /// collectives with more ranks x threads than cores: a peer the kernel descheduled holds it up
-  /// (measure_collective_wait). 0 when every rank has its cores; a time model adds it to every
-  /// collective of the group's size (and, the 2-rank figure, to each of a pipeline's messages).
+  /// (measure_collective_wait, 4 KiB after wait_gap_s of compute). 0 when every rank has its
+  /// cores; a time model adds wait_seconds() to every collective of the group's size (and, the
+  /// 2-rank figure, to each of a pipeline's messages).
   double wait_s = 0;
   /// The same wait for a collective of wait_bulk_bytes (0: measured at 4 KiB only). Between
   /// ranks that time-slice cores it grows with the size: 4 ranks on these 2 vCPUs, 2026-12-03,
@@ -371,16 +372,17 @@ CommCalibration calibrate_collectives(
 /// that does not divide the world, and what the collectives throw.
 CommCalibration calibrate_contiguous_groups(dist::ProcessGroup& world, int size);
 
-/// Seconds a small collective takes in a step, beyond `fit`'s 4 KiB all-reduce, when every rank
-/// computes between collectives: `group` split into contiguous groups of `group_size` (as a tp
-/// group is), every rank at once running `calls` x (a GEMM of `shape`; a 4 KiB all-reduce over
-/// its group) against the same GEMMs alone, each pass timed whole, the slowest rank's difference
-/// per call; the median of 3 such measurements, at least 0. With more ranks than cores a peer the
-/// kernel descheduled holds each collective up (4 ranks on these 2 vCPUs, 2026-11-30: 0.02-0.2 ms
-/// for a group of 2 and 0.1-0.5 ms for 4, varying that much between runs, with the ranks'
-/// placement; seven rounds instead of three did not narrow it), which calibrate_collectives, the
-/// ranks doing nothing else, does not see. A collective over `group`: every rank gets the same
-/// figure. Throws acc::ValueError for a group size that does not divide the group or calls < 1.
+/// Seconds an all-reduce of `bytes` (rounded down to whole f32s; 4 KiB by default) takes in a
+/// step beyond `fit`'s figure for it, when every rank computes between collectives: `group` split
+/// into contiguous groups of `group_size` (as a tp group is), every rank at once running `calls` x
+/// (a GEMM of `shape`; the all-reduce over its group) against the same GEMMs alone, each pass timed
+/// whole, the slowest rank's difference per call; the median of 3 such measurements, at least 0.
+/// With more ranks than cores a peer the kernel descheduled holds each collective up (4 ranks on
+/// these 2 vCPUs, 2026-11-30: 0.02-0.2 ms for a group of 2 and 0.1-0.5 ms for 4, varying that much
+/// between runs, with the ranks' placement; seven rounds instead of three did not narrow it), which
+/// calibrate_collectives, the ranks doing nothing else, does not see. A collective over `group`:
+/// every rank gets the same figure. Throws acc::ValueError for a group size that does not divide
+/// the group, calls < 1 or bytes < 4.
 double measure_collective_wait(dist::ProcessGroup& group, int group_size, const GemmShape& shape,
                                int64_t calls, const CommCalibration& fit, int64_t bytes = 4 << 10);
 
