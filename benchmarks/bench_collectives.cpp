@@ -68,11 +68,9 @@ int main(int argc, char** argv) {
     dist::init(argc, argv);
     auto pg = dist::ProcessGroup::world();
     const int W = pg->size();
-    // The search's own calibration of this group (auto_accelerate's sizes and seconds), measured
-    // first: each line then shows what the search would price the collective at beside the
-    // median of the calls timed one by one.
-    const search::CommCalibration fit =
-        search::calibrate_collectives(*pg, {4 << 10, 256 << 10, 4 << 20}, 0.01);
+    // The search's own calibration of this group, measured first: each line then shows what the
+    // search would price the collective at beside the median of the calls timed one by one.
+    const search::CommCalibration fit = search::calibrate_collectives_for_search(*pg);
     for (const double mib : sizes_mib) {
       // The full buffer, rounded to a multiple of the world size.
       const int64_t n = std::max<int64_t>(W, static_cast<int64_t>(mib * (1 << 20) / 4) / W * W);

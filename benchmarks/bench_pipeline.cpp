@@ -139,8 +139,7 @@ int main(int argc, char** argv) {
       if (world->rank() == 0) machine = search::load_or_calibrate_machine(shapes, {});
       machine = search::broadcast_calibration(*world, machine);
       const double contention = search::contention_for_job(*world, machine, shapes, {});
-      search::CommCalibration comm =
-          search::calibrate_collectives(*world, {4 << 10, 256 << 10, 4 << 20}, 0.01);
+      search::CommCalibration comm = search::calibrate_collectives_for_search(*world);
       // More ranks x threads than cores: as auto_accelerate prices it, the schedule on
       // time-sliced cores and each message's wait for a descheduled sender (measured between
       // GEMMs of the median shape, by the 2-rank fits' group size).

@@ -754,7 +754,7 @@ CommCalibration calibrate_contiguous_groups(dist::ProcessGroup& world, int size)
   const int rank = world.rank();
   const dist::ProcessGroupPtr g =
       world.split(rank / size, rank % size, "calibration of " + std::to_string(size));
-  const CommCalibration mine = calibrate_collectives(*g, {4 << 10, 256 << 10, 4 << 20}, 0.01);
+  const CommCalibration mine = calibrate_collectives_for_search(*g);
   return CommCalibration::from_json(
       nlohmann::json::parse(dist::broadcast_text(world, mine.to_json().dump())));
 }

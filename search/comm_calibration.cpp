@@ -189,6 +189,10 @@ CommCalibration CommCalibration::from_json(const nlohmann::json& j) {
   return c;
 }
 
+CommCalibration calibrate_collectives_for_search(dist::ProcessGroup& group) {
+  return calibrate_collectives(group, {4 << 10, 256 << 10, 4 << 20}, 0.01);
+}
+
 std::vector<int64_t> default_collective_sizes() {
   constexpr int64_t kKiB = 1024, kMiB = 1024 * kKiB;
   return {4 * kKiB, 64 * kKiB, 256 * kKiB, 1 * kMiB, 4 * kMiB, 16 * kMiB};

@@ -154,6 +154,14 @@ class ClusterPricer final : public Pricer {
   bool bf16_;
 };
 
+// The communication `op` makes its rank wait for, if any: a collective over more than one rank
+// or a received message (a send is free: its receive waits for it).
+const CommRecord* waited_for(const detail::OpsDigest& t, const detail::DigestOp& op) {
+  if (op.gemm || op.comm < 0) return nullptr;
+  const CommRecord& r = t.comms[op.comm];
+  return r.group_size <= 1 || r.kind == CommKind::kSend ? nullptr : &r;
+}
+
 Times trace_times(const detail::OpsDigest& t, const Pricer& pricer) {
   Times out;
   for (const auto& g : detail::gemm_counts(t)) {
@@ -166,10 +174,10 @@ Times trace_times(const detail::OpsDigest& t, const Pricer& pricer) {
     (forward ? out.forward : out.backward) += pricer.per_op();
     if (op.gemm) continue;  // priced above, from gemm_counts
     if (op.comm >= 0) {
-      const CommRecord& r = t.comms[op.comm];
-      if (r.group_size <= 1 || r.kind == CommKind::kSend) continue;
-      (forward ? out.comm_forward : out.comm_backward) += pricer.comm(r);
-      out.waits += 1;
+      if (const CommRecord* r = waited_for(t, op)) {
+        (forward ? out.comm_forward : out.comm_backward) += pricer.comm(*r);
+        out.waits += 1;
+      }
       continue;
     }
     (forward ? out.forward : out.backward) +=
@@ -179,11 +187,10 @@ Times trace_times(const detail::OpsDigest& t, const Pricer& pricer) {
   // The waits, each after the trace's mean compute between two of them.
   const double gap = (out.forward + out.backward) / out.waits;
   for (const detail::DigestOp& op : t.ops) {
-    if (op.comm < 0 || op.gemm) continue;
-    const CommRecord& r = t.comms[op.comm];
-    if (r.group_size <= 1 || r.kind == CommKind::kSend) continue;
-    (op.phase == trace::Phase::kForward ? out.comm_forward : out.comm_backward) +=
-        pricer.wait(r, gap);
+    if (const CommRecord* r = waited_for(t, op)) {
+      (op.phase == trace::Phase::kForward ? out.comm_forward : out.comm_backward) +=
+          pricer.wait(*r, gap);
+    }
   }
   return out;
 }

@@ -298,12 +298,13 @@ std::vector<Row*> rank_by_time(Space& s, const trace::ModelRef& model, const Acc
         c->wait_bulk_s = search::measure_collective_wait(*group, c->world, probe.shape,
                                                          probe.bulk_calls, *c, probe.bulk_bytes);
         c->wait_bulk_bytes = c->world > 1 ? probe.bulk_bytes : 0;
-        if (c->world > 1 && probe.long_shape.flops() > probe.shape.flops()) {
-          c->wait_gap_s = machine.gemm_seconds(probe.shape);
-          c->wait_long_gap_s = machine.gemm_seconds(probe.long_shape);
+        const double gap = machine.gemm_seconds(probe.shape),
+                     long_gap = machine.gemm_seconds(probe.long_shape);
+        if (c->world > 1 && long_gap > gap) {  // every rank: the same machine figures
+          c->wait_gap_s = gap;
+          c->wait_long_gap_s = long_gap;
           c->wait_long_s = search::measure_collective_wait(*group, c->world, probe.long_shape,
                                                            probe.long_calls, *c);
-          if (c->wait_long_gap_s <= c->wait_gap_s) c->wait_long_gap_s = 0;  // not longer after all
         }
         if (waits) {
           (*waits)[c->world] = {{"ranks", c->world},
@@ -886,11 +887,7 @@ AccelerateResult auto_accelerate(nn::ModulePtr model, optim::OptimizerFactory fa
     Timer calib;
     search::CommCalibration comm;
     comm.world = 1;
-    if (group && world > 1) {
-      // Three sizes (latency-bound, middle, bandwidth-bound) at 10 ms a point: an alpha-beta fit
-      // needs no more, and at 6 sizes x 20 ms it was 12-30 steps of a small model's search.
-      comm = search::calibrate_collectives(*group, {4 << 10, 256 << 10, 4 << 20}, 0.01);
-    }
+    if (group && world > 1) comm = search::calibrate_collectives_for_search(*group);
     const std::vector<search::CommCalibration> group_comm =
         group && world > 1 ? calibrate_groups(s, *group) : std::vector<search::CommCalibration>{};
     const double comm_s = calib.elapsed_s();

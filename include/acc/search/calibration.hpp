@@ -365,11 +365,15 @@ CommCalibration calibrate_collectives(
     dist::ProcessGroup& group, const std::vector<int64_t>& sizes_bytes = default_collective_sizes(),
     double seconds_per_point = 0.05);
 
-/// calibrate_collectives at the search's three sizes (4 KiB, 256 KiB, 4 MiB; 10 ms a point) on
-/// `world` split into contiguous groups of `size` ranks (as tp groups are; groups of one size
-/// over one machine's shared memory behave alike), rank 0's group's fits kept by every rank so
-/// that all of them price alike. A collective over `world`. Throws acc::ValueError for a size
-/// that does not divide the world, and what the collectives throw.
+/// calibrate_collectives as the search runs it: three sizes (4 KiB latency-bound, 256 KiB, 4 MiB
+/// bandwidth-bound) at 10 ms a point. An alpha-beta fit needs no more, and at 6 sizes x 20 ms it
+/// was 12-30 steps of a small model's search.
+CommCalibration calibrate_collectives_for_search(dist::ProcessGroup& group);
+
+/// calibrate_collectives_for_search on `world` split into contiguous groups of `size` ranks (as tp
+/// groups are; groups of one size over one machine's shared memory behave alike), rank 0's group's
+/// fits kept by every rank so that all of them price alike. A collective over `world`. Throws
+/// acc::ValueError for a size that does not divide the world, and what the collectives throw.
 CommCalibration calibrate_contiguous_groups(dist::ProcessGroup& world, int size);
 
 /// Seconds an all-reduce of `bytes` (rounded down to whole f32s; 4 KiB by default) takes in a
