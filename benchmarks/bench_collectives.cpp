@@ -38,6 +38,11 @@ int main(int argc, char** argv) {
   app.add_option("--wait-group", wait_group,
                  "ranks of each contiguous group the in-step all-reduces are over (0: the world)")
       ->capture_default_str();
+  int wait_stride = 1;
+  app.add_option("--wait-stride", wait_stride,
+                 "rank distance within each in-step wait group (1: contiguous, as tp's; the "
+                 "group size: an outer mesh dimension's, as pp's or dp's over tp)")
+      ->capture_default_str();
   app.add_option("--wait-calls", wait_calls,
                  "GEMM + all-reduce pairs of each in-step wait pass (0: no in-step wait)")
       ->capture_default_str();
@@ -90,8 +95,9 @@ int main(int argc, char** argv) {
       double in_step_wait_ms = -1;
       if (W > 1 && wait_calls > 0) {
         in_step_wait_ms =
-            1e3 * search::measure_collective_wait(*pg, W, {gemm[0], gemm[1], gemm[2], false, false},
-                                                  wait_calls, fit, n * 4);
+            1e3 * search::measure_collective_wait(*pg, wait_group > 0 ? wait_group : W,
+                                                  {gemm[0], gemm[1], gemm[2], false, false},
+                                                  wait_calls, fit, n * 4, wait_stride);
       }
       for (const Op& op : ops) {
         std::vector<double> ms;

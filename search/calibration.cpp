@@ -711,16 +711,24 @@ double measure_compute_contention(dist::ProcessGroup& group, const std::vector<G
 }
 
 double measure_collective_wait(dist::ProcessGroup& group, int group_size, const GemmShape& shape,
-                               int64_t calls, const CommCalibration& fit, int64_t bytes) {
+                               int64_t calls, const CommCalibration& fit, int64_t bytes,
+                               int stride) {
   ACC_CHECK(group_size >= 1 && group.size() % group_size == 0,
             "measure_collective_wait: group size ", group_size, " does not divide the ",
             group.size(), " ranks of '", group.name(), "'");
+  ACC_CHECK(stride >= 1 && group.size() % (group_size * stride) == 0,
+            "measure_collective_wait: groups of ", group_size, " ranks ", stride,
+            " apart do not tile the ", group.size(), " ranks of '", group.name(), "'");
   ACC_CHECK(calls >= 1, "measure_collective_wait: calls must be >= 1, got ", calls);
   ACC_CHECK(bytes >= 4, "measure_collective_wait: bytes must be >= 4 (one f32), got ", bytes);
   if (group.size() == 1 || group_size == 1) return 0.0;
   const int rank = group.rank();
+  // Rank r's group: the group_size ranks stride apart from the first of its block of
+  // group_size x stride (a mesh dimension's group: tp's contiguous, an outer one's strided).
+  const int block = group_size * stride;
   const dist::ProcessGroupPtr mine =
-      group.split(rank / group_size, rank % group_size, "wait of " + std::to_string(group_size));
+      group.split((rank / block) * stride + rank % stride, (rank % block) / stride,
+                  "wait of " + std::to_string(group_size) + " stride " + std::to_string(stride));
   Generator gen(4321);
   GemmRun gemm(shape, gen);
   Tensor small = zeros({bytes / 4}, TensorOptions{.device = Device::kCPU});

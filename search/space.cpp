@@ -695,9 +695,11 @@ MemoryModel::Made MemoryModel::make_needs(const trace::ModelRef& model, int trac
   auto key = [&](int64_t b) {
     return need_key(trace_id, b, activations, in_flight_fraction, accumulated);
   };
-  std::vector<int64_t> pair;  // from one pair of traces (trace::estimate_training_needs)
+  // From one pair of traces (trace::estimate_training_needs; one sample beside them, which takes
+  // its deeper traces from the pairs where it can).
+  std::vector<int64_t> pair;
   for (const int64_t b : batches) {
-    if (paired && b >= trace::BatchTraces::kLow && model.is_registry()) {
+    if (paired && model.is_registry()) {
       pair.push_back(b);
       continue;
     }

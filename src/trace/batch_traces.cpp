@@ -21,7 +21,9 @@ bool same_tensors(const std::vector<TensorInfo>& a, const std::vector<TensorInfo
   return true;
 }
 
-bool same_structure(const Trace& a, const Trace& b) {
+}  // namespace
+
+bool BatchTraces::same_structure(const Trace& a, const Trace& b) {
   const Graph &ga = a.graph, &gb = b.graph;
   if (ga.num_vertices() != gb.num_vertices() || ga.ops().size() != gb.ops().size() ||
       ga.backward_begin() != gb.backward_begin() ||
@@ -58,6 +60,8 @@ bool same_structure(const Trace& a, const Trace& b) {
   }
   return true;
 }
+
+namespace {
 
 int64_t at_batch(int64_t x1, int64_t x2, int64_t b) {
   return BatchTraces::size_at(x1, x2, b);
@@ -98,6 +102,16 @@ const Trace& BatchTraces::at(int64_t b) {
   if (b == kLow + 1) return *next_;
   ACC_CHECK_INTERNAL(affine_, "BatchTraces: the traces at ", kLow, " and ", kLow + 1,
                      " samples differ in structure");
+  return scaled(b);
+}
+
+const Trace& BatchTraces::at_one() {
+  ACC_CHECK_INTERNAL(affine_, "BatchTraces: the traces at ", kLow, " and ", kLow + 1,
+                     " samples differ in structure");
+  return scaled(1);
+}
+
+const Trace& BatchTraces::scaled(int64_t b) {
   if (!copied_) {
     scaled_ = *low_;
     copied_ = true;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -279,6 +280,21 @@ Sample sample(const ModelRef& ref, int64_t layers, int64_t batch, int64_t seq_le
   return taken(*f, blocks_out);
 }
 
+// `o`'s key fields when every one of `layers` blocks runs alike under it (none recomputed, or
+// all: TraceCache's normalisation), else nullopt (the first blocks recomputed, the rest plain).
+std::optional<TraceOptions::KeyFields> uniform_kind(const TraceOptions& o, int64_t layers) {
+  TraceOptions u = o;
+  if (u.recompute == Recompute::kNone || u.recompute_blocks == 0) {
+    u.recompute = Recompute::kNone;
+    u.recompute_blocks = 0;
+  } else if (u.recompute_blocks < 0 || u.recompute_blocks >= layers) {
+    u.recompute_blocks = -1;
+  } else {
+    return std::nullopt;
+  }
+  return u.key_fields();
+}
+
 // A run of `count` blocks of one kind, as few blocks as keep its first, middle and last distinct
 // (each sees other neighbours), with how many of the deep model's blocks each stands for.
 void add_run(int64_t count, std::vector<int64_t>& counts) {
@@ -527,24 +543,75 @@ std::vector<TrainingNeed> estimate_training_needs(const ModelRef& ref,
     return out;
   }
   // Each of the need's traces (block count, options) at BatchTraces::kLow and one more samples,
-  // and its blocks; a smaller batch is traced itself.
+  // and its blocks; a smaller batch is traced itself, or taken from the pair (below).
   using Key = std::tuple<int64_t, bool, int, int64_t, bool>;
   std::map<Key, std::pair<BatchTraces, std::vector<BlockGroup>>> pairs;
-  for (const int64_t b : batches) {
-    out.push_back(need_from(
+  // Whether the step at one sample is like the pair at 2 blocks, by the options' kind (all blocks
+  // plain, or all recomputed): what the model's cache notes, for a model without one.
+  static_assert(BatchTraces::kLow == 2, "the batches under kLow are one sample");
+  std::map<TraceOptions::KeyFields, bool> like_pair;
+  // The batches from kLow up first, so that one sample's deeper traces find their pairs made.
+  std::vector<size_t> order(batches.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_partition(order.begin(), order.end(),
+                        [&](size_t i) { return batches[i] >= BatchTraces::kLow; });
+  out.resize(batches.size());
+  for (const size_t i : order) {
+    const int64_t b = batches[i];
+    out[i] = need_from(
         ref, b, seq_len, options, optimizer, blockwise,
         [&](int64_t layers, const TraceOptions& o, std::optional<BlockwiseGradients> bw,
             TrainingNeed* blocks_out) {
           const Key key{layers, o.backward, static_cast<int>(o.recompute), o.recompute_blocks,
                         o.bf16_activations};
+          const std::string what = figures_what(optimizer, bw);
           if (b < BatchTraces::kLow) {
+            // One sample: a transpose can leave a tensor contiguous there, and the trace then
+            // lacks a copy every larger batch makes, so the pair stands for it only where the
+            // step at one sample has the pair's structure. Its blocks are alike (one module's
+            // code on the same shapes, the embedding's and the head's ends the same at any
+            // depth), so that is noted at 2 blocks, where the trace is made anyway (the time
+            // model reads it), and a deeper trace at one sample (the memory model's cut of the
+            // first, middle and last blocks) is then the pair's line at 1 instead of a trace.
+            // Only where every block is of one kind (all plain, or all recomputed alike): 2
+            // blocks do not show a recomputed block after another that a mixed trace has.
+            const std::optional<TraceOptions::KeyFields> kind = uniform_kind(o, layers);
+            const auto it = pairs.find(key);
+            const bool paired = kind && it != pairs.end() && it->second.first.affine();
+            if (paired && layers == 2) {
+              return taken(*ref.figures(layers, b, seq_len, o, what,
+                                        [&] {
+                                          const auto traced = ref.traced(layers, b, seq_len, o);
+                                          const bool like = BatchTraces::same_structure(
+                                              traced->trace, it->second.first.low());
+                                          like_pair.try_emplace(*kind, like);
+                                          ref.note_one_sample_like_pair(seq_len, o, like);
+                                          return figures_of(traced->trace, traced->blocks,
+                                                            optimizer, bw);
+                                        }),
+                           blocks_out);
+            }
+            if (paired && layers > 2) {
+              std::optional<bool> like = ref.one_sample_like_pair(seq_len, o);
+              if (const auto l = like_pair.find(*kind); !like && l != like_pair.end()) {
+                like = l->second;
+              }
+              if (like == true) {
+                return taken(*ref.figures(layers, b, seq_len, o, what,
+                                          [&] {
+                                            auto& [traces, groups] = it->second;
+                                            return figures_of(traces.at_one(), groups, optimizer,
+                                                              bw);
+                                          }),
+                             blocks_out);
+              }
+            }
             return sample(ref, layers, b, seq_len, o, optimizer, bw, blocks_out);
           }
           // Evaluated once per trace where the model keeps its traces: the pair is made only for
           // figures not kept yet.
           const auto f = ref.figures(
-              layers, b, seq_len, o, figures_what(optimizer, bw),
-              [&]() -> std::shared_ptr<const TraceFigures> {
+              layers, b, seq_len, o, what, [&]() -> std::shared_ptr<const TraceFigures> {
                 auto it = pairs.find(key);
                 if (it == pairs.end()) {
                   // Shared, not copied, when the model keeps its traces.
@@ -566,7 +633,7 @@ std::vector<TrainingNeed> estimate_training_needs(const ModelRef& ref,
                 return figures_of(traces.at(b), groups, optimizer, bw);
               });
           return taken(*f, blocks_out);
-        }));
+        });
   }
   return out;
 }

@@ -319,6 +319,26 @@ std::shared_ptr<const TraceFigures> ModelRef::figures(
       make);
 }
 
+std::optional<bool> ModelRef::one_sample_like_pair(int64_t seq_len,
+                                                   const TraceOptions& options) const {
+  TraceCache* cache = impl_->cache.get();
+  if (cache == nullptr) return std::nullopt;
+  const TraceCache::Key key = TraceCache::key_of(impl_->cache_identity, 2, 1, seq_len, options);
+  const std::lock_guard<std::mutex> lock(cache->mutex_);
+  const auto it = cache->one_sample_like_pair_.find(key);
+  if (it == cache->one_sample_like_pair_.end()) return std::nullopt;
+  return it->second;
+}
+
+void ModelRef::note_one_sample_like_pair(int64_t seq_len, const TraceOptions& options,
+                                         bool like) const {
+  TraceCache* cache = impl_->cache.get();
+  if (cache == nullptr) return;
+  const TraceCache::Key key = TraceCache::key_of(impl_->cache_identity, 2, 1, seq_len, options);
+  const std::lock_guard<std::mutex> lock(cache->mutex_);
+  cache->one_sample_like_pair_.try_emplace(key, like);
+}
+
 TraceCache::Key TraceCache::key_of(const std::string& identity, int64_t layers, int64_t batch,
                                    int64_t seq_len, const TraceOptions& options) {
   // Options that trace alike share a key: without recomputation the recomputed blocks' count is

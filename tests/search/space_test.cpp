@@ -13,6 +13,7 @@
 #include "acc/search/dry_run.hpp"
 #include "acc/search/space.hpp"
 #include "acc/trace/batch_traces.hpp"
+#include "acc/trace/dump.hpp"
 #include "acc/util/error.hpp"
 #include "error_of.hpp"
 
@@ -335,6 +336,21 @@ nlohmann::json need_fields(const trace::TrainingNeed& n) {
           n.trace_host_bytes};
 }
 
+// A 6-block tiny GPT and a 6-block GQA Llama (4 query heads, 2 KV heads): deep enough for the
+// memory model's cut of the first, middle and last blocks.
+std::pair<nlohmann::json, nlohmann::json> six_block_models() {
+  nlohmann::json gpt = tiny_gpt();
+  gpt["n_layer"] = 6;
+  return {gpt,
+          {{"hidden_size", 64},
+           {"intermediate_size", 176},
+           {"num_hidden_layers", 6},
+           {"num_attention_heads", 4},
+           {"num_key_value_heads", 2},
+           {"vocab_size", 256},
+           {"max_position_embeddings", 64}}};
+}
+
 // The needs at several micro-batches, evaluated from the traces at 2 and 3 samples, are the needs
 // traced at each micro-batch, to the byte and FLOP: for the whole model and for ranks of tensor,
 // sequence and pipeline layouts, with and without recomputation (all, the first blocks, their
@@ -342,15 +358,7 @@ nlohmann::json need_fields(const trace::TrainingNeed& n) {
 TEST(MemoryModel, NeedsAtAnyMicroBatchFromTwoTracesAreTheTracedOnes) {
   const int64_t T = 32;
   const std::vector<int64_t> batches{1, 2, 3, 5, 8};
-  const nlohmann::json llama = {{"hidden_size", 64},
-                                {"intermediate_size", 176},
-                                {"num_hidden_layers", 6},
-                                {"num_attention_heads", 4},
-                                {"num_key_value_heads", 2},
-                                {"vocab_size", 256},
-                                {"max_position_embeddings", 64}};
-  nlohmann::json gpt = tiny_gpt();
-  gpt["n_layer"] = 6;
+  const auto [gpt, llama] = six_block_models();
   std::vector<trace::TraceOptions> options(4);
   options[1].recompute = trace::Recompute::kBlock;  // every block
   options[2].recompute = trace::Recompute::kSelective;
@@ -407,6 +415,99 @@ TEST(MemoryModel, NeedsAtAnyMicroBatchFromTwoTracesAreTheTracedOnes) {
   EXPECT_THROW(
       (void)trace::estimate_training_needs(trace::ModelRef::registry("gpt", gpt), {2, 0}, T),
       ValueError);
+}
+
+// At one sample a transpose can leave a tensor contiguous, and the trace then lacks a copy every
+// larger batch makes; where the 2-block trace at one sample has the structure of the pair at 2
+// and 3 samples, a deeper trace at one sample is the pair's line at 1, to the byte (what
+// estimate_training_needs takes instead of tracing it): over the ranks of tensor, sequence and
+// pipeline layouts of GPT and a GQA Llama, with no, full and selective recomputation and bf16
+// activations, at 3 to 6 blocks. Ulysses' layouts are not alike at one sample: the check does fail.
+TEST(BatchTraces, AtOneSampleWhereTwoBlocksAreLikeThePair) {
+  const int64_t T = 32;
+  const auto [gpt, llama] = six_block_models();
+  std::vector<trace::TraceOptions> options(4);
+  options[1].recompute = trace::Recompute::kBlock;
+  options[2].recompute = trace::Recompute::kSelective;
+  options[3].bf16_activations = true;
+  int alike = 0, unlike = 0, compared = 0;
+  for (const auto& [type, config] : {std::pair{"gpt", gpt}, std::pair{"llama", llama}}) {
+    const auto model = trace::ModelRef::registry(type, config);
+    const auto cands = enumerate_candidates(opts(4, 16, true), 6);
+    for (const char* name :
+         {"ddp", "ddp + tensor_parallel{\"size\":2} + sequence_parallel{\"kind\":\"megatron\"}",
+          "ddp + tensor_parallel{\"size\":4}",
+          "ddp + sequence_parallel{\"kind\":\"ulysses\",\"size\":2}",
+          "ddp + pipeline_parallel{\"micro_batches\":4,\"size\":2}"}) {
+      for (const RankModel& r : rank_models(model, candidate(cands, name), T)) {
+        for (const auto& o : options) {
+          const bool like = trace::BatchTraces::same_structure(r.model.trace(2, 1, T, o).trace,
+                                                               r.model.trace(2, 2, T, o).trace);
+          (like ? alike : unlike) += 1;
+          if (!like) continue;
+          for (const int64_t layers : {3, 4, 6}) {
+            trace::BatchTraces pair(r.model.trace(layers, 2, T, o).trace,
+                                    r.model.trace(layers, 3, T, o).trace);
+            ASSERT_TRUE(pair.affine());
+            const trace::Trace traced = r.model.trace(layers, 1, T, o).trace;
+            const trace::Trace& made = pair.at_one();
+            const std::string what = std::string(type) + " " + r.trace_key + " at " +
+                                     std::to_string(layers) + " blocks, recompute " +
+                                     std::to_string(static_cast<int>(o.recompute));
+            ASSERT_EQ(trace::to_json(made), trace::to_json(traced)) << what;
+            ASSERT_EQ(made.graph.memory_events().size(), traced.graph.memory_events().size());
+            for (size_t i = 0; i < made.graph.memory_events().size(); ++i) {
+              ASSERT_EQ(made.graph.memory_events()[i].bytes, traced.graph.memory_events()[i].bytes)
+                  << what << " event " << i;
+            }
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(unlike, 0);  // Ulysses' ranks
+  EXPECT_EQ(compared, 3 * alike);
+  EXPECT_GE(alike, 2 * 4 * 4);  // the whole, tp + sp, tp 4 and two pp ranks, 4 options, 2 models
+}
+
+// The needs of a model that keeps its traces (the search's), one sample's deep traces taken from
+// the pairs where the 2-block trace is alike: the needs traced at each micro-batch, and fewer
+// traces.
+TEST(MemoryModel, OneSamplesNeedsFromThePairsAreTheTracedOnes) {
+  const int64_t T = 32;
+  const nlohmann::json gpt = six_block_models().first;
+  const std::vector<int64_t> batches{1, 2, 4};
+  const auto model = trace::ModelRef::registry("gpt", gpt);
+  const auto cands = enumerate_candidates(opts(4, 16, true), 6);
+  std::vector<trace::TraceOptions> options(2);
+  options[1].recompute = trace::Recompute::kBlock;
+  for (const char* name : {"ddp", "ddp + tensor_parallel{\"size\":2}",
+                           "ddp + sequence_parallel{\"kind\":\"ulysses\",\"size\":2}"}) {
+    for (const RankModel& r : rank_models(model, candidate(cands, name), T)) {
+      for (const auto& o : options) {
+        auto cache = std::make_shared<trace::TraceCache>(2);
+        const trace::ModelRef kept = r.model.shared_traces(cache, r.trace_key);
+        EXPECT_FALSE(kept.one_sample_like_pair(T, o).has_value());
+        const auto made = trace::estimate_training_needs(kept, batches, T, o, "adamw");
+        const std::optional<bool> like = kept.one_sample_like_pair(T, o);
+        ASSERT_TRUE(like.has_value()) << name;
+        EXPECT_EQ(*like, std::string(name).find("ulysses") == std::string::npos) << name;
+        for (size_t i = 0; i < batches.size(); ++i) {
+          EXPECT_EQ(need_fields(made[i]),
+                    need_fields(trace::estimate_training_need(r.model, batches[i], T, o, "adamw")))
+              << name << " batch " << batches[i];
+        }
+        // One sample's 3-block cut traced only where the 2 blocks were not alike.
+        const size_t with = cache->traced();
+        auto fresh = std::make_shared<trace::TraceCache>(2);
+        const trace::ModelRef alone = r.model.shared_traces(fresh, r.trace_key);
+        (void)trace::estimate_training_needs(alone, {1}, T, o, "adamw");
+        (void)trace::estimate_training_needs(alone, {2, 4}, T, o, "adamw");
+        EXPECT_EQ(with + (*like ? 1 : 0), fresh->traced()) << name << " " << with;
+      }
+    }
+  }
 }
 
 // Told the candidates (expect), the memory model evaluates each rank trace's micro-batches from

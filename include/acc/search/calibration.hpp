@@ -388,7 +388,8 @@ CommCalibration calibrate_contiguous_groups(dist::ProcessGroup& world, int size)
 /// every rank gets the same figure. Throws acc::ValueError for a group size that does not divide
 /// the group, calls < 1 or bytes < 4.
 double measure_collective_wait(dist::ProcessGroup& group, int group_size, const GemmShape& shape,
-                               int64_t calls, const CommCalibration& fit, int64_t bytes = 4 << 10);
+                               int64_t calls, const CommCalibration& fit, int64_t bytes = 4 << 10,
+                               int stride = 1);
 
 /// What measure_collective_wait computes between collectives for a job whose steps run `shapes`
 /// (non-empty): the median of them by FLOPs, and calls enough for about 20 ms a pass at

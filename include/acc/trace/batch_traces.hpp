@@ -34,6 +34,18 @@ class BatchTraces {
   /// acc::InternalError otherwise) a copy of the first with every size rewritten, valid until the
   /// next call. Throws acc::ValueError for batch < kLow or a size that does not fit in 64 bits.
   const Trace& at(int64_t batch);
+  /// The step at one sample, on the pair's line: valid only where the step traced at one sample
+  /// has the pair's structure (same_structure with low()), which a caller establishes for the
+  /// same model and options at fewer blocks (estimate_training_needs: at 2 blocks, for the
+  /// deeper traces). Then every size is the pair's line at 1 (tests/search/space_test.cpp,
+  /// BatchTraces.AtOneSampleWhereTwoBlocksAreLikeThePair). A copy, valid until the next call of
+  /// at() or at_one(). acc::InternalError when the pair is not affine().
+  const Trace& at_one();
+  /// The trace at kLow samples.
+  const Trace& low() const { return *low_; }
+  /// Whether two traces of one step at different batches have the same ops, tensors and memory
+  /// events (what affine() checks of the pair).
+  static bool same_structure(const Trace& a, const Trace& b);
   /// A size at `batch` samples from the same size at kLow (`at_low`) and kLow + 1 (`at_next`):
   /// at_low + (batch - kLow) x (at_next - at_low), what at() writes. Throws acc::ValueError when
   /// it does not fit in 64 bits.
@@ -44,6 +56,8 @@ class BatchTraces {
   Trace scaled_;
   bool affine_ = false;
   bool copied_ = false;  // scaled_ holds a copy of low_
+  // The copy of low_ with every size at `batch` (>= 1) samples.
+  const Trace& scaled(int64_t batch);
 };
 
 }  // namespace acc::trace

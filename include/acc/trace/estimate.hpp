@@ -147,7 +147,10 @@ TrainingNeed estimate_training_need(const ModelRef& model, int64_t batch, int64_
 /// two batches' traces: a registry model's traces are made at 2 and 3 samples and every larger
 /// batch is evaluated from them (trace::BatchTraces: every size in a trace is affine in the
 /// batch; where the two traces do not have the same ops and memory events, each batch is traced
-/// itself), a batch of 1 traced itself. A user's module is traced at each batch. Throws what
+/// itself). A batch of 1 is traced itself at 1 and 2 blocks; its deeper traces (the cut of the
+/// first, middle and last blocks) are the pair's line at 1 (BatchTraces::at_one) where the 2-block
+/// trace at one sample has the pair's structure and every block runs alike (none or all
+/// recomputed), else traced too. A user's module is traced at each batch. Throws what
 /// estimate_training_need throws, and acc::ValueError for no batches.
 std::vector<TrainingNeed> estimate_training_needs(
     const ModelRef& model, const std::vector<int64_t>& batches, int64_t seq_len,

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -141,6 +142,14 @@ class ModelRef {
   std::shared_ptr<const TraceDigest> digest(int64_t layers, int64_t batch, int64_t seq_len,
                                             const TraceOptions& options,
                                             const DigestMaker& make) const;
+  /// Whether the step at one sample has the structure of the same step at BatchTraces::kLow
+  /// samples at 2 blocks under `options` (at one sample a transpose can leave a tensor contiguous,
+  /// and the copy every larger batch makes is not made), as note_one_sample_like_pair noted it;
+  /// nullopt when not noted, or without shared_traces. estimate_training_needs notes it while it
+  /// holds both traces, and then takes a deeper trace at one sample from its pair
+  /// (BatchTraces::at_one) instead of tracing it.
+  std::optional<bool> one_sample_like_pair(int64_t seq_len, const TraceOptions& options) const;
+  void note_one_sample_like_pair(int64_t seq_len, const TraceOptions& options, bool like) const;
   /// 16 hex digits (see the top of this file). Equal on every rank for the same model and sample
   /// shapes.
   std::string hash() const;
@@ -224,6 +233,7 @@ class TraceCache {
   DigestMaker digest_;
   std::map<Key, std::shared_ptr<const TraceDigest>> digests_;
   size_t digests_served_ = 0;
+  std::map<Key, bool> one_sample_like_pair_;  // at 2 blocks and 1 sample (ModelRef's)
   // The key of a trace of `ref` (options that trace alike share one).
   static Key key_of(const std::string& identity, int64_t layers, int64_t batch, int64_t seq_len,
                     const TraceOptions& options);
