@@ -16,6 +16,7 @@
 #include "acc/search/calibration.hpp"
 #include "acc/util/error.hpp"
 #include "acc/util/system.hpp"
+#include "error_of.hpp"
 
 namespace acc::search {
 namespace {
@@ -316,6 +317,23 @@ TEST(CollectiveWait, EveryRankGetsTheSameNonNegativeFigure) {
       EXPECT_EQ(dist::broadcast_text(*world, mine), std::string(mine))
           << "group " << g << ", " << bytes << " bytes";
     }
+  }
+  // Groups of ranks `stride` apart (a mesh's outer dimension): the same on every rank; a stride
+  // whose groups do not tile the ranks refused, naming it.
+  if (W >= 4 && W % 4 == 0) {
+    const CommCalibration fit = calibrate_collectives(*world, {4 << 10, 256 << 10}, 0.003);
+    const double w = measure_collective_wait(*world, 2, {128, 128, 128, false, true}, 8, fit,
+                                             4 << 10, /*stride=*/W / 2);
+    EXPECT_TRUE(std::isfinite(w) && w >= 0) << w;
+    char mine[32];
+    std::snprintf(mine, sizeof mine, "%.17g", w);
+    EXPECT_EQ(dist::broadcast_text(*world, mine), std::string(mine));
+  }
+  if (W >= 2) {
+    const std::string e = test::error_of<ValueError>([&] {
+      (void)measure_collective_wait(*world, 2, {64, 64, 64, false, false}, 4, {}, 4 << 10, W);
+    });
+    EXPECT_NE(e.find("groups of 2 ranks " + std::to_string(W) + " apart"), std::string::npos) << e;
   }
 }
 
