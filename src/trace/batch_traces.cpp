@@ -100,18 +100,16 @@ const Trace& BatchTraces::at(int64_t b) {
   ACC_CHECK(b >= kLow, "BatchTraces: the batch must have >= ", kLow, " samples, got ", b);
   if (b == kLow) return *low_;
   if (b == kLow + 1) return *next_;
-  ACC_CHECK_INTERNAL(affine_, "BatchTraces: the traces at ", kLow, " and ", kLow + 1,
-                     " samples differ in structure");
   return scaled(b);
 }
 
 const Trace& BatchTraces::at_one() {
-  ACC_CHECK_INTERNAL(affine_, "BatchTraces: the traces at ", kLow, " and ", kLow + 1,
-                     " samples differ in structure");
   return scaled(1);
 }
 
 const Trace& BatchTraces::scaled(int64_t b) {
+  ACC_CHECK_INTERNAL(affine_, "BatchTraces: the traces at ", kLow, " and ", kLow + 1,
+                     " samples differ in structure");
   if (!copied_) {
     scaled_ = *low_;
     copied_ = true;

@@ -281,17 +281,10 @@ Sample sample(const ModelRef& ref, int64_t layers, int64_t batch, int64_t seq_le
 }
 
 // `o`'s key fields when every one of `layers` blocks runs alike under it (none recomputed, or
-// all: TraceCache's normalisation), else nullopt (the first blocks recomputed, the rest plain).
+// all), in traced_alike's form, else nullopt (the first blocks recomputed, the rest plain).
 std::optional<TraceOptions::KeyFields> uniform_kind(const TraceOptions& o, int64_t layers) {
-  TraceOptions u = o;
-  if (u.recompute == Recompute::kNone || u.recompute_blocks == 0) {
-    u.recompute = Recompute::kNone;
-    u.recompute_blocks = 0;
-  } else if (u.recompute_blocks < 0 || u.recompute_blocks >= layers) {
-    u.recompute_blocks = -1;
-  } else {
-    return std::nullopt;
-  }
+  const TraceOptions u = traced_alike(o, layers);
+  if (u.recompute != Recompute::kNone && u.recompute_blocks != -1) return std::nullopt;
   return u.key_fields();
 }
 

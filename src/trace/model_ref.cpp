@@ -339,18 +339,20 @@ void ModelRef::note_one_sample_like_pair(int64_t seq_len, const TraceOptions& op
   cache->one_sample_like_pair_.try_emplace(key, like);
 }
 
-TraceCache::Key TraceCache::key_of(const std::string& identity, int64_t layers, int64_t batch,
-                                   int64_t seq_len, const TraceOptions& options) {
-  // Options that trace alike share a key: without recomputation the recomputed blocks' count is
-  // not read, recomputing none of the blocks is not recomputing, and recomputing at least as many
-  // blocks as the model has is recomputing them all (the tracer's BlockWrappers).
+TraceOptions traced_alike(const TraceOptions& options, int64_t layers) {
   TraceOptions o = options;
   if (o.recompute != Recompute::kNone && o.recompute_blocks == 0) o.recompute = Recompute::kNone;
   o.recompute_blocks = o.recompute == Recompute::kNone ? 0
                        : o.recompute_blocks < 0 || o.recompute_blocks >= layers
                            ? -1
                            : o.recompute_blocks;
-  return {identity, layers, batch, seq_len, o.key_fields()};
+  return o;
+}
+
+TraceCache::Key TraceCache::key_of(const std::string& identity, int64_t layers, int64_t batch,
+                                   int64_t seq_len, const TraceOptions& options) {
+  // Options that trace alike share a key.
+  return {identity, layers, batch, seq_len, traced_alike(options, layers).key_fields()};
 }
 
 namespace {

@@ -44,6 +44,12 @@ using BatchLoss = std::function<Tensor(nn::Module&, const data::Batch&)>;
 Trace trace_on_batch(nn::Module& module, const data::Batch& sample, const BatchLoss& loss,
                      int64_t batch = 0, const TraceOptions& options = {});
 
+/// `options` as they trace a model of `layers` blocks, in one form for all that trace alike:
+/// without recomputation the recomputed blocks' count is not read (0), recomputing none of the
+/// blocks is not recomputing, and recomputing at least as many blocks as the model has is
+/// recomputing them all (-1; the tracer's BlockWrappers). TraceCache's keys are made of it.
+TraceOptions traced_alike(const TraceOptions& options, int64_t layers);
+
 class TraceCache;
 struct TraceFigures;  // what trace/estimate.cpp reads of a trace (defined there)
 
